@@ -1,0 +1,31 @@
+# fedbroker — two set-up commands: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    ?= out/demo
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Replay the real Philly trace under all four policies on bundled real data.
+demo: $(STAMP)
+	$(BIN)/fedbroker simulate --trace philly --policy fifo,backfill,cheapest,federated --out $(OUT)
+
+## Run the test suite.
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_planner.py
+	$(BIN)/python benchmarks/bench_simulator.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

@@ -1,0 +1,302 @@
+"""Domain model: job specs, on-prem pools, cloud offers and planner decisions.
+
+All user-facing objects are pydantic v2 models; invalid input raises
+``pydantic.ValidationError`` whose message names the field and the value.
+Instants are timezone-aware UTC datetimes at the edges; the planner works on
+POSIX seconds (UTC floats) internally.
+
+Units: GPU memory in GB, durations in seconds, prices in USD, energy in kWh,
+carbon in kgCO2e, carbon intensity in gCO2e/kWh, electricity price in USD/MWh.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "PriorityClass",
+    "Market",
+    "JobSpec",
+    "PoolNode",
+    "Pool",
+    "CloudOffer",
+    "DecisionKind",
+    "OptionEstimate",
+    "Decision",
+]
+
+# Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
+_IMAGE_RE = re.compile(
+    r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class PriorityClass(str, Enum):
+    """Priority classes, lowest first. ``rank`` orders the queue (higher first)."""
+
+    low = "low"
+    normal = "normal"
+    high = "high"
+    critical = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {PriorityClass.low: 0, PriorityClass.normal: 1, PriorityClass.high: 2, PriorityClass.critical: 3}
+
+
+class Market(str, Enum):
+    """Cloud purchase market."""
+
+    spot = "spot"
+    on_demand = "on_demand"
+
+
+def _utc(v: datetime | None, field: str) -> datetime | None:
+    if v is None:
+        return None
+    if v.tzinfo is None:
+        raise ValueError(f"{field}={v.isoformat()!r}: needs a time zone (UTC recommended)")
+    return v.astimezone(timezone.utc)
+
+
+class JobSpec(BaseModel):
+    """What a team asks to run.
+
+    Fields:
+        image: container image reference (``registry/repo:tag`` or ``@sha256:``).
+        command: argv list, never passed through a shell.
+        gpus_per_node: GPUs on each node (>= 1).
+        nodes: number of nodes of the gang (>= 1).
+        gpu_types: allowed GPU types (e.g. ``["V100", "A100"]``); empty = any.
+        min_gpu_memory_gb: minimum memory per GPU, GB.
+        priority_class: queue priority.
+        team: owning team (fair share and budgets are per team).
+        deadline: latest completion instant (UTC); or give ``slack_s``.
+        slack_s: seconds of slack beyond the estimated duration, counted from submission.
+        earliest_start: do not start before this instant (UTC).
+        estimated_duration_s: runtime on the reference GPU (V100), seconds (> 0).
+        spot_allowed: may run on spot instances.
+        preemptible: may be preempted by a higher-priority job.
+        checkpointable: writes checkpoints; restarts lose at most ``checkpoint_interval_s``.
+        checkpoint_interval_s: seconds between checkpoints.
+        allowed_regions: cloud regions allowed; empty = any.
+        max_price_usd_per_hour: cap on the job's total $/hour (all nodes); None = no cap.
+        deferrable: may be held for a cheaper/cleaner window before the deadline.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = None
+    image: str = "ghcr.io/fedbroker/nccl-train:latest"
+    command: list[str] = Field(default_factory=lambda: ["torchrun", "train.py"])
+    gpus_per_node: int = Field(1, ge=1, le=16)
+    nodes: int = Field(1, ge=1, le=1024)
+    gpu_types: tuple[str, ...] = ()
+    min_gpu_memory_gb: float = Field(0.0, ge=0)
+    priority_class: PriorityClass = PriorityClass.normal
+    team: str = "default"
+    deadline: datetime | None = None
+    slack_s: float | None = Field(None, ge=0)
+    earliest_start: datetime | None = None
+    estimated_duration_s: float = Field(3600.0, gt=0)
+    spot_allowed: bool = True
+    preemptible: bool = False
+    checkpointable: bool = True
+    checkpoint_interval_s: float = Field(1800.0, gt=0)
+    allowed_regions: tuple[str, ...] = ()
+    max_price_usd_per_hour: float | None = Field(None, gt=0)
+    deferrable: bool = True
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not _IMAGE_RE.match(v):
+            raise ValueError(f"image={v!r}: not a valid image reference (no spaces or shell metacharacters)")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v or not v[0]:
+            raise ValueError(f"command={v!r}: needs at least a program name")
+        return v
+
+    @field_validator("team")
+    @classmethod
+    def _team(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"team={v!r}: 1-63 letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("deadline", "earliest_start")
+    @classmethod
+    def _aware(cls, v: datetime | None, info) -> datetime | None:
+        return _utc(v, info.field_name)
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the whole gang (nodes x gpus_per_node)."""
+        return self.gpus_per_node * self.nodes
+
+
+class PoolNode(BaseModel):
+    """One on-prem host: ``gpu_count`` GPUs of one ``gpu_type`` with ``gpu_memory_gb`` each."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    gpu_type: str
+    gpu_count: int = Field(ge=1, le=16)
+    gpu_memory_gb: float = Field(16.0, gt=0)
+
+
+class Pool(BaseModel):
+    """An on-prem GPU pool at one site.
+
+    Fields:
+        name: pool id.
+        site: human-readable site name.
+        carbon_zone: grid zone of the site's carbon-intensity series (gCO2e/kWh).
+        price_zone: grid zone of the site's electricity price series (USD/MWh).
+        pue: power usage effectiveness of the site (>= 1).
+        amortised_usd_per_gpu_hour: capital + operations cost per GPU-hour, USD.
+        nodes: the hosts.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    site: str = ""
+    carbon_zone: str
+    price_zone: str
+    pue: float = Field(1.3, ge=1.0, le=3.0)
+    amortised_usd_per_gpu_hour: float = Field(0.5, ge=0)
+    nodes: tuple[PoolNode, ...]
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> "Pool":
+        if not self.nodes:
+            raise ValueError(f"nodes: pool {self.name!r} has no nodes")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.gpu_count for n in self.nodes)
+
+
+class CloudOffer(BaseModel):
+    """A priced cloud option: one instance type in one zone and market.
+
+    Fields:
+        provider: ``"aws"`` or ``"gcp"``.
+        region, zone: provider region and zone.
+        instance_type: e.g. ``p3.2xlarge`` or ``a2-highgpu-1g``.
+        gpu_type: canonical GPU type (``V100``, ``A100``, ``A100-80GB``, ``H100``, ``L4``, ``T4`` ...).
+        gpu_count: GPUs per instance.
+        gpu_memory_gb: memory per GPU, GB.
+        market: spot or on-demand.
+        usd_per_hour: price of one instance, USD/hour.
+        carbon_zone: grid zone of the region (see ``pricing.regions``).
+        provisioning_delay_s: expected seconds from create call to a running container.
+        pue: data-centre PUE used for energy.
+        interruption_rate_per_hour: expected spot interruptions per instance-hour (0 for on-demand).
+        min_billed_s: minimum billed seconds per instance (per-second billing after it).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    provider: Literal["aws", "gcp"]
+    region: str
+    zone: str
+    instance_type: str
+    gpu_type: str
+    gpu_count: int = Field(ge=1, le=16)
+    gpu_memory_gb: float = Field(gt=0)
+    market: Market
+    usd_per_hour: float = Field(gt=0)
+    carbon_zone: str
+    provisioning_delay_s: float = Field(300.0, ge=0)
+    pue: float = Field(1.1, ge=1.0, le=3.0)
+    interruption_rate_per_hour: float = Field(0.0, ge=0)
+    min_billed_s: float = Field(60.0, ge=0)
+
+    @property
+    def offer_id(self) -> str:
+        """Stable id ``provider:zone:instance_type:market``."""
+        return f"{self.provider}:{self.zone}:{self.instance_type}:{self.market.value}"
+
+
+class DecisionKind(str, Enum):
+    """What the planner decided for one job in one cycle."""
+
+    start = "start"  # on-prem, now, on the given nodes
+    provision = "provision"  # cloud, now
+    defer = "defer"  # hold until ``not_before`` (a cheaper/cleaner window)
+    wait = "wait"  # stay in the on-prem queue; review again at ``not_before``
+    preempt = "preempt"  # evict ``victims`` then start on-prem now
+    reject = "reject"  # no pool or offer can ever hold this job
+
+
+class OptionEstimate(BaseModel):
+    """One costed option for one job.
+
+    Fields:
+        kind: ``"onprem"`` or ``"cloud"``.
+        target: pool name or offer id.
+        start_s: planned start, POSIX seconds (UTC).
+        wait_s: seconds from now until the job runs (incl. provisioning delay).
+        runtime_s: expected runtime on this option's GPU type, seconds.
+        dollars_usd: expected cost, USD.
+        energy_kwh: expected energy incl. PUE, kWh.
+        carbon_kg: expected emissions, kgCO2e.
+        score: objective value, USD-equivalent (lower is better).
+        feasible: meets the deadline and constraints.
+        note: why infeasible, or extra detail.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["onprem", "cloud"]
+    target: str
+    start_s: float
+    wait_s: float
+    runtime_s: float
+    dollars_usd: float
+    energy_kwh: float
+    carbon_kg: float
+    score: float
+    feasible: bool = True
+    note: str = ""
+
+
+class Decision(BaseModel):
+    """The planner's decision for one job.
+
+    ``allocation`` lists ``(node_index, gpus)`` pairs in the chosen pool for
+    ``start``/``preempt``. ``not_before`` is POSIX seconds for ``defer``/``wait``.
+    ``victims`` are job ids to preempt. ``alternatives`` are the best rejected
+    options (at most a few), for the explain record.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    kind: DecisionKind
+    option: OptionEstimate | None = None
+    pool: str | None = None
+    offer_index: int | None = None
+    allocation: tuple[tuple[int, int], ...] = ()
+    not_before: float | None = None
+    victims: tuple[str, ...] = ()
+    alternatives: tuple[OptionEstimate, ...] = ()
+    reason: str = ""

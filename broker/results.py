@@ -1,0 +1,67 @@
+"""Results of one simulated policy run, shared by the simulator, the report and the CLI.
+
+``PolicyRun.metrics`` carries at least the keys of :data:`METRIC_KEYS`, with the
+units given there. Timelines are sampled at planner cycles (POSIX seconds, UTC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["PolicyRun", "METRIC_KEYS"]
+
+#: metric name -> unit, in the order the comparison table prints them.
+METRIC_KEYS: dict[str, str] = {
+    "jobs_submitted": "jobs",
+    "jobs_completed": "jobs",
+    "jobs_skipped": "jobs",
+    "deadline_misses": "jobs",
+    "mean_jct_s": "s",
+    "p95_jct_s": "s",
+    "mean_wait_s": "s",
+    "cost_usd": "USD",
+    "cloud_cost_usd": "USD",
+    "onprem_energy_cost_usd": "USD",
+    "onprem_amortised_usd": "USD",
+    "energy_kwh": "kWh",
+    "carbon_kg": "kgCO2e",
+    "onprem_gpu_utilization": "fraction",
+    "cloud_jobs": "jobs",
+    "deferred_jobs": "jobs",
+    "preemptions": "count",
+    "spot_interruptions": "count",
+    "decision_latency_p99_ms": "ms",
+    "planner_cycles": "count",
+    "sim_wall_s": "s",
+}
+
+
+@dataclass
+class PolicyRun:
+    """One policy replayed over one trace.
+
+    Attributes:
+        policy: policy name (``fifo``, ``backfill``, ``cheapest``, ``federated``).
+        metrics: see :data:`METRIC_KEYS` (units there).
+        timeline_t_s: sample instants, POSIX seconds UTC, shape ``(k,)``.
+        cum_cost_usd: cumulative cost (cloud + on-prem energy + amortised), USD, ``(k,)``.
+        cum_carbon_kg: cumulative emissions, kgCO2e, ``(k,)``.
+        onprem_busy_gpus: on-prem GPUs allocated at each sample, ``(k,)``.
+        onprem_total_gpus: on-prem GPUs in the cluster.
+        team_cost_usd: team -> total cost, USD.
+        waits_s: per completed job, seconds from submission to its first start, ``(n,)``.
+        skipped: reason -> count of trace rows or jobs not simulated.
+    """
+
+    policy: str
+    metrics: dict[str, float]
+    timeline_t_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cum_cost_usd: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cum_carbon_kg: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    onprem_busy_gpus: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    onprem_total_gpus: int = 0
+    team_cost_usd: dict[str, float] = field(default_factory=dict)
+    waits_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    skipped: dict[str, int] = field(default_factory=dict)
