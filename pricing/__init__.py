@@ -1,0 +1,18 @@
+"""fedbroker pricing: grid signals, cloud offers and the GPU power model.
+
+Modules (one idea each):
+
+* :mod:`pricing.series` — :class:`HourlySeries`, UTC hourly series with O(1) window integrals.
+* :mod:`pricing.carbon` — bundled hourly carbon intensity per grid zone, gCO2e/kWh.
+* :mod:`pricing.electricity` — bundled hourly electricity prices per grid zone, USD/MWh.
+* :mod:`pricing.fx` — dated FX table, ``to_usd``.
+* :mod:`pricing.regions` — (provider, region) -> grid zone table.
+* :mod:`pricing.power` — GPU specs, power model, cloud PUE.
+* :mod:`pricing.spot` — spot availability traces and interruption rates.
+* :mod:`pricing.catalog` — priced AWS/GCP GPU offers (``CloudOffer``).
+* :mod:`pricing.signals` — :class:`GridSignals` for the planner.
+* :mod:`pricing.errors` — the exception tree (all ``ValueError``).
+
+Data lives in ``pricing/data`` (built by ``scripts/bundle_data.py``; sources
+and licences in ``pricing/data/SOURCES.md``).
+"""

@@ -26,9 +26,11 @@ from datetime import datetime, timezone
 from typing import Sequence
 from zoneinfo import ZoneInfo
 
+import math
+
 import numpy as np
 
-__all__ = ["HourlySeries", "SeriesError", "to_epoch_s"]
+__all__ = ["HourlySeries", "SeriesError", "SeriesStack", "to_epoch_s", "window_integral"]
 
 
 class SeriesError(ValueError):
@@ -107,12 +109,23 @@ class HourlySeries:
         (missing). Duplicate instants keep their mean. Instants must lie on the
         interval grid of the first one. Raises :class:`SeriesError` otherwise.
         """
-        t = np.array([to_epoch_s(x) for x in times], dtype=np.float64) if not isinstance(times, np.ndarray) or times.dtype == object else np.asarray(times, dtype=np.float64)
+        if isinstance(times, np.ndarray) and np.issubdtype(times.dtype, np.datetime64):
+            # numpy datetime64 carries no zone: read it as UTC
+            t = (times - np.datetime64(0, "s")) / np.timedelta64(1, "s")
+            t = np.asarray(t, dtype=np.float64)
+        elif not isinstance(times, np.ndarray) or times.dtype == object:
+            t = np.array([to_epoch_s(x) for x in times], dtype=np.float64)
+        else:
+            t = np.asarray(times, dtype=np.float64)
         v = np.asarray(values, dtype=np.float64)
         if t.shape != v.shape:
             raise SeriesError(f"times/values: lengths differ ({t.size} vs {v.size})")
         if t.size == 0:
             raise SeriesError("times: empty series")
+        if not np.isfinite(t).all():
+            raise SeriesError(f"times: non-finite instant {float(t[~np.isfinite(t)][0])!r}")
+        if np.isinf(v).any():
+            raise SeriesError(f"values: infinite value {float(v[np.isinf(v)][0])!r}")
         order = np.argsort(t, kind="stable")
         t, v = t[order], v[order]
         start = t[0]
@@ -175,7 +188,10 @@ class HourlySeries:
 
     def value_at(self, t: datetime | float) -> float:
         """Value of the interval holding instant ``t``; ``NaN`` outside the series or where missing."""
-        i = int(np.floor((to_epoch_s(t) - self.start_s) / self.interval_s))
+        pos = (to_epoch_s(t) - self.start_s) / self.interval_s
+        if not np.isfinite(pos):
+            return float("nan")
+        i = int(np.floor(pos))
         if i < 0 or i >= self.values.size:
             return float("nan")
         return float(self.values[i])
@@ -208,9 +224,10 @@ class HourlySeries:
         n = self.values.size
         p0 = (s - self.start_s) / self.interval_s
         p1 = (s + d - self.start_s) / self.interval_s
-        inside = (p0 >= 0) & (p1 <= n)
-        a = np.clip(p0, 0, n)
-        b = np.clip(p1, 0, n)
+        inside = (p0 >= 0) & (p1 <= n)  # False for NaN starts/durations
+        # clip (NaN -> 0 so the index arithmetic below stays in range; masked by ``inside``)
+        a = np.clip(np.nan_to_num(p0, nan=0.0), 0, n)
+        b = np.clip(np.nan_to_num(p1, nan=0.0), 0, n)
         total = (self._cum_at(b) - self._cum_at(a)) * (self.interval_s / 3600.0)
         # missing intervals touched by [a, b): those with index in [floor(a), ceil(b))
         ia = np.floor(a).astype(np.int64)
@@ -247,3 +264,79 @@ class HourlySeries:
     def missing_count(self) -> int:
         """Number of missing intervals."""
         return int(self._cum_missing[-1])
+
+
+def window_integral(series: HourlySeries, start_s: float, duration_s: float) -> float:
+    """Scalar fast path of :meth:`HourlySeries.integrals` for one window (unit x hours; NaN if missing/outside).
+
+    Pure-Python arithmetic on the prefix sums: for hot loops that integrate one
+    window at a time, where NumPy's per-call overhead would dominate.
+    """
+    iv = series.interval_s
+    n = series.values.size
+    p0 = (start_s - series.start_s) / iv
+    p1 = (start_s + duration_s - series.start_s) / iv
+    if p0 < 0 or p1 > n or duration_s < 0:
+        return float("nan")
+    i0 = int(p0)
+    i1 = int(p1)
+    if i1 >= n:
+        i1 = n - 1
+    cm = series._cum_missing
+    j1 = int(math.ceil(p1)) if p1 > p0 else i0 + 1
+    if j1 > n:
+        j1 = n
+    if cm[j1] - cm[i0] != 0:
+        return float("nan")
+    cum = series._cum
+    vals = series.values
+    a = cum[i0] + (p0 - i0) * vals[i0] if p0 > i0 else cum[i0]
+    b = cum[i1] + (p1 - i1) * vals[i1] if p1 > i1 else cum[i1]
+    return float(b - a) * (iv / 3600.0)
+
+
+class SeriesStack:
+    """Several series on one common UTC grid, for window integrals across zones in one NumPy pass.
+
+    Args:
+        series: series with the same ``start_s``, ``interval_s`` and length
+            (the bundled carbon series all share 2023-01-01..2024-12-31 hourly).
+
+    Raises :class:`SeriesError` if the grids differ.
+    """
+
+    def __init__(self, series: Sequence[HourlySeries]):
+        if not series:
+            raise SeriesError("series: empty stack")
+        s0 = series[0]
+        for s in series[1:]:
+            if s.start_s != s0.start_s or s.interval_s != s0.interval_s or s.values.size != s0.values.size:
+                raise SeriesError(f"series: zone {s.zone!r} is not on the grid of zone {s0.zone!r}")
+        self.start_s = s0.start_s
+        self.interval_s = s0.interval_s
+        self.n = s0.values.size
+        self.zones = [s.zone for s in series]
+        vals = np.stack([s.values for s in series])
+        self._vals0 = np.where(np.isnan(vals), 0.0, vals)
+        self._cum = np.stack([s._cum for s in series])
+        self._cmiss = np.stack([s._cum_missing for s in series])
+
+    def integrals(self, zone_index: np.ndarray, starts: np.ndarray, durations: np.ndarray) -> np.ndarray:
+        """``∫ value dt`` (unit x hours) of series ``zone_index[k]`` over ``[starts[k], starts[k]+durations[k]]``.
+
+        All arguments have shape ``(k,)``; NaN where the window leaves the grid or touches a missing value.
+        """
+        n = self.n
+        p0 = (starts - self.start_s) / self.interval_s
+        p1 = (starts + durations - self.start_s) / self.interval_s
+        inside = (p0 >= 0) & (p1 <= n)
+        a = np.clip(p0, 0, n)
+        b = np.clip(p1, 0, n)
+        ia = np.minimum(a.astype(np.int64), n - 1)
+        ib = np.minimum(b.astype(np.int64), n - 1)
+        z = zone_index
+        ca = self._cum[z, ia] + (a - ia) * self._vals0[z, ia]
+        cb = self._cum[z, ib] + (b - ib) * self._vals0[z, ib]
+        je = np.maximum(np.minimum(np.ceil(b).astype(np.int64), n), np.minimum(ia + 1, n))
+        miss = self._cmiss[z, je] - self._cmiss[z, ia]
+        return np.where(inside & (miss == 0), (cb - ca) * (self.interval_s / 3600.0), np.nan)
