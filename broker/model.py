@@ -170,6 +170,7 @@ class Pool(BaseModel):
         price_zone: grid zone of the site's electricity price series (USD/MWh).
         pue: power usage effectiveness of the site (>= 1).
         amortised_usd_per_gpu_hour: capital + operations cost per GPU-hour, USD.
+        timezone: IANA time zone of the site (local wall-clock of its users and traces).
         nodes: the hosts.
     """
 
@@ -181,7 +182,19 @@ class Pool(BaseModel):
     price_zone: str
     pue: float = Field(1.3, ge=1.0, le=3.0)
     amortised_usd_per_gpu_hour: float = Field(0.5, ge=0)
+    timezone: str = "UTC"
     nodes: tuple[PoolNode, ...]
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, v: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(v)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"timezone={v!r}: not an IANA time zone (e.g. 'America/Toronto')") from None
+        return v
 
     @model_validator(mode="after")
     def _non_empty(self) -> "Pool":

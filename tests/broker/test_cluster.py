@@ -15,13 +15,18 @@ def test_default_cluster():
     assert len(pools) == 1
     (p,) = pools
     assert isinstance(p, Pool)
-    assert (p.name, p.carbon_zone, p.price_zone) == ("bay-area", "US-CAL-CISO", "US-CAL-CISO")
-    assert p.site == "Bay Area, California (CAISO grid)"
+    assert (p.name, p.carbon_zone, p.price_zone, p.timezone) == ("toronto", "CA-ON", "CA-ON", "America/Toronto")
+    assert p.site == "Toronto, Ontario (IESO grid)"
     assert (p.pue, p.amortised_usd_per_gpu_hour) == (1.3, 0.55)
     assert len(p.nodes) == 48 and p.total_gpus == 384
     assert p.nodes[0] == PoolNode(name="v100-00", gpu_type="V100", gpu_count=8, gpu_memory_gb=16.0)
     assert p.nodes[-1].name == "v100-47"
     assert load_cluster(DEFAULT_CLUSTER_PATH) == pools
+
+
+def test_bundled_caiso_alternative():
+    (p,) = load_cluster(DEFAULT_CLUSTER_PATH.parent / "clusters" / "bay_area_caiso.yaml")
+    assert (p.name, p.carbon_zone, p.timezone, p.total_gpus) == ("bay-area", "US-CAL-CISO", "America/Los_Angeles", 384)
 
 
 def test_expansion_counts_and_explicit_nodes(tmp_path):
