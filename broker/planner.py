@@ -70,12 +70,17 @@ class PlannerConfig(BaseModel):
             (low, normal, high, critical).
         horizon_s: how far ahead a start may be deferred, seconds (48 h).
         slot_s: spacing of candidate start slots, seconds (1 h, the signal interval).
-        min_defer_saving_usd: a deferral must save at least this much (hysteresis).
+        min_defer_saving_usd: a deferral must save at least this much, USD (hysteresis).
+        min_defer_saving_fraction: ... and at least this fraction of the start-now score.
+            A job is deferred at most once.
         backfill_depth: how many queued jobs a backfill pass examines (Slurm's bf_max_job_test idea).
         preemption: allow ``federated`` to preempt lower-priority preemptible jobs.
         min_run_before_preempt_s: a job that (re)started less than this ago is not preempted (hysteresis).
         restart_overhead_s: seconds a preempted or interrupted job needs to restart.
         deadline_margin_s: safety margin before a deadline, seconds.
+        review_margin_s: a job waiting for on-prem is reviewed this long (plus 20 % of
+            the cloud runtime) before the last instant the cloud could still meet its deadline.
+        min_review_s: the earliest a waiting job is reviewed again, seconds.
         team_weight: team -> fair-share weight (default 1).
         team_budget_usd: team -> remaining budget, USD; absent = unlimited.
         cloud_enabled: the federated/cheapest policies may use cloud offers.
@@ -96,11 +101,14 @@ class PlannerConfig(BaseModel):
     horizon_s: float = Field(48 * 3600.0, ge=0)
     slot_s: float = Field(3600.0, gt=0)
     min_defer_saving_usd: float = Field(0.01, ge=0)
+    min_defer_saving_fraction: float = Field(0.02, ge=0)
     backfill_depth: int = Field(200, ge=1)
     preemption: bool = True
     min_run_before_preempt_s: float = Field(1800.0, ge=0)
     restart_overhead_s: float = Field(300.0, ge=0)
     deadline_margin_s: float = Field(300.0, ge=0)
+    review_margin_s: float = Field(3600.0, ge=0)
+    min_review_s: float = Field(900.0, gt=0)
     team_weight: dict[str, float] = Field(default_factory=dict)
     team_budget_usd: dict[str, float] = Field(default_factory=dict)
     cloud_enabled: bool = True
@@ -199,7 +207,14 @@ class Snapshot:
 
     Attributes:
         now_s: the cycle instant, POSIX seconds (UTC).
-        pending: jobs not running (queued, deferred, waiting).
+        pending: jobs to look at now: new, woken from a deferral, requeued, due for
+            review — or, for a stateless caller, every job not running. Jobs whose
+            ``earliest_s`` is in the future are ignored.
+        queued: jobs already waiting in the on-prem queue, grouped by
+            ``(priority, team)``, each group in submission order (what a store
+            index returns). Lets a cycle touch only the head of a long queue.
+        queued_demand: optional pool -> ``(GPUs, GPU-seconds)`` of the committed jobs in
+            ``queued`` (kept incrementally by the caller); computed from ``queued`` if None.
         free: per pool, free GPUs per node (int arrays ``(n_nodes,)``).
         running: on-prem running jobs (for reservations and preemption).
         offer_available: bool array ``(n_offers,)``: offer can be provisioned now.
@@ -211,6 +226,8 @@ class Snapshot:
     pending: Sequence[PendingJob]
     free: Sequence[np.ndarray]
     running: Sequence[RunningJob] = ()
+    queued: Mapping[tuple[int, str], Sequence[PendingJob]] | None = None
+    queued_demand: Mapping[int, tuple[float, float]] | None = None
     offer_available: np.ndarray | None = None
     team_usage: Mapping[str, float] = field(default_factory=dict)
     healthy: Sequence[np.ndarray | None] | None = None
@@ -376,6 +393,20 @@ class PlannerContext:
                 m = zones == z
                 carbon[m] = kw[m] * self.zone_carbon[z].integrals(t0[m], eff_runtime[m]) / 1000.0
         return eff_runtime, delay + eff_runtime, dollars, energy, carbon, usd_h
+
+    def cloud_finish_bound(self, job: PendingJob, idx: np.ndarray) -> np.ndarray:
+        """Pessimistic seconds from now to completion on offers ``idx``, for deadline checks.
+
+        On-demand: provisioning delay + runtime. Spot: interruptions are Poisson with
+        mean ``m = rate x runtime_h``; the bound takes ``m + 2 sqrt(m)`` of them (about
+        the 97.5th percentile), each costing the lost work plus a new provisioning delay.
+        """
+        runtime = job.work_s / self.offer_thr[idx]
+        delay = self.offer_delay[idx]
+        mean = np.where(self.offer_spot[idx], self.offer_rate[idx] * runtime / 3600.0, 0.0)
+        k = mean + 2.0 * np.sqrt(mean)
+        lost_each = (job.checkpoint_interval_s if job.checkpointable else runtime) + self.config.restart_overhead_s + delay
+        return delay + runtime + k * lost_each
 
     def compatible_offers(self, job: PendingJob) -> np.ndarray:
         """Indexes of offers that can hold ``job`` (GPU type, count, memory, market, region); cached per shape."""

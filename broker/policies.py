@@ -24,6 +24,7 @@ Policy objectives:
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Callable
 
@@ -74,6 +75,8 @@ class Cycle:
         self._releases: dict[int, list[tuple[float, int, int]]] | None = None
         self.team_usage = snap.team_usage
         self.weights = ctx.config.team_weight
+        self.reservation: dict[int, frozenset[int]] = {}
+        self.shadow_s = INF
 
     # ------------------------------------------------------------ ordering
     def queue_key(self, job: PendingJob):
@@ -99,12 +102,18 @@ class Cycle:
         return False
 
     def onprem_targets(self, job: PendingJob) -> list[tuple[int, str]]:
-        """(pool, gpu_type) pairs that could ever hold ``job``."""
+        """(pool, gpu_type) pairs that could ever hold ``job`` (cached per job shape: pools are static)."""
+        key = ("targets", job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb)
+        cache = self.ctx._shape_cache_static
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
         out = []
         for p in range(len(self.ctx.pools)):
             for t in self.pool_types_for(job, p):
                 if self.can_ever_fit(job, p, t):
                     out.append((p, t))
+        cache[key] = out
         return out
 
     def releases(self, pool: int) -> list[tuple[float, int, int]]:
@@ -156,44 +165,93 @@ class Cycle:
 
 
 # ---------------------------------------------------------------- on-prem queue
-def _run_onprem_queue(cy: Cycle, queue: list[PendingJob], backfill: bool, target_fn: Callable) -> list[PendingJob]:
-    """Start queued jobs in order; with ``backfill``, EASY backfill behind the first blocked job.
+class QueueResult:
+    """Outcome of one pass over the on-prem queue.
 
-    Returns the jobs still waiting, in queue order.
+    Attributes:
+        blocked: examined jobs that did not start, in queue order.
+        started_gpus: pool -> (GPUs, GPU-seconds of work) of queued jobs started this cycle.
+        reservation: pool -> node set reserved for the first blocked job (EASY backfill).
+        shadow_s: that job's shadow time, POSIX seconds (inf if none).
     """
-    waiting: list[PendingJob] = []
-    reservation: dict[int, frozenset[int]] | None = None
-    shadow = INF
+
+    __slots__ = ("blocked", "started", "reservation", "shadow_s")
+
+    def __init__(self):
+        self.blocked: list[PendingJob] = []
+        self.started: dict[int, list[float]] = {}
+        self.reservation: dict[int, frozenset[int]] = {}
+        self.shadow_s = INF
+
+
+def _run_onprem_queue(cy: Cycle, queue, backfill: bool, target_fn: Callable, reject_unplaceable: bool = False,
+                      late: list | None = None) -> QueueResult:
+    """Start queued jobs in ``queue`` order (an iterable, consumed lazily).
+
+    Without ``backfill`` the first job that does not fit blocks the rest (FIFO).
+    With it, that job gets a reservation and at most ``backfill_depth`` later jobs
+    are examined for EASY backfill. Jobs no target can ever hold are rejected
+    when ``reject_unplaceable`` (on-prem-only policies) and skipped otherwise.
+    Stops as soon as no GPU is free. Cost: O(started + examined), not O(queue).
+    With ``late`` (a list), a job that would now finish on-prem after its deadline is
+    not started but appended to ``late`` for a fresh decision (the cloud may still make it).
+    """
+    res = QueueResult()
+    reserved: dict[int, frozenset[int]] | None = None
     examined_after_block = 0
     depth = cy.ctx.config.backfill_depth
-    for i, job in enumerate(queue):
+    free = sum(sum(ix.total_free.values()) for ix in cy.index)
+    for job in queue:
+        if free <= 0 or (reserved is not None and examined_after_block >= depth):
+            break
         targets = target_fn(job)
         if not targets:
-            continue  # handled by the caller (reject / cloud)
-        total_free = sum(sum(ix.total_free.values()) for ix in cy.index)
-        if total_free == 0 or (reservation is not None and examined_after_block >= depth):
-            waiting.extend(queue[i:])
-            return waiting
-        if reservation is None:
-            if cy.try_start_now(job, targets):
+            if reject_unplaceable:
+                cy.reject(job, _never_fits_reason(job, cloud=False))
+            continue
+        if late is not None:
+            fastest = max(cy.ctx.gpus.throughput[t] for _, t in targets)
+            if cy.now + job.work_s / fastest > job.deadline_s - cy.ctx.config.deadline_margin_s:
+                late.append(job)
                 continue
-            waiting.append(job)
+        if reserved is None:
+            if cy.try_start_now(job, targets):
+                free -= job.gpus
+                _add_started(res, job)
+                continue
+            res.blocked.append(job)
             if not backfill:
-                waiting.extend(queue[i + 1:])
-                return waiting
+                break
             best = (INF, None, None)
             for p, t in targets:
                 ts, nodes = shadow_time(cy.index[p], cy.releases(p), t, job.gpus_per_node, job.nodes,
                                         job.min_mem_gb, cy.now)
                 if ts < best[0]:
                     best = (ts, p, nodes)
-            shadow = best[0]
-            reservation = {best[1]: frozenset(best[2])} if best[1] is not None else {}
+            res.shadow_s = best[0]
+            reserved = {best[1]: frozenset(best[2])} if best[1] is not None else {}
+            res.reservation = reserved
         else:
             examined_after_block += 1
-            if not cy.try_start_now(job, targets, reservation, shadow):
-                waiting.append(job)
-    return waiting
+            if cy.try_start_now(job, targets, reserved, res.shadow_s):
+                free -= job.gpus
+                _add_started(res, job)
+            else:
+                res.blocked.append(job)
+    return res
+
+
+def _add_started(res: QueueResult, job: PendingJob) -> None:
+    if job.committed_pool is not None:
+        acc = res.started.setdefault(job.committed_pool, [0.0, 0.0])
+        acc[0] += job.gpus
+        acc[1] += job.gpus * job.work_s
+
+
+def _never_fits_reason(job: PendingJob, cloud: bool) -> str:
+    where = "no on-prem pool" + (" and no cloud offer" if cloud else "")
+    return (f"{where} can ever hold {job.nodes}x{job.gpus_per_node} GPUs "
+            f"(types={sorted(job.gpu_types) if job.gpu_types else 'any'}, min_mem={job.min_mem_gb} GB)")
 
 
 def _eligible(snap: Snapshot) -> list[PendingJob]:
@@ -201,37 +259,42 @@ def _eligible(snap: Snapshot) -> list[PendingJob]:
     return [j for j in snap.pending if j.earliest_s <= now]
 
 
+def _merged_queue(cy: Cycle, extra: list[PendingJob], key):
+    """Lazy merge of ``extra`` (sorted here) and the snapshot's queued groups, in ``key`` order.
+
+    Each group of ``Snapshot.queued`` is already in submission order and shares one
+    priority and team, so ``key`` is monotonic within it: a k-way heap merge pulls
+    the next job in O(log groups).
+    """
+    now = cy.now
+    iters = [sorted(extra, key=key)]
+    for group in (cy.snap.queued or {}).values():
+        if group:
+            iters.append(j for j in group if j.earliest_s <= now)
+    if len(iters) == 1:
+        return iter(iters[0])
+    return heapq.merge(*iters, key=key)
+
+
+def _fifo_key(j: PendingJob):
+    return (j.submit_s, j.job_id)
+
+
 # ---------------------------------------------------------------- fifo / backfill
 def plan_fifo(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     """On-prem only, strict submission order, no backfill."""
     cy = Cycle(snap, ctx)
-    queue = sorted(_eligible(snap), key=lambda j: (j.submit_s, j.job_id))
-    queue = _reject_unplaceable(cy, queue, cloud=False)
-    _run_onprem_queue(cy, queue, backfill=False, target_fn=cy.onprem_targets)
+    queue = _merged_queue(cy, _eligible(snap), _fifo_key)
+    _run_onprem_queue(cy, queue, backfill=False, target_fn=cy.onprem_targets, reject_unplaceable=True)
     return cy.decisions
 
 
 def plan_backfill(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     """On-prem only; priority, fair share, age; EASY backfill."""
     cy = Cycle(snap, ctx)
-    queue = sorted(_eligible(snap), key=cy.queue_key)
-    queue = _reject_unplaceable(cy, queue, cloud=False)
-    _run_onprem_queue(cy, queue, backfill=True, target_fn=cy.onprem_targets)
+    queue = _merged_queue(cy, _eligible(snap), cy.queue_key)
+    _run_onprem_queue(cy, queue, backfill=True, target_fn=cy.onprem_targets, reject_unplaceable=True)
     return cy.decisions
-
-
-def _reject_unplaceable(cy: Cycle, queue: list[PendingJob], cloud: bool) -> list[PendingJob]:
-    out = []
-    for j in queue:
-        if cy.onprem_targets(j):
-            out.append(j)
-        elif cloud and cy.ctx.compatible_offers(j).size:
-            out.append(j)
-        else:
-            where = "no on-prem pool" + ("" if not cloud else " and no cloud offer")
-            cy.reject(j, f"{where} can ever hold {j.nodes}x{j.gpus_per_node} GPUs "
-                         f"(types={sorted(j.gpu_types) if j.gpu_types else 'any'}, min_mem={j.min_mem_gb} GB)")
-    return out
 
 
 # ---------------------------------------------------------------- cheapest
@@ -239,12 +302,15 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     """On-prem if it fits now, else the cheapest available cloud offer now (spot where allowed)."""
     cy = Cycle(snap, ctx)
     eligible = _eligible(snap)
-    committed = sorted((j for j in eligible if j.committed_pool is not None), key=lambda j: (j.submit_s, j.job_id))
-    fresh = sorted((j for j in eligible if j.committed_pool is None), key=lambda j: (j.submit_s, j.job_id))
-    _run_onprem_queue(cy, committed, backfill=False, target_fn=cy.onprem_targets)
+    committed = [j for j in eligible if j.committed_pool is not None]
+    fresh = sorted((j for j in eligible if j.committed_pool is None), key=_fifo_key)
+    _run_onprem_queue(cy, _merged_queue(cy, committed, _fifo_key), backfill=False, target_fn=cy.onprem_targets)
     avail = snap.offer_available
-    for job in _reject_unplaceable(cy, fresh, cloud=ctx.config.cloud_enabled):
+    for job in fresh:
         targets = cy.onprem_targets(job)
+        if not targets and not (ctx.config.cloud_enabled and ctx.compatible_offers(job).size):
+            cy.reject(job, _never_fits_reason(job, cloud=ctx.config.cloud_enabled))
+            continue
         if targets and cy.try_start_now(job, targets):
             continue
         idx = ctx.compatible_offers(job) if ctx.config.cloud_enabled else np.zeros(0, np.int64)
@@ -284,12 +350,23 @@ class _PoolQueueState:
         self.gpu_seconds = 0.0
 
 
-def _wait_estimate(cy: Cycle, pool: int, job: PendingJob, gpu_type: str, ahead: _PoolQueueState) -> float:
-    """Expected seconds until ``job`` starts on ``pool``: the later of (a) when running jobs'
-    ends free the GPUs of the queue ahead plus this job, and (b) the queue's work ahead
-    spread over the pool (fluid estimate)."""
+def _wait_estimate(cy: Cycle, pool: int, job: PendingJob, gpu_type: str, ahead: _PoolQueueState,
+                   runtime_s: float) -> float:
+    """Expected seconds until ``job`` starts on ``pool``.
+
+    A job short enough to backfill (it would end before the reservation's shadow
+    time, or there is no reservation) waits only until running jobs' expected ends
+    free its own GPUs. Otherwise it also waits for the queue ahead: the later of
+    (a) the release time of the GPUs of the queue ahead plus its own and (b) the
+    queue's work spread over the pool (fluid estimate). The estimate only picks
+    between waiting and the cloud: a waiting job is reviewed again at the latest
+    instant the cloud can still meet its deadline.
+    """
     rel = cy.releases(pool)
-    need = ahead.gpus + job.gpus - cy.index[pool].total_free.get(gpu_type, 0)
+    free_now = cy.index[pool].total_free.get(gpu_type, 0)
+    backfillable = pool not in cy.reservation or cy.now + runtime_s <= cy.shadow_s
+    queue_gpus = 0 if backfillable else ahead.gpus
+    need = queue_gpus + job.gpus - free_now
     t_rel = 0.0
     if need > 0:
         got = 0
@@ -301,32 +378,60 @@ def _wait_estimate(cy: Cycle, pool: int, job: PendingJob, gpu_type: str, ahead: 
                 break
         if t_rel == INF:
             t_rel = (rel[-1][0] - cy.now) if rel else 0.0
-    fluid = ahead.gpu_seconds / max(cy.ctx.pool_capacity[pool], 1)
+    fluid = 0.0 if backfillable else ahead.gpu_seconds / max(cy.ctx.pool_capacity[pool], 1)
     return max(t_rel, fluid, 0.0)
 
 
 def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
-    """The unified objective over on-prem and cloud, now or in a later window (module docstring)."""
+    """The unified objective over on-prem and cloud, now or in a later window (module docstring).
+
+    1. The on-prem queue (jobs that chose to wait) starts what fits, with EASY backfill.
+    2. Every job needing a decision (new, woken from a deferral, requeued, or due for
+       review) is costed over all options and gets one decision. Fresh jobs that fit
+       now may not take the reserved nodes unless they end before the shadow time.
+    """
     cy = Cycle(snap, ctx)
     cfg = ctx.config
     now = cy.now
     eligible = _eligible(snap)
-    committed = sorted((j for j in eligible if j.committed_pool is not None), key=cy.queue_key)
-    started_before = len(cy.decisions)
-    still = _run_onprem_queue(cy, committed, backfill=True,
-                              target_fn=lambda j: [(p, t) for p, t in cy.onprem_targets(j) if p == j.committed_pool])
-    started_ids = {d.job_id for d in cy.decisions[started_before:]}
-    # demand ahead per pool from the jobs that keep waiting
+    committed = [j for j in eligible if j.committed_pool is not None and j.review_s > now]
+    review = [j for j in eligible if j.committed_pool is not None and j.review_s <= now]
+    fresh = [j for j in eligible if j.committed_pool is None]
+    late: list[PendingJob] = []
+    res = _run_onprem_queue(cy, _merged_queue(cy, committed, cy.queue_key), backfill=True,
+                            target_fn=lambda j: [(p, t) for p, t in cy.onprem_targets(j) if p == j.committed_pool],
+                            late=late)
+    review = review + late
+    cy.reservation, cy.shadow_s = res.reservation, res.shadow_s
+    # demand ahead per pool: everything still waiting in the committed queue
     ahead = [_PoolQueueState() for _ in ctx.pools]
-    review = []
-    for j in still:
-        if j.review_s <= now:
-            review.append(j)
-        else:
-            a = ahead[j.committed_pool]
-            a.gpus += j.gpus
-            a.gpu_seconds += j.gpus * j.work_s
-    fresh = [j for j in eligible if j.committed_pool is None and j.job_id not in started_ids]
+    qd = snap.queued_demand
+    if qd is None:
+        qd = {}
+        for j in committed:
+            acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
+            acc[0] += j.gpus
+            acc[1] += j.gpus * j.work_s
+        for group in (snap.queued or {}).values():
+            for j in group:
+                if j.committed_pool is not None:
+                    acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
+                    acc[0] += j.gpus
+                    acc[1] += j.gpus * j.work_s
+    else:  # the caller's totals cover ``queued``; add the committed jobs passed in ``pending``
+        qd = {p: list(v) for p, v in qd.items()}
+        for j in committed:
+            acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
+            acc[0] += j.gpus
+            acc[1] += j.gpus * j.work_s
+    for j in late:
+        acc = res.started.setdefault(j.committed_pool, [0.0, 0.0])
+        acc[0] += j.gpus
+        acc[1] += j.gpus * j.work_s
+    for p, (g, gs) in qd.items():
+        st = res.started.get(p, (0.0, 0.0))
+        ahead[p].gpus = max(g - st[0], 0.0)
+        ahead[p].gpu_seconds = max(gs - st[1], 0.0)
     todo = sorted(fresh + review, key=cy.queue_key)
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
     avail = snap.offer_available
@@ -335,8 +440,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         targets = cy.onprem_targets(job)
         offers = ctx.compatible_offers(job) if cloud_ok else np.zeros(0, np.int64)
         if not targets and offers.size == 0:
-            cy.reject(job, f"no on-prem pool and no cloud offer can ever hold {job.nodes}x{job.gpus_per_node} GPUs "
-                           f"(types={sorted(job.gpu_types) if job.gpu_types else 'any'}, min_mem={job.min_mem_gb} GB)")
+            cy.reject(job, _never_fits_reason(job, cloud=cloud_ok))
             continue
         if avail is not None and offers.size:
             offers = offers[avail[offers]]
@@ -357,13 +461,16 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         pool = ctx.pools[p]
         runtime = job.work_s / ctx.gpus.throughput[t]
         kw = job.gpus * ctx.gpus.busy_kw[t] * pool.pue
-        nodes_now = cy.index[p].find(t, job.gpus_per_node, job.nodes, job.min_mem_gb)
-        wait = 0.0 if nodes_now is not None else _wait_estimate(cy, p, job, t, ahead[p])
+        excl = frozenset()
+        if p in cy.reservation and now + runtime > cy.shadow_s:
+            excl = cy.reservation[p]
+        nodes_now = cy.index[p].find(t, job.gpus_per_node, job.nodes, job.min_mem_gb, excl)
+        wait = 0.0 if nodes_now is not None else _wait_estimate(cy, p, job, t, ahead[p], runtime)
         first = now + wait
         latest_start = latest_finish - runtime
         amort = job.gpus * runtime / 3600.0 * pool.amortised_usd_per_gpu_hour
         amort_score = amort if ctx.amortised_in_score() else 0.0
-        if job.deferrable and cfg.horizon_s > 0:
+        if job.deferrable and not job.deferred_once and cfg.horizon_s > 0:
             k0 = math.ceil(wait / cfg.slot_s) if wait > 0 else 1
             kmax = int(min(cfg.horizon_s, max(latest_start - now, 0.0)) // cfg.slot_s)
             slots = now + cfg.slot_s * np.arange(k0, kmax + 1) if kmax >= k0 else np.zeros(0)
@@ -374,7 +481,7 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         scores = kw * eff + amort_score + vot_h * (starts - now) / 3600.0
         scores = np.where(np.isnan(scores), INF, scores)
         k = int(np.argmin(scores))
-        if k > 0 and scores[0] - scores[k] < cfg.min_defer_saving_usd:
+        if k > 0 and scores[0] - scores[k] < max(cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * abs(scores[0])):
             k = 0
         if scores[k] == INF:
             k = 0
@@ -399,7 +506,8 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
     # --- cloud offers, provisioned now
     if offers.size:
         est = ctx.cloud_estimates(job, offers, now)
-        runtime, finish, dollars, energy, carbon, usd_h = est
+        runtime, _, dollars, energy, carbon, usd_h = est
+        finish = ctx.cloud_finish_bound(job, offers)  # deadline checks use the pessimistic finish
         score = dollars + cp_kg * carbon + vot_h * ctx.offer_delay[offers] / 3600.0
         feasible = (now + finish <= latest_finish) & (dollars <= budget) & ~np.isnan(carbon)
         if job.max_usd_per_hour is not None:
@@ -424,6 +532,10 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
                                           not_before=now + 3600.0, reason="no cloud offer available now"))
         return
     feasible_opts = [o for o in options if o[1] == 0]
+    if job.committed_pool is not None and any(o[2].kind == "cloud" for o in feasible_opts):
+        # it already waited once and was reviewed: waiting again (the estimate proved
+        # optimistic) would risk the deadline, so only starting now or the cloud remain
+        feasible_opts = [o for o in feasible_opts if not (o[2].kind == "onprem" and o[3].get("kind") == "wait")]
     if feasible_opts:
         best = min(feasible_opts, key=lambda o: (o[0], o[2].target))
     else:  # every option misses the deadline: minimise lateness
@@ -455,10 +567,16 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         a = ahead[p]
         a.gpus += job.gpus
         a.gpu_seconds += job.gpus * job.work_s
-        # look again when the expected wait is over, or when the cloud must be chosen to meet the deadline
+        # Look again when the cloud must be chosen to still meet the deadline (with a margin
+        # for spot rework and capacity), or after the expected wait if there is no cloud
+        # option. Starting on-prem needs no review: the queue pass starts the job as soon
+        # as it fits.
         cloud_finish = min((o[4] - now for o in options if o[2].kind == "cloud"), default=None)
-        latest_switch = (job.deadline_s - cfg.deadline_margin_s - cloud_finish) if cloud_finish is not None else INF
-        review = min(max(now + how["wait"], now + 600.0), max(latest_switch, now + 600.0))
+        if cloud_finish is not None:
+            margin = cfg.review_margin_s + 0.2 * cloud_finish
+            review = max(job.deadline_s - cfg.deadline_margin_s - cloud_finish - margin, now + cfg.min_review_s)
+        else:
+            review = now + max(how["wait"], cfg.min_review_s)
         cy.decisions.append(_decision(job.job_id, DecisionKind.wait, option=opt, pool=ctx.pools[p].name,
                                       not_before=review, alternatives=alts, reason=opt.note))
 

@@ -25,6 +25,7 @@ METRIC_KEYS: dict[str, str] = {
     "cloud_cost_usd": "USD",
     "onprem_energy_cost_usd": "USD",
     "onprem_amortised_usd": "USD",
+    "onprem_allocated_while_waiting": "fraction",
     "energy_kwh": "kWh",
     "carbon_kg": "kgCO2e",
     "onprem_gpu_utilization": "fraction",
@@ -34,6 +35,7 @@ METRIC_KEYS: dict[str, str] = {
     "spot_interruptions": "count",
     "decision_latency_p99_ms": "ms",
     "planner_cycles": "count",
+    "missing_signal_hours": "h",
     "sim_wall_s": "s",
 }
 
@@ -46,13 +48,14 @@ class PolicyRun:
         policy: policy name (``fifo``, ``backfill``, ``cheapest``, ``federated``).
         metrics: see :data:`METRIC_KEYS` (units there).
         timeline_t_s: sample instants, POSIX seconds UTC, shape ``(k,)``.
-        cum_cost_usd: cumulative cost (cloud + on-prem energy + amortised), USD, ``(k,)``.
+        cum_cost_usd: cumulative cost (cloud + on-prem electricity), USD, ``(k,)``.
         cum_carbon_kg: cumulative emissions, kgCO2e, ``(k,)``.
         onprem_busy_gpus: on-prem GPUs allocated at each sample, ``(k,)``.
         onprem_total_gpus: on-prem GPUs in the cluster.
-        team_cost_usd: team -> total cost, USD.
+        team_cost_usd: team -> cost (cloud + on-prem electricity), USD.
         waits_s: per completed job, seconds from submission to its first start, ``(n,)``.
         skipped: reason -> count of trace rows or jobs not simulated.
+        missed_job_ids: ids of jobs that finished after their deadline (or never), for drill-down.
     """
 
     policy: str
@@ -65,3 +68,4 @@ class PolicyRun:
     team_cost_usd: dict[str, float] = field(default_factory=dict)
     waits_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     skipped: dict[str, int] = field(default_factory=dict)
+    missed_job_ids: list[str] = field(default_factory=list)

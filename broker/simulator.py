@@ -24,6 +24,9 @@ Model (all times POSIX seconds, UTC):
   checkpointable) and is planned again.
 * **Preemption**: a preempted on-prem job loses the work since its last
   checkpoint and re-enters the queue.
+* ``cost_usd`` is the spend a policy changes: cloud bills + on-prem
+  electricity. The on-prem fleet's capital is the same under every policy;
+  its share for the GPU-hours used is reported as ``onprem_amortised_usd``.
 * Durations in the trace are taken as the jobs' true runtimes and their
   estimates (oracle runtime estimates; a known simplification).
 
@@ -148,9 +151,11 @@ class _JobState:
     seg_provision_s: float = math.nan
     seg_runtime_s: float = 0.0
     deferred: bool = False
+    waiting_wake: bool = False
     cloud: bool = False
     cost_usd: float = 0.0
     carbon_kg: float = 0.0
+    history: list = field(default_factory=list)
 
 
 class Simulator:
@@ -190,8 +195,38 @@ class Simulator:
         cfg = self.cfg
         ctx = self.ctx
         jobs: dict[str, _JobState] = {}
+        # jobs the planner must look at next cycle (new, woken, requeued, due for review)
         pending: dict[str, PendingJob] = {}
+        # jobs waiting in the on-prem queue: (priority, team) -> {job_id: job}, in arrival order
+        queued: dict[tuple[int, str], dict[str, PendingJob]] = {}
+        queued_key: dict[str, tuple[int, str]] = {}
+        queued_demand: dict[int, list[float]] = {}
         running: dict[str, RunningJob] = {}
+
+        def enqueue(pj: PendingJob) -> None:
+            key = (pj.priority, pj.team)
+            queued.setdefault(key, {})[pj.job_id] = pj
+            queued_key[pj.job_id] = key
+            if pj.committed_pool is not None:
+                acc = queued_demand.setdefault(pj.committed_pool, [0.0, 0.0])
+                acc[0] += pj.gpus
+                acc[1] += pj.gpus * pj.work_s
+
+        def dequeue(jid: str) -> PendingJob | None:
+            key = queued_key.pop(jid, None)
+            if key is None:
+                return None
+            pj = queued[key].pop(jid)
+            if pj.committed_pool is not None:
+                acc = queued_demand[pj.committed_pool]
+                acc[0] -= pj.gpus
+                acc[1] -= pj.gpus * pj.work_s
+            return pj
+
+        def take(jid: str) -> None:
+            """Remove a job from wherever it waits (pending or queued)."""
+            if pending.pop(jid, None) is None:
+                dequeue(jid)
         heap: list = []
         seq = 0
         for tj in self.trace.jobs:
@@ -217,6 +252,7 @@ class Simulator:
         cycles = 0
         tick = cfg.tick_s
         waiting_onprem = 0
+        freed = False
 
         def account_onprem(st: _JobState, end: float) -> None:
             p, t = st.seg_pool, st.seg_type
@@ -241,7 +277,7 @@ class Simulator:
             m["carbon"] += carbon
             st.cost_usd += e_cost + amort
             st.carbon_kg += carbon
-            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + e_cost + amort
+            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + e_cost
 
         def account_cloud(st: _JobState, end: float) -> None:
             o = self.offers[st.seg_offer]
@@ -308,6 +344,7 @@ class Simulator:
                     for node, g in r.allocation:
                         self.free[r.pool][node] += g
                         busy_gpus -= g
+                    freed = True
                     account_onprem(st, t)
                     st.end_s = t
                     done += 1
@@ -321,19 +358,31 @@ class Simulator:
                     thr = self.gpus.throughput[self.offers[st.seg_offer].gpu_type]
                     requeue(st, t, progress_done(st, t, thr))
                 elif kind == _WAKE:
-                    pass
+                    pj = st.pending
+                    if pj is None or jid in running or not math.isnan(st.end_s):
+                        continue
+                    if jid in queued_key:
+                        if pj.review_s <= t:  # due for review: decide again
+                            dequeue(jid)
+                            pending[jid] = pj
+                    elif jid not in pending and pj.earliest_s <= t and st.waiting_wake:
+                        st.waiting_wake = False
+                        pending[jid] = pj
             # fair-share usage decays continuously
             if now > usage_t:
                 f = math.exp(-decay * (now - usage_t))
                 for k in usage:
                     usage[k] *= f
                 usage_t = now
-            if not pending:
+            if not pending and not (queued_key and freed):
                 last_t = now
                 continue
+            freed = False
             avail = self.spot.available(now) if self.offers else None
             snap = Snapshot(now_s=now, pending=list(pending.values()), free=self.free,
-                            running=list(running.values()), offer_available=avail, team_usage=usage)
+                            running=list(running.values()), offer_available=avail, team_usage=usage,
+                            queued={k: v.values() for k, v in queued.items() if v},
+                            queued_demand={p: (a[0], a[1]) for p, a in queued_demand.items()})
             t0 = time.perf_counter()
             decisions = plan(snap, ctx)
             latencies.append(time.perf_counter() - t0)
@@ -352,8 +401,6 @@ class Simulator:
                         account_onprem(vst, now)
                         m["preemptions"] += 1
                         requeue(vst, now, progress_done(vst, now, self.gpus.throughput[vst.seg_type]))
-                        vst.pending.committed_pool = r.pool
-                        vst.pending.review_s = now + 3600.0
                     kind = DecisionKind.start
                 if kind == DecisionKind.start:
                     p = next(i for i, pl in enumerate(self.pools) if pl.name == d.pool)
@@ -365,7 +412,7 @@ class Simulator:
                             raise RuntimeError(f"planner over-allocated node {node} of pool {d.pool}")
                         self.free[p][node] -= g
                         busy_gpus += g
-                    del pending[d.job_id]
+                    take(d.job_id)
                     st.seg_start_s, st.seg_pool, st.seg_type = now, p, gtype
                     if math.isnan(st.first_start_s):
                         st.first_start_s = now
@@ -380,7 +427,7 @@ class Simulator:
                 elif kind == DecisionKind.provision:
                     o = d.offer_index
                     offer = self.offers[o]
-                    del pending[d.job_id]
+                    take(d.job_id)
                     start = now + offer.provisioning_delay_s
                     runtime = pj.work_s / self.gpus.throughput[offer.gpu_type]
                     st.seg_provision_s, st.seg_start_s, st.seg_offer = now, start, o
@@ -397,8 +444,10 @@ class Simulator:
                         heapq.heappush(heap, (start + runtime, seq, _CLOUD_FINISH, d.job_id, st.attempt))
                     seq += 1
                 elif kind == DecisionKind.defer:
+                    take(d.job_id)
                     pj.earliest_s = d.not_before
                     pj.deferred_once = True
+                    st.waiting_wake = True
                     if not st.deferred:
                         st.deferred = True
                         m["deferred"] += 1
@@ -406,20 +455,26 @@ class Simulator:
                     seq += 1
                 elif kind == DecisionKind.wait:
                     p = next(i for i, pl in enumerate(self.pools) if pl.name == d.pool)
+                    take(d.job_id)
                     pj.committed_pool = p
                     pj.review_s = d.not_before if d.not_before is not None else math.inf
+                    enqueue(pj)
                     if pj.review_s < math.inf:
                         heapq.heappush(heap, (pj.review_s, seq, _WAKE, d.job_id, st.attempt))
                         seq += 1
                 elif kind == DecisionKind.reject:
-                    del pending[d.job_id]
+                    take(d.job_id)
                     reason = d.reason.split(" can ever hold")[0] if d.reason else "rejected"
                     rejected[reason] = rejected.get(reason, 0) + 1
                     st.end_s = math.nan
                     done += 1
-            waiting_onprem = sum(1 for j in pending.values() if j.earliest_s <= now)
+            # jobs the policy looked at but left waiting join the on-prem queue
+            for jid in list(pending):
+                pj = pending.pop(jid)
+                enqueue(pj)
+            waiting_onprem = len(queued_key)
             tl_t.append(now)
-            tl_cost.append(m["cloud_cost"] + m["energy_cost"] + m["amort"])
+            tl_cost.append(m["cloud_cost"] + m["energy_cost"])
             tl_carbon.append(m["carbon"])
             tl_busy.append(busy_gpus)
             last_t = now
@@ -427,12 +482,7 @@ class Simulator:
                 progress(done, total)
             if cfg.max_cycles is not None and cycles >= cfg.max_cycles:
                 break
-            if not heap and pending:
-                # nothing left to wake the planner: let a later tick look again once, then give up
-                stuck = [j for j in pending.values() if j.earliest_s > now]
-                if stuck:
-                    heapq.heappush(heap, (min(j.earliest_s for j in stuck), seq, _WAKE, stuck[0].job_id, jobs[stuck[0].job_id].attempt))
-                    seq += 1
+
         if progress is not None:
             progress(done, total)
 
@@ -440,7 +490,8 @@ class Simulator:
         comp = [s for s in jobs.values() if not math.isnan(s.end_s)]
         jct = np.array([s.end_s - s.trace.submit_s for s in comp])
         waits = np.array([s.first_start_s - s.trace.submit_s for s in comp])
-        misses = sum(1 for s in comp if s.end_s > s.trace.deadline_s)
+        missed = [s.trace.job_id for s in comp if s.end_s > s.trace.deadline_s]
+        misses = len(missed)
         unfinished = total - len(comp) - sum(rejected.values())
         t_first = self.trace.jobs[0].submit_s if self.trace.jobs else 0.0
         span = (last_t - t_first) if last_t is not None else 0.0
@@ -458,7 +509,7 @@ class Simulator:
             "mean_jct_s": float(jct.mean()) if jct.size else math.nan,
             "p95_jct_s": float(np.percentile(jct, 95)) if jct.size else math.nan,
             "mean_wait_s": float(waits.mean()) if waits.size else math.nan,
-            "cost_usd": m["cloud_cost"] + m["energy_cost"] + m["amort"],
+            "cost_usd": m["cloud_cost"] + m["energy_cost"],
             "cloud_cost_usd": m["cloud_cost"],
             "onprem_energy_cost_usd": m["energy_cost"],
             "onprem_amortised_usd": m["amort"],
@@ -478,7 +529,7 @@ class Simulator:
         return PolicyRun(policy=ctx.config.policy, metrics=metrics, timeline_t_s=np.array(tl_t),
                          cum_cost_usd=np.array(tl_cost), cum_carbon_kg=np.array(tl_carbon),
                          onprem_busy_gpus=np.array(tl_busy), onprem_total_gpus=self.capacity,
-                         team_cost_usd=team_cost, waits_s=waits, skipped=skipped)
+                         team_cost_usd=team_cost, waits_s=waits, skipped=skipped, missed_job_ids=missed)
 
 
 def simulate(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals, policy: str,
