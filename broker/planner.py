@@ -73,6 +73,8 @@ class PlannerConfig(BaseModel):
         min_defer_saving_usd: a deferral must save at least this much, USD (hysteresis).
         min_defer_saving_fraction: ... and at least this fraction of the start-now score.
             A job is deferred at most once.
+        defer_min_free_fraction: a job that fits now is deferred only if nobody waits for
+            its pool and at least this fraction of the pool stays free after it.
         backfill_depth: how many queued jobs a backfill pass examines (Slurm's bf_max_job_test idea).
         preemption: allow ``federated`` to preempt lower-priority preemptible jobs.
         min_run_before_preempt_s: a job that (re)started less than this ago is not preempted (hysteresis).
@@ -102,6 +104,7 @@ class PlannerConfig(BaseModel):
     slot_s: float = Field(3600.0, gt=0)
     min_defer_saving_usd: float = Field(0.01, ge=0)
     min_defer_saving_fraction: float = Field(0.02, ge=0)
+    defer_min_free_fraction: float = Field(0.1, ge=0, le=1)
     backfill_depth: int = Field(200, ge=1)
     preemption: bool = True
     min_run_before_preempt_s: float = Field(1800.0, ge=0)

@@ -470,7 +470,11 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         latest_start = latest_finish - runtime
         amort = job.gpus * runtime / 3600.0 * pool.amortised_usd_per_gpu_hour
         amort_score = amort if ctx.amortised_in_score() else 0.0
-        if job.deferrable and not job.deferred_once and cfg.horizon_s > 0:
+        # Defer only when the pool has room to spare: a job held back while others queue
+        # would take the GPUs later from jobs that then burst to the cloud.
+        spare = cy.index[p].total_free.get(t, 0) - job.gpus
+        roomy = ahead[p].gpus <= 0 and spare >= cfg.defer_min_free_fraction * ctx.pool_capacity[p]
+        if job.deferrable and not job.deferred_once and cfg.horizon_s > 0 and (nodes_now is None or roomy):
             k0 = math.ceil(wait / cfg.slot_s) if wait > 0 else 1
             kmax = int(min(cfg.horizon_s, max(latest_start - now, 0.0)) // cfg.slot_s)
             slots = now + cfg.slot_s * np.arange(k0, kmax + 1) if kmax >= k0 else np.zeros(0)
