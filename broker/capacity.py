@@ -92,10 +92,14 @@ class FreeIndex:
 
     def take(self, node_indexes: list[int], gpus_per_node: int) -> None:
         """Allocate ``gpus_per_node`` on each node. Raises ValueError on over-allocation."""
-        for i in node_indexes:
+        for i in node_indexes:  # check the whole gang first: all or nothing
             f = int(self.free[i])
             if f < gpus_per_node:
                 raise ValueError(f"node {i}: {gpus_per_node} GPUs requested, only {f} free")
+        if len(set(node_indexes)) != len(node_indexes):
+            raise ValueError(f"node_indexes={node_indexes}: a gang needs distinct nodes")
+        for i in node_indexes:
+            f = int(self.free[i])
             t = self.gpu_types[i]
             self._buckets[t][f].discard(i)
             self._buckets[t][f - gpus_per_node].add(i)

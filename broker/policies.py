@@ -24,6 +24,7 @@ Policy objectives:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from typing import Callable
@@ -119,7 +120,7 @@ class Cycle:
     def releases(self, pool: int) -> list[tuple[float, int, int]]:
         """Sorted ``(expected_end_s, node, gpus)`` of running jobs in ``pool`` (computed once per cycle)."""
         if self._releases is None:
-            rel: dict[int, list[tuple[float, int, int]]] = {}
+            rel: dict[int, list[tuple[float, int, int]]] = {p: [] for p in range(len(self.ctx.pools))}
             for r in self.snap.running:
                 lst = rel.setdefault(r.pool, [])
                 end = max(r.expected_end_s, self.now)
@@ -133,6 +134,11 @@ class Cycle:
     def start(self, job: PendingJob, pool: int, gpu_type: str, nodes: list[int], option=None, alternatives=(),
               reason: str = "") -> None:
         self.index[pool].take(nodes, job.gpus_per_node)
+        # the job's expected end now counts in later shadow-time and wait estimates of this cycle
+        end = self.now + job.work_s / self.ctx.gpus.throughput[gpu_type]
+        rel = self.releases(pool)
+        for i in nodes:
+            bisect.insort(rel, (end, i, job.gpus_per_node))
         if option is None:
             runtime, e_cost, amort, energy, carbon = self.ctx.onprem_estimate(pool, gpu_type, job, self.now)
             option = _option(kind="onprem", target=self.ctx.pools[pool].name, start_s=self.now, wait_s=0.0,
@@ -604,7 +610,7 @@ def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, 
             if (r.pool != p or not r.preemptible or r.priority >= job.priority
                     or now - r.started_s < cfg.min_run_before_preempt_s):
                 continue
-            if any(d.job_id == r.job_id for d in cy.decisions if d.kind == DecisionKind.preempt):
+            if any(r.job_id in d.victims for d in cy.decisions if d.kind == DecisionKind.preempt):
                 continue
             for node, g in r.allocation:
                 by_node.setdefault(node, []).append((r, g))
@@ -641,6 +647,7 @@ def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, 
             for n2, g2 in r.allocation:
                 ix.give(n2, g2)
         ix.take([node], job.gpus_per_node)
+        bisect.insort(cy.releases(p), (now + r_, node, job.gpus_per_node))
         opt = _option(kind="onprem", target=pool.name, start_s=now, wait_s=0.0, runtime_s=r_, dollars_usd=dollars + cost,
                       energy_kwh=energy, carbon_kg=carbon, score=score, note=f"preempts {len(victims)} job(s)")
         cy.decisions.append(_decision(job.job_id, DecisionKind.preempt, option=opt, pool=pool.name,

@@ -1,0 +1,116 @@
+"""End-to-end tests of the ``fedbroker`` CLI (broker.cli.app) with typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from broker import cli
+from broker.planner import GpuTable
+
+DOCUMENTED_KEYS = ("jobs_submitted", "jobs_completed", "deadline_misses", "mean_jct_s", "p95_jct_s", "mean_wait_s",
+                   "cost_usd", "cloud_cost_usd", "onprem_energy_cost_usd", "energy_kwh", "carbon_kg",
+                   "onprem_gpu_utilization", "preemptions", "decision_latency_p99_ms")
+
+
+@pytest.fixture
+def run(monkeypatch):
+    # a wide console so tables and messages are not truncated or wrapped at 80 columns
+    monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(cli.app, list(args))
+
+    return invoke
+
+
+def test_simulate_philly_two_policies(run, tmp_path):
+    out = tmp_path / "sim"
+    r = run("simulate", "--trace", "philly", "--jobs", "300", "--policy", "fifo,federated", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "results.json").read_text())
+    assert sorted(doc["policies"]) == ["federated", "fifo"]
+    for name, m in doc["policies"].items():
+        missing = [k for k in DOCUMENTED_KEYS if k not in m]
+        assert not missing, f"{name}: missing {missing}"
+        assert m["jobs_submitted"] == 300
+        assert m["jobs_completed"] + m["jobs_skipped"] == 300
+    assert doc["policies"]["fifo"]["cloud_cost_usd"] == 0.0  # fifo is on-prem only
+    assert doc["meta"]["jobs"] == 300 and doc["meta"]["trace"] == "philly"
+    html = (out / "report.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html") and "federated" in html and "fifo" in html
+    assert "trace philly: 300 jobs" in r.output
+
+
+CSV = """submit_time,duration_s,num_gpus,gpu_type,team,job_id
+2023-09-04T10:00:00Z,3600,4,V100,vision,g1
+2023-09-04T10:05:00Z,-5,2,,nlp,g2
+2023-09-04T10:10:00Z,1800,1,,nlp,g3
+2023-09-04T11:00:00Z,7200,8,,vision,g4
+"""
+
+
+def test_simulate_generic_csv_skips_and_counts_a_bad_row(run, tmp_path):
+    f = tmp_path / "jobs.csv"
+    f.write_text(CSV)
+    out = tmp_path / "o"
+    r = run("simulate", "--trace", str(f), "--policy", "fifo,backfill", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["meta"]["trace_skipped"] == {"bad_duration": 1}
+    assert "3 jobs" in r.output and "1 rows skipped {'bad_duration': 1}" in r.output
+    for m in doc["policies"].values():
+        # the default pool (48 x 8 V100) is idle: all three start at once, no wait
+        assert (m["jobs_submitted"], m["jobs_completed"], m["mean_wait_s"]) == (3, 3, 0.0)
+        # JCTs 3600, 1800, 7200 s (oracle durations on V100)
+        assert m["mean_jct_s"] == pytest.approx(4200.0)
+        # energy: GPU-hours 4 x 1 + 1 x 0.5 + 8 x 2 = 20.5 x V100 board power x the Toronto pool's PUE 1.3
+        assert m["energy_kwh"] == pytest.approx(20.5 * GpuTable.from_pricing().busy_kw["V100"] * 1.3, rel=1e-9)
+        assert m["cloud_cost_usd"] == 0.0 and m["cost_usd"] == pytest.approx(m["onprem_energy_cost_usd"])
+    assert (out / "report.html").exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--policy", "nope"), "--policy='nope'"),
+    (("--policy", "fifo,,federated,bogus"), "bogus"),
+    (("--jobs", "0"), "--jobs=0"),
+    (("--start", "yesterday"), "--start='yesterday'"),
+])
+def test_simulate_bad_options_exit_2(run, tmp_path, args, needle):
+    r = run("simulate", "--out", str(tmp_path / "o"), *args)
+    assert r.exit_code == 2
+    assert needle in r.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_simulate_missing_csv_exits_2(run, tmp_path):
+    missing = tmp_path / "nope.csv"
+    r = run("simulate", "--trace", str(missing), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2
+    assert str(missing) in r.output
+
+
+def test_simulate_csv_without_required_column_exits_2(run, tmp_path):
+    f = tmp_path / "bad.csv"
+    f.write_text("submit_time,num_gpus\n2023-09-04T10:00:00Z,4\n")
+    r = run("simulate", "--trace", str(f), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2
+    assert "missing required column(s) duration_s" in r.output
+
+
+def test_offers_a100_x8(run):
+    r = run("offers", "--gpu", "A100", "--count", "8")
+    assert r.exit_code == 0, r.output
+    assert "p4d.24xlarge" in r.output or "a2-highgpu-8g" in r.output
+    rows = [ln for ln in r.output.splitlines() if " A100 " in ln]
+    assert rows and all("V100" not in ln for ln in rows)
+
+
+def test_offers_unknown_gpu_exits_2(run):
+    r = run("offers", "--gpu", "Z99")
+    assert r.exit_code == 2
+    assert "--gpu='Z99'" in r.output
