@@ -12,11 +12,12 @@ carbon in kgCO2e, carbon intensity in gCO2e/kWh, electricity price in USD/MWh.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 __all__ = [
     "PriorityClass",
@@ -28,6 +29,7 @@ __all__ = [
     "DecisionKind",
     "OptionEstimate",
     "Decision",
+    "DECISION_ADAPTER",
 ]
 
 # Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
@@ -260,8 +262,13 @@ class DecisionKind(str, Enum):
     reject = "reject"  # no pool or offer can ever hold this job
 
 
-class OptionEstimate(BaseModel):
+@dataclass(frozen=True, slots=True)
+class OptionEstimate:
     """One costed option for one job.
+
+    A frozen stdlib dataclass, not a pydantic model: a 100k-job planning cycle
+    creates ~500k of them, and pydantic construction would dominate the cycle.
+    Validate or serialise at the edges with :data:`DECISION_ADAPTER`.
 
     Fields:
         kind: ``"onprem"`` or ``"cloud"``.
@@ -269,15 +276,13 @@ class OptionEstimate(BaseModel):
         start_s: planned start, POSIX seconds (UTC).
         wait_s: seconds from now until the job runs (incl. provisioning delay).
         runtime_s: expected runtime on this option's GPU type, seconds.
-        dollars_usd: expected cost, USD.
+        dollars_usd: expected cost, USD (on-prem: electricity + amortised GPU-hours).
         energy_kwh: expected energy incl. PUE, kWh.
         carbon_kg: expected emissions, kgCO2e.
-        score: objective value, USD-equivalent (lower is better).
+        score: objective value, USD-equivalent (lower is better); NaN if infeasible.
         feasible: meets the deadline and constraints.
         note: why infeasible, or extra detail.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     kind: Literal["onprem", "cloud"]
     target: str
@@ -292,16 +297,15 @@ class OptionEstimate(BaseModel):
     note: str = ""
 
 
-class Decision(BaseModel):
-    """The planner's decision for one job.
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The planner's decision for one job (a frozen dataclass, see :class:`OptionEstimate`).
 
     ``allocation`` lists ``(node_index, gpus)`` pairs in the chosen pool for
     ``start``/``preempt``. ``not_before`` is POSIX seconds for ``defer``/``wait``.
     ``victims`` are job ids to preempt. ``alternatives`` are the best rejected
     options (at most a few), for the explain record.
     """
-
-    model_config = ConfigDict(frozen=True)
 
     job_id: str
     kind: DecisionKind
@@ -313,3 +317,7 @@ class Decision(BaseModel):
     victims: tuple[str, ...] = ()
     alternatives: tuple[OptionEstimate, ...] = ()
     reason: str = ""
+
+
+#: pydantic validator/serialiser for decisions: ``DECISION_ADAPTER.dump_python(d, mode="json")``.
+DECISION_ADAPTER: TypeAdapter[Decision] = TypeAdapter(Decision)

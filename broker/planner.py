@@ -296,6 +296,13 @@ class PlannerContext:
         self.offer_busy_kw = np.array([gpus.busy_kw.get(o.gpu_type, np.nan) for o in self.offers])
         self.offer_idle_kw = np.array([gpus.idle_kw.get(o.gpu_type, np.nan) for o in self.offers])
         zones = sorted(set(o.carbon_zone for o in self.offers))
+        zone_series = {z: signals.carbon(z) for z in zones}
+        #: per offer, plain floats for the scalar (one job, one offer) cost path
+        self.offer_rows = [
+            (float(self.offer_thr[i]), bool(self.offer_spot[i]), o.interruption_rate_per_hour, o.provisioning_delay_s,
+             o.min_billed_s, o.usd_per_hour, o.gpu_count, float(self.offer_busy_kw[i]), float(self.offer_idle_kw[i]),
+             o.pue, zone_series[o.carbon_zone])
+            for i, o in enumerate(self.offers)]
         self.zones = zones
         zi = {z: i for i, z in enumerate(zones)}
         self.offer_zone = np.array([zi[o.carbon_zone] for o in self.offers], dtype=np.int64) if n else np.zeros(0, np.int64)
@@ -396,6 +403,30 @@ class PlannerContext:
                 m = zones == z
                 carbon[m] = kw[m] * self.zone_carbon[z].integrals(t0[m], eff_runtime[m]) / 1000.0
         return eff_runtime, delay + eff_runtime, dollars, energy, carbon, usd_h
+
+    def cloud_scalar(self, job: PendingJob, offer: int, start_s: float):
+        """One job on one offer, same model as :meth:`cloud_estimates` + :meth:`cloud_finish_bound`.
+
+        Returns ``(runtime_s incl. expected rework, pessimistic finish offset s, dollars_usd,
+        energy_kwh, carbon_kg, usd_per_hour)``. Plain-float arithmetic: for per-job exact costs.
+        """
+        thr, spot, rate, delay, min_billed, price, count, busy, idle, pue, zone = self.offer_rows[offer]
+        runtime = job.work_s / thr
+        restart = self.config.restart_overhead_s
+        if spot:
+            lost = (job.checkpoint_interval_s / 2.0 if job.checkpointable else runtime / 2.0) + restart
+            mean = rate * runtime / 3600.0
+            eff = runtime + mean * lost
+            lost_hi = (job.checkpoint_interval_s if job.checkpointable else runtime) + restart + delay
+            finish = delay + runtime + (mean + 2.0 * math.sqrt(mean)) * lost_hi
+        else:
+            eff = runtime
+            finish = delay + runtime
+        usd_h = job.nodes * price
+        dollars = usd_h * max(eff + delay, min_billed) / 3600.0
+        kw = job.nodes * (job.gpus_per_node * busy + (count - job.gpus_per_node) * idle) * pue
+        carbon = kw * window_integral(zone, start_s + delay, eff) / 1000.0
+        return eff, finish, dollars, kw * eff / 3600.0, carbon, usd_h
 
     def cloud_finish_bound(self, job: PendingJob, idx: np.ndarray) -> np.ndarray:
         """Pessimistic seconds from now to completion on offers ``idx``, for deadline checks.

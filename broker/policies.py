@@ -25,6 +25,7 @@ Policy objectives:
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 from typing import Callable
@@ -40,19 +41,22 @@ __all__ = ["POLICY_FUNCS", "Cycle"]
 
 INF = float("inf")
 N_ALTERNATIVES = 3
+#: at most this many ranked offers are costed exactly per job (the rest rank worse for its shape)
+CLOUD_WALK_LIMIT = 64
+#: jobs whose work differs by less than this factor share one cached ranking (log buckets)
+_LOG_BUCKET = math.log(1.25)
+
+
+def _work_bucket(work_s: float) -> int:
+    return int(math.floor(math.log(max(work_s, 1.0)) / _LOG_BUCKET))
 
 
 def _decision(job_id: str, kind: DecisionKind, **kw) -> Decision:
-    return Decision.model_construct(job_id=job_id, kind=kind, option=kw.pop("option", None), pool=kw.pop("pool", None),
-                                    offer_index=kw.pop("offer_index", None), allocation=kw.pop("allocation", ()),
-                                    not_before=kw.pop("not_before", None), victims=kw.pop("victims", ()),
-                                    alternatives=kw.pop("alternatives", ()), reason=kw.pop("reason", ""))
+    return Decision(job_id, kind, **kw)
 
 
 def _option(**kw) -> OptionEstimate:
-    kw.setdefault("feasible", True)
-    kw.setdefault("note", "")
-    return OptionEstimate.model_construct(**kw)
+    return OptionEstimate(**kw)
 
 
 class Cycle:
@@ -78,6 +82,66 @@ class Cycle:
         self.weights = ctx.config.team_weight
         self.reservation: dict[int, frozenset[int]] = {}
         self.shadow_s = INF
+        self._cloud_rank: dict = {}
+        self._slot_scores: dict = {}
+        self._rel_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------ per-shape caches (one cycle)
+    def _rep_job(self, job: PendingJob) -> PendingJob:
+        rep = copy.copy(job)
+        rep.work_s = math.exp((_work_bucket(job.work_s) + 0.5) * _LOG_BUCKET)
+        return rep
+
+    def cloud_ranking(self, job: PendingJob, offers: np.ndarray) -> np.ndarray:
+        """Offers ``offers`` (compatible and available) ranked by score for ``job``'s shape.
+
+        Jobs of one shape (GPU types, gang, memory, market, regions, checkpointing,
+        priority) and one work bucket (x1.25) share the ranking, computed once per
+        cycle from a representative job (DESIGN.md §4: score per shape, not per job).
+        """
+        key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
+               job.checkpointable, job.checkpoint_interval_s, job.priority, _work_bucket(job.work_s))
+        hit = self._cloud_rank.get(key)
+        if hit is None:
+            ctx = self.ctx
+            rep = self._rep_job(job)
+            runtime, _, dollars, energy, carbon, usd_h = ctx.cloud_estimates(rep, offers, self.now)
+            score = (dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
+                     + ctx.value_of_time(rep) * ctx.offer_delay[offers] / 3600.0)
+            score = np.where(np.isnan(score), INF, score)
+            hit = offers[np.argsort(score, kind="stable")]
+            self._cloud_rank[key] = hit
+        return hit
+
+    def slot_scores(self, pool: int, gpu_type: str, job: PendingJob) -> np.ndarray:
+        """Score per GPU (USD) of starting at slot ``k`` (``now + k x slot_s``, k = 0..horizon) for
+        ``job``'s work bucket and priority: energy price + carbon price over the window + value of
+        time. Cached per (pool, GPU type, bucket, priority) for the cycle; INF where data is missing."""
+        key = (pool, gpu_type, _work_bucket(job.work_s), job.priority)
+        hit = self._slot_scores.get(key)
+        if hit is None:
+            ctx, cfg = self.ctx, self.ctx.config
+            rep = self._rep_job(job)
+            runtime = rep.work_s / ctx.gpus.throughput[gpu_type]
+            k = np.arange(int(cfg.horizon_s // cfg.slot_s) + 1)
+            starts = self.now + cfg.slot_s * k
+            kw_per_gpu = ctx.gpus.busy_kw[gpu_type] * ctx.pools[pool].pue
+            vot_per_gpu = ctx.value_of_time(rep) / rep.gpus
+            hit = kw_per_gpu * ctx.pool_effective_integrals(pool, starts, runtime) + vot_per_gpu * (starts - self.now) / 3600.0
+            hit = np.where(np.isnan(hit), INF, hit)
+            self._slot_scores[key] = hit
+        return hit
+
+    def release_arrays(self, pool: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(times, cumulative GPUs)`` freed by running jobs' expected ends in ``pool`` (cycle start)."""
+        hit = self._rel_arrays.get(pool)
+        if hit is None:
+            rel = self.releases(pool)
+            times = np.array([r[0] for r in rel])
+            cum = np.cumsum(np.array([r[2] for r in rel], dtype=np.float64))
+            hit = (times, cum)
+            self._rel_arrays[pool] = hit
+        return hit
 
     # ------------------------------------------------------------ ordering
     def queue_key(self, job: PendingJob):
@@ -368,22 +432,16 @@ def _wait_estimate(cy: Cycle, pool: int, job: PendingJob, gpu_type: str, ahead: 
     between waiting and the cloud: a waiting job is reviewed again at the latest
     instant the cloud can still meet its deadline.
     """
-    rel = cy.releases(pool)
     free_now = cy.index[pool].total_free.get(gpu_type, 0)
     backfillable = pool not in cy.reservation or cy.now + runtime_s <= cy.shadow_s
     queue_gpus = 0 if backfillable else ahead.gpus
     need = queue_gpus + job.gpus - free_now
     t_rel = 0.0
     if need > 0:
-        got = 0
-        t_rel = INF
-        for end, _, g in rel:
-            got += g
-            if got >= need:
-                t_rel = end - cy.now
-                break
-        if t_rel == INF:
-            t_rel = (rel[-1][0] - cy.now) if rel else 0.0
+        times, cum = cy.release_arrays(pool)
+        if times.size:
+            i = int(np.searchsorted(cum, need))
+            t_rel = float(times[min(i, times.size - 1)]) - cy.now
     fluid = 0.0 if backfillable else ahead.gpu_seconds / max(cy.ctx.pool_capacity[pool], 1)
     return max(t_rel, fluid, 0.0)
 
@@ -466,7 +524,6 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
     for p, t in targets:
         pool = ctx.pools[p]
         runtime = job.work_s / ctx.gpus.throughput[t]
-        kw = job.gpus * ctx.gpus.busy_kw[t] * pool.pue
         excl = frozenset()
         if p in cy.reservation and now + runtime > cy.shadow_s:
             excl = cy.reservation[p]
@@ -474,8 +531,11 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         wait = 0.0 if nodes_now is not None else _wait_estimate(cy, p, job, t, ahead[p], runtime)
         first = now + wait
         latest_start = latest_finish - runtime
-        amort = job.gpus * runtime / 3600.0 * pool.amortised_usd_per_gpu_hour
-        amort_score = amort if ctx.amortised_in_score() else 0.0
+        amort_in = ctx.amortised_in_score()
+        r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, t, job, first)
+        s = first
+        score_first = e_cost + (amort if amort_in else 0.0) + cp_kg * carbon + vot_h * wait / 3600.0
+        kind = "now" if nodes_now is not None else "wait"
         # Defer only when the pool has room to spare: a job held back while others queue
         # would take the GPUs later from jobs that then burst to the cloud.
         spare = cy.index[p].total_free.get(t, 0) - job.gpus
@@ -483,57 +543,62 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         if job.deferrable and not job.deferred_once and cfg.horizon_s > 0 and (nodes_now is None or roomy):
             k0 = math.ceil(wait / cfg.slot_s) if wait > 0 else 1
             kmax = int(min(cfg.horizon_s, max(latest_start - now, 0.0)) // cfg.slot_s)
-            slots = now + cfg.slot_s * np.arange(k0, kmax + 1) if kmax >= k0 else np.zeros(0)
-            starts = np.concatenate(([first], slots))
-        else:
-            starts = np.array([first])
-        eff = ctx.pool_effective_integrals(p, starts, runtime)  # USD per kW over the window
-        scores = kw * eff + amort_score + vot_h * (starts - now) / 3600.0
-        scores = np.where(np.isnan(scores), INF, scores)
-        k = int(np.argmin(scores))
-        if k > 0 and scores[0] - scores[k] < max(cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * abs(scores[0])):
-            k = 0
-        if scores[k] == INF:
-            k = 0
-        s = float(starts[k])
-        r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, t, job, s)
+            if kmax >= k0:
+                per_gpu = cy.slot_scores(p, t, job)  # USD per GPU for a representative runtime, per slot
+                k = k0 + int(np.argmin(per_gpu[k0:kmax + 1]))
+                if per_gpu[k] < INF:
+                    s_k = now + k * cfg.slot_s
+                    r2, e2, am2, en2, c2 = ctx.onprem_estimate(p, t, job, s_k)
+                    score_k = e2 + (am2 if amort_in else 0.0) + cp_kg * c2 + vot_h * (s_k - now) / 3600.0
+                    if math.isnan(score_first) or (not math.isnan(score_k) and score_first - score_k >= max(
+                            cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * abs(score_first))):
+                        s, r, e_cost, amort, energy, carbon = s_k, r2, e2, am2, en2, c2
+                        kind = "defer"
         dollars = e_cost + amort
         feasible = s + r <= latest_finish and dollars <= budget
         if math.isnan(dollars) or math.isnan(carbon):
             feasible = False
-        score = (e_cost + amort_score + cp_kg * carbon + vot_h * (s - now) / 3600.0) if feasible else INF
-        how = {"p": p, "t": t, "nodes": nodes_now if (k == 0 and nodes_now is not None) else None,
-               "wait": wait, "kind": "now" if (k == 0 and nodes_now is not None) else ("wait" if k == 0 else "defer")}
+        score = (e_cost + (amort if amort_in else 0.0) + cp_kg * carbon + vot_h * (s - now) / 3600.0) if feasible else INF
+        how = {"p": p, "t": t, "nodes": nodes_now if kind == "now" else None, "wait": wait, "kind": kind}
         note = {"now": "start now", "wait": f"queue; expected wait {wait / 3600:.1f} h",
-                "defer": f"deferred {(s - now) / 3600:.1f} h to a cheaper/cleaner window"}[how["kind"]]
+                "defer": f"deferred {(s - now) / 3600:.1f} h to a cheaper/cleaner window"}[kind]
         if not feasible:
-            note = "misses the deadline" if s + r > latest_finish else ("no price/carbon data" if math.isnan(score) else "over budget")
+            note = ("misses the deadline" if s + r > latest_finish
+                    else ("no price/carbon data" if math.isnan(dollars) or math.isnan(carbon) else "over budget"))
         opt = _option(kind="onprem", target=pool.name, start_s=s, wait_s=s - now, runtime_s=r, dollars_usd=dollars,
                       energy_kwh=energy, carbon_kg=carbon, score=score if feasible else float("nan"),
                       feasible=feasible, note=note)
         options.append((score, 0 if feasible else 1, opt, how, s + r))
 
-    # --- cloud offers, provisioned now
+    # --- cloud offers, provisioned now: walk the shape's ranking, cost exactly the first few
     if offers.size:
-        est = ctx.cloud_estimates(job, offers, now)
-        runtime, _, dollars, energy, carbon, usd_h = est
-        finish = ctx.cloud_finish_bound(job, offers)  # deadline checks use the pessimistic finish
-        score = dollars + cp_kg * carbon + vot_h * ctx.offer_delay[offers] / 3600.0
-        feasible = (now + finish <= latest_finish) & (dollars <= budget) & ~np.isnan(carbon)
-        if job.max_usd_per_hour is not None:
-            feasible &= usd_h <= job.max_usd_per_hour
-        ranked = np.where(feasible, score, INF)
-        order = np.argsort(ranked, kind="stable")[:N_ALTERNATIVES + 1]
-        for k in order:
-            f = bool(feasible[k])
-            note = "" if f else ("misses the deadline" if now + finish[k] > latest_finish else "over price cap or budget")
-            opt = _cloud_option(ctx, job, int(offers[k]), est, int(k), now, score[k] if f else float("nan"), f, note)
-            options.append((float(ranked[k]), 0 if f else 1, opt, {"offer": int(offers[k])}, now + float(finish[k])))
-        if not feasible.any():
-            # nothing meets the deadline: keep the earliest finisher as a fallback
-            k = int(np.nanargmin(np.where(np.isnan(carbon), INF, finish)))
-            opt = _cloud_option(ctx, job, int(offers[k]), est, k, now, float("nan"), False, "misses the deadline")
-            options.append((INF, 1, opt, {"offer": int(offers[k])}, now + float(finish[k])))
+        order = cy.cloud_ranking(job, offers)
+        found = 0
+        for o in order[:CLOUD_WALK_LIMIT]:
+            o = int(o)
+            eff, fin, dollars, energy, carbon, usd_h = ctx.cloud_scalar(job, o, now)
+            if now + fin > latest_finish or dollars > budget or math.isnan(carbon):
+                continue
+            if job.max_usd_per_hour is not None and usd_h > job.max_usd_per_hour:
+                continue
+            sc = dollars + cp_kg * carbon + vot_h * ctx.offer_rows[o][3] / 3600.0
+            opt = _option(kind="cloud", target=ctx.offers[o].offer_id, start_s=now + ctx.offer_rows[o][3],
+                          wait_s=ctx.offer_rows[o][3], runtime_s=eff, dollars_usd=dollars, energy_kwh=energy,
+                          carbon_kg=carbon, score=sc)
+            options.append((sc, 0, opt, {"offer": o}, now + fin))
+            found += 1
+            if found > N_ALTERNATIVES:
+                break
+        if not found:
+            # nothing meets the deadline (or the caps): keep the earliest finisher as a fallback
+            fin_all = ctx.cloud_finish_bound(job, order)
+            o = int(order[int(np.argmin(fin_all))])
+            eff, fin, dollars, energy, carbon, usd_h = ctx.cloud_scalar(job, o, now)
+            note = "misses the deadline" if now + fin > latest_finish else "over price cap or budget"
+            opt = _option(kind="cloud", target=ctx.offers[o].offer_id, start_s=now + ctx.offer_rows[o][3],
+                          wait_s=ctx.offer_rows[o][3], runtime_s=eff, dollars_usd=dollars, energy_kwh=energy,
+                          carbon_kg=carbon, score=float("nan"), feasible=False, note=note)
+            options.append((INF, 1, opt, {"offer": o}, now + fin))
 
     if not options:
         if targets:
