@@ -146,7 +146,6 @@ def offers(
     cluster: Optional[Path] = typer.Option(None, help="On-prem cluster file (default: bundled)."),
 ) -> None:
     """List the options for one request, cheapest (or cleanest) first."""
-    import numpy as np
     from rich.table import Table
 
     from broker.planner import PendingJob, PlannerConfig, PlannerContext

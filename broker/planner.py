@@ -27,6 +27,7 @@ Errors: :class:`PlannerError` for an inconsistent snapshot (names the field).
 
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Sequence
@@ -297,6 +298,7 @@ class PlannerContext:
         self.offer_idle_kw = np.array([gpus.idle_kw.get(o.gpu_type, np.nan) for o in self.offers])
         zones = sorted(set(o.carbon_zone for o in self.offers))
         zone_series = {z: signals.carbon(z) for z in zones}
+        self.offer_ids = [o.offer_id for o in self.offers]
         #: per offer, plain floats for the scalar (one job, one offer) cost path
         self.offer_rows = [
             (float(self.offer_thr[i]), bool(self.offer_spot[i]), o.interruption_rate_per_hour, o.provisioning_delay_s,
@@ -358,6 +360,26 @@ class PlannerContext:
         """Electricity price of ``pool`` at ``now_s``, USD/MWh (0 if missing: only used to cost lost work)."""
         v = self._pool_price[pool].value_at(now_s)
         return 0.0 if math.isnan(v) else v
+
+    def onprem_costs(self, pool: int, gpu_type: str, gpus: int, runtime_s: np.ndarray, starts_s: np.ndarray):
+        """Vectorised :meth:`onprem_estimate`: arrays ``(energy_cost_usd, amortised_usd, energy_kwh, carbon_kg)``
+        for ``gpus`` GPUs of ``gpu_type`` running ``runtime_s`` from ``starts_s`` (same shapes)."""
+        p = self.pools[pool]
+        kw = gpus * self.gpus.busy_kw[gpu_type] * p.pue
+        hours = runtime_s / 3600.0
+        price = self._pool_price[pool].integrals(starts_s, runtime_s)
+        ci = self._pool_carbon[pool].integrals(starts_s, runtime_s)
+        return kw * price / 1000.0, gpus * hours * p.amortised_usd_per_gpu_hour, kw * hours, kw * ci / 1000.0
+
+    def zone_integrals(self, zone_index: np.ndarray, starts_s: np.ndarray, durations_s: np.ndarray) -> np.ndarray:
+        """Carbon-intensity window integrals (gCO2e/kWh x h) for offer zones ``zone_index`` (flat arrays)."""
+        if self._zone_stack is not None:
+            return self._zone_stack.integrals(zone_index, starts_s, durations_s)
+        out = np.empty(zone_index.size)
+        for z in np.unique(zone_index):
+            m = zone_index == z
+            out[m] = self.zone_carbon[z].integrals(starts_s[m], durations_s[m])
+        return out
 
     def amortised_in_score(self) -> bool:
         """True if the on-prem amortised cost counts in the score (``onprem_cost_basis``)."""
@@ -512,4 +534,12 @@ def plan(snapshot: Snapshot, ctx: PlannerContext):
 
     if len(snapshot.free) != len(ctx.pools):
         raise PlannerError(f"free: {len(snapshot.free)} arrays for {len(ctx.pools)} pools")
-    return policies.POLICY_FUNCS[ctx.config.policy](snapshot, ctx)
+    # A big cycle allocates ~5 small objects per job and no reference cycles; pausing the
+    # cyclic garbage collector meanwhile saves ~40 % of a 100k-job cycle.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return policies.POLICY_FUNCS[ctx.config.policy](snapshot, ctx)
+    finally:
+        if gc_was_enabled:
+            gc.enable()

@@ -35,14 +35,16 @@ import numpy as np
 from broker.capacity import FreeIndex, shadow_time
 from broker.model import Decision, DecisionKind, OptionEstimate
 from broker.planner import PendingJob, PlannerContext, Snapshot
-from pricing.series import window_integral
 
 __all__ = ["POLICY_FUNCS", "Cycle"]
 
 INF = float("inf")
+NAN = float("nan")
+_NOTE_NOW = "start now"
+_NO_OFFERS = np.zeros(0, np.int64)
 N_ALTERNATIVES = 3
-#: at most this many ranked offers are costed exactly per job (the rest rank worse for its shape)
-CLOUD_WALK_LIMIT = 64
+#: the top offers of a shape's ranking costed exactly for every job of the shape
+CLOUD_TOP = 16
 #: jobs whose work differs by less than this factor share one cached ranking (log buckets)
 _LOG_BUCKET = math.log(1.25)
 
@@ -83,8 +85,37 @@ class Cycle:
         self.reservation: dict[int, frozenset[int]] = {}
         self.shadow_s = INF
         self._cloud_rank: dict = {}
+        self._avail: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_scores: dict = {}
         self._rel_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def fit_now(self, job: PendingJob, pool: int, gpu_type: str) -> list[int] | None:
+        """Nodes where ``job`` fits now on ``pool``/``gpu_type`` (best-fit), or None.
+
+        Respects the cycle's reservation: a job ending after the shadow time may not use
+        the reserved nodes.
+        """
+        excl = frozenset()
+        if pool in self.reservation:
+            runtime = job.work_s / self.ctx.gpus.throughput[gpu_type]
+            if self.now + runtime > self.shadow_s:
+                excl = self.reservation[pool]
+        return self.index[pool].find(gpu_type, job.gpus_per_node, job.nodes, job.min_mem_gb, excl)
+
+    def available(self, offers: np.ndarray) -> np.ndarray:
+        """The subset of ``offers`` (a per-shape array cached by the context) provisionable now.
+
+        Cached per input array for the cycle; the cache keeps both arrays alive, so
+        ``id()`` keys cannot be reused by other arrays within the cycle.
+        """
+        avail = self.snap.offer_available
+        if avail is None or offers.size == 0:
+            return offers
+        hit = self._avail.get(id(offers))
+        if hit is None:
+            hit = (offers, offers[avail[offers]])
+            self._avail[id(offers)] = hit
+        return hit[1]
 
     # ------------------------------------------------------------ per-shape caches (one cycle)
     def _rep_job(self, job: PendingJob) -> PendingJob:
@@ -92,7 +123,7 @@ class Cycle:
         rep.work_s = math.exp((_work_bucket(job.work_s) + 0.5) * _LOG_BUCKET)
         return rep
 
-    def cloud_ranking(self, job: PendingJob, offers: np.ndarray) -> np.ndarray:
+    def cloud_ranking(self, job: PendingJob, offers: np.ndarray, by: str = "score") -> np.ndarray:
         """Offers ``offers`` (compatible and available) ranked by score for ``job``'s shape.
 
         Jobs of one shape (GPU types, gang, memory, market, regions, checkpointing,
@@ -100,14 +131,17 @@ class Cycle:
         cycle from a representative job (DESIGN.md §4: score per shape, not per job).
         """
         key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
-               job.checkpointable, job.checkpoint_interval_s, job.priority, _work_bucket(job.work_s))
+               job.checkpointable, job.checkpoint_interval_s, job.priority, _work_bucket(job.work_s), by, id(offers))
         hit = self._cloud_rank.get(key)
         if hit is None:
             ctx = self.ctx
             rep = self._rep_job(job)
             runtime, _, dollars, energy, carbon, usd_h = ctx.cloud_estimates(rep, offers, self.now)
-            score = (dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
-                     + ctx.value_of_time(rep) * ctx.offer_delay[offers] / 3600.0)
+            if by == "dollars":
+                score = dollars
+            else:
+                score = (dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
+                         + ctx.value_of_time(rep) * ctx.offer_delay[offers] / 3600.0)
             score = np.where(np.isnan(score), INF, score)
             hit = offers[np.argsort(score, kind="stable")]
             self._cloud_rank[key] = hit
@@ -375,7 +409,6 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     committed = [j for j in eligible if j.committed_pool is not None]
     fresh = sorted((j for j in eligible if j.committed_pool is None), key=_fifo_key)
     _run_onprem_queue(cy, _merged_queue(cy, committed, _fifo_key), backfill=False, target_fn=cy.onprem_targets)
-    avail = snap.offer_available
     for job in fresh:
         targets = cy.onprem_targets(job)
         if not targets and not (ctx.config.cloud_enabled and ctx.compatible_offers(job).size):
@@ -383,14 +416,15 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             continue
         if targets and cy.try_start_now(job, targets):
             continue
-        idx = ctx.compatible_offers(job) if ctx.config.cloud_enabled else np.zeros(0, np.int64)
-        if avail is not None and idx.size:
-            idx = idx[avail[idx]]
+        idx = cy.available(ctx.compatible_offers(job) if ctx.config.cloud_enabled else _NO_OFFERS)
         if idx.size:
-            est = ctx.cloud_estimates(job, idx, cy.now)
-            k = int(np.argmin(est[2]))
-            opt = _cloud_option(ctx, job, idx[k], est, k, cy.now, 0.0)
-            cy.decisions.append(_decision(job.job_id, DecisionKind.provision, option=opt, offer_index=int(idx[k]),
+            # cheapest total USD for the job's shape and work bucket, then costed exactly
+            o = int(cy.cloud_ranking(job, idx, by="dollars")[0])
+            eff, _, dollars, energy, carbon, _ = ctx.cloud_scalar(job, o, cy.now)
+            delay = ctx.offer_rows[o][3]
+            opt = _option(kind="cloud", target=ctx.offer_ids[o], start_s=cy.now + delay, wait_s=delay, runtime_s=eff,
+                          dollars_usd=dollars, energy_kwh=energy, carbon_kg=carbon, score=dollars)
+            cy.decisions.append(_decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
                                           reason="on-prem full; cheapest offer now"))
         elif targets:
             cy.decisions.append(_decision(job.job_id, DecisionKind.wait, pool=ctx.pools[targets[0][0]].name,
@@ -398,15 +432,6 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         else:
             cy.reject(job, "no on-prem pool fits and no cloud offer is available")
     return cy.decisions
-
-
-def _cloud_option(ctx: PlannerContext, job: PendingJob, offer: int, est, k: int, now: float, score: float,
-                  feasible: bool = True, note: str = "") -> OptionEstimate:
-    runtime, finish, dollars, energy, carbon, _ = est
-    delay = float(ctx.offer_delay[offer])
-    return _option(kind="cloud", target=ctx.offers[offer].offer_id, start_s=now + delay, wait_s=delay,
-                   runtime_s=float(runtime[k]), dollars_usd=float(dollars[k]), energy_kwh=float(energy[k]),
-                   carbon_kg=float(carbon[k]), score=float(score), feasible=feasible, note=note)
 
 
 # ---------------------------------------------------------------- federated
@@ -498,108 +523,332 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         ahead[p].gpu_seconds = max(gs - st[1], 0.0)
     todo = sorted(fresh + review, key=cy.queue_key)
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
-    avail = snap.offer_available
     budgets = dict(cfg.team_budget_usd)
+    batches: dict[tuple, list] = {}
     for job in todo:
         targets = cy.onprem_targets(job)
-        offers = ctx.compatible_offers(job) if cloud_ok else np.zeros(0, np.int64)
+        offers = ctx.compatible_offers(job) if cloud_ok else _NO_OFFERS
         if not targets and offers.size == 0:
             cy.reject(job, _never_fits_reason(job, cloud=cloud_ok))
             continue
-        if avail is not None and offers.size:
-            offers = offers[avail[offers]]
-        _decide_federated(cy, job, targets, offers, ahead, budgets)
+        offers = cy.available(offers)
+        # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
+        # decided at once, in queue order. The others cannot change the capacity or each
+        # other's options this cycle: they are decided together, per shape, vectorised.
+        fits = [cy.fit_now(job, p, t) for p, t in targets]
+        free_now = [cy.index[p].total_free.get(t, 0) for p, t in targets]
+        if any(f is not None for f in fits) or job.priority >= 2 or job.team in budgets:
+            _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
+        else:
+            key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
+                   job.checkpointable, job.checkpoint_interval_s, job.priority, job.deferrable, job.deferred_once,
+                   job.max_usd_per_hour, _work_bucket(job.work_s))
+            b = batches.get(key)
+            if b is None:
+                b = batches[key] = [[], targets, offers, [], []]
+            b[0].append(job)
+            b[3].append(fits)
+            b[4].append(free_now)
+    for jobs, targets, offers, fits, free_now in batches.values():
+        _decide_federated(cy, jobs, targets, offers, ahead, budgets, fits, free_now)
     return cy.decisions
 
 
-def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, ahead, budgets) -> None:
+#: codes of on-prem option kinds in the vectorised decision
+_NOW, _WAIT, _DEFER = 0, 1, 2
+_KIND_NAMES = ("now", "wait", "defer")
+
+
+def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget):
+    """On-prem option per (job, target), vectorised over ``jobs`` of one shape.
+
+    Returns a list of dicts of arrays over jobs, one per target.
+    """
     ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
-    vot_h = ctx.value_of_time(job)
     cp_kg = cfg.carbon_price_usd_per_tonne / 1000.0
-    latest_finish = job.deadline_s - cfg.deadline_margin_s
-    budget = budgets.get(job.team, INF)
-    options: list[tuple[float, int, OptionEstimate, dict]] = []  # (score, feasibility rank, option, how)
-
-    # --- on-prem: now, a later slot, or wait in the queue
-    for p, t in targets:
-        pool = ctx.pools[p]
-        runtime = job.work_s / ctx.gpus.throughput[t]
-        excl = frozenset()
-        if p in cy.reservation and now + runtime > cy.shadow_s:
-            excl = cy.reservation[p]
-        nodes_now = cy.index[p].find(t, job.gpus_per_node, job.nodes, job.min_mem_gb, excl)
-        wait = 0.0 if nodes_now is not None else _wait_estimate(cy, p, job, t, ahead[p], runtime)
+    amort_in = ctx.amortised_in_score()
+    job0 = jobs[0]
+    n = len(jobs)
+    cols = []
+    deferrable = job0.deferrable and not job0.deferred_once and cfg.horizon_s > 0
+    for ti, (p, t) in enumerate(targets):
+        runtime = work / ctx.gpus.throughput[t]
+        fit = np.array([f[ti] is not None for f in fits], dtype=bool)
+        fnow = np.array([f[ti] for f in free_now], dtype=np.float64)
+        # expected wait (see _wait_estimate): own GPUs if backfillable, else the queue ahead too
+        backfillable = np.full(n, p not in cy.reservation) | (now + runtime <= cy.shadow_s)
+        need = np.where(backfillable, 0.0, ahead[p].gpus) + job0.gpus - fnow
+        times, cum = cy.release_arrays(p)
+        t_rel = np.zeros(n)
+        if times.size:
+            i = np.minimum(np.searchsorted(cum, need), times.size - 1)
+            t_rel = np.where(need > 0, times[i] - now, 0.0)
+        fluid = np.where(backfillable, 0.0, ahead[p].gpu_seconds / max(ctx.pool_capacity[p], 1))
+        wait = np.where(fit, 0.0, np.maximum(np.maximum(t_rel, fluid), 0.0))
         first = now + wait
-        latest_start = latest_finish - runtime
-        amort_in = ctx.amortised_in_score()
-        r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, t, job, first)
-        s = first
-        score_first = e_cost + (amort if amort_in else 0.0) + cp_kg * carbon + vot_h * wait / 3600.0
-        kind = "now" if nodes_now is not None else "wait"
-        # Defer only when the pool has room to spare: a job held back while others queue
-        # would take the GPUs later from jobs that then burst to the cloud.
-        spare = cy.index[p].total_free.get(t, 0) - job.gpus
-        roomy = ahead[p].gpus <= 0 and spare >= cfg.defer_min_free_fraction * ctx.pool_capacity[p]
-        if job.deferrable and not job.deferred_once and cfg.horizon_s > 0 and (nodes_now is None or roomy):
-            k0 = math.ceil(wait / cfg.slot_s) if wait > 0 else 1
-            kmax = int(min(cfg.horizon_s, max(latest_start - now, 0.0)) // cfg.slot_s)
-            if kmax >= k0:
-                per_gpu = cy.slot_scores(p, t, job)  # USD per GPU for a representative runtime, per slot
-                k = k0 + int(np.argmin(per_gpu[k0:kmax + 1]))
-                if per_gpu[k] < INF:
-                    s_k = now + k * cfg.slot_s
-                    r2, e2, am2, en2, c2 = ctx.onprem_estimate(p, t, job, s_k)
-                    score_k = e2 + (am2 if amort_in else 0.0) + cp_kg * c2 + vot_h * (s_k - now) / 3600.0
-                    if math.isnan(score_first) or (not math.isnan(score_k) and score_first - score_k >= max(
-                            cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * abs(score_first))):
-                        s, r, e_cost, amort, energy, carbon = s_k, r2, e2, am2, en2, c2
-                        kind = "defer"
-        dollars = e_cost + amort
-        feasible = s + r <= latest_finish and dollars <= budget
-        if math.isnan(dollars) or math.isnan(carbon):
-            feasible = False
-        score = (e_cost + (amort if amort_in else 0.0) + cp_kg * carbon + vot_h * (s - now) / 3600.0) if feasible else INF
-        how = {"p": p, "t": t, "nodes": nodes_now if kind == "now" else None, "wait": wait, "kind": kind}
-        note = {"now": "start now", "wait": f"queue; expected wait {wait / 3600:.1f} h",
-                "defer": f"deferred {(s - now) / 3600:.1f} h to a cheaper/cleaner window"}[kind]
-        if not feasible:
-            note = ("misses the deadline" if s + r > latest_finish
-                    else ("no price/carbon data" if math.isnan(dollars) or math.isnan(carbon) else "over budget"))
-        opt = _option(kind="onprem", target=pool.name, start_s=s, wait_s=s - now, runtime_s=r, dollars_usd=dollars,
-                      energy_kwh=energy, carbon_kg=carbon, score=score if feasible else float("nan"),
-                      feasible=feasible, note=note)
-        options.append((score, 0 if feasible else 1, opt, how, s + r))
+        e, am, en, c = ctx.onprem_costs(p, t, job0.gpus, runtime, first)
+        score_first = e + (am if amort_in else 0.0) + cp_kg * c + vot_h * wait / 3600.0
+        s, r = first, runtime
+        kind = np.where(fit, _NOW, _WAIT)
+        if deferrable:
+            spare = cy.index[p].total_free.get(t, 0) - job0.gpus
+            roomy = ahead[p].gpus <= 0 and spare >= cfg.defer_min_free_fraction * ctx.pool_capacity[p]
+            allowed = ~fit | roomy
+            k0 = np.where(wait > 0, np.ceil(wait / cfg.slot_s), 1).astype(np.int64)
+            kmax = (np.minimum(cfg.horizon_s, np.maximum(latest_finish - runtime - now, 0.0)) // cfg.slot_s).astype(np.int64)
+            table = cy.slot_scores(p, t, job0)  # per GPU, per slot k = 0..K
+            k = np.arange(table.size)
+            vals = np.where((k[None, :] >= k0[:, None]) & (k[None, :] <= kmax[:, None]), table[None, :], INF)
+            kbest = np.argmin(vals, axis=1)
+            ok = allowed & (kmax >= k0) & (vals[np.arange(n), kbest] < INF)
+            if ok.any():
+                s_k = now + kbest * cfg.slot_s
+                e2, am2, en2, c2 = ctx.onprem_costs(p, t, job0.gpus, runtime, s_k)
+                score_k = e2 + (am2 if amort_in else 0.0) + cp_kg * c2 + vot_h * (s_k - now) / 3600.0
+                gain = score_first - score_k
+                thresh = np.maximum(cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * np.abs(score_first))
+                take = ok & (np.isnan(score_first) | (~np.isnan(score_k) & (gain >= thresh)))
+                s = np.where(take, s_k, s)
+                e, am, en, c = (np.where(take, x2, x) for x, x2 in ((e, e2), (am, am2), (en, en2), (c, c2)))
+                kind = np.where(take, _DEFER, kind)
+        dollars = e + am
+        feasible = (s + r <= latest_finish) & (dollars <= budget) & ~np.isnan(dollars) & ~np.isnan(c)
+        score = np.where(feasible, e + (am if amort_in else 0.0) + cp_kg * c + vot_h * (s - now) / 3600.0, INF)
+        cols.append({"p": p, "t": t, "start": s, "runtime": r, "dollars": dollars, "energy": en, "carbon": c,
+                     "score": score, "feasible": feasible, "finish": s + r, "kind": kind, "wait": wait})
+    return cols
 
-    # --- cloud offers, provisioned now: walk the shape's ranking, cost exactly the first few
-    if offers.size:
-        order = cy.cloud_ranking(job, offers)
-        found = 0
-        for o in order[:CLOUD_WALK_LIMIT]:
-            o = int(o)
-            eff, fin, dollars, energy, carbon, usd_h = ctx.cloud_scalar(job, o, now)
-            if now + fin > latest_finish or dollars > budget or math.isnan(carbon):
-                continue
-            if job.max_usd_per_hour is not None and usd_h > job.max_usd_per_hour:
-                continue
-            sc = dollars + cp_kg * carbon + vot_h * ctx.offer_rows[o][3] / 3600.0
-            opt = _option(kind="cloud", target=ctx.offers[o].offer_id, start_s=now + ctx.offer_rows[o][3],
-                          wait_s=ctx.offer_rows[o][3], runtime_s=eff, dollars_usd=dollars, energy_kwh=energy,
-                          carbon_kg=carbon, score=sc)
-            options.append((sc, 0, opt, {"offer": o}, now + fin))
-            found += 1
-            if found > N_ALTERNATIVES:
-                break
-        if not found:
-            # nothing meets the deadline (or the caps): keep the earliest finisher as a fallback
-            fin_all = ctx.cloud_finish_bound(job, order)
-            o = int(order[int(np.argmin(fin_all))])
-            eff, fin, dollars, energy, carbon, usd_h = ctx.cloud_scalar(job, o, now)
-            note = "misses the deadline" if now + fin > latest_finish else "over price cap or budget"
-            opt = _option(kind="cloud", target=ctx.offers[o].offer_id, start_s=now + ctx.offer_rows[o][3],
-                          wait_s=ctx.offer_rows[o][3], runtime_s=eff, dollars_usd=dollars, energy_kwh=energy,
-                          carbon_kg=carbon, score=float("nan"), feasible=False, note=note)
-            options.append((INF, 1, opt, {"offer": o}, now + fin))
 
+def _cloud_columns(cy: Cycle, jobs, offers, work, latest_finish, vot_h, budget):
+    """The best cloud offers per job, vectorised over ``jobs`` of one shape.
+
+    Costs the top ``CLOUD_TOP`` offers of the shape's ranking exactly for every job and keeps,
+    per job, the first ``N_ALTERNATIVES + 1`` that meet its deadline and caps. A job with none
+    there is costed over the whole ranking (tight deadlines need the fast, dear GPUs).
+    Returns ``(index, kept)``: ``index`` maps a column to an offer id, ``kept`` a dict of
+    ``(n, m)`` arrays with ``mask`` marking the options kept per job.
+    """
+    ctx, now = cy.ctx, cy.now
+    job0 = jobs[0]
+    order = cy.cloud_ranking(job0, offers)
+    cand = order[:CLOUD_TOP]
+    est = _cloud_matrix(ctx, job0, work, cand, now, vot_h)
+    feas = _cloud_feasible(est, latest_finish, budget, job0.max_usd_per_hour, now)
+    keep = feas & (np.cumsum(feas, axis=1) <= N_ALTERNATIVES + 1)
+    est["mask"] = keep
+    est["feasible"] = feas
+    est["offer"] = np.broadcast_to(cand[None, :], keep.shape)
+    none = ~keep.any(axis=1)
+    extra = {}
+    for i in np.flatnonzero(none):
+        # whole ranking for this job: the best feasible offers, else the earliest finisher
+        one = _cloud_matrix(ctx, job0, work[i:i + 1], order, now, vot_h)
+        f = _cloud_feasible(one, latest_finish[i:i + 1], budget, job0.max_usd_per_hour, now)[0]
+        if f.any():
+            pick = np.flatnonzero(f)[np.argsort(one["score"][0][f], kind="stable")[:N_ALTERNATIVES + 1]]
+        else:
+            pick = np.array([int(np.argmin(np.where(np.isnan(one["carbon"][0]), INF, one["finish"][0])))])
+        extra[int(i)] = [(int(order[k]), {name: float(one[name][0][k]) for name in _CLOUD_FIELDS}, bool(f[k]))
+                         for k in pick]
+    return est, extra
+
+
+_CLOUD_FIELDS = ("runtime", "finish", "dollars", "energy", "carbon", "usd_h", "score", "delay")
+
+
+def _cloud_matrix(ctx: PlannerContext, job0: PendingJob, work: np.ndarray, cand: np.ndarray, now: float, vot_h: float):
+    """Exact costs of jobs (``work``, shape ``(n,)``) on offers ``cand`` (``(m,)``): dict of ``(n, m)`` arrays.
+
+    Same model as :meth:`PlannerContext.cloud_scalar` (expected spot rework, pessimistic finish).
+    """
+    thr = ctx.offer_thr[cand][None, :]
+    spot = ctx.offer_spot[cand][None, :]
+    rate = ctx.offer_rate[cand][None, :]
+    delay = ctx.offer_delay[cand][None, :]
+    restart = ctx.config.restart_overhead_s
+    runtime = work[:, None] / thr
+    mean = np.where(spot, rate * runtime / 3600.0, 0.0)
+    if job0.checkpointable:
+        lost, lost_hi = job0.checkpoint_interval_s / 2.0 + restart, job0.checkpoint_interval_s + restart + delay
+    else:
+        lost, lost_hi = runtime / 2.0 + restart, runtime + restart + delay
+    eff = runtime + mean * lost
+    finish = delay + runtime + (mean + 2.0 * np.sqrt(mean)) * lost_hi
+    usd_h = job0.nodes * ctx.offer_price[cand][None, :]
+    dollars = usd_h * np.maximum(eff + delay, ctx.offer_min_billed[cand][None, :]) / 3600.0
+    kw = (job0.nodes * (job0.gpus_per_node * ctx.offer_busy_kw[cand] + (ctx.offer_gpu_count[cand] - job0.gpus_per_node)
+                        * ctx.offer_idle_kw[cand]) * ctx.offer_pue[cand])[None, :]
+    zones = np.broadcast_to(ctx.offer_zone[cand][None, :], eff.shape)
+    carbon = kw * ctx.zone_integrals(zones.ravel(), np.broadcast_to(now + delay, eff.shape).ravel(),
+                                     eff.ravel()).reshape(eff.shape) / 1000.0
+    score = dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon + vot_h * delay / 3600.0
+    return {"runtime": eff, "finish": finish, "dollars": dollars, "energy": kw * eff / 3600.0, "carbon": carbon,
+            "usd_h": np.broadcast_to(usd_h, eff.shape), "score": score, "delay": np.broadcast_to(delay, eff.shape)}
+
+
+def _cloud_feasible(est, latest_finish: np.ndarray, budget: float, max_usd_h: float | None, now: float) -> np.ndarray:
+    f = (now + est["finish"] <= latest_finish[:, None]) & (est["dollars"] <= budget) & ~np.isnan(est["carbon"])
+    if max_usd_h is not None:
+        f &= est["usd_h"] <= max_usd_h
+    return f
+
+
+def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.ndarray, ahead, budgets,
+                      fits: list, free_now: list) -> None:
+    """Decide for ``jobs`` of one shape (or one job): the DESIGN.md §4 score over every option.
+
+    ``fits[i][k]`` is the node list where job ``i`` fits target ``k`` now (or None) and
+    ``free_now[i][k]`` the free GPUs of that target when the job was examined.
+    """
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    job0 = jobs[0]
+    n = len(jobs)
+    vot_h = ctx.value_of_time(job0)
+    work = np.array([j.work_s for j in jobs])
+    latest_finish = np.array([j.deadline_s for j in jobs]) - cfg.deadline_margin_s
+    budget = budgets.get(job0.team, INF) if n == 1 else INF
+    onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget)
+    cloud, cloud_extra = (_cloud_columns(cy, jobs, offers, work, latest_finish, vot_h, budget)
+                          if offers.size else (None, {}))
+    # plain lists: per-job Python below indexes them ~30 times per job
+    on = []
+    for col in onprem:
+        on.append((col["p"], col["t"], ctx.pools[col["p"]].name, targets.index((col["p"], col["t"])),
+                   *(col[k].tolist() for k in ("start", "runtime", "dollars", "energy", "carbon", "score",
+                                                "feasible", "kind", "wait"))))
+    if cloud is not None:
+        mask = cloud["mask"]
+        kidx = np.argsort(~mask, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
+        kcount = np.minimum(mask.sum(axis=1), N_ALTERNATIVES + 1).tolist()
+        rows_i = np.arange(n)[:, None]
+        cl = {name: cloud[name][rows_i, kidx].tolist() for name in _CLOUD_FIELDS}
+        cl_offer = cloud["offer"][rows_i, kidx].tolist()
+    lf = latest_finish.tolist()
+    vector_rows = n > 1  # a batch (no job fits now, preempts or spends a budget): choose vectorised
+    if vector_rows:
+        _choose_batch(cy, jobs, on, cloud is not None and (cl, cl_offer, kcount), cloud_extra, onprem)
+    for i, job in enumerate(jobs):
+        if vector_rows and i not in cloud_extra:
+            continue
+        options = []  # (score, infeasible, option, how, finish)
+        for p, t, pname, ti, st, rt, dl, en, cb, sc, fe, kd, wt in on:
+            s_, r_, f = st[i], rt[i], fe[i]
+            kind = _KIND_NAMES[kd[i]]
+            if f:
+                note = (_NOTE_NOW if kind == "now" else f"queue; expected wait {wt[i] / 3600:.1f} h" if kind == "wait"
+                        else f"deferred {(s_ - now) / 3600:.1f} h to a cheaper/cleaner window")
+            else:
+                note = ("misses the deadline" if s_ + r_ > lf[i]
+                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+            opt = OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f, note)
+            options.append((sc[i], 0 if f else 1, opt, {"p": p, "t": t, "nodes": fits[i][ti], "wait": wt[i], "kind": kind},
+                            s_ + r_))
+        if cloud is not None:
+            if i in cloud_extra:
+                rows = cloud_extra[i]
+            else:
+                rows = [(cl_offer[i][k], {name: cl[name][i][k] for name in _CLOUD_FIELDS}, True) for k in range(kcount[i])]
+            for o, v, f in rows:
+                note = "" if f else ("misses the deadline" if now + v["finish"] > lf[i] else "over price cap or budget")
+                opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
+                                     v["dollars"], v["energy"], v["carbon"], v["score"] if f else NAN, f, note)
+                options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o}, now + v["finish"]))
+        _choose(cy, job, targets, options, ahead, budgets)
+
+
+def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, onprem_cols) -> None:
+    """Vectorised :func:`_choose` for a batch of one shape: same rules, same records.
+
+    Jobs here do not fit now, do not preempt and have no budget, so each one's choice
+    is independent of the others'. Rows with a whole-ranking cloud fallback
+    (``cloud_extra``) are left to :func:`_choose`.
+    """
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    n = len(jobs)
+    T = len(on)
+    S_on = np.stack([c["score"] for c in onprem_cols], axis=1)
+    F_on = np.stack([c["feasible"] for c in onprem_cols], axis=1)
+    fin_on = np.stack([c["finish"] for c in onprem_cols], axis=1)
+    kind_on = np.stack([c["kind"] for c in onprem_cols], axis=1)
+    if cl:
+        clf, cl_offer, kcount = cl
+        C = N_ALTERNATIVES + 1
+        kmask = np.arange(C)[None, :] < np.array(kcount)[:, None]
+        S_cl = np.where(kmask, np.array(clf["score"]), INF)
+        fin_cl = np.where(kmask, now + np.array(clf["finish"]), INF)
+        committed = np.array([j.committed_pool is not None for j in jobs])
+        recheck = committed & kmask.any(axis=1)
+        F_on = F_on & ~(recheck[:, None] & (kind_on == _WAIT))
+        F = np.concatenate([F_on, kmask], axis=1)
+        S = np.concatenate([S_on, S_cl], axis=1)
+        fin = np.concatenate([fin_on, fin_cl], axis=1)
+        considered = np.concatenate([np.ones_like(F_on), kmask], axis=1)
+        cf = (fin_cl - now).min(axis=1)
+    else:
+        F, S, fin, considered = F_on, S_on, fin_on, np.ones_like(F_on)
+        cf = np.full(n, INF)
+    key = np.where(F, S, np.where(considered, 1e15 + fin, INF))
+    order = np.argsort(key, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
+    okey = np.take_along_axis(key, order, axis=1)
+    order_l, okey_l, cf_l = order.tolist(), okey.tolist(), cf.tolist()
+    deadline_l = [j.deadline_s for j in jobs]
+    lf = [d - cfg.deadline_margin_s for d in deadline_l]
+
+    offer_ids = ctx.offer_ids
+    if cl:
+        c_delay, c_run, c_usd, c_kwh, c_kg, c_score = (clf[k] for k in ("delay", "runtime", "dollars", "energy",
+                                                                          "carbon", "score"))
+
+    def option(i: int, c: int):
+        if c < T:
+            p, t, pname, ti, st, rt, dl, en, cb, sc, fe, kd, wt = on[c]
+            s_, r_ = st[i], rt[i]
+            f = bool(F[i, c])
+            kind = _KIND_NAMES[kd[i]]
+            if fe[i] and f:
+                note = (f"queue; expected wait {wt[i] / 3600:.1f} h" if kind == "wait"
+                        else f"deferred {(s_ - now) / 3600:.1f} h to a cheaper/cleaner window")
+            elif fe[i]:
+                note = "already waited; the cloud can still meet the deadline"
+            else:
+                note = ("misses the deadline" if s_ + r_ > lf[i]
+                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+            return OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f,
+                                  note), (p, kind, wt[i])
+        k = c - T
+        o = cl_offer[i][k]
+        d = c_delay[i][k]
+        return OptionEstimate("cloud", offer_ids[o], now + d, d, c_run[i][k], c_usd[i][k], c_kwh[i][k], c_kg[i][k],
+                              c_score[i][k], True, ""), o
+
+    for i, job in enumerate(jobs):
+        if i in cloud_extra:
+            continue
+        cols, keys = order_l[i], okey_l[i]
+        best, how = option(i, cols[0])
+        alts = tuple(option(i, c)[0] for c, kv in zip(cols[1:], keys[1:]) if kv < INF)
+        if cols[0] >= T:
+            cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=best, offer_index=how,
+                                         alternatives=alts, reason="best score: cloud"))
+            continue
+        p, kind, wait = how
+        if kind == "defer":
+            cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=best, pool=ctx.pools[p].name,
+                                         not_before=best.start_s, alternatives=alts, reason=best.note))
+        else:  # wait (nothing in a batch fits now); review as in _choose
+            c_f = cf_l[i]
+            if c_f < INF:
+                review = max(deadline_l[i] - cfg.deadline_margin_s - c_f - (cfg.review_margin_s + 0.2 * c_f),
+                             now + cfg.min_review_s)
+            else:
+                review = now + max(wait, cfg.min_review_s)
+            cy.decisions.append(Decision(job.job_id, DecisionKind.wait, option=best, pool=ctx.pools[p].name,
+                                         not_before=review, alternatives=alts, reason=best.note))
+
+
+def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> None:
+    """Pick the best option of one job and record the decision with its alternatives."""
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
     if not options:
         if targets:
             p = targets[0][0]
@@ -639,13 +888,11 @@ def _decide_federated(cy: Cycle, job: PendingJob, targets, offers: np.ndarray, a
         cy.decisions.append(_decision(job.job_id, DecisionKind.defer, option=opt, pool=ctx.pools[p].name,
                                       not_before=opt.start_s, alternatives=alts, reason=opt.note))
     else:
-        a = ahead[p]
-        a.gpus += job.gpus
-        a.gpu_seconds += job.gpus * job.work_s
         # Look again when the cloud must be chosen to still meet the deadline (with a margin
         # for spot rework and capacity), or after the expected wait if there is no cloud
         # option. Starting on-prem needs no review: the queue pass starts the job as soon
-        # as it fits.
+        # as it fits. (The queue ahead is fixed for the cycle: jobs decided in one cycle
+        # do not see each other's waits; the review bounds the optimism.)
         cloud_finish = min((o[4] - now for o in options if o[2].kind == "cloud"), default=None)
         if cloud_finish is not None:
             margin = cfg.review_margin_s + 0.2 * cloud_finish
