@@ -46,8 +46,6 @@ import argparse
 import gc
 import json
 import math
-import os
-import platform
 import resource
 import statistics
 import sys
@@ -66,6 +64,7 @@ from broker.planner import POLICIES, PendingJob, PlannerConfig, PlannerContext, 
 from broker.scenario import load_scenario  # noqa: E402
 from broker.simulator import SpotModel  # noqa: E402
 from broker.traces import load_philly  # noqa: E402
+from _machine import machine_info  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 NOW_S = datetime(2023, 10, 2, 15, tzinfo=timezone.utc).timestamp()
 GPUS_PER_NODE = 8
@@ -222,39 +221,6 @@ def repeats_for(size: int, repeat: int) -> int:
     if size >= 10_000:
         return max(1, min(repeat, 5))
     return max(1, repeat)
-
-
-def machine_info() -> dict:
-    cpu = ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform(), **code_version()}
-
-
-def code_version() -> dict:
-    """Git HEAD plus a hash of the broker/ and pricing/ sources as measured (the tree may be dirty)."""
-    import hashlib
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for f in sorted(list((root / "broker").glob("*.py")) + list((root / "pricing").glob("*.py"))):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "broker", "pricing"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        head, dirty = "", None
-    return {"git_head": head, "src_dirty": dirty, "src_sha256": h.hexdigest()[:12]}
 
 
 def _ints(s: str) -> list[int]:

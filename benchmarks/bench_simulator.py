@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import platform
 import resource
 import sys
 import time
@@ -50,6 +48,7 @@ import broker.simulator as simmod  # noqa: E402
 from broker.planner import POLICIES, PlannerConfig  # noqa: E402
 from broker.scenario import load_scenario  # noqa: E402
 from broker.traces import load_philly  # noqa: E402
+from _machine import machine_info  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 
 class _TimeLimit(Exception):
@@ -111,39 +110,6 @@ def _child(conn, *a):
         conn.send({"policy": a[0], "status": f"error: {e!r}", "traceback": traceback.format_exc()})
     finally:
         conn.close()
-
-
-def machine_info() -> dict:
-    cpu = ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform(), **code_version()}
-
-
-def code_version() -> dict:
-    """Git HEAD plus a hash of the broker/ and pricing/ sources as measured (the tree may be dirty)."""
-    import hashlib
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for f in sorted(list((root / "broker").glob("*.py")) + list((root / "pricing").glob("*.py"))):
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(root), "status", "--porcelain", "broker", "pricing"],
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        head, dirty = "", None
-    return {"git_head": head, "src_dirty": dirty, "src_sha256": h.hexdigest()[:12]}
 
 
 def _f(x, fmt):

@@ -367,8 +367,13 @@ class PlannerContext:
         p = self.pools[pool]
         kw = gpus * self.gpus.busy_kw[gpu_type] * p.pue
         hours = runtime_s / 3600.0
-        price = self._pool_price[pool].integrals(starts_s, runtime_s)
-        ci = self._pool_carbon[pool].integrals(starts_s, runtime_s)
+        ps, cs = self._pool_price[pool], self._pool_carbon[pool]
+        if starts_s.size <= 8:  # NumPy's per-call overhead dominates tiny batches (one job per cycle)
+            price = np.array([window_integral(ps, s, d) for s, d in zip(starts_s.tolist(), runtime_s.tolist())])
+            ci = np.array([window_integral(cs, s, d) for s, d in zip(starts_s.tolist(), runtime_s.tolist())])
+        else:
+            price = ps.integrals(starts_s, runtime_s)
+            ci = cs.integrals(starts_s, runtime_s)
         return kw * price / 1000.0, gpus * hours * p.amortised_usd_per_gpu_hour, kw * hours, kw * ci / 1000.0
 
     def zone_integrals(self, zone_index: np.ndarray, starts_s: np.ndarray, durations_s: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ import heapq
 import math
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -155,7 +155,6 @@ class _JobState:
     cloud: bool = False
     cost_usd: float = 0.0
     carbon_kg: float = 0.0
-    history: list = field(default_factory=list)
 
 
 class Simulator:
