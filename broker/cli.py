@@ -14,6 +14,7 @@ Bad arguments exit with status 2 and a message naming the option and value.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,13 +25,31 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedbroker: hybrid-cloud, energy-aware federation broker for GPU training jobs.")
-console = Console()
+# Piped output keeps wide tables readable instead of wrapping them at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
 POLICY_NAMES = ("fifo", "backfill", "cheapest", "federated")
 
 
 def _fail(msg: str) -> None:
     console.print(f"[red]error:[/red] {msg}")
     raise typer.Exit(2)
+
+
+def _check_number(option: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> None:
+    """Exit 2 unless ``value`` is finite and >= ``minimum`` (> with ``strict``), naming the option."""
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        _fail(f"{option}={value}: must be a finite number {'>' if strict else '>='} {minimum:g}")
+
+
+def _prepare_out(out: Path) -> None:
+    """Create ``out`` and make sure it is writable before a long run (exit 2 otherwise)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".fedbroker-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        _fail(f"--out={str(out)!r}: cannot write there ({e.strerror or e})")
 
 
 def _parse_time(value: str, option: str) -> datetime:
@@ -63,15 +82,17 @@ def simulate(
     from broker.simulator import SimulationConfig, simulate as run_sim
     from broker.traces import TraceError, load_generic_csv, load_philly
 
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
     bad = [p for p in policies if p not in POLICY_NAMES]
     if not policies or bad:
         _fail(f"--policy={policy!r}: unknown {bad or 'empty'}; choose from {', '.join(POLICY_NAMES)}")
     if jobs is not None and jobs < 1:
         _fail(f"--jobs={jobs}: must be >= 1")
-    if carbon_price < 0 or value_of_time < 0 or slack_factor < 0 or min_slack_h < 0:
-        _fail("--carbon-price, --value-of-time, --slack-factor and --min-slack-h must be >= 0")
+    for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
+                   ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
+        _check_number(opt, v)
     start_dt = _parse_time(start, "--start") if start else None
+    _prepare_out(out)
     try:
         scen = load_scenario(cluster)
     except (ValueError, OSError) as e:
@@ -108,6 +129,11 @@ def simulate(
             if not console.is_terminal:
                 console.print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
     console.print(comparison_table(runs))
+    for name, r in runs.items():
+        miss = r.metrics.get("missing_signal_hours", 0.0)
+        if miss:
+            console.print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
+                          "price/carbon data; their energy cost and carbon are not counted (see missing_signal_hours)")
     meta = {"trace": trace, "jobs": len(tr.jobs), "trace_skipped": tr.skipped, "start": _iso(tr.jobs[0].submit_s),
             "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"), "seed": seed,
             "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
@@ -127,8 +153,9 @@ def _check_coverage(tr, scen) -> None:
     c = sig.carbon(scen.pools[0].carbon_zone)
     t0, t1 = tr.jobs[0].submit_s, tr.jobs[-1].submit_s
     if t0 < c.start_s or t1 > c.end_s:
-        _fail(f"trace spans {_iso(t0)}..{_iso(t1)} but the bundled price/carbon data covers "
-              f"{_iso(c.start_s)}..{_iso(c.end_s)}; use --start to shift it")
+        _fail(f"the trace spans {_iso(t0)}..{_iso(t1)} but the bundled price/carbon data covers "
+              f"{_iso(c.start_s)}..{_iso(c.end_s)}; pass a --start (e.g. {_iso(c.start_s)[:10]}) so that "
+              "the whole trace falls inside")
 
 
 @app.command()
@@ -152,8 +179,13 @@ def offers(
     from broker.scenario import load_scenario
     from pricing.power import UnknownGpuTypeError, canonical_gpu_type
 
-    if count < 1 or nodes < 1 or hours <= 0 or top < 1:
-        _fail(f"--count={count}, --nodes={nodes}, --hours={hours}, --top={top}: must be positive")
+    for opt, v in (("--count", count), ("--nodes", nodes), ("--top", top)):
+        if v < 1:
+            _fail(f"{opt}={v}: must be >= 1")
+    _check_number("--hours", hours, strict=True)
+    _check_number("--carbon-price", carbon_price)
+    if hours > 366 * 24:
+        _fail(f"--hours={hours}: at most one year (8,784 h) of runtime can be costed")
     if sort not in ("cost", "carbon", "score"):
         _fail(f"--sort={sort!r}: choose cost, carbon or score")
     gtypes = None
@@ -170,6 +202,10 @@ def offers(
         scen = load_scenario(cluster)
     except (ValueError, OSError) as e:
         _fail(str(e))
+    cover = scen.signals.carbon(scen.pools[0].carbon_zone) if scen.pools else None
+    if cover is not None and (now < cover.start_s or now + hours * 3600.0 > cover.end_s):
+        _fail(f"--start={_iso(now)} with --hours={hours:g}: outside the bundled price/carbon data "
+              f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
     ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
                          scen.signals, scen.gpus)
     job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
@@ -191,7 +227,7 @@ def offers(
             if nodes_ok < nodes:
                 continue
             r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, gt, job, now)
-            rows.append(("onprem", pool.site or pool.name, pool.carbon_zone, pool.name, gt, "owned",
+            rows.append(("onprem", pool.name, pool.carbon_zone, "-", gt, "owned",
                          (e_cost + amort) / (r / 3600.0), r, e_cost + amort, energy, carbon))
     if not rows:
         _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"

@@ -52,7 +52,20 @@ def load_scenario(cluster: str | Path | None = None, with_pools: bool = True) ->
     from pricing.signals import load_grid_signals
     from pricing.spot import load_spot_traces
 
+    from pricing.power import UnknownGpuTypeError, canonical_gpu_type
+
     pools = load_cluster(cluster) if with_pools else []
+    canon = []
+    for p in pools:  # GPU types as the power/throughput table spells them (v100 -> V100)
+        nodes = []
+        for nd in p.nodes:
+            try:
+                g = canonical_gpu_type(nd.gpu_type)
+            except UnknownGpuTypeError as e:
+                raise ValueError(f"pool {p.name!r}, node {nd.name!r}: {e}") from None
+            nodes.append(nd if g == nd.gpu_type else nd.model_copy(update={"gpu_type": g}))
+        canon.append(p.model_copy(update={"nodes": tuple(nodes)}))
+    pools = canon
     for p in pools:
         if p.carbon_zone not in available_carbon_zones():
             raise ValueError(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no bundled series; "

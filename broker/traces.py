@@ -50,7 +50,8 @@ proportional to their length.
 
 **Bad rows** are skipped, never fatal. Each skipped row is counted under the
 first failing reason, in this order: ``malformed_row`` (wrong number of
-fields), ``duplicate_job_id``, ``bad_submit_time``, ``bad_duration`` (missing,
+fields), ``duplicate_job_id``, ``bad_submit_time`` (also a year outside 1970-2100 or a
+relative time beyond two years), ``bad_duration`` (longer than a year, missing,
 non-numeric, NaN, infinite, <= 0), ``bad_num_gpus`` (missing, non-integer,
 <= 0), ``gang_too_large``, ``unknown_gpu_type`` (checked with
 ``pricing.power.canonical_gpu_type`` when that module is importable; otherwise
@@ -136,6 +137,13 @@ _MAX_NODES = 1024  # JobSpec.nodes upper bound
 _TRUE = {"true", "1", "yes", "y", "t"}
 _FALSE = {"false", "0", "no", "n", "f", ""}
 _PRIORITIES = {p.value: p for p in PriorityClass}
+
+
+#: longest accepted job duration: one year, s (Philly's longest is 53.6 days). Longer rows are
+#: skipped as ``bad_duration``: they cannot be costed against two years of signal data.
+MAX_DURATION_S = 366 * 86400.0
+#: latest accepted relative ``submit_time`` (seconds from the trace start): two years, s.
+MAX_TRACE_SPAN_S = 2 * 366 * 86400.0
 
 
 class TraceError(ValueError):
@@ -372,7 +380,8 @@ def _check_common(chk: _Checker, cols: dict[str, np.ndarray], n: int, *, generic
                   gpu_canon: Callable[[str], str | None]) -> dict[str, np.ndarray]:
     """Validate duration, GPUs and the optional columns; returns parsed arrays."""
     dur = _numeric(cols["duration_s"] if generic else cols["duration"])
-    chk.flag(~(np.isfinite(dur) & (dur > 0)), "bad_duration", "duration_s" if generic else "duration")
+    chk.flag(~(np.isfinite(dur) & (dur > 0) & (dur <= MAX_DURATION_S)), "bad_duration",
+             "duration_s" if generic else "duration")
 
     g = _numeric(cols["num_gpus"])
     good_g = np.isfinite(g) & (g >= 1) & (np.floor(np.where(np.isfinite(g), g, 0)) == g)
@@ -576,11 +585,13 @@ def _parse_submit(raw: str, tz: ZoneInfo) -> tuple[int, float]:
         x = float(s)
     except ValueError:
         pass
-    else:
-        return (2, x) if math.isfinite(x) else (0, math.nan)
+    else:  # seconds from the trace start: at most MAX_TRACE_SPAN_S
+        return (2, x) if math.isfinite(x) and 0 <= x <= MAX_TRACE_SPAN_S else (0, math.nan)
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:
+        return 0, math.nan
+    if not 1970 <= dt.year <= 2100:
         return 0, math.nan
     if dt.tzinfo is None:
         # naive: wall-clock in site_tz (first occurrence if ambiguous)

@@ -114,3 +114,50 @@ def test_offers_unknown_gpu_exits_2(run):
     r = run("offers", "--gpu", "Z99")
     assert r.exit_code == 2
     assert "--gpu='Z99'" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--carbon-price", "nan"), "--carbon-price=nan"),
+    (("--value-of-time", "inf"), "--value-of-time=inf"),
+    (("--policy", "fifo,,nope"), "unknown ['nope']"),
+])
+def test_simulate_non_finite_or_unknown_options_exit_2(run, tmp_path, args, needle):
+    r = run("simulate", "--jobs", "10", "--out", str(tmp_path / "o"), *args)
+    assert r.exit_code == 2 and needle in r.output
+
+
+def test_simulate_unwritable_out_fails_before_running(run, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = run("simulate", "--jobs", "10", "--out", str(blocker / "sub"))
+    assert r.exit_code == 2 and "cannot write there" in r.output
+    assert "Policy comparison" not in r.output  # nothing was simulated
+
+
+def test_simulate_cluster_with_unknown_gpu_type_exits_2(run, tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  - name: mars\n    carbon_zone: CA-ON\n    price_zone: CA-ON\n"
+                 "    node_groups:\n      - {count: 1, gpu_type: Z99, gpus_per_node: 8}\n")
+    r = run("simulate", "--jobs", "10", "--cluster", str(f), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "pool 'mars'" in r.output and "'Z99'" in r.output
+
+
+def test_simulate_csv_rejects_absurd_duration_and_time(run, tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("submit_time,duration_s,num_gpus\n"
+                   "2023-09-04T10:00:00Z,3600,1\n"
+                   "2023-09-04T11:00:00Z,1e12,1\n"   # 31,700 years: bad_duration
+                   "1e15,3600,1\n")                    # relative time beyond two years: bad_submit_time
+    out = tmp_path / "o"
+    r = run("simulate", "--trace", str(csv), "--policy", "fifo", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["trace_skipped"] == {"bad_duration": 1, "bad_submit_time": 1}
+    assert res["policies"]["fifo"]["jobs_submitted"] == 1
+
+
+def test_offers_outside_data_or_bad_numbers_exit_2(run):
+    for args, needle in ((("--start", "2019-01-01"), "outside the bundled"), (("--hours", "nan"), "--hours=nan"),
+                         (("--carbon-price", "-1"), "--carbon-price=-1")):
+        r = run("offers", *args)
+        assert r.exit_code == 2 and needle in r.output, (args, r.output)
