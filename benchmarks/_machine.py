@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["machine_info", "code_version"]
+__all__ = ["machine_info", "code_version", "parse_policies"]
 
 
 def machine_info() -> dict:
@@ -42,3 +42,14 @@ def code_version() -> dict:
     except (OSError, subprocess.SubprocessError):
         head, dirty = "", None
     return {"git_head": head, "src_dirty": dirty, "src_sha256": h.hexdigest()[:12]}
+
+
+def parse_policies(ap, text: str) -> list[str]:
+    """Comma-separated policy names from ``--policies``; ``ap.error`` (exit 2) names unknown ones."""
+    from broker.planner import POLICIES
+
+    policies = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        ap.error(f"--policies: unknown {bad or 'empty'}; choose from {', '.join(POLICIES)}")
+    return policies

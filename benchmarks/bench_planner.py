@@ -64,7 +64,7 @@ from broker.planner import POLICIES, PendingJob, PlannerConfig, PlannerContext, 
 from broker.scenario import load_scenario  # noqa: E402
 from broker.simulator import SpotModel  # noqa: E402
 from broker.traces import load_philly  # noqa: E402
-from _machine import machine_info  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
+from _machine import machine_info, parse_policies  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 NOW_S = datetime(2023, 10, 2, 15, tzinfo=timezone.utc).timestamp()
 GPUS_PER_NODE = 8
@@ -247,10 +247,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON to this path")
     args = ap.parse_args(argv)
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad:
-        ap.error(f"--policies: unknown {bad}; choose from {', '.join(POLICIES)}")
+    policies = parse_policies(ap, args.policies)
     sizes, gpus_list = _ints(args.sizes), _ints(args.gpus)
 
     t0 = time.perf_counter()

@@ -45,10 +45,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import broker.simulator as simmod  # noqa: E402
-from broker.planner import POLICIES, PlannerConfig  # noqa: E402
+from broker.planner import PlannerConfig  # noqa: E402
 from broker.scenario import load_scenario  # noqa: E402
 from broker.traces import load_philly  # noqa: E402
-from _machine import machine_info  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
+from _machine import machine_info, parse_policies  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 
 class _TimeLimit(Exception):
@@ -128,10 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON to this path")
     args = ap.parse_args(argv)
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad:
-        ap.error(f"--policies: unknown {bad}; choose from {', '.join(POLICIES)}")
+    policies = parse_policies(ap, args.policies)
     if args.jobs is not None and args.jobs < 1:
         ap.error("--jobs must be >= 1")
 
