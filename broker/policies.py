@@ -535,8 +535,8 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
         # decided at once, in queue order. The others cannot change the capacity or each
         # other's options this cycle: they are decided together, per shape, vectorised.
-        fits = [cy.fit_now(job, p, t) for p, t in targets]
         free_now = [cy.index[p].total_free.get(t, 0) for p, t in targets]
+        fits = [cy.fit_now(job, p, t) if f >= job.gpus else None for (p, t), f in zip(targets, free_now)]
         if any(f is not None for f in fits) or job.priority >= 2 or job.team in budgets:
             _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
         else:
@@ -826,7 +826,19 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
             continue
         cols, keys = order_l[i], okey_l[i]
         best, how = option(i, cols[0])
-        alts = tuple(option(i, c)[0] for c, kv in zip(cols[1:], keys[1:]) if kv < INF)
+        alts = []
+        for c, kv in zip(cols[1:], keys[1:]):
+            if kv >= INF:  # keys are sorted: the rest were not considered
+                break
+            if c >= T:  # inline the common case: a cloud alternative
+                k = c - T
+                o = cl_offer[i][k]
+                d = c_delay[i][k]
+                alts.append(OptionEstimate("cloud", offer_ids[o], now + d, d, c_run[i][k], c_usd[i][k], c_kwh[i][k],
+                                           c_kg[i][k], c_score[i][k], True, ""))
+            else:
+                alts.append(option(i, c)[0])
+        alts = tuple(alts)
         if cols[0] >= T:
             cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=best, offer_index=how,
                                          alternatives=alts, reason="best score: cloud"))
