@@ -12,6 +12,7 @@ carbon in kgCO2e, carbon intensity in gCO2e/kWh, electricity price in USD/MWh.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -30,6 +31,7 @@ __all__ = [
     "OptionEstimate",
     "Decision",
     "DECISION_ADAPTER",
+    "LazyOptions",
 ]
 
 # Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
@@ -298,6 +300,49 @@ class OptionEstimate:
     note: str = ""
 
 
+class LazyOptions(Sequence):
+    """A read-only sequence of :class:`OptionEstimate` built on first access.
+
+    A 100k-job planning cycle explains every decision, but the explanation of a job
+    that keeps waiting is rarely read: the costs are computed in the cycle (they
+    chose the option) and the records are assembled only when someone reads them.
+
+    Args:
+        build: ``build(arg) -> list[OptionEstimate]``, called at most once.
+        arg: its argument.
+    """
+
+    __slots__ = ("_build", "_arg", "_items")
+
+    def __init__(self, build, arg):
+        self._build, self._arg, self._items = build, arg, None
+
+    def _get(self) -> tuple:
+        if self._items is None:
+            self._items = tuple(self._build(self._arg))
+            self._build = self._arg = None
+        return self._items
+
+    def __getitem__(self, i):
+        return self._get()[i]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (tuple, list, LazyOptions)):
+            return self._get() == tuple(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
 @dataclass(slots=True)
 class Decision:
     """The planner's decision for one job (a record, see :class:`OptionEstimate`).
@@ -316,9 +361,31 @@ class Decision:
     allocation: tuple[tuple[int, int], ...] = ()
     not_before: float | None = None
     victims: tuple[str, ...] = ()
-    alternatives: tuple[OptionEstimate, ...] = ()
+    alternatives: tuple[OptionEstimate, ...] | LazyOptions = ()
     reason: str = ""
 
+    def record(self) -> dict:
+        """JSON-safe dict of the decision with its alternatives built (the explain record)."""
+        return DECISION_ADAPTER.dump_python(_Record(self.job_id, self.kind, self.option, self.pool, self.offer_index,
+                                                    self.allocation, self.not_before, self.victims,
+                                                    tuple(self.alternatives), self.reason), mode="json")
 
-#: pydantic validator/serialiser for decisions: ``DECISION_ADAPTER.dump_python(d, mode="json")``.
-DECISION_ADAPTER: TypeAdapter[Decision] = TypeAdapter(Decision)
+
+@dataclass(slots=True)
+class _Record:
+    """The serialisable shape of a :class:`Decision` (alternatives as a plain tuple)."""
+
+    job_id: str
+    kind: DecisionKind
+    option: OptionEstimate | None
+    pool: str | None
+    offer_index: int | None
+    allocation: tuple[tuple[int, int], ...]
+    not_before: float | None
+    victims: tuple[str, ...]
+    alternatives: tuple[OptionEstimate, ...]
+    reason: str
+
+
+#: pydantic validator/serialiser of decision records; ``Decision.record()`` uses it.
+DECISION_ADAPTER: TypeAdapter[_Record] = TypeAdapter(_Record)

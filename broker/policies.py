@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from broker.capacity import FreeIndex, shadow_time
-from broker.model import Decision, DecisionKind, OptionEstimate
+from broker.model import Decision, DecisionKind, LazyOptions, OptionEstimate
 from broker.planner import PendingJob, PlannerContext, Snapshot
 
 __all__ = ["POLICY_FUNCS", "Cycle"]
@@ -525,13 +525,17 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
     budgets = dict(cfg.team_budget_usd)
     batches: dict[tuple, list] = {}
+    by_shape: dict[tuple, tuple] = {}  # placement shape -> (on-prem targets, compatible offers, available offers)
     for job in todo:
-        targets = cy.onprem_targets(job)
-        offers = ctx.compatible_offers(job) if cloud_ok else _NO_OFFERS
-        if not targets and offers.size == 0:
+        sk = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions)
+        hit = by_shape.get(sk)
+        if hit is None:
+            compat = ctx.compatible_offers(job) if cloud_ok else _NO_OFFERS
+            hit = by_shape[sk] = (cy.onprem_targets(job), compat, cy.available(compat))
+        targets, compat, offers = hit
+        if not targets and compat.size == 0:
             cy.reject(job, _never_fits_reason(job, cloud=cloud_ok))
             continue
-        offers = cy.available(offers)
         # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
         # decided at once, in queue order. The others cannot change the capacity or each
         # other's options this cycle: they are decided together, per shape, vectorised.
@@ -821,25 +825,22 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
         return OptionEstimate("cloud", offer_ids[o], now + d, d, c_run[i][k], c_usd[i][k], c_kwh[i][k], c_kg[i][k],
                               c_score[i][k], True, ""), o
 
+    def alternatives(i: int) -> list[OptionEstimate]:
+        """The best rejected options of job ``i``, in order (built when the record is read)."""
+        out = []
+        for c, kv in zip(order_l[i][1:], okey_l[i][1:]):
+            if kv >= INF:  # keys are sorted: the rest were not considered
+                break
+            out.append(option(i, c)[0])
+        return out
+
     for i, job in enumerate(jobs):
         if i in cloud_extra:
             continue
-        cols, keys = order_l[i], okey_l[i]
-        best, how = option(i, cols[0])
-        alts = []
-        for c, kv in zip(cols[1:], keys[1:]):
-            if kv >= INF:  # keys are sorted: the rest were not considered
-                break
-            if c >= T:  # inline the common case: a cloud alternative
-                k = c - T
-                o = cl_offer[i][k]
-                d = c_delay[i][k]
-                alts.append(OptionEstimate("cloud", offer_ids[o], now + d, d, c_run[i][k], c_usd[i][k], c_kwh[i][k],
-                                           c_kg[i][k], c_score[i][k], True, ""))
-            else:
-                alts.append(option(i, c)[0])
-        alts = tuple(alts)
-        if cols[0] >= T:
+        c0 = order_l[i][0]
+        best, how = option(i, c0)
+        alts = LazyOptions(alternatives, i)
+        if c0 >= T:
             cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=best, offer_index=how,
                                          alternatives=alts, reason="best score: cloud"))
             continue
