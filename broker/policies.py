@@ -525,6 +525,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
     budgets = dict(cfg.team_budget_usd)
     batches: dict[tuple, list] = {}
+    tentative: list[tuple[int, list[int], int]] = []  # (pool, nodes, GPUs per node) set aside while batching
     by_shape: dict[tuple, tuple] = {}  # placement shape -> (on-prem targets, compatible offers, available offers)
     for job in todo:
         sk = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions)
@@ -541,18 +542,29 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         # other's options this cycle: they are decided together, per shape, vectorised.
         free_now = [cy.index[p].total_free.get(t, 0) for p, t in targets]
         fits = [cy.fit_now(job, p, t) if f >= job.gpus else None for (p, t), f in zip(targets, free_now)]
-        if any(f is not None for f in fits) or job.priority >= 2 or job.team in budgets:
+        if job.priority >= 2 or job.team in budgets:
             _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
         else:
+            ti = next((k for k, f in enumerate(fits) if f is not None), None)
+            if ti is not None:
+                # it fits now: set its nodes aside (they are handed back before its batch is
+                # decided, and taken again if it starts now), keep one target to fit on
+                p, t = targets[ti]
+                cy.index[p].take(fits[ti], job.gpus_per_node)
+                tentative.append((p, fits[ti], job.gpus_per_node))
+                fits = [f if k == ti else None for k, f in enumerate(fits)]
             key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
                    job.checkpointable, job.checkpoint_interval_s, job.priority, job.deferrable, job.deferred_once,
-                   job.max_usd_per_hour, _work_bucket(job.work_s))
+                   job.max_usd_per_hour, _work_bucket(job.work_s), ti is not None)
             b = batches.get(key)
             if b is None:
                 b = batches[key] = [[], targets, offers, [], []]
             b[0].append(job)
             b[3].append(fits)
             b[4].append(free_now)
+    for p, nodes, g in tentative:  # hand back what was set aside: the decisions below take it again
+        for i in nodes:
+            cy.index[p].give(i, g)
     for jobs, targets, offers, fits, free_now in batches.values():
         _decide_federated(cy, jobs, targets, offers, ahead, budgets, fits, free_now)
     return cy.decisions
@@ -595,8 +607,8 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         s, r = first, runtime
         kind = np.where(fit, _NOW, _WAIT)
         if deferrable:
-            spare = cy.index[p].total_free.get(t, 0) - job0.gpus
-            roomy = ahead[p].gpus <= 0 and spare >= cfg.defer_min_free_fraction * ctx.pool_capacity[p]
+            # free GPUs when each job was examined, less its own
+            roomy = (ahead[p].gpus <= 0) & (fnow - job0.gpus >= cfg.defer_min_free_fraction * ctx.pool_capacity[p])
             allowed = ~fit | roomy
             k0 = np.where(wait > 0, np.ceil(wait / cfg.slot_s), 1).astype(np.int64)
             kmax = (np.minimum(cfg.horizon_s, np.maximum(latest_finish - runtime - now, 0.0)) // cfg.slot_s).astype(np.int64)
@@ -730,7 +742,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
     lf = latest_finish.tolist()
     vector_rows = n > 1  # a batch (no job fits now, preempts or spends a budget): choose vectorised
     if vector_rows:
-        _choose_batch(cy, jobs, on, cloud is not None and (cl, cl_offer, kcount), cloud_extra, onprem)
+        _choose_batch(cy, jobs, on, cloud is not None and (cl, cl_offer, kcount), cloud_extra, onprem, fits)
     for i, job in enumerate(jobs):
         if vector_rows and i not in cloud_extra:
             continue
@@ -760,12 +772,13 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
         _choose(cy, job, targets, options, ahead, budgets)
 
 
-def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, onprem_cols) -> None:
+def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, onprem_cols, fits: list) -> None:
     """Vectorised :func:`_choose` for a batch of one shape: same rules, same records.
 
-    Jobs here do not fit now, do not preempt and have no budget, so each one's choice
-    is independent of the others'. Rows with a whole-ranking cloud fallback
-    (``cloud_extra``) are left to :func:`_choose`.
+    Jobs here do not preempt and have no budget; those that fit now had their nodes
+    set aside when they were examined, so each one's choice is independent of the
+    others'. Rows with a whole-ranking cloud fallback (``cloud_extra``) are left to
+    :func:`_choose`.
     """
     ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
     n = len(jobs)
@@ -810,7 +823,7 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
             f = bool(F[i, c])
             kind = _KIND_NAMES[kd[i]]
             if fe[i] and f:
-                note = (f"queue; expected wait {wt[i] / 3600:.1f} h" if kind == "wait"
+                note = (f"queue; expected wait {wt[i] / 3600:.1f} h" if kind == "wait" else _NOTE_NOW if kind == "now"
                         else f"deferred {(s_ - now) / 3600:.1f} h to a cheaper/cleaner window")
             elif fe[i]:
                 note = "already waited; the cloud can still meet the deadline"
@@ -818,7 +831,7 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
                 note = ("misses the deadline" if s_ + r_ > lf[i]
                         else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
             return OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f,
-                                  note), (p, kind, wt[i])
+                                  note), (p, t, kind, wt[i], ti)
         k = c - T
         o = cl_offer[i][k]
         d = c_delay[i][k]
@@ -844,8 +857,10 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
             cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=best, offer_index=how,
                                          alternatives=alts, reason="best score: cloud"))
             continue
-        p, kind, wait = how
-        if kind == "defer":
+        p, t, kind, wait, ti = how
+        if kind == "now":
+            cy.start(job, p, t, fits[i][ti], option=best, alternatives=alts, reason="best score: on-prem now")
+        elif kind == "defer":
             cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=best, pool=ctx.pools[p].name,
                                          not_before=best.start_s, alternatives=alts, reason=best.note))
         else:  # wait (nothing in a batch fits now); review as in _choose
