@@ -41,6 +41,9 @@ __all__ = ["POLICY_FUNCS", "Cycle"]
 INF = float("inf")
 NAN = float("nan")
 _NOTE_NOW = "start now"
+#: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
+_NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue (expected wait: wait_s)",
+          "defer": "deferred to a cheaper/cleaner window (start_s)"}
 _NO_OFFERS = np.zeros(0, np.int64)
 N_ALTERNATIVES = 3
 #: the top offers of a shape's ranking costed exactly for every job of the shape
@@ -82,6 +85,7 @@ class Cycle:
         self._releases: dict[int, list[tuple[float, int, int]]] | None = None
         self.team_usage = snap.team_usage
         self.weights = ctx.config.team_weight
+        self._share: dict[str, float] = {}  # team -> decayed usage / weight, for this cycle
         self.reservation: dict[int, frozenset[int]] = {}
         self.shadow_s = INF
         self._cloud_rank: dict = {}
@@ -180,7 +184,9 @@ class Cycle:
     # ------------------------------------------------------------ ordering
     def queue_key(self, job: PendingJob):
         """Priority class (high first), fair share (low usage/weight first), age, id."""
-        share = self.team_usage.get(job.team, 0.0) / self.weights.get(job.team, 1.0)
+        share = self._share.get(job.team)
+        if share is None:
+            share = self._share[job.team] = self.team_usage.get(job.team, 0.0) / self.weights.get(job.team, 1.0)
         return (-job.priority, share, job.submit_s, job.job_id)
 
     # ------------------------------------------------------------ capacity
@@ -540,12 +546,17 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
         # decided at once, in queue order. The others cannot change the capacity or each
         # other's options this cycle: they are decided together, per shape, vectorised.
-        free_now = [cy.index[p].total_free.get(t, 0) for p, t in targets]
-        fits = [cy.fit_now(job, p, t) if f >= job.gpus else None for (p, t), f in zip(targets, free_now)]
+        free_now, fits, ti = [], [], None
+        for k, (p, t) in enumerate(targets):
+            f = cy.index[p].total_free.get(t, 0)
+            free_now.append(f)
+            nodes = cy.fit_now(job, p, t) if f >= job.gpus else None
+            fits.append(nodes)
+            if ti is None and nodes is not None:
+                ti = k
         if job.priority >= 2 or job.team in budgets:
             _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
         else:
-            ti = next((k for k, f in enumerate(fits) if f is not None), None)
             if ti is not None:
                 # it fits now: set its nodes aside (they are handed back before its batch is
                 # decided, and taken again if it starts now), keep one target to fit on
@@ -553,8 +564,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
                 cy.index[p].take(fits[ti], job.gpus_per_node)
                 tentative.append((p, fits[ti], job.gpus_per_node))
                 fits = [f if k == ti else None for k, f in enumerate(fits)]
-            key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
-                   job.checkpointable, job.checkpoint_interval_s, job.priority, job.deferrable, job.deferred_once,
+            key = (sk, job.checkpointable, job.checkpoint_interval_s, job.priority, job.deferrable, job.deferred_once,
                    job.max_usd_per_hour, _work_bucket(job.work_s), ti is not None)
             b = batches.get(key)
             if b is None:
@@ -751,8 +761,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             s_, r_, f = st[i], rt[i], fe[i]
             kind = _KIND_NAMES[kd[i]]
             if f:
-                note = (_NOTE_NOW if kind == "now" else f"queue; expected wait {wt[i] / 3600:.1f} h" if kind == "wait"
-                        else f"deferred {(s_ - now) / 3600:.1f} h to a cheaper/cleaner window")
+                note = _NOTES[kind]
             else:
                 note = ("misses the deadline" if s_ + r_ > lf[i]
                         else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
@@ -807,8 +816,13 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
     key = np.where(F, S, np.where(considered, 1e15 + fin, INF))
     order = np.argsort(key, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
     okey = np.take_along_axis(key, order, axis=1)
-    order_l, okey_l, cf_l = order.tolist(), okey.tolist(), cf.tolist()
-    deadline_l = [j.deadline_s for j in jobs]
+    order_l, okey_l = order.tolist(), okey.tolist()
+    deadline = np.array([j.deadline_s for j in jobs])
+    # review of a waiting job: when the cloud must be chosen to still meet the deadline (see _choose)
+    review_l = np.where(cf < INF, np.maximum(deadline - cfg.deadline_margin_s - cf - (cfg.review_margin_s + 0.2 * cf),
+                                             now + cfg.min_review_s), INF).tolist()
+    deadline_l = deadline.tolist()
+    pool_names = [p.name for p in ctx.pools]
     lf = [d - cfg.deadline_margin_s for d in deadline_l]
 
     offer_ids = ctx.offer_ids
@@ -816,15 +830,16 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
         c_delay, c_run, c_usd, c_kwh, c_kg, c_score = (clf[k] for k in ("delay", "runtime", "dollars", "energy",
                                                                           "carbon", "score"))
 
+    F_l = F.tolist()
+
     def option(i: int, c: int):
         if c < T:
             p, t, pname, ti, st, rt, dl, en, cb, sc, fe, kd, wt = on[c]
             s_, r_ = st[i], rt[i]
-            f = bool(F[i, c])
+            f = F_l[i][c]
             kind = _KIND_NAMES[kd[i]]
             if fe[i] and f:
-                note = (f"queue; expected wait {wt[i] / 3600:.1f} h" if kind == "wait" else _NOTE_NOW if kind == "now"
-                        else f"deferred {(s_ - now) / 3600:.1f} h to a cheaper/cleaner window")
+                note = _NOTES[kind]  # the wait and start are in the record's fields
             elif fe[i]:
                 note = "already waited; the cloud can still meet the deadline"
             else:
@@ -863,15 +878,10 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
         elif kind == "defer":
             cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=best, pool=ctx.pools[p].name,
                                          not_before=best.start_s, alternatives=alts, reason=best.note))
-        else:  # wait (nothing in a batch fits now); review as in _choose
-            c_f = cf_l[i]
-            if c_f < INF:
-                review = max(deadline_l[i] - cfg.deadline_margin_s - c_f - (cfg.review_margin_s + 0.2 * c_f),
-                             now + cfg.min_review_s)
-            else:
-                review = now + max(wait, cfg.min_review_s)
-            cy.decisions.append(Decision(job.job_id, DecisionKind.wait, option=best, pool=ctx.pools[p].name,
-                                         not_before=review, alternatives=alts, reason=best.note))
+        else:  # wait; review as in _choose
+            review = review_l[i] if review_l[i] < INF else now + max(wait, cfg.min_review_s)
+            cy.decisions.append(Decision(job.job_id, DecisionKind.wait, best, pool_names[p], None, (), review, (),
+                                         alts, best.note))
 
 
 def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> None:
