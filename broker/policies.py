@@ -48,8 +48,9 @@ _NO_OFFERS = np.zeros(0, np.int64)
 N_ALTERNATIVES = 3
 #: the top offers of a shape's ranking costed exactly for every job of the shape
 CLOUD_TOP = 16
-#: jobs whose work differs by less than this factor share one cached ranking (log buckets)
-_LOG_BUCKET = math.log(1.25)
+#: jobs whose work differs by less than this factor share one cached ranking and slot table
+#: (log buckets); their exact costs are still computed per job
+_LOG_BUCKET = math.log(1.5)
 
 
 def _work_bucket(work_s: float) -> int:
@@ -131,7 +132,7 @@ class Cycle:
         """Offers ``offers`` (compatible and available) ranked by score for ``job``'s shape.
 
         Jobs of one shape (GPU types, gang, memory, market, regions, checkpointing,
-        priority) and one work bucket (x1.25) share the ranking, computed once per
+        priority) and one work bucket (x1.5) share the ranking, computed once per
         cycle from a representative job (DESIGN.md §4: score per shape, not per job).
         """
         key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
@@ -424,9 +425,10 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             continue
         idx = cy.available(ctx.compatible_offers(job) if ctx.config.cloud_enabled else _NO_OFFERS)
         if idx.size:
-            # cheapest total USD for the job's shape and work bucket, then costed exactly
-            o = int(cy.cloud_ranking(job, idx, by="dollars")[0])
-            eff, _, dollars, energy, carbon, _ = ctx.cloud_scalar(job, o, cy.now)
+            # the shape's ranking by total USD (representative work), then the exact cheapest of its top few
+            top = [int(o) for o in cy.cloud_ranking(job, idx, by="dollars")[:N_ALTERNATIVES + 1]]
+            o, (eff, _, dollars, energy, carbon, _) = min(
+                ((o, ctx.cloud_scalar(job, o, cy.now)) for o in top), key=lambda x: (x[1][2], x[0]))
             delay = ctx.offer_rows[o][3]
             opt = _option(kind="cloud", target=ctx.offer_ids[o], start_s=cy.now + delay, wait_s=delay, runtime_s=eff,
                           dollars_usd=dollars, energy_kwh=energy, carbon_kg=carbon, score=dollars)
@@ -747,15 +749,15 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
         kidx = np.argsort(~mask, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
         kcount = np.minimum(mask.sum(axis=1), N_ALTERNATIVES + 1).tolist()
         rows_i = np.arange(n)[:, None]
-        cl = {name: cloud[name][rows_i, kidx].tolist() for name in _CLOUD_FIELDS}
+        cl = {name: cloud[name][rows_i, kidx].tolist() for name in _CLOUD_FIELDS if name != "usd_h"}
         cl_offer = cloud["offer"][rows_i, kidx].tolist()
     lf = latest_finish.tolist()
-    vector_rows = n > 1  # a batch (no job fits now, preempts or spends a budget): choose vectorised
+    vector_rows = n > 1  # a batch (no job preempts or spends a budget): choose vectorised
     if vector_rows:
-        _choose_batch(cy, jobs, on, cloud is not None and (cl, cl_offer, kcount), cloud_extra, onprem, fits)
-    for i, job in enumerate(jobs):
-        if vector_rows and i not in cloud_extra:
-            continue
+        _choose_batch(cy, jobs, on, cloud is not None and (cl, cl_offer, kcount), cloud_extra, onprem, fits,
+                      latest_finish)
+    for i in (sorted(cloud_extra) if vector_rows else range(n)):
+        job = jobs[i]
         options = []  # (score, infeasible, option, how, finish)
         for p, t, pname, ti, st, rt, dl, en, cb, sc, fe, kd, wt in on:
             s_, r_, f = st[i], rt[i], fe[i]
@@ -772,7 +774,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             if i in cloud_extra:
                 rows = cloud_extra[i]
             else:
-                rows = [(cl_offer[i][k], {name: cl[name][i][k] for name in _CLOUD_FIELDS}, True) for k in range(kcount[i])]
+                rows = [(cl_offer[i][k], {name: cl[name][i][k] for name in cl}, True) for k in range(kcount[i])]
             for o, v, f in rows:
                 note = "" if f else ("misses the deadline" if now + v["finish"] > lf[i] else "over price cap or budget")
                 opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
@@ -781,7 +783,8 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
         _choose(cy, job, targets, options, ahead, budgets)
 
 
-def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, onprem_cols, fits: list) -> None:
+def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, onprem_cols, fits: list,
+                  latest_finish: np.ndarray) -> None:
     """Vectorised :func:`_choose` for a batch of one shape: same rules, same records.
 
     Jobs here do not preempt and have no budget; those that fit now had their nodes
@@ -817,13 +820,11 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
     order = np.argsort(key, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
     okey = np.take_along_axis(key, order, axis=1)
     order_l, okey_l = order.tolist(), okey.tolist()
-    deadline = np.array([j.deadline_s for j in jobs])
     # review of a waiting job: when the cloud must be chosen to still meet the deadline (see _choose)
-    review_l = np.where(cf < INF, np.maximum(deadline - cfg.deadline_margin_s - cf - (cfg.review_margin_s + 0.2 * cf),
+    review_l = np.where(cf < INF, np.maximum(latest_finish - cf - (cfg.review_margin_s + 0.2 * cf),
                                              now + cfg.min_review_s), INF).tolist()
-    deadline_l = deadline.tolist()
     pool_names = [p.name for p in ctx.pools]
-    lf = [d - cfg.deadline_margin_s for d in deadline_l]
+    lf = latest_finish.tolist()
 
     offer_ids = ctx.offer_ids
     if cl:
