@@ -431,6 +431,15 @@ class PlannerContext:
                 carbon[m] = kw[m] * self.zone_carbon[z].integrals(t0[m], eff_runtime[m]) / 1000.0
         return eff_runtime, delay + eff_runtime, dollars, energy, carbon, usd_h
 
+    def cloud_dollars(self, job: PendingJob, offer: int) -> float:
+        """Expected USD of ``job`` on ``offer`` (as :meth:`cloud_scalar`, without the carbon window)."""
+        thr, spot, rate, delay, min_billed, price, *_ = self.offer_rows[offer]
+        runtime = job.work_s / thr
+        if spot:
+            lost = (job.checkpoint_interval_s / 2.0 if job.checkpointable else runtime / 2.0) + self.config.restart_overhead_s
+            runtime += rate * runtime / 3600.0 * lost
+        return job.nodes * price * max(runtime + delay, min_billed) / 3600.0
+
     def cloud_scalar(self, job: PendingJob, offer: int, start_s: float):
         """One job on one offer, same model as :meth:`cloud_estimates` + :meth:`cloud_finish_bound`.
 

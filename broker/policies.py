@@ -421,9 +421,9 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         idx = cy.available(ctx.compatible_offers(job) if ctx.config.cloud_enabled else _NO_OFFERS)
         if idx.size:
             # the shape's ranking by total USD (representative work), then the exact cheapest of its top few
-            top = [int(o) for o in cy.cloud_ranking(job, idx, by="dollars")[:N_ALTERNATIVES + 1]]
-            o, (eff, _, dollars, energy, carbon, _) = min(
-                ((o, ctx.cloud_scalar(job, o, cy.now)) for o in top), key=lambda x: (x[1][2], x[0]))
+            top = cy.cloud_ranking(job, idx, by="dollars")[:N_ALTERNATIVES + 1].tolist()
+            o = min(top, key=lambda o: (ctx.cloud_dollars(job, o), o))
+            eff, _, dollars, energy, carbon, _ = ctx.cloud_scalar(job, o, cy.now)
             delay = ctx.offer_rows[o][3]
             opt = _option(kind="cloud", target=ctx.offer_ids[o], start_s=cy.now + delay, wait_s=delay, runtime_s=eff,
                           dollars_usd=dollars, energy_kwh=energy, carbon_kg=carbon, score=dollars)
