@@ -6,9 +6,11 @@ offers, grid signals, team usage) and apply the returned decisions.
 
 Static inputs that do not change between cycles (pools, offers, GPU tables,
 grid signals) live in a :class:`PlannerContext`, which also caches values
-derived from them (offer arrays, per-pool effective energy price series,
-per-shape option rankings per signal hour). The cache changes no result: a
-cycle's decisions depend only on the snapshot and the context's inputs.
+derived from them (offer arrays, per-pool effective energy price series, the
+offers and pools compatible with each job shape). Per-cycle caches (per-shape
+offer rankings and start-slot tables) live in the cycle (:class:`broker.policies.Cycle`).
+No cache changes a result: a cycle's decisions depend only on the snapshot and
+the context's inputs.
 
 Policies (selected by ``PlannerConfig.policy``), see :mod:`broker.policies`:
 
@@ -313,18 +315,10 @@ class PlannerContext:
             self._zone_stack = SeriesStack(self.zone_carbon) if zones else None
         except SeriesError:
             self._zone_stack = None
-        self._shape_cache: dict = {}
-        self._cache_hour: float = -1.0
+        #: caches that depend only on the static inputs (per job shape: compatible offers, targets)
+        self._shape_cache_static: dict = {}
 
     # ----------------------------------------------------------------- helpers
-    def cache_for(self, now_s: float) -> dict:
-        """The per-signal-hour cache (cleared when the hour changes)."""
-        hour = math.floor(now_s / 3600.0)
-        if hour != self._cache_hour:
-            self._shape_cache = {}
-            self._cache_hour = hour
-        return self._shape_cache
-
     def pool_types(self, pool: int) -> list[str]:
         return self._pool_types[pool]
 
@@ -504,14 +498,6 @@ class PlannerContext:
         res = np.flatnonzero(ok)
         cache[key] = res
         return res
-
-    @property
-    def _shape_cache_static(self) -> dict:
-        c = getattr(self, "_static_cache", None)
-        if c is None:
-            c = {}
-            self._static_cache = c
-        return c
 
 
 def _next_pow2(n: int) -> int:
