@@ -463,7 +463,7 @@ class Simulator:
                         seq += 1
                 elif kind == DecisionKind.reject:
                     take(d.job_id)
-                    reason = d.reason.split(" can ever hold")[0] if d.reason else "rejected"
+                    reason = (d.reason.split(" can ever hold")[0] + " can ever hold the job") if d.reason else "rejected"
                     rejected[reason] = rejected.get(reason, 0) + 1
                     st.end_s = math.nan
                     done += 1
