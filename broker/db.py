@@ -1,0 +1,254 @@
+"""The job store's schema (SQLAlchemy 2 declarative models).
+
+Tables:
+
+* ``jobs`` — one row per job: spec, state and ``version`` (compare-and-set),
+  window (``not_before``, ``not_after``, ``deadline``), the planner's latest
+  decision record (the explain record), placement, attempt counter.
+* ``job_events`` — the state history: every applied transition with time and reason.
+* ``attempts`` — one row per try of a job on a node (or instance): GPUs, start, end, exit code, outcome.
+* ``job_logs`` — captured stdout/stderr of attempts, in ordered chunks shipped by node agents.
+* ``nodes`` — on-prem hosts: inventory, healthy GPUs, last heartbeat and NVML telemetry.
+* ``cloud_instances`` — cloud instances with their intent records (a row is written
+  *before* the provider's create call; see DESIGN.md §5).
+* ``schedules`` — recurring runs (cron expression + IANA time zone) that create jobs.
+* ``api_tokens`` — per-team API tokens, stored as SHA-256 hashes only.
+* ``planner_state`` — one row: the planner fence (``version`` is bumped by every
+  applied planning cycle; a cycle planned on an older version is discarded).
+
+All instants are stored as timezone-aware UTC (:class:`UtcDateTime`); SQLite,
+which has no time zone type, gives them back as UTC too. Schema changes go
+through Alembic (``broker/migrations``); see :func:`broker.store.JobStore.migrate`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, MetaData, String,
+                        Text, UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "Schedule",
+           "ApiToken", "PlannerState", "utcnow"]
+
+
+def utcnow() -> datetime:
+    """The current instant, timezone-aware UTC."""
+    return datetime.now(timezone.utc)
+
+
+class UtcDateTime(TypeDecorator):
+    """A ``DateTime(timezone=True)`` that only accepts aware datetimes and always returns UTC.
+
+    Raises ``ValueError`` when given a naive datetime (the field is named by the caller's stack).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()!r} given to a UTC column")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:  # SQLite
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+# Deterministic constraint names, so Alembic migrations are stable across databases.
+_NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=_NAMING)
+    type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team: Mapped[str] = mapped_column(String(63), index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    priority: Mapped[int] = mapped_column(Integer)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    spec_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    #: earliest instant the job may start (window start, or end of a deferral)
+    not_before: Mapped[datetime | None]
+    #: latest instant the job may start (window end); past it the job fails
+    not_after: Mapped[datetime | None]
+    #: latest completion instant the planner aims for
+    deadline: Mapped[datetime]
+    #: a job waiting for on-prem capacity is re-decided at this instant
+    review_at: Mapped[datetime | None]
+    committed_pool: Mapped[str | None] = mapped_column(String(63))
+    deferred_once: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    #: the latest planner decision record (chosen option + best alternatives)
+    decision: Mapped[dict[str, Any] | None]
+    #: {"kind": "onprem", "pool": ..., "nodes": [{"node": ..., "gpus": [..], "rank": r}]} or a cloud offer
+    placement: Mapped[dict[str, Any] | None]
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    dispatched_at: Mapped[datetime | None]
+    #: the current state must be left by this instant (starting, provisioning), else the reconciler acts
+    state_deadline_at: Mapped[datetime | None]
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: "preempt" when the planner asked the agent to stop the job for a higher-priority one
+    stop_reason: Mapped[str | None] = mapped_column(String(32))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    #: reference-GPU seconds of work already done and checkpointed (restarts resume from it)
+    work_done_s: Mapped[float] = mapped_column(Float, default=0.0)
+    schedule_id: Mapped[str | None] = mapped_column(String(40))
+
+    __table_args__ = (
+        UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+        Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
+    )
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    version: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Attempt(Base):
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8))  # onprem | cloud
+    pool: Mapped[str | None] = mapped_column(String(63))
+    offer_id: Mapped[str | None] = mapped_column(String(200))
+    #: [{"node": name, "gpus": [indices], "rank": r}]
+    nodes: Mapped[list[Any]]
+    gpu_type: Mapped[str | None] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    #: per rank: {"rank": exit code}; the attempt ends when every rank has one
+    rank_exits: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    outcome: Mapped[str | None] = mapped_column(String(16))  # succeeded|failed|cancelled|interrupted|lost
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+    __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),)
+
+
+class JobLog(Base):
+    __tablename__ = "job_logs"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    seq: Mapped[int] = mapped_column(Integer)
+    data: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "seq", name="uq_job_logs_chunk"),)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    pool: Mapped[str] = mapped_column(String(63), index=True)
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpu_memory_gb: Mapped[float] = mapped_column(Float)
+    #: indices of the GPUs that may receive work (unhealthy/lost GPUs are left out)
+    healthy_gpus: Mapped[list[Any]]
+    state: Mapped[str] = mapped_column(String(16), default="up")  # up | lost
+    agent_id: Mapped[str] = mapped_column(String(64))
+    registered_at: Mapped[datetime]
+    last_heartbeat_at: Mapped[datetime]
+    telemetry: Mapped[dict[str, Any] | None]
+
+
+class CloudInstance(Base):
+    __tablename__ = "cloud_instances"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    offer_id: Mapped[str] = mapped_column(String(200))
+    provider: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str] = mapped_column(String(40))
+    zone: Mapped[str] = mapped_column(String(40))
+    instance_type: Mapped[str] = mapped_column(String(40))
+    market: Mapped[str] = mapped_column(String(16))
+    #: derived from (job, attempt, offer, rank); the provider's idempotency token / requestId
+    idempotency_token: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[str] = mapped_column(String(16))  # intent | creating | running | terminating | terminated | failed
+    provider_instance_id: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    history: Mapped[list[Any]]
+
+
+class Schedule(Base):
+    __tablename__ = "schedules"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    team: Mapped[str] = mapped_column(String(63), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    cron: Mapped[str] = mapped_column(String(200))
+    timezone: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    next_fire_at: Mapped[datetime]
+    last_fire_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+    __table_args__ = (UniqueConstraint("team", "name", name="uq_schedules_team_name"),)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    team: Mapped[str] = mapped_column(String(63))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    label: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime]
+    revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class PlannerState(Base):
+    __tablename__ = "planner_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), default=0)
+    leader: Mapped[str] = mapped_column(String(200), default="")
+    cycle_at: Mapped[datetime | None]

@@ -1,0 +1,134 @@
+"""Wire shapes of the HTTP API, shared by the server (:mod:`broker.api`) and the SDK (:mod:`broker.client`).
+
+All instants are timezone-aware UTC (ISO 8601 on the wire); money in USD,
+energy in kWh, emissions in kgCO2e, durations in seconds.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker.model import JobSpec
+
+__all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
+           "ErrorBody"]
+
+
+class SubmitRequest(BaseModel):
+    """Body of ``POST /v1/jobs``: the job spec, and an optional idempotency key
+    (also accepted as the ``Idempotency-Key`` header): a retried submit with the same
+    key and the same spec returns the first job instead of creating another."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: JobSpec
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+
+
+class JobView(BaseModel):
+    """A job as the API shows it.
+
+    Fields: ``state`` is a :class:`broker.states.JobState` value; ``version`` counts its
+    applied transitions; ``not_before``/``not_after`` bound its start, ``deadline`` its
+    completion; ``placement`` says where it runs (``{"kind": "onprem", "pool", "nodes":
+    [{"node", "gpus", "rank"}]}``); ``reason`` is why it is in its state.
+    """
+
+    id: str
+    team: str
+    name: str | None = None
+    state: str
+    version: int
+    spec: JobSpec
+    created_at: datetime
+    updated_at: datetime
+    not_before: datetime | None = None
+    not_after: datetime | None = None
+    deadline: datetime
+    reason: str = ""
+    placement: dict[str, Any] | None = None
+    attempt: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    cancel_requested: bool = False
+    idempotency_key: str | None = None
+    schedule_id: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """True in a terminal state (succeeded, failed, cancelled)."""
+        return self.state in ("succeeded", "failed", "cancelled")
+
+
+class JobEventView(BaseModel):
+    """One applied state transition."""
+
+    at: datetime
+    from_state: str | None
+    to_state: str
+    version: int
+    reason: str
+
+
+class AttemptView(BaseModel):
+    """One try of a job: where, when, how it ended."""
+
+    number: int
+    kind: str
+    pool: str | None = None
+    offer_id: str | None = None
+    nodes: list[dict[str, Any]]
+    gpu_type: str | None = None
+    gpus: int
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    outcome: str | None = None
+    reason: str = ""
+
+
+class ExplainView(BaseModel):
+    """Why the job is where it is: the planner's latest decision record (chosen option
+    and best alternatives, each with ``dollars_usd``, ``energy_kwh``, ``carbon_kg``,
+    ``wait_s``), the state history and the attempts."""
+
+    job: JobView
+    decision: dict[str, Any] | None
+    events: list[JobEventView]
+    attempts: list[AttemptView]
+
+
+class LogsView(BaseModel):
+    """Captured stdout+stderr of one attempt (``attempt`` 0 = none yet), rank 0 unless asked."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    text: str
+    truncated: bool = False
+
+
+class NodeView(BaseModel):
+    """An on-prem host as its agent last reported it."""
+
+    name: str
+    pool: str
+    gpu_type: str
+    gpu_count: int
+    gpu_memory_gb: float
+    healthy_gpus: list[int]
+    state: str
+    last_heartbeat_at: datetime
+    telemetry: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error response: ``{"detail": message}`` or, for validation, a list of
+    ``{"loc": [...], "msg": ..., "type": ...}`` naming the field."""
+
+    detail: Any

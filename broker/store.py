@@ -1,0 +1,439 @@
+"""The job store: the source of truth for job state (DESIGN.md §5).
+
+:class:`JobStore` wraps a SQLAlchemy engine (PostgreSQL in production, SQLite
+for a single-machine trial) and offers the operations the API, the planner
+cycle, the reconciler and the node agents need. Every state change is a
+compare-and-set on ``jobs.version`` checked against
+:data:`broker.states.ALLOWED_TRANSITIONS` and recorded in ``job_events``.
+
+Exceptions::
+
+    StoreError (ValueError)
+     +-- JobNotFound        no such job, or not visible to the asking team
+     +-- IdempotencyConflict same idempotency key, different spec
+     +-- NotCancellable     the job is already finished
+    broker.states.InvalidTransition (ValueError)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.db import ApiToken, Attempt, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
+from broker.model import JobSpec
+from broker.schemas import AttemptView, JobEventView, JobView, NodeView
+from broker.states import ACTIVE_STATES, TERMINAL_STATES, JobState, check_transition
+
+__all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "Principal",
+           "new_job_id", "hash_token", "default_deadline"]
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+class StoreError(ValueError):
+    """Base of the store's errors."""
+
+
+class JobNotFound(StoreError):
+    """No job with this id that the caller may see."""
+
+
+class IdempotencyConflict(StoreError):
+    """The idempotency key was used before, with a different spec."""
+
+
+class NotCancellable(StoreError):
+    """The job already finished."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who calls the API: a team, or an admin (sees every team)."""
+
+    team: str
+    admin: bool = False
+
+
+def new_job_id() -> str:
+    """A new job id: ``job-`` and 16 hex digits (64 random bits)."""
+    return "job-" + uuid.uuid4().hex[:16]
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex digest of an API token (tokens are 256-bit random, so a fast hash is enough)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """SHA-256 of the spec's canonical JSON: equal specs give equal hashes."""
+    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def default_deadline(submitted: datetime, spec: JobSpec) -> datetime:
+    """The completion deadline of a job without one, as in the simulator
+    (:func:`broker.traces.default_deadline_s`): submit + duration + max(duration, 12 h),
+    or submit + duration + ``slack_s`` when the spec gives a slack."""
+    d = spec.estimated_duration_s
+    slack = spec.slack_s if spec.slack_s is not None else max(d, 12 * 3600.0)
+    start = max(submitted, spec.earliest_start) if spec.earliest_start else submitted
+    return start + timedelta(seconds=d + slack)
+
+
+def _job_view(j: Job) -> JobView:
+    return JobView(id=j.id, team=j.team, name=j.name, state=j.state, version=j.version,
+                   spec=JobSpec.model_validate(j.spec), created_at=j.created_at, updated_at=j.updated_at,
+                   not_before=j.not_before, not_after=j.not_after, deadline=j.deadline, reason=j.reason,
+                   placement=j.placement, attempt=j.attempt, started_at=j.started_at, finished_at=j.finished_at,
+                   exit_code=j.exit_code, cancel_requested=j.cancel_requested, idempotency_key=j.idempotency_key,
+                   schedule_id=j.schedule_id)
+
+
+class JobStore:
+    """Operations on the job store.
+
+    Args:
+        url: SQLAlchemy URL (``postgresql+psycopg://...`` or ``sqlite:///PATH``).
+        schema: PostgreSQL schema to use (created if missing); ``None`` = default search path.
+
+    SQLite runs with WAL and a 30 s busy timeout so the API, workers and agents
+    on one machine can share the file.
+    """
+
+    def __init__(self, url: str, schema: str | None = None, echo: bool = False):
+        self.url = url
+        self.schema = schema
+        kw: dict[str, Any] = {"echo": echo, "future": True}
+        if url.startswith("sqlite"):
+            path = url.split("sqlite:///", 1)[-1]
+            if path and path != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            kw["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            kw["pool_pre_ping"] = True
+            kw["pool_size"] = 5
+            kw["max_overflow"] = 10
+            if schema:
+                kw["connect_args"] = {"options": f"-csearch_path={schema}"}
+        self.engine: Engine = create_engine(url, **kw)
+        if url.startswith("sqlite"):
+            @event.listens_for(self.engine, "connect")
+            def _sqlite_pragmas(dbapi_conn, _rec):  # pragma: no cover - trivial
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.execute("PRAGMA busy_timeout=30000")
+                cur.close()
+            # pysqlite's own transaction handling defers BEGIN; take the write lock at BEGIN so
+            # two writers never deadlock on a lock upgrade.
+            @event.listens_for(self.engine, "connect")
+            def _no_autobegin(dbapi_conn, _rec):  # pragma: no cover - trivial
+                dbapi_conn.isolation_level = None
+
+            @event.listens_for(self.engine, "begin")
+            def _begin_immediate(conn):  # pragma: no cover - trivial
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings) -> "JobStore":
+        """A store for :class:`broker.settings.BrokerSettings`."""
+        return cls(settings.effective_database_url, settings.database_schema)
+
+    # ------------------------------------------------------------------ schema
+    def migrate(self) -> None:
+        """Bring the schema to the latest Alembic revision (creates the PostgreSQL schema if needed)."""
+        from alembic import command
+        from alembic.config import Config
+
+        if self.schema and not self.url.startswith("sqlite"):
+            with self.engine.begin() as c:
+                c.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def drop_schema(self) -> None:
+        """Drop the PostgreSQL schema (tests) or every table (SQLite)."""
+        if self.schema and not self.url.startswith("sqlite"):
+            with self.engine.begin() as c:
+                c.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
+        else:
+            Base.metadata.drop_all(self.engine)
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on error."""
+        with self._sessions() as s, s.begin():
+            yield s
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(self, team: str, admin: bool = False, label: str = "") -> str:
+        """Create an API token for ``team`` and return it (only its hash is stored)."""
+        from broker.model import _NAME_RE
+
+        if not _NAME_RE.match(team):
+            raise StoreError(f"team={team!r}: 1-63 letters, digits, '.', '_' or '-'")
+        token = "fbk_" + secrets.token_urlsafe(32)
+        with self.session() as s:
+            s.add(ApiToken(team=team, token_hash=hash_token(token), admin=admin, label=label, created_at=utcnow()))
+        return token
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of a valid, unrevoked token, else ``None``."""
+        with self.session() as s:
+            row = s.execute(select(ApiToken.team, ApiToken.admin).where(
+                ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False))).first()
+        return Principal(row.team, bool(row.admin)) if row else None
+
+    # ------------------------------------------------------------------ submit / read
+    def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
+               now: datetime | None = None, not_after: datetime | None = None,
+               schedule_id: str | None = None) -> tuple[JobView, bool]:
+        """Store a new job in state ``submitted``; returns ``(job, created)``.
+
+        With an ``idempotency_key`` already used by ``team`` for the same spec, returns the
+        existing job and ``created=False``; with a different spec raises :class:`IdempotencyConflict`.
+        ``spec.team`` is overwritten by ``team`` (the caller's identity decides).
+        """
+        now = now or utcnow()
+        spec = spec.model_copy(update={"team": team})
+        h = spec_hash(spec)
+        if idempotency_key is not None:
+            found = self._by_key(team, idempotency_key, h)
+            if found is not None:
+                return found, False
+        job_id = new_job_id()
+        deadline = spec.deadline or default_deadline(now, spec)
+        row = dict(id=job_id, team=team, name=spec.name, spec=spec.model_dump(mode="json"),
+                   state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
+                   idempotency_key=idempotency_key, spec_hash=h, created_at=now, updated_at=now,
+                   not_before=spec.earliest_start, not_after=not_after, deadline=deadline, reason="submitted",
+                   deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
+        try:
+            with self.session() as s:
+                s.execute(insert(Job).values(**row))
+                s.add(JobEvent(job_id=job_id, at=now, from_state=None, to_state=JobState.submitted.value,
+                               version=1, reason="submitted"))
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            found = self._by_key(team, idempotency_key, h)  # a concurrent submit with the same key won
+            if found is None:
+                raise
+            return found, False
+        return self.get(job_id), True
+
+    def _by_key(self, team: str, key: str, h: str) -> JobView | None:
+        with self.session() as s:
+            j = s.execute(select(Job).where(Job.team == team, Job.idempotency_key == key)).scalar_one_or_none()
+            if j is None:
+                return None
+            if j.spec_hash != h:
+                raise IdempotencyConflict(f"idempotency_key={key!r}: already used by job {j.id} with a different spec")
+            return _job_view(j)
+
+    def get(self, job_id: str, team: str | None = None) -> JobView:
+        """The job ``job_id``; with ``team``, only if it belongs to that team. Raises :class:`JobNotFound`."""
+        with self.session() as s:
+            j = s.get(Job, job_id)
+            if j is None or (team is not None and j.team != team):
+                raise JobNotFound(f"job_id={job_id!r}: no such job" + (f" for team {team!r}" if team else ""))
+            return _job_view(j)
+
+    def list_jobs(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
+                  offset: int = 0) -> list[JobView]:
+        """Jobs newest first, filtered by ``team`` and ``states``; at most ``limit`` (1-1000)."""
+        q = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+        if team is not None:
+            q = q.where(Job.team == team)
+        if states:
+            q = q.where(Job.state.in_([JobState(x).value for x in states]))
+        with self.session() as s:
+            return [_job_view(j) for j in s.execute(q).scalars()]
+
+    def count_by_state(self) -> dict[str, int]:
+        """``state -> number of jobs``."""
+        with self.session() as s:
+            return {st: n for st, n in s.execute(select(Job.state, func.count()).group_by(Job.state))}
+
+    def events(self, job_id: str) -> list[JobEventView]:
+        """The state history of a job, oldest first."""
+        with self.session() as s:
+            rows = s.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
+            return [JobEventView(at=e.at, from_state=e.from_state, to_state=e.to_state, version=e.version,
+                                 reason=e.reason) for e in rows]
+
+    def attempts(self, job_id: str) -> list[AttemptView]:
+        """The attempts of a job, first first."""
+        with self.session() as s:
+            rows = s.execute(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).scalars()
+            return [AttemptView(number=a.number, kind=a.kind, pool=a.pool, offer_id=a.offer_id, nodes=a.nodes,
+                                gpu_type=a.gpu_type, gpus=a.gpus, created_at=a.created_at, started_at=a.started_at,
+                                ended_at=a.ended_at, exit_code=a.exit_code, outcome=a.outcome, reason=a.reason)
+                    for a in rows]
+
+    def decision(self, job_id: str) -> dict | None:
+        """The planner's latest decision record for the job (``None`` before the first cycle)."""
+        with self.session() as s:
+            return s.execute(select(Job.decision).where(Job.id == job_id)).scalar_one_or_none()
+
+    # ------------------------------------------------------------------ transitions
+    @staticmethod
+    def cas(s: Session, job_id: str, version: int, from_state: str, to_state: str, reason: str,
+            now: datetime | None = None, **fields) -> bool:
+        """Compare-and-set one job inside session ``s``: move ``from_state -> to_state`` only if
+        the row still has ``version``; also set ``fields``. Records the event. Returns whether it
+        applied. Raises :class:`broker.states.InvalidTransition` for a move not in the table."""
+        check_transition(job_id, from_state, to_state)
+        now = now or utcnow()
+        res = s.execute(update(Job).where(Job.id == job_id, Job.version == version, Job.state == from_state)
+                        .values(state=to_state, version=version + 1, updated_at=now, reason=reason, **fields))
+        if res.rowcount != 1:
+            return False
+        s.add(JobEvent(job_id=job_id, at=now, from_state=from_state, to_state=to_state, version=version + 1,
+                       reason=reason))
+        return True
+
+    @staticmethod
+    def bump(s: Session, job_id: str, version: int, now: datetime | None = None, **fields) -> bool:
+        """Compare-and-set fields of a job without a state change (e.g. a wait decision). Returns whether it applied."""
+        res = s.execute(update(Job).where(Job.id == job_id, Job.version == version)
+                        .values(version=version + 1, updated_at=now or utcnow(), **fields))
+        return res.rowcount == 1
+
+    def transition(self, job_id: str, to_state: str, reason: str, *, expect_version: int | None = None,
+                   expect_state: str | None = None, **fields) -> bool:
+        """Read the job and compare-and-set it to ``to_state`` in one transaction.
+
+        ``expect_version``/``expect_state`` make it conditional on what the caller saw.
+        Returns whether it applied. Raises :class:`JobNotFound`, :class:`InvalidTransition`.
+        """
+        with self.session() as s:
+            j = s.get(Job, job_id)
+            if j is None:
+                raise JobNotFound(f"job_id={job_id!r}: no such job")
+            if expect_version is not None and j.version != expect_version:
+                return False
+            if expect_state is not None and j.state != expect_state:
+                return False
+            return self.cas(s, job_id, j.version, j.state, to_state, reason, **fields)
+
+    def request_cancel(self, job_id: str, team: str | None = None, reason: str = "cancelled by user") -> JobView:
+        """Cancel a job: a waiting job becomes ``cancelled`` at once; a job on a node is marked
+        ``cancel_requested`` and its agent stops it (SIGTERM, grace period, SIGKILL).
+        Cancelling a cancelled job again is a no-op. Raises :class:`JobNotFound`, :class:`NotCancellable`.
+        """
+        for _ in range(20):  # retry lost compare-and-set races
+            j = self.get(job_id, team)
+            if j.state == JobState.cancelled.value:
+                return j
+            if j.state in (JobState.succeeded.value, JobState.failed.value):
+                raise NotCancellable(f"job_id={job_id!r}: already {j.state}")
+            with self.session() as s:
+                if j.state in (JobState.running.value, JobState.starting.value):
+                    if j.cancel_requested:
+                        return j
+                    if self.bump(s, job_id, j.version, cancel_requested=True, reason=f"cancel requested: {reason}"):
+                        s.add(JobEvent(job_id=job_id, at=utcnow(), from_state=j.state, to_state=j.state,
+                                       version=j.version + 1, reason=f"cancel requested: {reason}"))
+                        break
+                else:
+                    if self.cas(s, job_id, j.version, j.state, JobState.cancelled.value, reason,
+                                finished_at=utcnow(), cancel_requested=True):
+                        break
+        return self.get(job_id, team)
+
+    # ------------------------------------------------------------------ logs
+    def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str) -> bool:
+        """Store one log chunk; a chunk already stored (same job, attempt, rank, seq) is ignored. Returns whether stored."""
+        try:
+            with self.session() as s:
+                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=data))
+            return True
+        except IntegrityError:
+            return False
+
+    def log_chunks(self, job_id: str, attempt: int, rank: int = 0) -> list[tuple[int, str]]:
+        """``[(seq, text)]`` of an attempt's log, in order."""
+        with self.session() as s:
+            rows = s.execute(select(JobLog.seq, JobLog.data).where(
+                JobLog.job_id == job_id, JobLog.attempt == attempt, JobLog.rank == rank).order_by(JobLog.seq))
+            return [(r.seq, r.data) for r in rows]
+
+    # ------------------------------------------------------------------ nodes
+    def heartbeat(self, name: str, pool: str, gpu_type: str, gpu_count: int, gpu_memory_gb: float,
+                  healthy_gpus: Sequence[int], agent_id: str, telemetry: dict | None = None,
+                  now: datetime | None = None) -> None:
+        """Register or refresh a node (its agent calls this every ``heartbeat_interval_s``)."""
+        now = now or utcnow()
+        vals = dict(pool=pool, gpu_type=gpu_type, gpu_count=gpu_count, gpu_memory_gb=gpu_memory_gb,
+                    healthy_gpus=sorted(int(g) for g in healthy_gpus), state="up", agent_id=agent_id,
+                    last_heartbeat_at=now, telemetry=telemetry)
+        with self.session() as s:
+            n = s.get(Node, name)
+            if n is None:
+                s.add(Node(name=name, registered_at=now, **vals))
+            else:
+                for k, v in vals.items():
+                    setattr(n, k, v)
+
+    def nodes(self) -> list[NodeView]:
+        """Every node the store knows, by name."""
+        with self.session() as s:
+            return [NodeView(name=n.name, pool=n.pool, gpu_type=n.gpu_type, gpu_count=n.gpu_count,
+                             gpu_memory_gb=n.gpu_memory_gb, healthy_gpus=list(n.healthy_gpus), state=n.state,
+                             last_heartbeat_at=n.last_heartbeat_at, telemetry=n.telemetry)
+                    for n in s.execute(select(Node).order_by(Node.name)).scalars()]
+
+    # ------------------------------------------------------------------ planner fence
+    def planner_version(self) -> int:
+        """The planner fence's current version (0 before the first cycle)."""
+        with self.session() as s:
+            v = s.execute(select(PlannerState.version).where(PlannerState.id == 1)).scalar_one_or_none()
+            if v is None:
+                try:
+                    s.add(PlannerState(id=1, version=0, leader=""))
+                    s.flush()
+                except IntegrityError:
+                    pass
+                return 0
+            return int(v)
+
+    @staticmethod
+    def advance_fence(s: Session, seen_version: int, leader: str, now: datetime) -> bool:
+        """Inside the apply transaction: bump the planner fence from ``seen_version``.
+        False if another cycle applied in between (this cycle's plan is stale and must be dropped)."""
+        res = s.execute(update(PlannerState).where(PlannerState.id == 1, PlannerState.version == seen_version)
+                        .values(version=seen_version + 1, leader=leader, cycle_at=now))
+        return res.rowcount == 1
+
+    # ------------------------------------------------------------------ schedules
+    def schedules(self, team: str | None = None) -> list[Schedule]:
+        with self.session() as s:
+            q = select(Schedule).order_by(Schedule.team, Schedule.name)
+            if team is not None:
+                q = q.where(Schedule.team == team)
+            return list(s.execute(q).scalars())
+
+    def delete_schedule(self, schedule_id: str, team: str | None = None) -> bool:
+        with self.session() as s:
+            q = delete(Schedule).where(Schedule.id == schedule_id)
+            if team is not None:
+                q = q.where(Schedule.team == team)
+            return s.execute(q).rowcount == 1
