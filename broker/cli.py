@@ -247,6 +247,12 @@ def offers(
     console.print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
 
 
+from broker.serve import register as _register_serve  # noqa: E402
+
+_register_serve(app)
+from broker.cli_jobs import register as _register_jobs; _register_jobs(app)
+
+
 def main() -> None:  # pragma: no cover - console script entry
     app()
 

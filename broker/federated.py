@@ -40,8 +40,8 @@ __all__ = ["plan_federated", "CLOUD_TOP"]
 CLOUD_TOP = 16
 _NOTE_NOW = "start now"
 #: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
-_NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue (expected wait: wait_s)",
-          "defer": "deferred to a cheaper/cleaner window (start_s)"}
+_NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
+          "defer": "deferred to a cheaper/cleaner window"}
 
 class _PoolQueueState:
     """Demand ahead in one pool's queue, for wait estimates (fluid + release profile)."""

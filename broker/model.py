@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 __all__ = [
     "PriorityClass",
@@ -96,6 +96,12 @@ class JobSpec(BaseModel):
         allowed_regions: cloud regions allowed; empty = any.
         max_price_usd_per_hour: cap on the job's total $/hour (all nodes); None = no cap.
         deferrable: may be held for a cheaper/cleaner window before the deadline.
+        not_after: latest start instant (UTC); a job not started by then fails
+            (live broker). ``not_before`` is accepted as another name of ``earliest_start``.
+        window: how the start is chosen inside ``[earliest_start, min(not_after, deadline - duration)]``:
+            ``"planner"`` (the planner's score: cost + carbon price + value of time),
+            ``"cheapest"`` (lowest electricity cost) or ``"cleanest"`` (lowest emissions)
+            over the job's run, on the pool's hourly price/carbon series (live broker).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -111,7 +117,7 @@ class JobSpec(BaseModel):
     team: str = "default"
     deadline: datetime | None = None
     slack_s: float | None = Field(None, ge=0)
-    earliest_start: datetime | None = None
+    earliest_start: datetime | None = Field(None, validation_alias=AliasChoices("earliest_start", "not_before"))
     estimated_duration_s: float = Field(3600.0, gt=0)
     spot_allowed: bool = True
     preemptible: bool = False
@@ -120,6 +126,8 @@ class JobSpec(BaseModel):
     allowed_regions: tuple[str, ...] = ()
     max_price_usd_per_hour: float | None = Field(None, gt=0)
     deferrable: bool = True
+    not_after: datetime | None = None
+    window: Literal["planner", "cheapest", "cleanest"] = "planner"
 
     @field_validator("image")
     @classmethod
@@ -142,10 +150,20 @@ class JobSpec(BaseModel):
             raise ValueError(f"team={v!r}: 1-63 letters, digits, '.', '_' or '-'")
         return v
 
-    @field_validator("deadline", "earliest_start")
+    @field_validator("deadline", "earliest_start", "not_after")
     @classmethod
     def _aware(cls, v: datetime | None, info) -> datetime | None:
         return _utc(v, info.field_name)
+
+    @model_validator(mode="after")
+    def _window(self) -> "JobSpec":
+        if self.not_after is not None and self.earliest_start is not None and self.not_after < self.earliest_start:
+            raise ValueError(f"not_after={self.not_after.isoformat()!r}: before earliest_start "
+                             f"{self.earliest_start.isoformat()!r}")
+        if self.deadline is not None and self.earliest_start is not None and self.deadline <= self.earliest_start:
+            raise ValueError(f"deadline={self.deadline.isoformat()!r}: not after earliest_start "
+                             f"{self.earliest_start.isoformat()!r}")
+        return self
 
     @property
     def total_gpus(self) -> int:

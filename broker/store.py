@@ -223,7 +223,7 @@ class JobStore:
         row = dict(id=job_id, team=team, name=spec.name, spec=spec.model_dump(mode="json"),
                    state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
                    idempotency_key=idempotency_key, spec_hash=h, created_at=now, updated_at=now,
-                   not_before=spec.earliest_start, not_after=not_after, deadline=deadline, reason="submitted",
+                   not_before=spec.earliest_start, not_after=not_after or spec.not_after, deadline=deadline, reason="submitted",
                    deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
         try:
             with self.session() as s:
@@ -238,6 +238,12 @@ class JobStore:
                 raise
             return found, False
         return self.get(job_id), True
+
+    def find_idempotent(self, team: str, key: str, spec: JobSpec) -> JobView | None:
+        """The job ``team`` already submitted with idempotency ``key``, if any (``spec.team`` is
+        replaced by ``team`` as in :meth:`submit`). Raises :class:`IdempotencyConflict` if that
+        job's spec differs from ``spec``. Lets the API answer a retried submit before re-checking it."""
+        return self._by_key(team, key, spec_hash(spec.model_copy(update={"team": team})))
 
     def _by_key(self, team: str, key: str, h: str) -> JobView | None:
         with self.session() as s:

@@ -1,0 +1,158 @@
+"""The reconciler: makes the store's view true again after faults (DESIGN.md §5, "every state has a deadline").
+
+One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idempotent):
+
+1. **Lost nodes**: a node silent for ``node_lost_after_s`` is marked ``lost``; its
+   ``running`` jobs become ``interrupted`` then ``queued`` (keeping checkpointed work),
+   its ``starting`` jobs go back to ``queued``. If the node comes back, its agent
+   stops the stale processes (their attempt is no longer the job's current one).
+2. **Re-dispatch**: a ``starting`` job not running ``dispatch_retry_s`` after its
+   dispatch is dispatched again (a message lost with a Redis restart or a killed
+   worker); agents ignore duplicates.
+3. **State deadlines**: ``starting`` past ``starting_deadline_s`` and ``provisioning``
+   past ``provisioning_deadline_s`` go back to ``queued`` with the reason.
+4. **Recurring runs**: every due schedule creates its job, with the idempotency key
+   ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime, timedelta
+from typing import Callable
+
+from sqlalchemy import select, update
+
+from broker.db import Attempt, Job, Node, Schedule, utcnow
+from broker.model import JobSpec
+from broker.states import JobState
+from broker.store import JobStore
+
+__all__ = ["Reconciler", "checkpointed_work_s", "requeue_lost"]
+
+log = logging.getLogger("fedbroker.reconciler")
+S = JobState
+
+
+def checkpointed_work_s(spec: dict, ran_s: float, throughput: float = 1.0) -> float:
+    """Reference-GPU seconds kept by a job stopped after ``ran_s`` seconds: whole checkpoint
+    intervals times the GPU's relative throughput; 0 for a job that does not checkpoint."""
+    if not spec.get("checkpointable", True) or ran_s <= 0:
+        return 0.0
+    every = float(spec.get("checkpoint_interval_s") or 1800.0)
+    return math.floor(ran_s / every) * every * throughput
+
+
+def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost") -> bool:
+    """Inside session ``s``: end the job's current attempt with ``outcome`` and put the job back
+    in the queue (``running -> interrupted -> queued`` or ``starting -> queued``). Returns whether applied."""
+    a = s.execute(select(Attempt).where(Attempt.job_id == j.id, Attempt.number == j.attempt)).scalar_one_or_none()
+    if a is not None and a.ended_at is None:
+        a.ended_at, a.outcome, a.reason = now, outcome, why
+    version, state = j.version, j.state  # the ORM may refresh ``j`` after the first compare-and-set
+    if state == S.running.value:
+        ran = (now - j.started_at).total_seconds() if j.started_at else 0.0
+        kept = checkpointed_work_s(j.spec, ran)
+        if not JobStore.cas(s, j.id, version, S.running.value, S.interrupted.value, why, now,
+                            work_done_s=(j.work_done_s or 0.0) + kept):
+            return False
+        return JobStore.cas(s, j.id, version + 1, S.interrupted.value, S.queued.value,
+                            f"requeued after interruption ({why}); {kept:.0f} s of work kept from checkpoints", now,
+                            placement=None, stop_reason=None, dispatched_at=None, state_deadline_at=None,
+                            committed_pool=None, review_at=None)
+    if state in (S.starting.value, S.provisioning.value):
+        return JobStore.cas(s, j.id, version, state, S.queued.value, why, now, placement=None, stop_reason=None,
+                            dispatched_at=None, state_deadline_at=None, committed_pool=None, review_at=None)
+    return False
+
+
+class Reconciler:
+    """Runs reconciler passes against a :class:`JobStore` (see the module docstring).
+
+    Args:
+        store: the job store.
+        settings: :class:`broker.settings.BrokerSettings` (timeouts).
+        dispatch: ``dispatch(job_id, attempt)`` to re-send a placed job to its agents.
+    """
+
+    def __init__(self, store: JobStore, settings, dispatch: Callable[[str, int], None] | None = None):
+        self.store = store
+        self.settings = settings
+        self.dispatch = dispatch
+
+    def run(self, now: datetime | None = None) -> dict:
+        """One pass at ``now``. Returns counts: ``lost_nodes``, ``requeued``, ``redispatched``,
+        ``timed_out``, ``scheduled``, and ``changed`` (their sum less re-dispatches)."""
+        now = now or utcnow()
+        out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0}
+        self._lost_nodes(now, out)
+        self._deadlines(now, out)
+        self._schedules(now, out)
+        out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
+        if out["changed"] or out["redispatched"]:
+            log.info("reconciler: %s", out)
+        return out
+
+    # ------------------------------------------------------------------ 1. lost nodes
+    def _lost_nodes(self, now: datetime, out: dict) -> None:
+        cutoff = now - timedelta(seconds=self.settings.node_lost_after_s)
+        with self.store.session() as s:
+            lost = s.execute(select(Node.name).where(Node.state == "up", Node.last_heartbeat_at < cutoff)).scalars().all()
+            for name in lost:
+                # only if still silent (a heartbeat may have landed since the read)
+                r = s.execute(update(Node).where(Node.name == name, Node.state == "up", Node.last_heartbeat_at < cutoff)
+                              .values(state="lost"))
+                out["lost_nodes"] += r.rowcount
+            down = set(s.execute(select(Node.name).where(Node.state == "lost")).scalars())
+            if not down:
+                return
+            active = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value]))).scalars().all()
+            for j in active:
+                pl = j.placement or {}
+                if pl.get("kind") != "onprem":
+                    continue
+                gone = [p["node"] for p in pl.get("nodes", []) if p["node"] in down]
+                if gone:
+                    out["requeued"] += requeue_lost(s, j, now, f"node {', '.join(gone)} stopped heartbeating")
+
+    # ------------------------------------------------------------------ 2-3. dispatch and state deadlines
+    def _deadlines(self, now: datetime, out: dict) -> None:
+        retry_before = now - timedelta(seconds=self.settings.dispatch_retry_s)
+        resend = []
+        with self.store.session() as s:
+            rows = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.provisioning.value]))).scalars().all()
+            for j in rows:
+                if j.state_deadline_at is not None and j.state_deadline_at < now:
+                    limit = (self.settings.starting_deadline_s if j.state == S.starting.value
+                             else self.settings.provisioning_deadline_s)
+                    out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s", "timed_out")
+                elif j.state == S.starting.value and j.dispatched_at is not None and j.dispatched_at < retry_before:
+                    if JobStore.bump(s, j.id, j.version, now, dispatched_at=now):
+                        resend.append((j.id, j.attempt))
+        if self.dispatch is not None:
+            for job_id, attempt in resend:
+                try:
+                    self.dispatch(job_id, attempt)
+                    out["redispatched"] += 1
+                except Exception:
+                    log.exception("re-dispatch of %s failed", job_id)
+
+    # ------------------------------------------------------------------ 4. recurring runs
+    def _schedules(self, now: datetime, out: dict) -> None:
+        from broker.recurring import due_fires, next_fire
+
+        with self.store.session() as s:
+            due = s.execute(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)).scalars().all()
+            due = [(d.id, d.team, d.cron, d.timezone, d.spec, d.last_fire_at, d.created_at, d.next_fire_at) for d in due]
+        for sid, team, cron, tz, spec, last, created, nxt in due:
+            fires = due_fires(cron, tz, last, created, now, max_catchup=1)
+            for fire in fires:
+                run_spec = JobSpec.model_validate({**spec, "team": team})
+                _, created_job = self.store.submit(team, run_spec, idempotency_key=f"schedule:{sid}:{fire.isoformat()}",
+                                                   now=now, schedule_id=sid)
+                out["scheduled"] += created_job
+            new_next = next_fire(cron, tz, now)
+            with self.store.session() as s:
+                s.execute(update(Schedule).where(Schedule.id == sid, Schedule.next_fire_at == nxt)
+                          .values(next_fire_at=new_next, last_fire_at=fires[-1] if fires else last))

@@ -1,0 +1,154 @@
+"""Celery tasks of the central broker. Each is short and idempotent ("advance this").
+
+* ``fedbroker.plan`` — one planning cycle (:class:`broker.cycle.PlanningCycle`) under the
+  planner's Redis lock (TTL ``planner_lock_ttl_s``); the database fence makes a second
+  planner harmless even if the lock is lost (Redis restarted).
+* ``fedbroker.reconcile`` — one reconciler pass (:class:`broker.reconciler.Reconciler`).
+* ``fedbroker.dispatch(job_id, attempt)`` — send a placed job's attempt to its nodes' agents;
+  a no-op unless the job is still ``starting`` with that attempt.
+* ``fedbroker.provision(job_id, attempt)`` — cloud provisioning; without a configured
+  provider adapter the job goes back to the queue with the reason.
+
+:func:`kick_planner` asks for a cycle soon (debounced through a Redis key) — the API
+calls it after a submit, agents after a job ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+import redis
+from celery import shared_task
+
+from broker.celery_app import get_app, node_queue
+
+__all__ = ["services", "kick_planner", "send_dispatch", "plan", "reconcile", "dispatch", "provision"]
+
+log = logging.getLogger("fedbroker.tasks")
+PLANNER_LOCK = "fedbroker:planner-lock"
+KICK_KEY = "fedbroker:plan-kick"
+
+
+class _Services:
+    """Per-process store, planning environment and Redis client, built on first use."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._built = False
+
+    def _build(self):
+        from broker.cycle import PlanningCycle
+        from broker.live import LiveEnvironment
+        from broker.reconciler import Reconciler
+        from broker.store import JobStore
+
+        st = get_app().fedbroker_settings
+        self.settings = st
+        self.store = JobStore.from_settings(st)
+        self.redis = redis.Redis.from_url(st.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers)
+        leader = f"{socket.gethostname()}:{os.getpid()}"
+        self.cycle = PlanningCycle(self.store, self.env, st, dispatch=send_dispatch, leader=leader)
+        self.reconciler = Reconciler(self.store, st, dispatch=send_dispatch)
+        self._built = True
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        with self._lock:
+            if not self._built:
+                self._build()
+        return object.__getattribute__(self, name)
+
+    def reset(self):
+        """Forget everything (tests, or after the settings changed)."""
+        with self._lock:
+            for k in ("settings", "store", "redis", "env", "cycle", "reconciler"):
+                self.__dict__.pop(k, None)
+            self._built = False
+
+
+services = _Services()
+
+
+def kick_planner(debounce_ms: int = 200) -> bool:
+    """Ask for a planning cycle soon; at most one request per ``debounce_ms``. Returns whether one was sent."""
+    try:
+        if not services.redis.set(KICK_KEY, b"1", nx=True, px=debounce_ms):
+            return False
+        get_app().send_task("fedbroker.plan", queue="planning")
+        return True
+    except (redis.RedisError, OSError) as e:  # beat plans anyway within plan_interval_s
+        log.warning("could not request a planning cycle (%s); beat will run one", e)
+        return False
+
+
+def send_dispatch(job_id: str, attempt: int) -> None:
+    """Queue ``fedbroker.dispatch`` for a placed job."""
+    get_app().send_task("fedbroker.dispatch", args=[job_id, attempt], queue="dispatch")
+
+
+@shared_task(name="fedbroker.plan", ignore_result=True)
+def plan() -> dict:
+    """One planning cycle if this worker gets the leader lock; returns a summary."""
+    st = services.settings
+    lock = services.redis.lock(PLANNER_LOCK, timeout=st.planner_lock_ttl_s, blocking=False)
+    if not lock.acquire(blocking=False):
+        return {"skipped": "another planner holds the lock"}
+    try:
+        res = services.cycle.run()
+        out = {"applied": res.applied, "stale": res.stale, "intake": res.intake, "decisions": res.decisions,
+               "kinds": res.kinds, "dispatched": len(res.dispatched), "plan_s": round(res.plan_s, 4),
+               "total_s": round(res.total_s, 4)}
+        if res.decisions or res.intake:
+            log.info("planning cycle: %s", out)
+        return out
+    finally:
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            log.warning("planner lock expired during the cycle (TTL %.0f s); the fence kept it safe",
+                        st.planner_lock_ttl_s)
+
+
+@shared_task(name="fedbroker.reconcile", ignore_result=True)
+def reconcile() -> dict:
+    """One reconciler pass; requests a planning cycle when it changed anything."""
+    out = services.reconciler.run()
+    if out.get("changed"):
+        kick_planner()
+    return out
+
+
+@shared_task(name="fedbroker.dispatch", ignore_result=True)
+def dispatch(job_id: str, attempt: int) -> str:
+    """Forward a ``starting`` job's attempt to the agents of its nodes (idempotent)."""
+    from broker.db import Job
+
+    with services.store.session() as s:
+        j = s.get(Job, job_id)
+        if j is None or j.state != "starting" or j.attempt != attempt or (j.placement or {}).get("kind") != "onprem":
+            return "stale"
+        parts = list(j.placement["nodes"])
+    for part in parts:
+        get_app().send_task("fedbroker.agent.run_attempt", args=[job_id, attempt, part["rank"]],
+                            queue=node_queue(part["node"]))
+    return f"sent to {len(parts)} node(s)"
+
+
+@shared_task(name="fedbroker.provision", ignore_result=True)
+def provision(job_id: str, attempt: int) -> str:
+    """Cloud provisioning: no provider adapter is configured yet, so the job goes back to the queue."""
+    from broker.db import Job
+    from broker.store import JobStore
+
+    with services.store.session() as s:
+        j = s.get(Job, job_id)
+        if j is None or j.state != "provisioning" or j.attempt != attempt:
+            return "stale"
+        JobStore.cas(s, j.id, j.version, "provisioning", "queued",
+                     f"no adapter for provider {(j.placement or {}).get('provider')!r} is configured")
+    return "requeued"

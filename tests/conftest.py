@@ -1,0 +1,43 @@
+"""Shared fixtures: real PostgreSQL and Redis on 127.0.0.1 (started by .ci/run), SQLite in tmp dirs.
+
+``FEDBROKER_TEST_PG`` overrides the PostgreSQL URL (default: database ``test``, trust auth);
+``FEDBROKER_TEST_REDIS`` the Redis URL (default db 15, flushed by the tests that use it).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_URL = os.environ.get("FEDBROKER_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("FEDBROKER_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def pg_store():
+    """A :class:`JobStore` on a fresh PostgreSQL schema, dropped afterwards."""
+    from broker.store import JobStore
+
+    store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+    store.migrate()
+    yield store
+    store.drop_schema()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    """A :class:`JobStore` on an SQLite file in ``tmp_path``."""
+    from broker.store import JobStore
+
+    store = JobStore(f"sqlite:///{tmp_path / 'fedbroker.db'}")
+    store.migrate()
+    yield store
+    store.engine.dispose()
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def any_store(request):
+    """The same test on PostgreSQL and on SQLite."""
+    yield request.getfixturevalue("pg_store" if request.param == "postgresql" else "sqlite_store")
