@@ -134,7 +134,6 @@ class NodeAgent:
             spec = dict(j.spec)
         key = AttemptKey(job_id, attempt, rank)
         env = {
-            "FEDBROKER_NODE": self.name,
             "NODE_RANK": str(rank),
             "NNODES": str(len(parts)),
             "GPUS_PER_NODE": str(len(part["gpus"])),
@@ -174,14 +173,18 @@ class NodeAgent:
             except Exception:
                 log.exception("heartbeat failed")
         self.runtime.poll()
+        # Read the store BEFORE listing local attempts: a job the store shows running here was
+        # launched before this read (launch precedes the move to running), so the listing below
+        # includes it; the other order races with a dispatch and requeues a job that runs.
+        with self.store.session() as s:
+            mine_running = [(j.id, j.attempt, j.placement) for j in s.execute(
+                select(Job).where(Job.state == S.running.value)).scalars()
+                if any(p["node"] == self.name for p in (j.placement or {}).get("nodes", []))]
         local = self.runtime.list()
         ids = {a.key.job_id for a in local}
         with self.store.session() as s:
             jobs = {j.id: (j.state, j.attempt, j.cancel_requested, j.stop_reason)
                     for j in s.execute(select(Job).where(Job.id.in_(ids))).scalars()} if ids else {}
-            mine_running = [(j.id, j.attempt, j.placement) for j in s.execute(
-                select(Job).where(Job.state == S.running.value)).scalars()
-                if any(p["node"] == self.name for p in (j.placement or {}).get("nodes", []))]
         local_keys = {(a.key.job_id, a.key.attempt, a.key.rank) for a in local}
         changed = False
         for a in local:
@@ -197,10 +200,10 @@ class NodeAgent:
                 self._ship_logs(a)
                 continue
             self._ship_logs(a, final=True)
-            self._report_end(a)
-            self.runtime.forget(a.key)
-            changed = True
-        # jobs the store thinks run here, with no process and no exit code on this node
+            if self._report_end(a):
+                self.runtime.forget(a.key)
+                changed = True
+        # jobs the store showed running here, with no process and no exit code on this node
         for job_id, attempt, pl in mine_running:
             for part in pl.get("nodes", []):
                 if part["node"] == self.name and (job_id, attempt, part["rank"]) not in local_keys:
@@ -251,8 +254,11 @@ class NodeAgent:
             tmp.write_text(json.dumps(state))
             os.replace(tmp, meta)
 
-    def _report_end(self, a) -> None:
-        """Record the end of a local attempt's rank and, when every rank has ended, the job's outcome."""
+    def _report_end(self, a) -> bool:
+        """Record the end of a local attempt's rank and, when every rank has ended, the job's outcome.
+
+        Returns True once recorded (or when the attempt is no longer the job's), False if the
+        store could not be updated (the attempt is kept and reported again next step)."""
         now = utcnow()
         key = a.key
         code = a.exit_code if a.status == "exited" else None
@@ -262,14 +268,14 @@ class NodeAgent:
                 att = s.execute(select(Attempt).where(Attempt.job_id == key.job_id, Attempt.number == key.attempt)
                                 .with_for_update()).scalar_one_or_none()
                 if j is None or att is None:
-                    return
+                    return True
                 exits = dict(att.rank_exits or {})
                 exits[str(key.rank)] = code if code is not None else "lost"
                 att.rank_exits = exits
                 if j.attempt != key.attempt or j.state not in (S.starting.value, S.running.value):
                     if att.ended_at is None:
                         att.ended_at, att.outcome = now, att.outcome or "stale"
-                    return
+                    return True
                 nranks = len((j.placement or {}).get("nodes", [])) or 1
                 if j.state == S.starting.value:  # ended before the dispatch marked it running
                     if not JobStore.cas(s, j.id, j.version, S.starting.value, S.running.value,
@@ -286,7 +292,7 @@ class NodeAgent:
                         JobStore.bump(s, j.id, j.version, now, stop_reason="peer-ended",
                                       reason=f"rank {key.rank} on {self.name} ended ({exits[str(key.rank)]}); "
                                              "stopping the other ranks")
-                    return
+                    return True
                 att.ended_at = now
                 att.exit_code = code
                 if j.cancel_requested:
@@ -309,8 +315,9 @@ class NodeAgent:
                                       f"exit code {code} on {self.name}" if nranks == 1
                                       else f"ranks ended with {bad}", now, finished_at=now, exit_code=code)
                 if ok:
-                    return
-        log.error("could not record the end of %s attempt %d rank %d", key.job_id, key.attempt, key.rank)
+                    return True
+        log.error("could not record the end of %s attempt %d rank %d; retrying", key.job_id, key.attempt, key.rank)
+        return False
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:

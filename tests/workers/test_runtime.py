@@ -1,0 +1,306 @@
+"""workers.runtime: real processes under a detached shim; exit codes, logs, env, stop, re-adoption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.runtime import (
+    AlreadyLaunched, AttemptKey, AttemptRunning, LaunchFailed, ProcessRuntime, ProcessRuntimeError,
+    RuntimeError_, UnknownAttempt,
+)
+from workers.shim import SHIM, proc_stat
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
+
+
+def py(code: str) -> list[str]:
+    """argv running ``code`` (dedented) in a fresh Python."""
+    return [PY, "-c", textwrap.dedent(code)]
+
+
+def wait_for(pred, timeout: float = 5.0, every: float = 0.01, poll=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {pred}")
+        if poll is not None:
+            poll()
+        time.sleep(every)
+
+
+def wait_exit(rt: ProcessRuntime, key: AttemptKey, timeout: float = 5.0, poll: bool = False):
+    wait_for(lambda: rt.get(key).status != "running", timeout, poll=rt.poll if poll else None)
+    return rt.get(key)
+
+
+def dead(pid: int) -> bool:
+    st = proc_stat(pid)
+    return st is None or st[0] in ("Z", "X")
+
+
+@pytest.fixture
+def rt(tmp_path):
+    runtime = ProcessRuntime(tmp_path / "state")
+    yield runtime
+    for a in runtime.list():  # never leave processes behind
+        if a.pid is not None and not dead(a.pid):
+            try:
+                os.killpg(a.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_exit_codes_are_exact(rt):
+    k0, k3 = AttemptKey("job-a", 1), AttemptKey("job-b", 2, rank=1)
+    a0 = rt.launch(k0, py("import sys; sys.exit(0)"))
+    rt.launch(k3, py("import sys; sys.exit(3)"))
+    assert a0.key == k0 and a0.pid is not None and a0.gpus == ()
+    e0, e3 = wait_exit(rt, k0), wait_exit(rt, k3)
+    assert (e0.status, e0.exit_code, e0.stop_requested) == ("exited", 0, None)
+    assert (e3.status, e3.exit_code) == ("exited", 3)
+    assert e3.started_at <= e3.ended_at <= time.time()
+    assert rt.attempt_dir(k3) == rt.state_dir / "attempts" / "job-b" / "2-1"
+    assert [a.key for a in rt.list()] == [k0, k3]
+
+
+def test_log_holds_stdout_and_stderr_in_order(rt):
+    k = AttemptKey("logs", 1)
+    rt.launch(k, py("""
+        import sys
+        print("out line", flush=True)
+        print("err line", file=sys.stderr, flush=True)
+        print("out again", flush=True)
+    """))
+    a = wait_exit(rt, k)
+    assert a.exit_code == 0
+    assert a.log_path.read_bytes() == b"out line\nerr line\nout again\n"
+
+
+def test_child_sees_gpus_ids_env_and_workdir(rt, tmp_path):
+    out = tmp_path / "env.json"
+    code = f"""
+        import json, os
+        keys = ["CUDA_VISIBLE_DEVICES", "FEDBROKER_JOB_ID", "FEDBROKER_ATTEMPT", "FEDBROKER_RANK", "MY_VAR"]
+        d = {{k: os.environ.get(k) for k in keys}}
+        d["cwd"] = os.getcwd()
+        d["has_path"] = "PATH" in os.environ
+        open({str(out)!r}, "w").write(json.dumps(d))
+    """
+    k = AttemptKey("envjob", 4, rank=2)
+    a = rt.launch(k, py(code), env={"MY_VAR": "x y"}, gpus=[1, 3], workdir=tmp_path)
+    assert a.gpus == (1, 3)
+    assert wait_exit(rt, k).exit_code == 0
+    assert json.loads(out.read_text()) == {
+        "CUDA_VISIBLE_DEVICES": "1,3", "FEDBROKER_JOB_ID": "envjob", "FEDBROKER_ATTEMPT": "4",
+        "FEDBROKER_RANK": "2", "MY_VAR": "x y", "cwd": str(tmp_path.resolve()), "has_path": True,
+    }
+    k2 = AttemptKey("envjob", 5)
+    rt.launch(k2, py(code))
+    assert wait_exit(rt, k2).exit_code == 0
+    assert json.loads(out.read_text())["CUDA_VISIBLE_DEVICES"] == ""
+    meta = json.loads((rt.attempt_dir(k) / "meta.json").read_text())
+    assert (meta["argv"], meta["gpus"]) == (py(code), [1, 3])
+    assert meta["started_at"] == a.started_at
+
+
+def test_duplicate_launch_never_starts_a_second_process(rt, tmp_path):
+    counter = tmp_path / "count"
+    argv = py(f"open({str(counter)!r}, 'a').write('x\\n')")
+    k = AttemptKey("dup", 1)
+    rt.launch(k, argv)
+    with pytest.raises(AlreadyLaunched, match="'dup/1-0' was already launched"):
+        rt.launch(k, argv)
+    assert wait_exit(rt, k).exit_code == 0
+    with pytest.raises(AlreadyLaunched):
+        rt.launch(k, argv)  # also after it exited, until forget()
+    time.sleep(0.2)
+    assert counter.read_text() == "x\n"
+    assert len(rt.list()) == 1
+    assert issubclass(AlreadyLaunched, ValueError) and issubclass(AlreadyLaunched, RuntimeError_)
+
+
+def test_terminate_sigterm_trapped_exits_zero_within_grace(rt):
+    k = AttemptKey("graceful", 1)
+    rt.launch(k, py("""
+        import signal, sys, time
+        def bye(*_):
+            print("checkpointed", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)
+    """))
+    wait_for(lambda: b"ready" in rt.read_log(k, 0, 100)[0])
+    rt.terminate(k, grace_s=5.0)
+    a = wait_exit(rt, k, poll=True)
+    assert (a.status, a.exit_code, a.stop_requested) == ("exited", 0, "cancel")
+    assert a.log_path.read_bytes() == b"ready\ncheckpointed\n"
+    stop = json.loads((rt.attempt_dir(k) / "stop.json").read_text())
+    assert stop["kill_deadline"] == stop["requested_at"] + 5.0
+    rt.terminate(k, grace_s=1.0, reason="preempt")  # after exit: no-op
+    assert rt.get(k).stop_requested == "cancel"
+
+
+def test_sigterm_ignored_gets_sigkill_from_poll_after_grace(rt):
+    k = AttemptKey("stubborn", 1)
+    rt.launch(k, py("""
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)
+    """))
+    wait_for(lambda: rt.read_log(k, 0, 100)[0] == b"ready\n")
+    t0 = time.time()
+    rt.terminate(k, grace_s=0.3, reason="preempt")
+    deadline = json.loads((rt.attempt_dir(k) / "stop.json").read_text())["kill_deadline"]
+    rt.terminate(k, grace_s=30.0, reason="cancel")  # idempotent: neither reason nor deadline change
+    assert json.loads((rt.attempt_dir(k) / "stop.json").read_text())["kill_deadline"] == deadline
+    rt.poll()
+    time.sleep(0.1)
+    assert rt.get(k).status == "running"  # SIGTERM ignored, grace not over
+    a = wait_exit(rt, k, timeout=3.0, poll=True)
+    assert (a.status, a.exit_code, a.stop_requested) == ("exited", 137, "preempt")
+    assert a.ended_at - t0 >= 0.3
+
+
+def test_missing_executable_is_127_with_message_in_log(rt):
+    k = AttemptKey("nope", 1)
+    a = rt.launch(k, ["/nonexistent/prog", "--flag"])
+    a = wait_exit(rt, k)
+    assert (a.status, a.exit_code, a.pid) == ("exited", 127, None)
+    assert a.log_path.read_bytes() == (
+        b"fedbroker-shim: cannot execute '/nonexistent/prog': "
+        b"[Errno 2] No such file or directory: '/nonexistent/prog'\n"
+    )
+
+
+LAUNCHER = """
+import sys
+from pathlib import Path
+from workers.runtime import AttemptKey, ProcessRuntime
+rt = ProcessRuntime(Path(sys.argv[1]))
+a = rt.launch(AttemptKey("survivor", 1), [sys.executable, "-c", "import time, sys; time.sleep(0.8); sys.exit(5)"])
+print(a.pid, flush=True)
+import time
+time.sleep(60)
+"""
+
+
+def test_job_survives_launcher_kill9_and_is_readopted(tmp_path):
+    state = tmp_path / "state"
+    launcher = subprocess.Popen([PY, "-c", LAUNCHER, str(state)], stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        pid = int(launcher.stdout.readline())
+    finally:
+        launcher.kill()  # SIGKILL
+        launcher.wait()
+        launcher.stdout.close()
+    assert launcher.returncode == -signal.SIGKILL
+    rt = ProcessRuntime(state)  # a restarted agent
+    [a] = rt.list()
+    assert (a.key, a.status, a.pid) == (AttemptKey("survivor", 1), "running", pid)
+    a = wait_exit(rt, a.key, timeout=5.0)
+    assert (a.status, a.exit_code) == ("exited", 5)
+
+
+def test_shim_kill9_reports_lost_and_terminate_still_stops_the_job(rt):
+    k = AttemptKey("orphan", 1)
+    a = rt.launch(k, py("""
+        import time
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)
+    """))
+    wait_for(lambda: rt.read_log(k, 0, 100)[0] == b"ready\n")
+    shim_pid = json.loads((rt.attempt_dir(k) / SHIM).read_text())["pid"]
+    os.kill(shim_pid, signal.SIGKILL)
+    lost = wait_for(lambda: (g := rt.get(k)).status == "lost" and g)
+    assert (lost.exit_code, lost.pid) == (None, a.pid)
+    assert not dead(a.pid)  # the job itself keeps running, reparented
+    rt.terminate(k, grace_s=1.0)
+    wait_for(lambda: dead(a.pid), timeout=2.0)
+    g = rt.get(k)
+    assert (g.status, g.stop_requested) == ("lost", "cancel")
+    rt.poll()  # past no deadline yet; nothing to do, nothing raised
+    rt.forget(k)  # a lost attempt may be forgotten
+    with pytest.raises(UnknownAttempt):
+        rt.get(k)
+
+
+def test_read_log_offsets(rt):
+    k = AttemptKey("bytes", 1)
+    rt.launch(k, py("import sys; sys.stdout.write('abcdefghij')"))
+    wait_exit(rt, k)
+    assert rt.read_log(k, 0, 4) == (b"abcd", 4)
+    assert rt.read_log(k, 4, 4) == (b"efgh", 8)
+    assert rt.read_log(k, 8, 100) == (b"ij", 10)
+    assert rt.read_log(k, 10, 5) == (b"", 10)
+    with pytest.raises(ValueError, match="offset 11 is past the end of the log"):
+        rt.read_log(k, 11, 5)
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 1, got 0"):
+        rt.read_log(k, 0, 0)
+    with pytest.raises(ValueError, match="offset must be an int >= 0, got -1"):
+        rt.read_log(k, -1, 5)
+
+
+def test_forget_refuses_running_then_deletes(rt):
+    k = AttemptKey("fg", 1)
+    rt.launch(k, py("import sys; sys.stdin.read(); import time; time.sleep(0.3)"))
+    with pytest.raises(AttemptRunning, match="'fg/1-0' is still running"):
+        rt.forget(k)
+    assert wait_exit(rt, k).exit_code == 0
+    rt.forget(k)
+    assert not (rt.state_dir / "attempts" / "fg").exists()
+    with pytest.raises(UnknownAttempt) as ei:
+        rt.get(k)
+    assert isinstance(ei.value, KeyError) and isinstance(ei.value, ProcessRuntimeError)
+    assert str(ei.value).startswith("no attempt 'fg/1-0'")
+    rt.launch(k, py("pass"))  # forgotten keys may be launched again
+    assert wait_exit(rt, k).exit_code == 0
+
+
+def test_bad_input_names_field_and_claims_nothing(rt, tmp_path):
+    with pytest.raises(ValueError, match=r"job_id .* got 'a/b'"):
+        AttemptKey("a/b", 1)
+    with pytest.raises(ValueError, match="attempt must be an int >= 0, got -1"):
+        AttemptKey("a", -1)
+    with pytest.raises(ValueError, match="rank must be an int >= 0, got True"):
+        AttemptKey("a", 1, True)
+    k = AttemptKey("bad", 1)
+    with pytest.raises(ValueError, match=r"argv must be a non-empty list of str, got \[\]"):
+        rt.launch(k, [])
+    with pytest.raises(ValueError, match="argv must be a non-empty list of str, got 'ls'"):
+        rt.launch(k, "ls")
+    with pytest.raises(ValueError, match=r"env\['CUDA_VISIBLE_DEVICES'\] is set by the runtime"):
+        rt.launch(k, ["true"], env={"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(ValueError, match=r"gpus must not repeat an index, got \[1, 1\]"):
+        rt.launch(k, ["true"], gpus=[1, 1])
+    with pytest.raises(ValueError, match=r"gpus\[0\] must be an int >= 0, got -2"):
+        rt.launch(k, ["true"], gpus=[-2])
+    with pytest.raises(ValueError, match="workdir must be an existing directory"):
+        rt.launch(k, ["true"], workdir=tmp_path / "missing")
+    assert rt.list() == []
+    with pytest.raises(UnknownAttempt):
+        rt.terminate(k, 1.0)
+    rt.launch(k, py("pass"))
+    with pytest.raises(ValueError, match="grace_s must be a finite number of seconds >= 0, got -1"):
+        rt.terminate(k, -1)
+    with pytest.raises(ValueError, match="reason must be a non-empty str, got ''"):
+        rt.terminate(k, 1.0, reason="")
+    assert wait_exit(rt, k).exit_code == 0
+    assert issubclass(LaunchFailed, ProcessRuntimeError)

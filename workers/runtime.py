@@ -1,0 +1,510 @@
+"""Process runtime of the node agent: job attempts as supervised OS processes on this host.
+
+Each attempt runs as a real process tree under a small detached supervisor,
+:mod:`workers.shim` (like ``containerd-shim``). Everything about an attempt lives
+in its directory ``<state_dir>/attempts/<job_id>/<attempt>-<rank>/`` (layout in
+:mod:`workers.shim`), so the agent holds no state the runtime needs: an agent
+killed with ``kill -9`` loses neither the job nor its exit code, and a fresh
+:class:`ProcessRuntime` on the same ``state_dir`` re-adopts every attempt
+(:meth:`ProcessRuntime.list`).
+
+Statuses (:attr:`LocalAttempt.status`):
+
+* ``"running"`` — the shim is alive and has not recorded an exit (this includes
+  the first :data:`LAUNCH_TIMEOUT_S` seconds after launch, before the shim has
+  written its pid).
+* ``"exited"`` — the shim recorded the exit code (``128 + N`` for signal N, 127
+  when the program could not be executed).
+* ``"lost"`` — the shim is gone and no exit code was written (someone
+  ``kill -9``-ed the shim, or the host rebooted). The job process may **still be
+  running**, reparented to init; :meth:`ProcessRuntime.terminate` and
+  :meth:`ProcessRuntime.poll` still signal its process group (after checking
+  that the pid was not reused), but its exit code can never be known.
+
+Times are POSIX seconds (UTC, wall clock ``time.time()``), so kill deadlines
+survive an agent restart. Linux only (``/proc`` identifies processes across pid
+reuse; ``os.waitid``).
+
+Errors (all derive from :class:`ProcessRuntimeError`, alias ``RuntimeError_``)::
+
+    ProcessRuntimeError(Exception)
+     +-- AlreadyLaunched(ValueError)   the attempt directory already exists
+     +-- UnknownAttempt(ValueError, KeyError)   no such attempt directory
+     +-- AttemptRunning(ValueError)    forget() of an attempt that is still running
+     +-- LaunchFailed                  the shim did not start (or not in time)
+
+Bad arguments raise plain ``ValueError`` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from workers import shim as _shim
+from workers.shim import EXIT, LOG, META, PID, SHIM, STOP, proc_stat, read_json, write_json_atomic
+
+__all__ = [
+    "AttemptKey", "LocalAttempt", "ProcessRuntime", "ProcessRuntimeError", "RuntimeError_",
+    "AlreadyLaunched", "UnknownAttempt", "AttemptRunning", "LaunchFailed", "LAUNCH_TIMEOUT_S",
+]
+
+LAUNCH_TIMEOUT_S = 10.0
+"""Seconds :meth:`ProcessRuntime.launch` waits for the shim to report the job's pid."""
+
+_RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "FEDBROKER_JOB_ID", "FEDBROKER_ATTEMPT", "FEDBROKER_RANK")
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the ``workers`` package
+
+
+class ProcessRuntimeError(Exception):
+    """Base of every error the process runtime raises on purpose (besides argument ``ValueError``)."""
+
+
+RuntimeError_ = ProcessRuntimeError
+
+
+class AlreadyLaunched(ProcessRuntimeError, ValueError):
+    """:meth:`ProcessRuntime.launch` found the attempt directory already claimed; nothing was started."""
+
+
+class UnknownAttempt(ProcessRuntimeError, ValueError, KeyError):
+    """No attempt directory for the key (never launched here, or forgotten). Also a ``KeyError``."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class AttemptRunning(ProcessRuntimeError, ValueError):
+    """:meth:`ProcessRuntime.forget` refused: the attempt is still running."""
+
+
+class LaunchFailed(ProcessRuntimeError):
+    """The shim could not be started, died before spawning the job, or did not report the job's pid
+    within :data:`LAUNCH_TIMEOUT_S`. The attempt directory stays claimed (see :meth:`ProcessRuntime.get`)."""
+
+
+def _check_int(field: str, value: object, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{field} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AttemptKey:
+    """One attempt of one job on this host: ``(job_id, attempt, rank)``.
+
+    ``job_id``: non-empty str usable as one path component (no ``/``, NUL, not
+    ``.``/``..``, at most 200 characters); ``attempt`` and ``rank``: ints >= 0
+    (``rank`` = node rank in a multi-node gang, 0 otherwise). Directory name
+    (:attr:`dirname`): ``f"{job_id}/{attempt}-{rank}"``.
+
+    Raises ``ValueError`` naming the field for any other value.
+    """
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+
+    def __post_init__(self) -> None:
+        j = self.job_id
+        if (not isinstance(j, str) or not j or j in (".", "..") or "/" in j or "\x00" in j
+                or len(j) > 200 or j.startswith(".")):
+            raise ValueError(f"job_id must be a non-empty path component (no '/', NUL, leading '.'), got {j!r}")
+        _check_int("attempt", self.attempt)
+        _check_int("rank", self.rank)
+
+    @property
+    def dirname(self) -> str:
+        """Relative attempt directory, ``f"{job_id}/{attempt}-{rank}"``."""
+        return f"{self.job_id}/{self.attempt}-{self.rank}"
+
+
+@dataclass(frozen=True)
+class LocalAttempt:
+    """What the runtime knows about one attempt, read from its directory.
+
+    ``status``: ``"running" | "exited" | "lost"`` (module docstring);
+    ``exit_code``: the process exit status, ``128 + N`` if killed by signal N,
+    127 if it could not be executed, ``None`` unless ``"exited"``;
+    ``pid``: the job process's pid (== its process group id), ``None`` before it
+    was spawned or if it never was; ``log_path``: its stdout + stderr;
+    ``started_at`` / ``ended_at``: POSIX seconds (launch time / exit recorded);
+    ``stop_requested``: the ``reason`` given to :meth:`ProcessRuntime.terminate`;
+    ``gpus``: the GPU indices in its ``CUDA_VISIBLE_DEVICES``; ``argv``: its command.
+    """
+
+    key: AttemptKey
+    status: str
+    exit_code: int | None
+    pid: int | None
+    log_path: Path
+    started_at: float
+    ended_at: float | None
+    stop_requested: str | None
+    gpus: tuple[int, ...]
+    argv: tuple[str, ...] = ()
+
+
+def _is_alive(info: dict | None) -> bool:
+    """Whether the process recorded as ``{"pid", "start_ticks"}`` still exists and is not a zombie."""
+    if not info or not isinstance(info.get("pid"), int):
+        return False
+    st = proc_stat(info["pid"])
+    if st is None:
+        if os.path.isdir("/proc"):
+            return False
+        try:  # no /proc: best effort
+            os.kill(info["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    state, ticks = st
+    if info.get("start_ticks") is not None and ticks != info["start_ticks"]:
+        return False  # the pid was reused
+    return state not in ("Z", "X")
+
+
+def _signal_group(info: dict | None, sig: int) -> bool:
+    """Send ``sig`` to the process group led by the recorded job pid; ``True`` if delivered.
+
+    Skips the signal if a process with that pid exists but started at another
+    time (the pid was reused by someone else). If the leader is gone but members
+    of its group remain, they are still signalled (a group id cannot be reused
+    while the group exists).
+    """
+    if not info or not isinstance(info.get("pid"), int):
+        return False
+    pid = info["pid"]
+    st = proc_stat(pid)
+    if st is not None and info.get("start_ticks") is not None and st[1] != info["start_ticks"]:
+        return False
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class ProcessRuntime:
+    """Launch, watch, stop and forget job attempts as supervised local processes.
+
+    ``state_dir``: directory (created if missing) under which attempts live in
+    ``state_dir/"attempts"``. Several :class:`ProcessRuntime` objects (in one or
+    several processes) may share a ``state_dir``; the directory is the only state.
+    """
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = Path(state_dir)
+        self.attempts_dir = self.state_dir / "attempts"
+        self.attempts_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---------------------------------------------------------------- paths
+    def attempt_dir(self, key: AttemptKey) -> Path:
+        """The directory of ``key``: ``state_dir/"attempts"/job_id/f"{attempt}-{rank}"`` (may not exist)."""
+        if not isinstance(key, AttemptKey):
+            raise ValueError(f"key must be an AttemptKey, got {key!r}")
+        return self.attempts_dir / key.job_id / f"{key.attempt}-{key.rank}"
+
+    # ---------------------------------------------------------------- launch
+    def launch(
+        self,
+        key: AttemptKey,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        gpus: Sequence[int] = (),
+        workdir: Path | None = None,
+    ) -> LocalAttempt:
+        """Start ``argv`` (no shell) as attempt ``key`` under a detached shim; return it ``"running"``
+        (or already ``"exited"`` if it could not be executed: exit code 127, message in the log).
+
+        The job's environment is the agent's ``os.environ`` updated by ``env``, then
+        ``CUDA_VISIBLE_DEVICES=",".join(gpus)`` (``""`` for no GPUs),
+        ``FEDBROKER_JOB_ID``, ``FEDBROKER_ATTEMPT``, ``FEDBROKER_RANK``. Its working
+        directory is ``workdir`` (default: the caller's current directory).
+        Returns once the job's pid is on disk.
+
+        The attempt directory is claimed with ``os.mkdir`` before anything starts,
+        so a duplicate dispatch of the same key never starts a second process.
+
+        Raises ``ValueError`` naming the field for an empty ``argv``/non-str
+        element, a non-str ``env`` key/value or a key containing ``=``, an ``env``
+        key the runtime sets itself (``CUDA_VISIBLE_DEVICES``, ``FEDBROKER_*``),
+        a GPU index that is not an int >= 0 or is repeated, or a ``workdir`` that
+        is not a directory; :class:`AlreadyLaunched` if the key was launched
+        before (and not forgotten); :class:`LaunchFailed` if the shim did not
+        report the job's pid within :data:`LAUNCH_TIMEOUT_S` seconds.
+        """
+        adir = self.attempt_dir(key)
+        argv = self._check_argv(argv)
+        env = self._check_env(env)
+        gpu_t = self._check_gpus(gpus)
+        if workdir is None:
+            workdir = Path.cwd()
+        if not Path(workdir).is_dir():
+            raise ValueError(f"workdir must be an existing directory, got {str(workdir)!r}")
+        overrides = dict(env)
+        overrides.update({
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_t),
+            "FEDBROKER_JOB_ID": key.job_id,
+            "FEDBROKER_ATTEMPT": str(key.attempt),
+            "FEDBROKER_RANK": str(key.rank),
+        })
+
+        for _ in range(5):  # forget() of a sibling attempt may remove the job directory in between
+            adir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(adir, 0o700)
+                break
+            except FileExistsError:
+                raise AlreadyLaunched(f"attempt {key.dirname!r} was already launched ({adir} exists)") from None
+            except FileNotFoundError:
+                continue
+        else:
+            raise LaunchFailed(f"attempt {key.dirname!r}: cannot create {adir}")
+        started_at = time.time()
+        write_json_atomic(adir / META, {
+            "job_id": key.job_id, "attempt": key.attempt, "rank": key.rank, "argv": argv,
+            "env": overrides, "gpus": list(gpu_t), "workdir": str(Path(workdir).resolve()),
+            "started_at": started_at,
+        }, mode=0o600)
+        os.close(os.open(adir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.shim", str(adir)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True, close_fds=True, cwd=_PACKAGE_ROOT,
+            )
+        except OSError as exc:
+            with open(adir / LOG, "a", encoding="utf-8") as f:
+                f.write(f"fedbroker-runtime: cannot start the shim {sys.executable!r}: {exc}\n")
+            write_json_atomic(adir / EXIT, {"exit_code": _shim.EXEC_FAILED, "ended_at": time.time()})
+            raise LaunchFailed(f"attempt {key.dirname!r}: cannot start the shim: {exc}") from exc
+
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        delay = 0.002
+        while True:
+            if (adir / PID).exists() or (adir / EXIT).exists():
+                break
+            rc = proc.poll()
+            if rc not in (None, 0):
+                raise LaunchFailed(f"attempt {key.dirname!r}: the shim exited with status {rc} before starting the job")
+            if rc == 0 and (adir / SHIM).exists() and not _is_alive(read_json(adir / SHIM)):
+                if (adir / PID).exists() or (adir / EXIT).exists():
+                    break
+                raise LaunchFailed(f"attempt {key.dirname!r}: the shim died before starting the job; see {adir / LOG}")
+            if time.monotonic() > deadline:
+                raise LaunchFailed(
+                    f"attempt {key.dirname!r}: no job pid after {LAUNCH_TIMEOUT_S} s; the attempt stays claimed")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        try:
+            proc.wait(timeout=LAUNCH_TIMEOUT_S)  # the intermediate exits right after forking the shim
+        except subprocess.TimeoutExpired:
+            pass
+        return self.get(key)
+
+    @staticmethod
+    def _check_argv(argv: object) -> list[str]:
+        if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)) or not argv:
+            raise ValueError(f"argv must be a non-empty list of str, got {argv!r}")
+        for i, a in enumerate(argv):
+            if not isinstance(a, str) or "\x00" in a:
+                raise ValueError(f"argv[{i}] must be a str without NUL, got {a!r}")
+        if not argv[0]:
+            raise ValueError(f"argv[0] must be a non-empty program, got {argv[0]!r}")
+        return list(argv)
+
+    @staticmethod
+    def _check_env(env: object) -> dict[str, str]:
+        if env is None:
+            return {}
+        if not isinstance(env, dict):
+            raise ValueError(f"env must be a dict[str, str], got {env!r}")
+        for k, v in env.items():
+            if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
+                raise ValueError(f"env key must be a non-empty str without '=' or NUL, got {k!r}")
+            if not isinstance(v, str) or "\x00" in v:
+                raise ValueError(f"env[{k!r}] must be a str without NUL, got {v!r}")
+            if k in _RESERVED_ENV:
+                raise ValueError(f"env[{k!r}] is set by the runtime (from gpus= / the key); got {v!r}")
+        return dict(env)
+
+    @staticmethod
+    def _check_gpus(gpus: object) -> tuple[int, ...]:
+        if isinstance(gpus, (str, bytes)):
+            raise ValueError(f"gpus must be a sequence of int GPU indices, got {gpus!r}")
+        try:
+            out = tuple(gpus)  # type: ignore[arg-type]
+        except TypeError:
+            raise ValueError(f"gpus must be a sequence of int GPU indices, got {gpus!r}") from None
+        for i, g in enumerate(out):
+            _check_int(f"gpus[{i}]", g)
+        if len(set(out)) != len(out):
+            raise ValueError(f"gpus must not repeat an index, got {list(out)!r}")
+        return out
+
+    # ---------------------------------------------------------------- read state
+    def get(self, key: AttemptKey) -> LocalAttempt:
+        """The attempt ``key`` as it stands on disk now. Raises :class:`UnknownAttempt`."""
+        adir = self.attempt_dir(key)
+        if not adir.is_dir():
+            raise UnknownAttempt(f"no attempt {key.dirname!r} under {self.attempts_dir}")
+        return self._read(key, adir)
+
+    def list(self) -> list[LocalAttempt]:  # noqa: A003 - the API's name
+        """Every attempt directory on disk, sorted by ``(job_id, attempt, rank)``.
+
+        This is how a restarted agent re-adopts attempts. Entries that are not
+        attempt directories (e.g. temporary files) are skipped.
+        """
+        out: list[LocalAttempt] = []
+        for jdir in sorted(self.attempts_dir.iterdir()):
+            if not jdir.is_dir():
+                continue
+            for adir in jdir.iterdir():
+                a, sep, r = adir.name.partition("-")
+                if not sep or not a.isdigit() or not r.isdigit() or not adir.is_dir():
+                    continue
+                try:
+                    key = AttemptKey(jdir.name, int(a), int(r))
+                except ValueError:
+                    continue
+                try:
+                    out.append(self._read(key, adir))
+                except FileNotFoundError:  # forgotten meanwhile
+                    continue
+        out.sort(key=lambda x: (x.key.job_id, x.key.attempt, x.key.rank))
+        return out
+
+    def _read(self, key: AttemptKey, adir: Path) -> LocalAttempt:
+        meta = read_json(adir / META) or {}
+        exit_ = read_json(adir / EXIT)
+        pidinfo = read_json(adir / PID)
+        stop = read_json(adir / STOP)
+        started_at = meta.get("started_at")
+        if started_at is None:
+            started_at = adir.stat().st_mtime
+        if exit_ is not None:
+            status = "exited"
+        elif _is_alive(read_json(adir / SHIM)):
+            status = "running"
+        elif meta and not (adir / SHIM).exists() and time.time() - started_at < LAUNCH_TIMEOUT_S:
+            status = "running"  # being launched: the shim has not written its pid yet
+        else:
+            status = "lost"
+        return LocalAttempt(
+            key=key,
+            status=status,
+            exit_code=None if exit_ is None else int(exit_["exit_code"]),
+            pid=None if pidinfo is None else int(pidinfo["pid"]),
+            log_path=adir / LOG,
+            started_at=float(started_at),
+            ended_at=None if exit_ is None else float(exit_["ended_at"]),
+            stop_requested=None if stop is None else stop.get("reason"),
+            gpus=tuple(meta.get("gpus") or ()),
+            argv=tuple(meta.get("argv") or ()),
+        )
+
+    # ---------------------------------------------------------------- stop
+    def terminate(self, key: AttemptKey, grace_s: float, reason: str = "cancel") -> None:
+        """Ask attempt ``key`` to stop: SIGTERM to its process group now, SIGKILL from :meth:`poll`
+        once ``grace_s`` seconds have passed. Does not block.
+
+        Records ``{"reason", "requested_at", "grace_s", "kill_deadline"}`` (POSIX s)
+        in the attempt directory. Idempotent: a second call changes nothing (the
+        first reason and kill deadline stay; no second SIGTERM). No-op for an
+        attempt that has exited. For a ``"lost"`` attempt the job's process group
+        is still signalled if it is alive (and the pid was not reused).
+
+        Raises ``ValueError`` naming ``grace_s`` (not a finite number >= 0) or
+        ``reason`` (not a non-empty str); :class:`UnknownAttempt`.
+        """
+        if isinstance(grace_s, bool) or not isinstance(grace_s, (int, float)) or not math.isfinite(grace_s) or grace_s < 0:
+            raise ValueError(f"grace_s must be a finite number of seconds >= 0, got {grace_s!r}")
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason must be a non-empty str, got {reason!r}")
+        att = self.get(key)
+        if att.status == "exited":
+            return
+        adir = self.attempt_dir(key)
+        now = time.time()
+        claimed = write_json_atomic(adir / STOP, {
+            "reason": reason, "requested_at": now, "grace_s": float(grace_s), "kill_deadline": now + grace_s,
+        }, exclusive=True)
+        if claimed:
+            _signal_group(read_json(adir / PID), signal.SIGTERM)
+
+    def poll(self) -> None:
+        """Escalate: SIGKILL the process group of every attempt past its kill deadline and not exited.
+
+        Call it every ~0.5 s. Re-sends SIGKILL on every call until the exit is
+        recorded (or, for a ``"lost"`` attempt, while the group exists). Errors
+        reading one attempt do not stop the others.
+        """
+        now = time.time()
+        for jdir in list(self.attempts_dir.iterdir()):
+            if not jdir.is_dir():
+                continue
+            for adir in list(jdir.iterdir()):
+                try:
+                    stop = read_json(adir / STOP)
+                    if stop is None or (adir / EXIT).exists() or now < float(stop["kill_deadline"]):
+                        continue
+                    _signal_group(read_json(adir / PID), signal.SIGKILL)
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+
+    # ---------------------------------------------------------------- logs, cleanup
+    def read_log(self, key: AttemptKey, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Up to ``max_bytes`` bytes of the attempt's log from byte ``offset``; returns ``(data, offset + len(data))``.
+
+        ``data`` is empty at the end of the log. Raises ``ValueError`` naming
+        ``offset`` (not an int >= 0, or past the end of the log) or ``max_bytes``
+        (not an int >= 1); :class:`UnknownAttempt`.
+        """
+        _check_int("offset", offset)
+        _check_int("max_bytes", max_bytes, 1)
+        adir = self.attempt_dir(key)
+        if not adir.is_dir():
+            raise UnknownAttempt(f"no attempt {key.dirname!r} under {self.attempts_dir}")
+        try:
+            with open(adir / LOG, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if offset > size:
+                    raise ValueError(f"offset {offset} is past the end of the log ({size} bytes)")
+                f.seek(offset)
+                data = f.read(max_bytes)
+        except FileNotFoundError:
+            if offset:
+                raise ValueError(f"offset {offset} is past the end of the log (0 bytes)") from None
+            data = b""
+        return data, offset + len(data)
+
+    def forget(self, key: AttemptKey) -> None:
+        """Delete the attempt's directory (after its end was reported upstream).
+
+        Allowed for ``"exited"`` and ``"lost"`` attempts (a lost attempt's job may
+        still run: :meth:`terminate` it first). Afterwards the key may be
+        launched again. Raises :class:`AttemptRunning` while it is running;
+        :class:`UnknownAttempt`.
+        """
+        att = self.get(key)
+        if att.status == "running":
+            raise AttemptRunning(f"attempt {key.dirname!r} is still running (pid {att.pid}); terminate it first")
+        adir = self.attempt_dir(key)
+        shutil.rmtree(adir)
+        try:
+            adir.parent.rmdir()
+        except OSError:
+            pass

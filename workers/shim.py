@@ -1,0 +1,230 @@
+"""The per-attempt supervisor ("shim") of the process runtime, like ``containerd-shim``.
+
+Run as ``python -m workers.shim <attempt_dir>`` by :meth:`workers.runtime.ProcessRuntime.launch`.
+It detaches (double fork, so it is nobody's child but init's and never lingers as
+its launcher's zombie), spawns the job, waits for it and records its exit code on
+disk, so that a node agent killed with ``kill -9`` loses neither the job nor its
+exit code; a restarted agent re-adopts the attempt from the directory alone.
+
+On-disk layout of one attempt directory (every JSON file is written whole:
+temporary file + ``os.replace``, or ``os.link`` where it must not already exist):
+
+``meta.json``   written by the launcher before the shim starts:
+                ``{"job_id", "attempt", "rank", "argv": [str], "env": {str: str}
+                (every variable the runtime adds to the agent's environment),
+                "gpus": [int], "workdir": str, "started_at": POSIX s}``; mode 0600.
+``log``         the job's stdout and stderr, appended (``O_APPEND``) in order written;
+                the shim itself writes only the one line explaining a failed exec.
+``shim.json``   ``{"pid", "start_ticks"}`` of the shim process (``start_ticks``:
+                field 22 of ``/proc/<pid>/stat``, clock ticks after boot; ``None``
+                without ``/proc``); identifies the shim even if its pid is reused.
+``pid.json``    ``{"pid", "start_ticks", "spawned_at"}`` of the job process, which
+                leads its own session and process group (pgid == pid).
+``exit.json``   ``{"exit_code": int, "ended_at": POSIX s}``; ``exit_code`` is the
+                job's exit status, ``128 + N`` if a signal N killed it, ``127`` if
+                ``argv[0]`` (or ``workdir``) could not be executed.
+``stop.json``   written by :meth:`~workers.runtime.ProcessRuntime.terminate`:
+                ``{"reason", "requested_at", "grace_s", "kill_deadline"}`` (POSIX s).
+
+Behaviour: the job is spawned without a shell, in a new session (its pid is its
+process group id), stdin from ``/dev/null``, with the environment of the shim
+(= the launching agent's) updated by ``meta.json["env"]``. When the job process
+exits the shim SIGKILLs whatever is left in its process group (stray
+grandchildren that would keep holding GPUs) before it reaps it, then writes
+``exit.json`` and exits 0. SIGTERM sent to the shim is forwarded to the job's
+process group (the shim keeps waiting); SIGINT and SIGHUP are ignored.
+
+If the shim itself is killed with SIGKILL, ``exit.json`` is never written and the
+runtime reports the attempt ``"lost"``; the job process may keep running (it is
+reparented to init, its output still goes to ``log``).
+
+Errors: none escape; a failure before the job is spawned is recorded as exit
+code 127 with its message in ``log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+META = "meta.json"
+LOG = "log"
+SHIM = "shim.json"
+PID = "pid.json"
+EXIT = "exit.json"
+STOP = "stop.json"
+
+EXEC_FAILED = 127
+"""Exit code recorded when the job could not be executed (as a POSIX shell does)."""
+
+__all__ = [
+    "META", "LOG", "SHIM", "PID", "EXIT", "STOP", "EXEC_FAILED",
+    "write_json_atomic", "read_json", "proc_stat", "proc_start_ticks", "main",
+]
+
+
+def write_json_atomic(path: Path, obj: object, *, exclusive: bool = False, mode: int = 0o644) -> bool:
+    """Write ``obj`` as JSON to ``path`` whole: a reader sees the old file or the new one, never a part.
+
+    Writes ``<dir>/.<name>.<pid>.tmp``, fsyncs it, then ``os.replace`` onto ``path``;
+    with ``exclusive=True`` it uses ``os.link`` instead, so an existing ``path`` is
+    left alone. Returns ``True`` if ``path`` now holds ``obj``, ``False`` only when
+    ``exclusive`` and ``path`` already existed. Raises ``OSError`` on I/O failure.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or ``None`` if the file does not exist.
+
+    Raises ``ValueError`` (naming the path) if it exists but is not a JSON object.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state letter, start time in clock ticks after boot)`` of ``pid`` from ``/proc``.
+
+    ``None`` if the process does not exist (or ``/proc`` is unavailable).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return fields[0].decode("ascii"), int(fields[19])
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks after boot (``/proc/<pid>/stat`` field 22); ``None`` if unknown."""
+    st = proc_stat(pid)
+    return None if st is None else st[1]
+
+
+def _append_log(log_fd: int, text: str) -> None:
+    os.write(log_fd, text.encode("utf-8", "replace"))
+
+
+def _run(attempt_dir: Path) -> None:
+    write_json_atomic(attempt_dir / SHIM, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
+    log_fd = os.open(attempt_dir / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    child: list[int] = []  # the job's pid once spawned
+    pending_term = [False]
+
+    def on_term(signum, frame):  # forward to the job's process group
+        if child:
+            try:
+                os.killpg(child[0], signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        else:
+            pending_term[0] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    argv: list[str] = ["?"]
+    try:
+        meta = read_json(attempt_dir / META)
+        if meta is None:
+            raise FileNotFoundError(f"{attempt_dir / META} is missing")
+        argv = list(meta["argv"])
+        env = dict(os.environ)
+        env.update(meta.get("env") or {})
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env,
+            cwd=meta.get("workdir"), start_new_session=True, close_fds=True,
+        )
+    except Exception as exc:  # noqa: BLE001 - anything before the spawn is "cannot execute"
+        _append_log(log_fd, f"fedbroker-shim: cannot execute {argv[0]!r}: {exc}\n")
+        write_json_atomic(attempt_dir / EXIT, {"exit_code": EXEC_FAILED, "ended_at": time.time()})
+        return
+
+    pid = proc.pid
+    write_json_atomic(attempt_dir / PID, {"pid": pid, "start_ticks": proc_start_ticks(pid), "spawned_at": time.time()})
+    child.append(pid)
+    # A terminate() that raced with the spawn (stop.json written before pid.json existed).
+    if pending_term[0] or (attempt_dir / STOP).exists():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    # Wait without reaping, so the process group id cannot be reused while we clean it up.
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    rc = proc.wait()
+    exit_code = rc if rc >= 0 else 128 - rc
+    write_json_atomic(attempt_dir / EXIT, {"exit_code": exit_code, "ended_at": time.time()})
+    os.close(log_fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m workers.shim <attempt_dir>``.
+
+    Returns (in the launching process, which exits at once after forking the
+    detached shim) 0, or 2 if the argument is missing or not a directory.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not os.path.isdir(args[0]):
+        print(f"usage: python -m workers.shim <attempt_dir> (got {args!r})", file=sys.stderr)
+        return 2
+    attempt_dir = Path(args[0]).resolve()
+    if os.fork() != 0:
+        return 0  # the launcher reaps this intermediate process; the shim lives on below
+    try:
+        os.chdir("/")
+        _run(attempt_dir)
+    except BaseException:  # noqa: BLE001 - the shim has no stderr; leave a trace in the log
+        import traceback
+
+        try:
+            with open(attempt_dir / LOG, "a", encoding="utf-8") as f:
+                f.write("fedbroker-shim: internal error\n" + traceback.format_exc())
+        finally:
+            os._exit(1)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
