@@ -271,6 +271,7 @@ class PlanningCycle:
 
     def _read(self, s, now: datetime):
         now_s = now.timestamp()
+        self._now_s = now_s
         nodes = self.live_nodes(s, now)
         pools = self.env.pools_for(nodes)
         waiting = s.execute(select(Job).where(Job.state == S.queued.value)
@@ -334,16 +335,45 @@ class PlanningCycle:
                          ).all()
         usage = decayed_usage([(r[0], r[1], r[2].timestamp(), _ts(r[3]) if r[3] else math.nan) for r in rows], now_s)
         avail = np.array(self.env.offer_provisionable(), dtype=bool) if ctx.offers else None
+        self._pending_by_id = {pj.job_id: pj for pj in pending}
+        for group in queued.values():
+            for pj in group:
+                self._pending_by_id[pj.job_id] = pj
         snap = Snapshot(now_s=now_s, pending=pending, free=free, running=running, queued=dict(queued),
                         offer_available=avail, team_usage=usage,
                         healthy=[None] * len(pools))
         nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
         return snap, ctx, jobs, nodes_by_pool, used
 
+    def _unprovisionable_cloud(self, ctx, j: Job, pj: PendingJob | None, k: int = 3) -> list[dict]:
+        """The ``k`` best cloud offers for the job, costed from now, as infeasible explain alternatives
+        (their provider is not configured): what bursting would have cost, in $, kWh, kgCO2e and wait."""
+        if pj is None or not ctx.offers:
+            return []
+        idx = ctx.compatible_offers(pj)
+        if idx.size == 0:
+            return []
+        now_s = self._now_s
+        runtime, finish, dollars, energy, carbon, _ = ctx.cloud_estimates(pj, idx, now_s)
+        score = dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
+        score = np.where(np.isnan(score), np.inf, score)
+        out = []
+        for i in np.argsort(score, kind="stable")[:k]:
+            if not np.isfinite(score[i]):
+                break
+            o = ctx.offers[int(idx[i])]
+            delay = float(finish[i] - runtime[i])
+            out.append({"kind": "cloud", "target": o.offer_id, "start_s": now_s + delay, "wait_s": delay,
+                        "runtime_s": float(runtime[i]), "dollars_usd": float(dollars[i]), "energy_kwh": float(energy[i]),
+                        "carbon_kg": float(carbon[i]), "score": None, "feasible": False,
+                        "note": f"not provisionable: provider {o.provider!r} is not configured (cloud_providers)"})
+        return out
+
     # ------------------------------------------------------------------ apply
     def _apply(self, s, now: datetime, decisions, jobs: dict[str, Job], ctx, nodes_by_pool, used, kinds) -> list:
         st = self.settings
         dispatched = []
+        pending_by_id = self._pending_by_id
         for d in decisions:
             j = jobs.get(d.job_id)
             if j is None:
@@ -351,6 +381,8 @@ class PlanningCycle:
             kind = d.kind
             kinds[kind.value] = kinds.get(kind.value, 0) + 1
             rec = d.record()
+            if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
+                rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
             if kind == DecisionKind.preempt:
                 for vid in d.victims:
                     v = s.get(Job, vid)

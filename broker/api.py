@@ -1,0 +1,302 @@
+"""The HTTP API of the live broker (FastAPI); OpenAPI at ``/openapi.json``, docs at ``/docs``.
+
+Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <token>``)::
+
+    GET  /healthz                      no auth; {"status": "ok", "database": "ok"} or 503
+    POST /v1/jobs                      SubmitRequest -> 201 JobView (200: idempotent replay)
+    GET  /v1/jobs?team=&state=&limit=&offset=   -> list[JobView], newest first
+    GET  /v1/jobs/{job_id}             -> JobView
+    POST /v1/jobs/{job_id}/cancel      -> JobView
+    GET  /v1/jobs/{job_id}/logs?attempt=&rank=  -> LogsView
+    GET  /v1/jobs/{job_id}/explain     -> ExplainView
+    GET  /v1/nodes                     -> list[NodeView]
+
+Who sees what: a team token sees, cancels and reads the logs/explain record of its own
+team's jobs only; another team's job answers 404 exactly like a missing one (existence
+is not leaked). An admin token (``fedbroker tokens create --admin``, or
+``settings.admin_token``) sees every team.
+
+Errors are ``{"detail": message}`` (401, 403, 404, 409, 503) or, for 422, FastAPI's
+list ``{"detail": [{"loc": [...], "msg": ..., "type": ..., "input": ...}]}`` where
+``msg`` starts with the dotted field name and, where one exists, the offending value
+(``"spec.gpus_per_node=-1: Input should be greater than or equal to 1"``). Nothing is
+stored when a request is rejected.
+"""
+
+import logging
+import re
+import secrets
+from datetime import datetime, timezone
+from typing import Annotated, Any, Callable
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import text
+
+from broker.schemas import ErrorBody, ExplainView, JobView, LogsView, NodeView, SubmitRequest
+from broker.settings import BrokerSettings
+from broker.states import JobState
+from broker.store import IdempotencyConflict, JobNotFound, JobStore, NotCancellable, Principal
+
+__all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "ADMIN_TEAM"]
+
+log = logging.getLogger(__name__)
+
+#: the format of job ids in paths; anything else is answered 404 without a database query
+JOB_ID_RE = re.compile(r"^job-[0-9a-f]{16}$")
+#: the team of the ``settings.admin_token`` principal
+ADMIN_TEAM = "admin"
+#: how the node agent's last log chunk starts when it stopped shipping at ``log_max_bytes`` (workers/agent.py)
+_TRUNCATED_MARK = "\n[fedbroker: log truncated at "
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: `fedbroker tokens create --team T`.")
+_ERRORS = {401: {"model": ErrorBody, "description": "missing or unknown token"},
+           404: {"model": ErrorBody, "description": "no such job visible to the caller"}}
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _unprocessable(field: str, value: Any, msg: str, where: str = "body") -> RequestValidationError:
+    """A 422 in FastAPI's shape for a check done in the endpoint (``field`` dotted, under ``where``)."""
+    loc = (where, *field.split("."))
+    return RequestValidationError([{"type": "value_error", "loc": loc, "input": value,
+                                    "msg": f"{field}={_short(value)}: {msg}"}])
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    r = repr(value.isoformat() if isinstance(value, datetime) else value)
+    return r if len(r) <= limit else r[:limit] + "...'"
+
+
+def _describe(err: dict) -> dict:
+    """Rewrite one pydantic/FastAPI error so ``msg`` names the dotted field and the offending value."""
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    msg = str(err.get("msg", ""))
+    where = str(loc[0]) if loc else "body"
+    path = [str(x) for x in loc[1:]]
+    field = ".".join(path) if path else where
+    inp = err.get("input")
+    if kind == "json_invalid":
+        reason = (err.get("ctx") or {}).get("error", "JSON decode error")
+        pos = loc[1] if len(loc) > 1 else "?"
+        return {"loc": ["body"], "msg": f"body: not valid JSON ({reason} at character {pos})", "type": kind}
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if msg.startswith((f"{field}=", f"{field}:")):
+        pass  # raised by this module: already "field=value: why"
+    elif where == "body" and not path and isinstance(inp, (bytes, str)):
+        msg = "body: must be a JSON object (send it with Content-Type: application/json)"
+    elif path and msg.startswith(f"{path[-1]}="):
+        # our validators already say "field='value': why"; give the whole dotted path
+        msg = f"{field}{msg[len(path[-1]):]}"
+    elif kind == "missing":
+        msg = f"{field}: {msg}"
+    elif isinstance(inp, (str, int, float, bool)) or inp is None:
+        msg = f"{field}={_short(inp)}: {msg}"
+    else:
+        msg = f"{field}: {msg}"
+    out = {"loc": list(loc), "msg": msg, "type": kind}
+    if isinstance(inp, (str, int, float, bool)) or inp is None:
+        out["input"] = inp
+    elif isinstance(inp, (dict, list, datetime)):
+        out["input"] = jsonable_encoder(inp)
+    return out
+
+
+def create_app(store: JobStore, settings: BrokerSettings | None = None,
+               on_submit: Callable[[str], None] | None = None) -> FastAPI:
+    """The API application over ``store``.
+
+    Args:
+        store: the job store (migrated).
+        settings: ``admin_token`` (an always-valid admin token, team ``"admin"``) and
+            ``log_max_bytes`` (a log at the cap is reported ``truncated``) are read from it;
+            ``None`` = the field defaults (no admin token; the environment is not read).
+        on_submit: called with the new job's id after a job is stored (the live broker wakes
+            the planner with it); an exception from it is logged and never fails the request.
+    """
+    settings = settings or BrokerSettings.model_construct()
+    app = FastAPI(title="fedbroker", version="1",
+                  description="Submit GPU training jobs and see where, when and why they run.")
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": [_describe(e) for e in exc.errors()]}, status_code=422)
+
+    @app.exception_handler(JobNotFound)
+    async def _not_found(request: Request, exc: JobNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(IdempotencyConflict)
+    @app.exception_handler(NotCancellable)
+    async def _conflict(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    # ------------------------------------------------------------------ dependencies
+    def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+        """The caller, from ``Authorization: Bearer <token>``; 401 if missing or unknown."""
+        if creds is None or not creds.credentials:
+            raise HTTPException(401, "missing token: send 'Authorization: Bearer <token>' "
+                                     "(create one with `fedbroker tokens create --team T`)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        token = creds.credentials
+        if settings.admin_token and secrets.compare_digest(token.encode(), settings.admin_token.encode()):
+            return Principal(ADMIN_TEAM, admin=True)
+        who = store.authenticate(token)
+        if who is None:
+            raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return who
+
+    Caller = Annotated[Principal, Depends(principal)]
+
+    def visible_job(job_id: str, who: Caller) -> JobView:
+        """The job ``job_id`` if the caller may see it; 404 otherwise (also for a malformed id)."""
+        if not JOB_ID_RE.match(job_id):
+            raise HTTPException(404, f"job_id={job_id!r}: no such job (ids look like job-0123456789abcdef)")
+        return store.get(job_id, None if who.admin else who.team)
+
+    Job = Annotated[JobView, Depends(visible_job)]
+
+    # ------------------------------------------------------------------ health
+    @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "database down"}})
+    def healthz() -> dict:
+        """Liveness and a database round trip: ``{"status": "ok", "database": "ok"}``; 503 if the database fails."""
+        try:
+            with store.engine.connect() as c:
+                c.execute(text("SELECT 1"))
+        except Exception as e:  # any driver error means the same thing here
+            log.warning("healthz: database check failed: %s", e)
+            return JSONResponse({"status": "degraded", "database": "unavailable",
+                                 "detail": f"database unavailable: {type(e).__name__}"}, status_code=503)
+        return {"status": "ok", "database": "ok"}
+
+    # ------------------------------------------------------------------ jobs
+    @app.post("/v1/jobs", status_code=201, response_model=JobView, tags=["jobs"],
+              responses={**_ERRORS, 200: {"model": JobView, "description": "idempotent replay: the existing job"},
+                         403: {"model": ErrorBody, "description": "spec.team is another team"},
+                         409: {"model": ErrorBody, "description": "idempotency key used with another spec"}})
+    def submit(body: SubmitRequest, response: Response, who: Caller,
+               idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+                                                                    max_length=200)] = None) -> JobView:
+        """Store a job in state ``submitted`` for the planner.
+
+        The job's team is the caller's (an admin may name any ``spec.team``). With an
+        idempotency key (body ``idempotency_key`` or header ``Idempotency-Key``) a repeat
+        of the same spec returns the first job with 200; the same key with another spec is 409.
+        422 for a ``deadline`` not after now or a ``not_after`` in the past.
+        """
+        spec = body.spec
+        key = body.idempotency_key
+        if idempotency_key_header is not None:
+            if key is not None and key != idempotency_key_header:
+                raise _unprocessable("idempotency_key", key,
+                                     f"differs from the Idempotency-Key header {idempotency_key_header!r}")
+            key = idempotency_key_header
+        if who.admin:
+            team = spec.team if "team" in spec.model_fields_set else who.team
+        else:
+            if spec.team not in ("default", who.team):
+                raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
+            team = who.team
+        if key is not None:
+            existing = store.find_idempotent(team, key, spec)  # a retry answers the first job, whatever the clock says
+            if existing is not None:
+                response.status_code = 200
+                return existing
+        now = _utcnow()
+        if spec.deadline is not None and spec.deadline <= now:
+            raise _unprocessable("spec.deadline", spec.deadline, f"must be after now ({now.isoformat(timespec='seconds')})")
+        if spec.not_after is not None and spec.not_after < now:
+            raise _unprocessable("spec.not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
+        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after)
+        if created:
+            response.headers["Location"] = f"/v1/jobs/{job.id}"
+            if on_submit is not None:
+                try:
+                    on_submit(job.id)
+                except Exception:
+                    log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
+        else:
+            response.status_code = 200
+        return job
+
+    @app.get("/v1/jobs", response_model=list[JobView], tags=["jobs"],
+             responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs"}})
+    def list_jobs(who: Caller,
+                  team: Annotated[str | None, Query(description="Only this team (default: yours; admins: all)")] = None,
+                  state: Annotated[list[str] | None, Query(description="Only these states (repeat the parameter)")] = None,
+                  limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                  offset: Annotated[int, Query(ge=0)] = 0) -> list[JobView]:
+        """Jobs newest first. A team token may only ask for its own team (403 otherwise)."""
+        known = [s.value for s in JobState]
+        for s in state or ():
+            if s not in known:
+                raise _unprocessable("state", s, f"not a job state (one of {', '.join(known)})", where="query")
+        if not who.admin:
+            if team is not None and team != who.team:
+                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
+            team = who.team
+        return store.list_jobs(team=team, states=state or None, limit=limit, offset=offset)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_ERRORS)
+    def get_job(job: Job) -> JobView:
+        """One job."""
+        return job
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"],
+              responses={**_ERRORS, 409: {"model": ErrorBody, "description": "the job already succeeded or failed"}})
+    def cancel_job(job: Job, who: Caller) -> JobView:
+        """Cancel a job: a waiting job becomes ``cancelled`` now; a running one gets ``cancel_requested``
+        and its agent stops it. Cancelling a cancelled job is a no-op; a finished job answers 409."""
+        return store.request_cancel(job.id, None if who.admin else who.team)
+
+    @app.get("/v1/jobs/{job_id}/logs", response_model=LogsView, tags=["jobs"], responses=_ERRORS)
+    def job_logs(job: Job,
+                 attempt: Annotated[int | None, Query(ge=1, description="Attempt number (default: the latest)")] = None,
+                 rank: Annotated[int, Query(ge=0, description="Node rank of a multi-node job")] = 0) -> LogsView:
+        """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt);
+        ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for an attempt that does not exist."""
+        if attempt is not None and attempt > job.attempt:
+            raise HTTPException(404, f"attempt={attempt}: job {job.id} has {job.attempt} attempt(s)")
+        n = job.attempt if attempt is None else attempt
+        chunks = store.log_chunks(job.id, n, rank) if n else []
+        text_ = "".join(data for _, data in chunks)
+        # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk
+        truncated = ((bool(chunks) and chunks[-1][1].startswith(_TRUNCATED_MARK))
+                     or len(text_.encode()) >= settings.log_max_bytes)
+        return LogsView(job_id=job.id, attempt=n, rank=rank, text=text_, truncated=truncated)
+
+    @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainView, tags=["jobs"], responses=_ERRORS)
+    def explain_job(job: Job) -> ExplainView:
+        """The planner's latest decision (chosen option and best alternatives, with $, kWh, kgCO2e
+        and wait), the state history and the attempts."""
+        return ExplainView(job=job, decision=store.decision(job.id), events=store.events(job.id),
+                           attempts=store.attempts(job.id))
+
+    # ------------------------------------------------------------------ nodes
+    @app.get("/v1/nodes", response_model=list[NodeView], tags=["nodes"], responses={401: _ERRORS[401]})
+    def list_nodes(who: Caller) -> list[NodeView]:
+        """Every on-prem node as its agent last reported it (any valid token)."""
+        return store.nodes()
+
+    return app
+
+
+def app_from_settings() -> FastAPI:
+    """The API for :func:`broker.settings.load_settings` (``uvicorn --factory broker.api:app_from_settings``).
+
+    Brings the store's schema to the latest migration first (idempotent), so a fresh
+    embedded SQLite trial works without a separate step.
+    """
+    from broker.settings import load_settings
+
+    settings = load_settings()
+    store = JobStore.from_settings(settings)
+    store.migrate()
+    return create_app(store, settings)

@@ -1,0 +1,391 @@
+"""``fedbroker`` commands for users of a live broker (they talk to its HTTP API through :class:`broker.Client`).
+
+Commands::
+
+    fedbroker submit JOB.yaml [--idempotency-key K] [--wait [--timeout S]] [--json]
+    fedbroker status JOB_ID [--json]
+    fedbroker list [--team T] [--state S]... [--limit N] [--json]
+    fedbroker cancel JOB_ID [--json]
+    fedbroker logs JOB_ID [--attempt N] [--rank R]
+    fedbroker explain JOB_ID [--json]
+    fedbroker nodes [--json]
+    fedbroker tokens create --team T [--admin] [--label L]    (store access via the settings)
+
+Each API command takes ``--url`` (``$FEDBROKER_API_URL``, else the settings' ``api_url``) and
+``--token`` (``$FEDBROKER_TOKEN``). Exit status: 0 ok; 1 the broker refused the request or
+cannot be reached (message on stderr); 2 a bad job file or option (nothing submitted).
+``submit --wait`` exits 1 unless the job succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["register", "load_job_file"]
+
+_err = Console(stderr=True, width=200, highlight=False)
+
+UrlOpt = typer.Option(None, "--url", envvar="FEDBROKER_API_URL", help="Broker API URL (default: settings' api_url).")
+TokenOpt = typer.Option(None, "--token", envvar="FEDBROKER_TOKEN", help="API token.", show_default=False)
+JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
+
+
+class JobFileError(ValueError):
+    """A job file that cannot be read, parsed or validated; the message names the file, field and value."""
+
+
+def _console() -> Console:
+    from broker import cli  # the shared console of the fedbroker app (tests widen it)
+
+    return cli.console
+
+
+def _fail(msg: str, code: int = 1) -> None:
+    _err.print(f"[red]error:[/red] {escape(msg)}")
+    raise typer.Exit(code)
+
+
+def _echo_json(obj: Any) -> None:
+    from pydantic_core import to_jsonable_python
+
+    typer.echo(json.dumps(to_jsonable_python(obj), indent=2))
+
+
+def load_job_file(path: Path):
+    """Read a job spec mapping from ``path`` (YAML, or JSON for ``*.json``) and validate it.
+
+    Returns a :class:`broker.model.JobSpec`. Raises :class:`JobFileError` naming the file,
+    and for validation errors the field and the value (``JOB.yaml: gpus_per_node=-1: ...``).
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    from broker.model import JobSpec
+
+    try:
+        raw = path.read_text()
+    except OSError as e:
+        raise JobFileError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        data = json.loads(raw) if path.suffix.lower() == ".json" else yaml.safe_load(raw)
+    except json.JSONDecodeError as e:
+        raise JobFileError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise JobFileError(f"{path}: not valid YAML ({where}{getattr(e, 'problem', None) or e})") from None
+    if not isinstance(data, dict):
+        raise JobFileError(f"{path}: must hold a mapping of job spec fields (image, command, gpus_per_node, ...), "
+                           f"got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            field = ".".join(str(x) for x in err["loc"]) or "(spec)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = f"{field}={err['input']!r}: unknown field (known: {', '.join(JobSpec.model_fields)})"
+            elif err["loc"] and msg.startswith(f"{err['loc'][-1]}="):
+                msg = f"{field}{msg[len(str(err['loc'][-1])):]}"
+            elif err["type"] != "missing" and not isinstance(err.get("input"), (dict, list)):
+                msg = f"{field}={err.get('input')!r}: {msg}"
+            else:
+                msg = f"{field}: {msg}"
+            parts.append(msg)
+        raise JobFileError(f"{path}: " + "; ".join(parts)) from None
+
+
+def _client(url: str | None, token: str | None):
+    from broker.client import Client
+    from broker.settings import SettingsError
+
+    try:
+        return Client(url=url, token=token, retries=3)
+    except SettingsError as e:
+        _fail(str(e), 2)
+
+
+def _call(c, fn, *args, **kwargs):
+    """Run one SDK call; exit 1 with the broker's message on an API error or an unreachable broker
+    (:class:`broker.client.WaitTimeout` is re-raised for the caller)."""
+    from broker.client import BrokerError, BrokerUnavailable, WaitTimeout
+
+    try:
+        return fn(*args, **kwargs)
+    except WaitTimeout:
+        raise
+    except BrokerUnavailable as e:
+        if e.status is None:
+            _fail(f"cannot reach the broker at {c.url} (is `fedbroker serve` running?): {e}")
+        _fail(str(e))
+    except BrokerError as e:
+        _fail(str(e))
+
+
+def _t(v: datetime | None) -> str:
+    return v.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z") if v else "-"
+
+
+def _placement(p: dict | None) -> str:
+    if not p:
+        return "-"
+    if p.get("kind") == "onprem":
+        nodes = ", ".join(f"{n.get('node')}[{','.join(str(g) for g in n.get('gpus', []))}]" for n in p.get("nodes", []))
+        return f"on-prem pool {p.get('pool')}: {nodes}"
+    return ", ".join(f"{k}={v}" for k, v in p.items())
+
+
+def _print_job(job) -> None:
+    con = _console()
+    s = job.spec
+    rows = [("job", job.id), ("name", job.name or "-"), ("team", job.team), ("state", job.state),
+            ("reason", job.reason or "-"), ("placement", _placement(job.placement)),
+            ("gpus", f"{s.nodes} x {s.gpus_per_node} {'/'.join(s.gpu_types) or 'any'}"),
+            ("attempt", str(job.attempt)), ("submitted", _t(job.created_at)), ("not before", _t(job.not_before)),
+            ("not after", _t(job.not_after)), ("deadline", _t(job.deadline)), ("started", _t(job.started_at)),
+            ("finished", _t(job.finished_at))]
+    if job.exit_code is not None:
+        rows.append(("exit code", str(job.exit_code)))
+    if job.cancel_requested and job.state != "cancelled":
+        rows.append(("cancel", "requested"))
+    for k, v in rows:
+        con.print(f"{k:>11}: {escape(v)}", highlight=False)
+
+
+def _money(v) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"${v:,.2f}"
+
+
+def _num(v, fmt: str) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _wait(s) -> str:
+    if s is None:
+        return "n/a"
+    s = float(s)
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the job commands (submit, status, list, cancel, logs, explain, nodes, tokens) to ``app``."""
+
+    @app.command()
+    def submit(file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields."),
+               idempotency_key: Optional[str] = typer.Option(None, help="Repeat a submit safely: same key, same job."),
+               wait: bool = typer.Option(False, "--wait", help="Wait until the job finishes (exit 1 unless it succeeded)."),
+               timeout: float = typer.Option(86400.0, help="With --wait: give up after this many seconds."),
+               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Submit the job described by FILE."""
+        try:
+            spec = load_job_file(file)
+        except JobFileError as e:
+            _fail(str(e), 2)
+        if wait and not (math.isfinite(timeout) and timeout > 0):
+            _fail(f"--timeout={timeout}: must be a finite number > 0", 2)
+        c = _client(url, token)
+        job = _call(c, c.submit, spec, idempotency_key=idempotency_key)
+        if not wait:
+            if as_json:
+                _echo_json(job)
+            else:
+                _console().print(f"{job.id} {job.state} (team {job.team}, deadline {_t(job.deadline)})", highlight=False)
+            return
+        if not as_json:
+            _console().print(f"{job.id} submitted; waiting ...", highlight=False)
+        from broker.client import WaitTimeout
+
+        try:
+            job = _call(c, c.wait, job.id, timeout=timeout)
+        except WaitTimeout as e:
+            job = e.job
+            _err.print(f"{job.id}: still {job.state} after {timeout:g} s")
+        if as_json:
+            _echo_json(job)
+        else:
+            _print_job(job)
+        if job.state != "succeeded":
+            raise typer.Exit(1)
+
+    @app.command()
+    def status(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Show a job's state, reason, placement and times."""
+        c = _client(url, token)
+        job = _call(c, c.get, job_id)
+        if as_json:
+            _echo_json(job)
+        else:
+            _print_job(job)
+
+    @app.command("list")
+    def list_(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
+              state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
+              limit: int = typer.Option(50, help="At most this many jobs (1-1000), newest first."),
+              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """List jobs, newest first."""
+        from broker.states import JobState
+
+        known = [s.value for s in JobState]
+        for s in state or ():
+            if s not in known:
+                _fail(f"--state={s!r}: not a job state (one of {', '.join(known)})", 2)
+        if not 1 <= limit <= 1000:
+            _fail(f"--limit={limit}: must be between 1 and 1000", 2)
+        c = _client(url, token)
+        jobs = _call(c, c.list, team=team, state=state or None, limit=limit)
+        if as_json:
+            _echo_json(jobs)
+            return
+        tab = Table(title=f"{len(jobs)} job(s)")
+        for col in ("id", "team", "name", "state", "gpus", "submitted", "deadline", "reason"):
+            tab.add_column(col, overflow="fold")
+        for j in jobs:
+            tab.add_row(j.id, j.team, escape(j.name or "-"), j.state, f"{j.spec.nodes}x{j.spec.gpus_per_node}",
+                        _t(j.created_at), _t(j.deadline), escape(j.reason or ""))
+        _console().print(tab)
+
+    @app.command()
+    def cancel(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Cancel a job (a running job is stopped by its node agent)."""
+        c = _client(url, token)
+        job = _call(c, c.cancel, job_id)
+        if as_json:
+            _echo_json(job)
+        elif job.state == "cancelled":
+            _console().print(f"{job.id} cancelled", highlight=False)
+        else:
+            _console().print(f"{job.id} {job.state}: cancel requested, the node agent stops it", highlight=False)
+
+    @app.command()
+    def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+             attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
+             rank: int = typer.Option(0, help="Node rank of a multi-node job."),
+             url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+        """Print the captured stdout+stderr of a job's attempt."""
+        if attempt is not None and attempt < 1:
+            _fail(f"--attempt={attempt}: must be >= 1", 2)
+        if rank < 0:
+            _fail(f"--rank={rank}: must be >= 0", 2)
+        c = _client(url, token)
+        view = _call(c, c.logs_view, job_id, attempt, rank)
+        typer.echo(view.text, nl=not view.text.endswith("\n") and bool(view.text))
+        if view.attempt == 0:
+            _err.print(f"{job_id}: no attempt yet (no logs)")
+        elif view.truncated:
+            _err.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
+
+    @app.command()
+    def explain(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Why the job is where it is: the chosen option and its alternatives ($, kWh, kgCO2e, wait), then the history."""
+        c = _client(url, token)
+        ex = _call(c, c.explain, job_id)
+        if as_json:
+            _echo_json(ex)
+            return
+        con = _console()
+        j = ex.job
+        con.print(f"{j.id} ({j.team}) is [bold]{j.state}[/bold]: {escape(j.reason or '-')}", highlight=False)
+        d = ex.decision
+        if not d:
+            con.print("no planner decision yet (the planner has not seen this job)")
+        else:
+            con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
+                      highlight=False)
+            if d.get("not_before") is not None:
+                con.print(f"not before: {_t(datetime.fromtimestamp(d['not_before'], tz=timezone.utc))}", highlight=False)
+            tab = Table(title="options (chosen first)")
+            for col in ("", "target", "$", "kWh", "kgCO2e", "wait", "start", "note"):
+                tab.add_column(col, justify="right" if col in ("$", "kWh", "kgCO2e", "wait") else "left")
+            opts = ([("chosen", d["option"])] if d.get("option") else []) + [("alt", o) for o in d.get("alternatives") or []]
+            for tag, o in opts:
+                start = o.get("start_s")
+                tab.add_row(tag, escape(str(o.get("target"))), _money(o.get("dollars_usd")),
+                            _num(o.get("energy_kwh"), ",.2f"), _num(o.get("carbon_kg"), ",.3f"), _wait(o.get("wait_s")),
+                            _t(datetime.fromtimestamp(start, tz=timezone.utc)) if start is not None else "-",
+                            escape(o.get("note") or ("" if o.get("feasible", True) else "infeasible")))
+            if opts:
+                con.print(tab)
+        hist = Table(title="history")
+        for col in ("at", "from", "to", "reason"):
+            hist.add_column(col)
+        for e in ex.events:
+            hist.add_row(_t(e.at), e.from_state or "-", e.to_state, escape(e.reason))
+        con.print(hist)
+        if ex.attempts:
+            at = Table(title="attempts")
+            for col in ("#", "where", "gpus", "started", "ended", "exit", "outcome", "reason"):
+                at.add_column(col)
+            for a in ex.attempts:
+                where = a.pool if a.kind == "onprem" else a.offer_id
+                at.add_row(str(a.number), f"{a.kind} {where or ''}".strip(), f"{a.gpus} {a.gpu_type or ''}".strip(),
+                           _t(a.started_at), _t(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
+                           a.outcome or "-", escape(a.reason))
+            con.print(at)
+
+    @app.command()
+    def nodes(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """List the on-prem nodes: GPUs, health, last heartbeat."""
+        c = _client(url, token)
+        ns = _call(c, c.nodes)
+        if as_json:
+            _echo_json(ns)
+            return
+        tab = Table(title=f"{len(ns)} node(s)")
+        for col in ("name", "pool", "gpus", "healthy", "state", "last heartbeat"):
+            tab.add_column(col)
+        for n in ns:
+            tab.add_row(n.name, n.pool, f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB",
+                        ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, _t(n.last_heartbeat_at))
+        _console().print(tab)
+
+    tokens = typer.Typer(no_args_is_help=True, help="API tokens (talks to the job store directly).")
+    app.add_typer(tokens, name="tokens")
+
+    @tokens.command("create")
+    def tokens_create(team: str = typer.Option(..., help="The team the token acts for."),
+                      admin: bool = typer.Option(False, "--admin", help="An admin token (sees every team)."),
+                      label: str = typer.Option("", help="A note stored with the token."),
+                      config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG).")) -> None:
+        """Create an API token and print it (once: only its hash is stored)."""
+        from broker.settings import SettingsError, load_settings
+        from broker.store import JobStore, StoreError
+
+        try:
+            settings = load_settings(config)
+        except SettingsError as e:
+            _fail(str(e), 2)
+        store = JobStore.from_settings(settings)
+        try:
+            store.migrate()
+            tok = store.create_token(team, admin=admin, label=label)
+        except StoreError as e:
+            _fail(str(e), 2)
+        except Exception as e:  # database unreachable, permissions ...
+            _fail(f"cannot use the job store at {_safe_url(settings.effective_database_url)}: {type(e).__name__}: {e}")
+        finally:
+            store.engine.dispose()
+        typer.echo(tok)
+        _err.print(f"token for team {team!r}{' (admin)' if admin else ''}: store it now, it is not shown again")
+
+
+def _safe_url(url: str) -> str:
+    """``url`` without a password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<database url>"

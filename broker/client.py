@@ -1,0 +1,275 @@
+"""The Python SDK of the broker's HTTP API (:mod:`broker.api`).
+
+::
+
+    from broker import Client
+    c = Client()                          # FEDBROKER_API_URL / FEDBROKER_TOKEN, else the settings' api_url
+    job = c.submit({"image": "ghcr.io/me/train:1", "gpus_per_node": 8, "estimated_duration_s": 7200})
+    job = c.wait(job.id, timeout=3600)    # returns when succeeded, failed or cancelled
+    print(c.logs(job.id))
+
+Connection errors and 502/503/504 answers are retried with exponential backoff
+(``retries`` times), POST included: :meth:`Client.submit` sends one idempotency key
+per call (a fresh uuid4 unless given), so a submit whose answer was lost is
+answered with the first job on retry and never creates two.
+
+Exceptions::
+
+    BrokerError                 status (HTTP status or None), detail (the server's "detail")
+     +-- AuthError              401 missing/unknown token, 403 another team's resources
+     +-- NotFound               404 no such job (or another team's job)
+     +-- ValidationFailed       422 bad input; .errors = [{"loc", "msg", "type", ...}]
+     +-- Conflict               409 finished job cancelled, idempotency key reused with another spec
+     +-- BrokerUnavailable      cannot connect (after retries), timeouts, 5xx
+     +-- WaitTimeout            Client.wait() ran out of time; .job = the last JobView seen
+
+Any other 4xx raises :class:`BrokerError` itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any, Iterable
+
+import requests
+from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from broker.model import JobSpec
+from broker.schemas import ExplainView, JobView, LogsView, NodeView
+
+__all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
+           "WaitTimeout"]
+
+
+class BrokerError(Exception):
+    """An error answered by (or on the way to) the broker.
+
+    Attributes:
+        status: HTTP status code, or ``None`` when there was no answer.
+        detail: the server's ``detail`` (a message, or a list of validation errors), or our message.
+    """
+
+    def __init__(self, message: str, status: int | None = None, detail: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.detail = detail if detail is not None else message
+
+
+class AuthError(BrokerError):
+    """401 (missing, unknown or revoked token) or 403 (not allowed for this team)."""
+
+
+class NotFound(BrokerError):
+    """404: no such job, or a job of another team."""
+
+
+class ValidationFailed(BrokerError):
+    """422: the request was rejected; ``errors`` lists ``{"loc", "msg", "type"}`` naming each field."""
+
+    def __init__(self, message: str, status: int | None = 422, detail: Any = None, errors: list[dict] | None = None):
+        super().__init__(message, status, detail)
+        self.errors = errors or []
+
+
+class Conflict(BrokerError):
+    """409: the job already finished, or the idempotency key was used with another spec."""
+
+
+class BrokerUnavailable(BrokerError):
+    """The broker could not be reached after the retries, timed out, or answered 5xx."""
+
+
+class WaitTimeout(BrokerError):
+    """:meth:`Client.wait` gave up; ``job`` is the last :class:`JobView` seen."""
+
+    def __init__(self, message: str, job: JobView):
+        super().__init__(message, None, message)
+        self.job = job
+
+
+_RETRY_STATUS = (502, 503, 504)
+
+
+class Client:
+    """A client of one broker.
+
+    Args:
+        url: base URL of the API (default: ``$FEDBROKER_API_URL``, else
+            :attr:`broker.settings.BrokerSettings.effective_api_url`).
+        token: API token (default: ``$FEDBROKER_TOKEN``); sent as ``Authorization: Bearer``.
+        timeout: seconds to wait for each HTTP answer.
+        retries: retries of connection errors, read errors and 502/503/504 per call
+            (backoff 0, 0.4, 0.8, ... s, at most 10 s).
+    """
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0, retries: int = 5):
+        if url is None:
+            url = os.environ.get("FEDBROKER_API_URL")
+        if url is None:
+            from broker.settings import load_settings
+
+            url = load_settings().effective_api_url
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("FEDBROKER_TOKEN")
+        self.timeout = timeout
+        retry = Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
+                      allowed_methods=None,  # every method: POST /v1/jobs is idempotent by its key
+                      status_forcelist=_RETRY_STATUS, backoff_factor=0.2, backoff_max=10.0,
+                      raise_on_status=False, respect_retry_after_header=True)
+        self.session = requests.Session()
+        adapter = HTTPAdapter(max_retries=retry)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+        self.session.headers["Accept"] = "application/json"
+        self.session.headers["User-Agent"] = "fedbroker-sdk/1"
+        if self.token:
+            self.session.headers["Authorization"] = f"Bearer {self.token}"
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r})"
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self.session.close()
+
+    # ------------------------------------------------------------------ transport
+    def _request(self, method: str, path: str, *, params: Any = None, json: Any = None,
+                 headers: dict | None = None) -> Any:
+        """Send one request (with retries) and return the decoded JSON body; raise the typed error otherwise."""
+        try:
+            r = self.session.request(method, self.url + path, params=params, json=json, headers=headers,
+                                     timeout=self.timeout)
+        except requests.exceptions.Timeout as e:
+            raise BrokerUnavailable(f"the broker at {self.url} did not answer {method} {path} "
+                                    f"within {self.timeout:g} s ({e})") from e
+        except requests.exceptions.ConnectionError as e:
+            raise BrokerUnavailable(f"cannot reach the broker at {self.url} ({_root_cause(e)})") from e
+        if r.status_code < 400:
+            return r.json()
+        raise _error_for(r)
+
+    # ------------------------------------------------------------------ jobs
+    def submit(self, spec: JobSpec | dict, idempotency_key: str | None = None) -> JobView:
+        """Submit a job; returns it in state ``submitted``.
+
+        Args:
+            spec: a :class:`JobSpec` or a mapping of its fields (validated by the server).
+            idempotency_key: reuse it to make a repeated submit return the first job
+                (default: a fresh uuid4 per call, which still makes this call's retries safe).
+        Raises: :class:`ValidationFailed` (bad spec, deadline not in the future),
+            :class:`Conflict` (key reused with another spec), :class:`AuthError`, :class:`BrokerUnavailable`.
+        """
+        if isinstance(spec, BaseModel):
+            body_spec = spec.model_dump(mode="json", exclude_unset=True)
+        else:
+            body_spec = to_jsonable_python(dict(spec))
+        key = idempotency_key or str(uuid.uuid4())
+        data = self._request("POST", "/v1/jobs", json={"spec": body_spec, "idempotency_key": key})
+        return JobView.model_validate(data)
+
+    def get(self, job_id: str) -> JobView:
+        """One job. Raises :class:`NotFound`."""
+        return JobView.model_validate(self._request("GET", f"/v1/jobs/{job_id}"))
+
+    def list(self, team: str | None = None, state: str | Iterable[str] | None = None, limit: int = 100,
+             offset: int = 0) -> list[JobView]:
+        """Jobs newest first, optionally of one ``team`` (admins) and in the given state(s)."""
+        params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
+        if team is not None:
+            params.append(("team", team))
+        if state is not None:
+            params += [("state", s) for s in ([state] if isinstance(state, str) else state)]
+        return [JobView.model_validate(j) for j in self._request("GET", "/v1/jobs", params=params)]
+
+    def cancel(self, job_id: str) -> JobView:
+        """Cancel a job (a running job gets ``cancel_requested``). Raises :class:`Conflict` if it already finished."""
+        return JobView.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+
+    def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5) -> JobView:
+        """Poll until the job is succeeded, failed or cancelled and return it.
+
+        Raises :class:`WaitTimeout` (with ``.job``, the last view) after ``timeout`` seconds.
+        """
+        end = time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if job.done:
+                return job
+            left = end - time.monotonic()
+            if left <= 0:
+                raise WaitTimeout(f"job {job_id} still {job.state} after {timeout:g} s", job)
+            time.sleep(min(poll_s, left))
+
+    def logs(self, job_id: str, attempt: int | None = None, rank: int = 0) -> str:
+        """Captured stdout+stderr of an attempt (default: the latest) and rank; ``""`` before the first attempt."""
+        return self.logs_view(job_id, attempt, rank).text
+
+    def logs_view(self, job_id: str, attempt: int | None = None, rank: int = 0) -> LogsView:
+        """Like :meth:`logs`, with the attempt number and the ``truncated`` flag."""
+        params: dict[str, Any] = {"rank": rank}
+        if attempt is not None:
+            params["attempt"] = attempt
+        return LogsView.model_validate(self._request("GET", f"/v1/jobs/{job_id}/logs", params=params))
+
+    def explain(self, job_id: str) -> ExplainView:
+        """The planner's latest decision for the job (chosen option, alternatives), its history and attempts."""
+        return ExplainView.model_validate(self._request("GET", f"/v1/jobs/{job_id}/explain"))
+
+    def nodes(self) -> list[NodeView]:
+        """The on-prem nodes as their agents last reported them."""
+        return [NodeView.model_validate(n) for n in self._request("GET", "/v1/nodes")]
+
+    def health(self) -> dict:
+        """``GET /healthz``: ``{"status": "ok", "database": "ok"}``.
+
+        Raises :class:`BrokerUnavailable` if the database (or the API) is down."""
+        return self._request("GET", "/healthz")
+
+
+def _root_cause(e: BaseException) -> str:
+    """The innermost reason of a requests/urllib3 connection error (e.g. ``[Errno 111] Connection refused``)."""
+    cause = e
+    for _ in range(10):
+        nxt = getattr(cause, "reason", None)
+        if not isinstance(nxt, BaseException):
+            nxt = cause.__cause__ or cause.__context__
+        if nxt is None or nxt is cause:
+            break
+        cause = nxt
+    return str(cause) or type(cause).__name__
+
+
+def _error_for(r: requests.Response) -> BrokerError:
+    """The typed exception of an error response."""
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = r.text.strip() or r.reason
+    if isinstance(detail, list):
+        message = "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in detail)
+    else:
+        message = str(detail)
+    message = f"{r.status_code} {message}"
+    code = r.status_code
+    if code == 422:
+        return ValidationFailed(message, code, detail, detail if isinstance(detail, list) else [])
+    if code in (401, 403):
+        return AuthError(message, code, detail)
+    if code == 404:
+        return NotFound(message, code, detail)
+    if code == 409:
+        return Conflict(message, code, detail)
+    if code >= 500:
+        return BrokerUnavailable(message, code, detail)
+    return BrokerError(message, code, detail)

@@ -1,0 +1,507 @@
+"""The HTTP API (broker.api) through FastAPI's TestClient, on a real PostgreSQL schema (and SQLite).
+
+Each test uses teams of its own (``make_team``), so tests sharing the module's schema
+cannot see each other's jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+import warnings
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import func, select
+
+with warnings.catch_warnings():  # starlette's TestClient warns about httpx on import
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from broker.api import create_app
+from broker.db import Attempt, Job
+from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
+from broker.settings import BrokerSettings
+from broker.store import JobStore
+
+PG_URL = os.environ.get("FEDBROKER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+ADMIN = "admin-secret-" + uuid.uuid4().hex
+UTC = timezone.utc
+ID_RE = re.compile(r"^job-[0-9a-f]{16}$")
+
+
+def future(hours: float = 48) -> datetime:
+    return (datetime.now(UTC) + timedelta(hours=hours)).replace(microsecond=0)
+
+
+@pytest.fixture(scope="module")
+def store():
+    st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+    st.migrate()
+    yield st
+    st.drop_schema()
+
+
+@pytest.fixture(scope="module")
+def submitted():
+    """Job ids passed to on_submit, in order."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def client(store, submitted):
+    app = create_app(store, BrokerSettings(admin_token=ADMIN), on_submit=submitted.append)
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def make_team(store):
+    """``make_team() -> (team, auth headers)`` for a fresh team with one token."""
+
+    def make(admin: bool = False):
+        team = "t" + uuid.uuid4().hex[:10]
+        return team, auth(store.create_token(team, admin=admin, label="test"))
+
+    return make
+
+
+def auth(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def count_jobs(store: JobStore, team: str) -> int:
+    with store.session() as s:
+        return s.execute(select(func.count()).select_from(Job).where(Job.team == team)).scalar_one()
+
+
+# ----------------------------------------------------------------------------- submit
+def test_submit_201_with_exact_fields(client, make_team, submitted):
+    team, h = make_team()
+    dl = future(30)
+    spec = {"name": "resnet50", "image": "ghcr.io/acme/train:1.2", "command": ["python", "train.py", "--epochs", "3"],
+            "gpus_per_node": 4, "nodes": 2, "gpu_types": ["A100"], "estimated_duration_s": 7200, "deadline": dl.isoformat(),
+            "priority_class": "high", "spot_allowed": False}
+    r = client.post("/v1/jobs", json={"spec": spec}, headers=h)
+    assert r.status_code == 201, r.text
+    j = r.json()
+    assert ID_RE.match(j["id"])
+    assert r.headers["location"] == f"/v1/jobs/{j['id']}"
+    assert j["team"] == team and j["spec"]["team"] == team
+    assert j["state"] == "submitted" and j["version"] == 1 and j["reason"] == "submitted"
+    assert j["name"] == "resnet50"
+    assert j["spec"]["command"] == ["python", "train.py", "--epochs", "3"]
+    assert (j["spec"]["gpus_per_node"], j["spec"]["nodes"], j["spec"]["gpu_types"]) == (4, 2, ["A100"])
+    assert j["spec"]["priority_class"] == "high" and j["spec"]["spot_allowed"] is False
+    assert datetime.fromisoformat(j["deadline"]) == dl
+    assert (j["attempt"], j["placement"], j["started_at"], j["finished_at"], j["exit_code"]) == (0, None, None, None, None)
+    assert j["idempotency_key"] is None and j["cancel_requested"] is False
+    assert submitted[-1] == j["id"]
+    # GET gives the same record
+    g = client.get(f"/v1/jobs/{j['id']}", headers=h)
+    assert g.status_code == 200 and g.json() == j
+
+
+def test_submit_default_deadline_and_start_window(client, make_team, store):
+    _, h = make_team()
+    start, end = future(2), future(5)
+    r = client.post("/v1/jobs", json={"spec": {"estimated_duration_s": 1800, "not_before": start.isoformat(),
+                                               "not_after": end.isoformat()}}, headers=h)
+    assert r.status_code == 201, r.text
+    j = r.json()
+    # no deadline: earliest start + duration + max(duration, 12 h) (broker.store.default_deadline)
+    assert datetime.fromisoformat(j["deadline"]) == start + timedelta(seconds=1800 + 12 * 3600)
+    assert datetime.fromisoformat(j["not_before"]) == start
+    assert datetime.fromisoformat(j["not_after"]) == end  # stored on the row: the planner reads it there
+    with store.session() as s:
+        assert s.get(Job, j["id"]).not_after == end
+
+
+def test_idempotent_submit(client, make_team, store, submitted):
+    team, h = make_team()
+    body = {"spec": {"image": "ghcr.io/acme/train:2", "gpus_per_node": 2}}
+    r1 = client.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "run-42"})
+    n_calls = len(submitted)
+    r2 = client.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "run-42"})
+    r3 = client.post("/v1/jobs", json={**body, "idempotency_key": "run-42"}, headers=h)  # key in the body
+    assert (r1.status_code, r2.status_code, r3.status_code) == (201, 200, 200)
+    assert r1.json()["id"] == r2.json()["id"] == r3.json()["id"]
+    assert r1.json()["idempotency_key"] == "run-42"
+    assert len(submitted) == n_calls  # the planner is woken for new jobs only
+    assert count_jobs(store, team) == 1
+    # same key, another spec: 409 naming the key; nothing stored
+    r4 = client.post("/v1/jobs", json={"spec": {"image": "ghcr.io/acme/train:2", "gpus_per_node": 4}},
+                     headers={**h, "Idempotency-Key": "run-42"})
+    assert r4.status_code == 409
+    assert "idempotency_key='run-42'" in r4.json()["detail"] and r1.json()["id"] in r4.json()["detail"]
+    # header and body disagree: 422 naming the field
+    r5 = client.post("/v1/jobs", json={**body, "idempotency_key": "a"}, headers={**h, "Idempotency-Key": "b"})
+    assert r5.status_code == 422
+    assert r5.json()["detail"][0]["msg"].startswith("idempotency_key='a': differs from the Idempotency-Key header 'b'")
+    assert count_jobs(store, team) == 1
+    # another team may use the same key: keys are per team
+    other, h2 = make_team()
+    r6 = client.post("/v1/jobs", json=body, headers={**h2, "Idempotency-Key": "run-42"})
+    assert r6.status_code == 201 and r6.json()["id"] != r1.json()["id"] and r6.json()["team"] == other
+
+
+def test_idempotent_retry_is_answered_even_after_its_deadline_passed(client, make_team, store):
+    team, h = make_team()
+    past = (datetime.now(UTC) - timedelta(hours=1)).replace(microsecond=0)
+    job, created = store.submit(team, JobSpec(deadline=past), idempotency_key="k1",
+                                now=datetime.now(UTC) - timedelta(hours=3))
+    assert created
+    # the retry carries a deadline that is now in the past; it still answers the first job
+    spec = job.spec.model_dump(mode="json")
+    r = client.post("/v1/jobs", json={"spec": spec, "idempotency_key": "k1"}, headers=h)
+    assert r.status_code == 200 and r.json()["id"] == job.id
+
+
+def test_submit_team_rules(client, make_team, store):
+    team, h = make_team()
+    # a team token may leave spec.team "default" or name its own team, not another one
+    r = client.post("/v1/jobs", json={"spec": {"team": team}}, headers=h)
+    assert r.status_code == 201 and r.json()["team"] == team
+    r = client.post("/v1/jobs", json={"spec": {"team": "someone-else"}}, headers=h)
+    assert r.status_code == 403
+    assert r.json()["detail"] == f"spec.team='someone-else': your token belongs to team {team!r}"
+    assert count_jobs(store, "someone-else") == 0
+    # an admin may submit for any team; without spec.team the job is the admin's own team
+    target = "t" + uuid.uuid4().hex[:10]
+    r = client.post("/v1/jobs", json={"spec": {"team": target}}, headers=auth(ADMIN))
+    assert r.status_code == 201 and r.json()["team"] == target
+    r = client.post("/v1/jobs", json={"spec": {}}, headers=auth(ADMIN))
+    assert r.status_code == 201 and r.json()["team"] == "admin"
+
+
+def test_on_submit_failure_does_not_fail_the_request(store, make_team, caplog):
+    team, h = make_team()
+
+    def boom(job_id: str) -> None:
+        raise RuntimeError("planner queue down")
+
+    with TestClient(create_app(store, on_submit=boom)) as c:
+        r = c.post("/v1/jobs", json={"spec": {}}, headers=h)
+    assert r.status_code == 201
+    assert count_jobs(store, team) == 1
+    assert any("on_submit" in rec.getMessage() and r.json()["id"] in rec.getMessage() for rec in caplog.records)
+
+
+# ----------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("body, loc, msg_start", [
+    ({"spec": {"gpus": 8}}, ["body", "spec", "gpus"], "spec.gpus=8: Extra inputs are not permitted"),
+    ({"spec": {}, "priority": "high"}, ["body", "priority"], "priority='high': Extra inputs are not permitted"),
+    ({"spec": {"gpus_per_node": -1}}, ["body", "spec", "gpus_per_node"],
+     "spec.gpus_per_node=-1: Input should be greater than or equal to 1"),
+    ({"spec": {"gpus_per_node": 17}}, ["body", "spec", "gpus_per_node"],
+     "spec.gpus_per_node=17: Input should be less than or equal to 16"),
+    ({"spec": {"image": "busybox; rm -rf /"}}, ["body", "spec", "image"],
+     "spec.image='busybox; rm -rf /': not a valid image reference"),
+    ({"spec": {"deadline": "2020-01-01T00:00:00Z"}}, ["body", "spec", "deadline"],
+     "spec.deadline='2020-01-01T00:00:00+00:00': must be after now"),
+    ({"spec": {"deadline": "2031-01-01T00:00:00"}}, ["body", "spec", "deadline"],
+     "spec.deadline='2031-01-01T00:00:00': needs a time zone"),
+    ({"spec": {"not_after": "2021-06-01T12:00:00+00:00"}}, ["body", "spec", "not_after"],
+     "spec.not_after='2021-06-01T12:00:00+00:00': is in the past"),
+    ({}, ["body", "spec"], "spec: Field required"),
+])
+def test_submit_422_names_field_and_value(client, make_team, store, body, loc, msg_start):
+    team, h = make_team()
+    r = client.post("/v1/jobs", json=body, headers=h)
+    assert r.status_code == 422, r.text
+    errors = r.json()["detail"]
+    assert len(errors) == 1, errors
+    assert errors[0]["loc"] == loc
+    assert errors[0]["msg"].startswith(msg_start), errors[0]["msg"]
+    assert count_jobs(store, team) == 0
+
+
+def test_submit_deadline_now_is_rejected(client, make_team, store):
+    team, h = make_team()
+    now = datetime.now(UTC).replace(microsecond=0)
+    r = client.post("/v1/jobs", json={"spec": {"deadline": now.isoformat()}}, headers=h)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["msg"].startswith(f"spec.deadline={now.isoformat()!r}: must be after now")
+    assert count_jobs(store, team) == 0
+
+
+def test_submit_malformed_or_non_json_body(client, make_team, store):
+    team, h = make_team()
+    r = client.post("/v1/jobs", content=b'{"spec": {"gpus_per_node": 2,}}',
+                    headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body"], "type": "json_invalid",
+                                   "msg": "body: not valid JSON (Expecting property name enclosed in double quotes "
+                                          "at character 29)"}]
+    r = client.post("/v1/jobs", content=b"spec: {}", headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["msg"] == "body: must be a JSON object (send it with Content-Type: application/json)"
+    assert count_jobs(store, team) == 0
+
+
+def test_several_errors_are_all_reported(client, make_team):
+    _, h = make_team()
+    r = client.post("/v1/jobs", json={"spec": {"gpus_per_node": 0, "nodes": 0, "bogus": True}}, headers=h)
+    assert r.status_code == 422
+    assert sorted(e["loc"][-1] for e in r.json()["detail"]) == ["bogus", "gpus_per_node", "nodes"]
+
+
+# ----------------------------------------------------------------------------- auth and isolation
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer fbk_not-a-token"}, {"Authorization": "Basic dTpw"},
+                                     {"Authorization": "Bearer "}])
+def test_401_without_a_valid_token(client, headers, store):
+    for method, path in [("get", "/v1/jobs"), ("get", "/v1/nodes"), ("get", "/v1/jobs/job-0123456789abcdef"),
+                         ("post", "/v1/jobs/job-0123456789abcdef/cancel")]:
+        r = getattr(client, method)(path, headers=headers)
+        assert r.status_code == 401, (path, r.text)
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert isinstance(r.json()["detail"], str) and r.json()["detail"]
+    n = count_jobs(store, "default")
+    r = client.post("/v1/jobs", json={"spec": {}}, headers=headers)
+    assert r.status_code == 401 and count_jobs(store, "default") == n
+
+
+def test_revoked_token_is_401(client, store):
+    from broker.db import ApiToken
+    from broker.store import hash_token
+
+    tok = store.create_token("revokers")
+    assert client.get("/v1/jobs", headers=auth(tok)).status_code == 200
+    with store.session() as s:
+        s.execute(ApiToken.__table__.update().where(ApiToken.token_hash == hash_token(tok)).values(revoked=True))
+    assert client.get("/v1/jobs", headers=auth(tok)).status_code == 401
+
+
+def test_team_isolation(client, make_team, store):
+    a, ha = make_team()
+    b, hb = make_team()
+    ja = client.post("/v1/jobs", json={"spec": {"name": "a-job"}}, headers=ha).json()
+    jb = client.post("/v1/jobs", json={"spec": {"name": "b-job"}}, headers=hb).json()
+    missing = "job-" + "0" * 16
+    for path in (f"/v1/jobs/{ja['id']}", f"/v1/jobs/{ja['id']}/logs", f"/v1/jobs/{ja['id']}/explain"):
+        r = client.get(path, headers=hb)
+        assert r.status_code == 404, path
+        # indistinguishable from a job that does not exist
+        r_missing = client.get(path.replace(ja["id"], missing), headers=hb)
+        assert r_missing.status_code == 404
+        assert r.json()["detail"].replace(ja["id"], "X") == r_missing.json()["detail"].replace(missing, "X")
+    r = client.post(f"/v1/jobs/{ja['id']}/cancel", headers=hb)
+    assert r.status_code == 404
+    assert client.get(f"/v1/jobs/{ja['id']}", headers=ha).json()["state"] == "submitted"
+    # lists show own jobs only; asking for another team is 403
+    assert [j["id"] for j in client.get("/v1/jobs", headers=hb).json()] == [jb["id"]]
+    assert [j["id"] for j in client.get("/v1/jobs", params={"team": b}, headers=hb).json()] == [jb["id"]]
+    r = client.get("/v1/jobs", params={"team": a}, headers=hb)
+    assert r.status_code == 403 and r.json()["detail"] == f"team={a!r}: your token belongs to team {b!r}"
+    # admins (settings.admin_token, or a stored admin token) see both
+    for h_admin in (auth(ADMIN), make_team(admin=True)[1]):
+        assert client.get(f"/v1/jobs/{ja['id']}", headers=h_admin).json()["team"] == a
+        ids = {j["id"] for j in client.get("/v1/jobs", params={"limit": 1000}, headers=h_admin).json()}
+        assert {ja["id"], jb["id"]} <= ids
+        assert [j["id"] for j in client.get("/v1/jobs", params={"team": a}, headers=h_admin).json()] == [ja["id"]]
+
+
+def test_malformed_job_id_is_404(client, make_team):
+    _, h = make_team()
+    for bad in ("nope", "job-0123", "job-0123456789ABCDEF", "job-0123456789abcdef0", "1;DROP TABLE jobs"):
+        r = client.get(f"/v1/jobs/{bad}", headers=h)
+        assert r.status_code == 404, bad
+        assert r.json()["detail"].startswith(f"job_id={bad!r}: no such job")
+
+
+# ----------------------------------------------------------------------------- list
+def test_list_filters_order_and_paging(client, make_team, store):
+    team, h = make_team()
+    ids = [client.post("/v1/jobs", json={"spec": {"name": f"j{i}"}}, headers=h).json()["id"] for i in range(4)]
+    client.post(f"/v1/jobs/{ids[1]}/cancel", headers=h)
+    r = client.get("/v1/jobs", headers=h)
+    assert [j["id"] for j in r.json()] == ids[::-1]  # newest first
+    assert [j["id"] for j in client.get("/v1/jobs", params={"state": "cancelled"}, headers=h).json()] == [ids[1]]
+    both = client.get("/v1/jobs", params=[("state", "cancelled"), ("state", "submitted")], headers=h).json()
+    assert len(both) == 4
+    page = client.get("/v1/jobs", params={"limit": 2, "offset": 1}, headers=h).json()
+    assert [j["id"] for j in page] == [ids[2], ids[1]]
+
+
+@pytest.mark.parametrize("params, loc, msg_start", [
+    ({"state": "bogus"}, ["query", "state"], "state='bogus': not a job state (one of submitted, queued,"),
+    ({"limit": 0}, ["query", "limit"], "limit='0': Input should be greater than or equal to 1"),
+    ({"limit": 1001}, ["query", "limit"], "limit='1001': Input should be less than or equal to 1000"),
+    ({"offset": -1}, ["query", "offset"], "offset='-1': Input should be greater than or equal to 0"),
+])
+def test_list_422(client, make_team, params, loc, msg_start):
+    _, h = make_team()
+    r = client.get("/v1/jobs", params=params, headers=h)
+    assert r.status_code == 422
+    err = r.json()["detail"][0]
+    assert err["loc"] == loc and err["msg"].startswith(msg_start), err
+
+
+# ----------------------------------------------------------------------------- cancel
+def test_cancel_submitted_job(client, make_team):
+    _, h = make_team()
+    j = client.post("/v1/jobs", json={"spec": {}}, headers=h).json()
+    r = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h)
+    assert r.status_code == 200
+    c = r.json()
+    assert (c["state"], c["version"], c["cancel_requested"], c["reason"]) == ("cancelled", 2, True, "cancelled by user")
+    assert c["finished_at"] is not None
+    ex = client.get(f"/v1/jobs/{j['id']}/explain", headers=h).json()
+    assert [(e["from_state"], e["to_state"], e["version"], e["reason"]) for e in ex["events"]] == [
+        (None, "submitted", 1, "submitted"), ("submitted", "cancelled", 2, "cancelled by user")]
+    # cancelling again is a no-op
+    again = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h)
+    assert again.status_code == 200 and again.json()["version"] == 2
+
+
+def test_cancel_finished_job_is_409(client, make_team, store):
+    _, h = make_team()
+    j = client.post("/v1/jobs", json={"spec": {}}, headers=h).json()
+    for to in ("queued", "starting", "running", "succeeded"):
+        assert store.transition(j["id"], to, f"test: {to}")
+    r = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h)
+    assert r.status_code == 409
+    assert r.json()["detail"] == f"job_id={j['id']!r}: already succeeded"
+    assert client.get(f"/v1/jobs/{j['id']}", headers=h).json()["state"] == "succeeded"
+
+
+def test_cancel_running_job_requests_the_agent(client, make_team, store):
+    _, h = make_team()
+    j = client.post("/v1/jobs", json={"spec": {}}, headers=h).json()
+    for to in ("queued", "starting", "running"):
+        store.transition(j["id"], to, f"test: {to}")
+    c = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h).json()
+    assert (c["state"], c["cancel_requested"], c["reason"]) == ("running", True, "cancel requested: cancelled by user")
+
+
+# ----------------------------------------------------------------------------- logs, explain, nodes
+def test_logs(client, make_team, store):
+    _, h = make_team()
+    j = client.post("/v1/jobs", json={"spec": {"nodes": 2}}, headers=h).json()
+    r = client.get(f"/v1/jobs/{j['id']}/logs", headers=h)
+    assert r.json() == {"job_id": j["id"], "attempt": 0, "rank": 0, "text": "", "truncated": False}
+    store.transition(j["id"], "queued", "test")
+    store.transition(j["id"], "starting", "test", attempt=1)
+    for seq, data in [(1, "epoch 1 loss=0.9\n"), (0, "starting torchrun\n"), (2, "epoch 2 loss=0.5\n")]:
+        store.append_log(j["id"], 1, 0, seq, data)
+    store.append_log(j["id"], 1, 0, 1, "duplicate chunk is ignored\n")
+    store.append_log(j["id"], 1, 1, 0, "rank 1 here\n")
+    r = client.get(f"/v1/jobs/{j['id']}/logs", headers=h)
+    assert r.status_code == 200
+    assert r.json() == {"job_id": j["id"], "attempt": 1, "rank": 0, "truncated": False,
+                        "text": "starting torchrun\nepoch 1 loss=0.9\nepoch 2 loss=0.5\n"}
+    assert client.get(f"/v1/jobs/{j['id']}/logs", params={"rank": 1}, headers=h).json()["text"] == "rank 1 here\n"
+    # a second attempt becomes the default; the first stays readable
+    store.transition(j["id"], "queued", "test: node lost")
+    store.transition(j["id"], "starting", "test", attempt=2)
+    store.append_log(j["id"], 2, 0, 0, "resumed from checkpoint\n")
+    assert client.get(f"/v1/jobs/{j['id']}/logs", headers=h).json()["text"] == "resumed from checkpoint\n"
+    assert client.get(f"/v1/jobs/{j['id']}/logs", params={"attempt": 1}, headers=h).json()["text"].startswith("starting")
+    store.append_log(j["id"], 2, 0, 1, "\n[fedbroker: log truncated at 16777216 bytes]\n")  # the agent's cap marker
+    r = client.get(f"/v1/jobs/{j['id']}/logs", headers=h).json()
+    assert r["truncated"] is True and r["text"].startswith("resumed from checkpoint\n")
+    assert client.get(f"/v1/jobs/{j['id']}/logs", params={"attempt": 1}, headers=h).json()["truncated"] is False
+    r = client.get(f"/v1/jobs/{j['id']}/logs", params={"attempt": 3}, headers=h)
+    assert r.status_code == 404 and r.json()["detail"] == f"attempt=3: job {j['id']} has 2 attempt(s)"
+    r = client.get(f"/v1/jobs/{j['id']}/logs", params={"attempt": 0}, headers=h)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "attempt"]
+
+
+def test_explain(client, make_team, store):
+    _, h = make_team()
+    j = client.post("/v1/jobs", json={"spec": {"gpus_per_node": 8}}, headers=h).json()
+    ex = client.get(f"/v1/jobs/{j['id']}/explain", headers=h).json()
+    assert set(ex) == {"job", "decision", "events", "attempts"}
+    assert ex["decision"] is None and ex["attempts"] == [] and ex["job"]["id"] == j["id"]
+    chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
+    alt = OptionEstimate("cloud", "aws:us-east-1a:p3.16xlarge:spot", 1.7e9 + 300, 300.0, 3600.0, 7.34, 2.6, 1.01, 7.53)
+    rec = Decision(j["id"], DecisionKind.start, chosen, pool="toronto", allocation=((0, 8),), alternatives=(alt,),
+                   reason="cheapest feasible").record()
+    now = datetime.now(UTC)
+    store.transition(j["id"], "queued", "planned", decision=rec)
+    store.transition(j["id"], "starting", "dispatched", attempt=1)
+    with store.session() as s:
+        s.add(Attempt(job_id=j["id"], number=1, kind="onprem", pool="toronto", offer_id=None,
+                      nodes=[{"node": "gpu-01", "gpus": list(range(8)), "rank": 0}], gpu_type="V100", gpus=8,
+                      created_at=now, started_at=None, ended_at=None, exit_code=None, rank_exits={}, outcome=None,
+                      reason=""))
+    ex = client.get(f"/v1/jobs/{j['id']}/explain", headers=h).json()
+    assert ex["decision"]["kind"] == "start" and ex["decision"]["reason"] == "cheapest feasible"
+    assert ex["decision"]["option"]["target"] == "toronto"
+    assert ex["decision"]["option"]["dollars_usd"] == 2.85 and ex["decision"]["option"]["carbon_kg"] == 0.094
+    assert [a["target"] for a in ex["decision"]["alternatives"]] == ["aws:us-east-1a:p3.16xlarge:spot"]
+    assert [e["to_state"] for e in ex["events"]] == ["submitted", "queued", "starting"]
+    assert ex["job"]["state"] == "starting" and ex["job"]["attempt"] == 1
+    assert len(ex["attempts"]) == 1
+    a = ex["attempts"][0]
+    assert (a["number"], a["kind"], a["pool"], a["gpu_type"], a["gpus"]) == (1, "onprem", "toronto", "V100", 8)
+    assert a["nodes"] == [{"node": "gpu-01", "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "rank": 0}]
+
+
+def test_nodes(client, make_team, store):
+    _, h = make_team()
+    name = "gpu-" + uuid.uuid4().hex[:6]
+    seen = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    store.heartbeat(name, "toronto", "V100", 8, 32.0, [0, 1, 2, 3, 5, 6, 7], "agent-1",
+                    telemetry={"gpu_util": [0.5] * 8}, now=seen)
+    r = client.get("/v1/nodes", headers=h)
+    assert r.status_code == 200
+    mine = [n for n in r.json() if n["name"] == name]
+    assert mine == [{"name": name, "pool": "toronto", "gpu_type": "V100", "gpu_count": 8, "gpu_memory_gb": 32.0,
+                     "healthy_gpus": [0, 1, 2, 3, 5, 6, 7], "state": "up", "last_heartbeat_at": "2030-01-02T03:04:05Z",
+                     "telemetry": {"gpu_util": [0.5] * 8}}]
+
+
+# ----------------------------------------------------------------------------- health and docs
+def test_healthz(client):
+    r = client.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok"}
+
+
+def test_healthz_503_when_database_is_down():
+    dead = JobStore("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    with TestClient(create_app(dead)) as c:
+        r = c.get("/healthz")
+    assert r.status_code == 503
+    assert r.json()["database"] == "unavailable" and r.json()["status"] == "degraded"
+    dead.engine.dispose()
+
+
+def test_openapi_lists_paths(client):
+    doc = client.get("/openapi.json").json()
+    assert set(doc["paths"]) == {"/healthz", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
+                                 "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/explain", "/v1/nodes"}
+    assert set(doc["paths"]["/v1/jobs"]) == {"get", "post"}
+    post = doc["paths"]["/v1/jobs"]["post"]
+    assert {"201", "200", "401", "403", "409", "422"} <= set(post["responses"])
+    assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert client.get("/docs").status_code == 200
+
+
+# ----------------------------------------------------------------------------- SQLite (embedded trial)
+def test_sqlite_store_round_trip(tmp_path):
+    st = JobStore(f"sqlite:///{tmp_path / 'fb.db'}")
+    st.migrate()
+    tok = st.create_token("solo")
+    with TestClient(create_app(st)) as c:
+        assert c.get("/healthz").json() == {"status": "ok", "database": "ok"}
+        h = {**auth(tok), "Idempotency-Key": "once"}
+        r1 = c.post("/v1/jobs", json={"spec": {"gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
+        r2 = c.post("/v1/jobs", json={"spec": {"gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
+        assert (r1.status_code, r2.status_code) == (201, 200) and r1.json()["id"] == r2.json()["id"]
+        assert r1.json()["team"] == "solo" and r1.json()["state"] == "submitted"
+        assert [j["id"] for j in c.get("/v1/jobs", headers=auth(tok)).json()] == [r1.json()["id"]]
+        assert c.post(f"/v1/jobs/{r1.json()['id']}/cancel", headers=auth(tok)).json()["state"] == "cancelled"
+    st.drop_schema()
+
+
+def test_sqlite_validation_stores_nothing(tmp_path):
+    st = JobStore(f"sqlite:///{tmp_path / 'fb.db'}")
+    st.migrate()
+    tok = st.create_token("solo")
+    with TestClient(create_app(st)) as c:
+        r = c.post("/v1/jobs", json={"spec": {"command": []}}, headers=auth(tok))
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("spec.command=[]: needs at least a program")
+    assert count_jobs(st, "solo") == 0
+    st.drop_schema()

@@ -1,0 +1,197 @@
+"""The ``fedbroker`` job commands (broker.cli_jobs) with typer's CliRunner against a threaded API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from broker import cli
+from broker.api import create_app
+from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
+from broker.store import JobStore
+from tests.broker.test_client import ServerThread, count_jobs
+
+PG_URL = os.environ.get("FEDBROKER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+JOB_YAML = """\
+name: resnet-nightly
+image: ghcr.io/acme/resnet:2024.1
+command: [python, train.py, --epochs, "90"]
+gpus_per_node: 4
+nodes: 2
+gpu_types: [V100, A100]
+estimated_duration_s: 7200
+priority_class: high
+deadline: 2099-01-01T00:00:00Z
+"""
+
+
+@pytest.fixture(scope="module")
+def store():
+    st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+    st.migrate()
+    yield st
+    st.drop_schema()
+
+
+@pytest.fixture(scope="module")
+def server(store):
+    with ServerThread(create_app(store)) as srv:
+        yield srv
+
+
+@pytest.fixture
+def run(monkeypatch, server, store):
+    """``run(*args, env=None) -> Result``: invoke ``fedbroker`` as a fresh team (``run.team``)."""
+    monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
+    team = "t" + uuid.uuid4().hex[:10]
+    token = store.create_token(team)
+    runner = CliRunner()
+
+    def invoke(*args, env: dict | None = None):
+        return runner.invoke(cli.app, list(args), env={"FEDBROKER_API_URL": server.url, "FEDBROKER_TOKEN": token,
+                                                        "FEDBROKER_CONFIG": None, **(env or {})})
+
+    invoke.team = team
+    return invoke
+
+
+def test_submit_yaml_then_status_list_cancel(run, tmp_path, store):
+    f = tmp_path / "job.yaml"
+    f.write_text(JOB_YAML)
+    r = run("submit", str(f), "--json")
+    assert r.exit_code == 0, r.output
+    job = json.loads(r.stdout)
+    assert job["state"] == "submitted" and job["team"] == run.team and job["name"] == "resnet-nightly"
+    assert job["spec"]["command"] == ["python", "train.py", "--epochs", "90"]
+    assert (job["spec"]["gpus_per_node"], job["spec"]["nodes"], job["spec"]["gpu_types"]) == (4, 2, ["V100", "A100"])
+    assert job["deadline"] == "2099-01-01T00:00:00Z"
+
+    r = run("status", job["id"], "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["id"] == job["id"]
+    r = run("status", job["id"])
+    assert r.exit_code == 0, r.output
+    assert "state: submitted" in r.stdout and "deadline: 2099-01-01T00:00:00Z" in r.stdout
+    assert "gpus: 2 x 4 V100/A100" in r.stdout
+
+    r = run("list", "--json")
+    assert r.exit_code == 0 and [j["id"] for j in json.loads(r.stdout)] == [job["id"]]
+    r = run("list")
+    assert r.exit_code == 0 and job["id"] in r.stdout and "resnet-nightly" in r.stdout and "1 job(s)" in r.stdout
+
+    r = run("cancel", job["id"], "--json")
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.stdout)
+    assert c["state"] == "cancelled" and c["cancel_requested"] is True
+    r = run("list", "--state", "cancelled", "--state", "failed", "--json")
+    assert [j["id"] for j in json.loads(r.stdout)] == [job["id"]]
+    assert json.loads(run("list", "--state", "submitted", "--json").stdout) == []
+    assert count_jobs(store, run.team) == 1
+
+
+def test_submit_with_idempotency_key_and_plain_output(run, tmp_path, store):
+    f = tmp_path / "job.json"
+    f.write_text(json.dumps({"gpus_per_node": 1, "estimated_duration_s": 60}))
+    r1 = run("submit", str(f), "--idempotency-key", "k-1")
+    r2 = run("submit", str(f), "--idempotency-key", "k-1")
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    assert r1.stdout.split()[0] == r2.stdout.split()[0] and " submitted (team " in r1.stdout
+    assert count_jobs(store, run.team) == 1
+
+
+def test_submit_wait_times_out_with_exit_1(run, tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text("gpus_per_node: 1\n")
+    r = run("submit", str(f), "--wait", "--timeout", "0.3", "--json")
+    assert r.exit_code == 1, r.output
+    assert json.loads(r.stdout)["state"] == "submitted"  # no planner runs in this test
+    assert "still submitted after 0.3 s" in r.output
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("image: ghcr.io/acme/x:1\ngpus: 8\n", "gpus=8: unknown field"),
+    ("gpus_per_node: -1\n", "gpus_per_node=-1: Input should be greater than or equal to 1"),
+    ("image: 'busybox; rm -rf /'\n", "image='busybox; rm -rf /': not a valid image reference"),
+    ("deadline: 2099-01-01T00:00:00\n", "deadline="),
+    ("gpus_per_node: [4\n", "not valid YAML (line 2, column 1"),
+    ("- just\n- a list\n", "must hold a mapping of job spec fields"),
+])
+def test_bad_job_file_exits_2_and_submits_nothing(run, tmp_path, store, text, expected):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    r = run("submit", str(f))
+    assert r.exit_code == 2, r.output
+    assert str(f) in r.output and expected in r.output, r.output
+    assert count_jobs(store, run.team) == 0
+
+
+def test_missing_file_exits_2(run, tmp_path):
+    r = run("submit", str(tmp_path / "nope.yaml"))
+    assert r.exit_code == 2 and "nope.yaml: cannot read" in r.output
+
+
+def test_api_errors_exit_1(run):
+    r = run("status", "job-" + "0" * 16)
+    assert r.exit_code == 1 and "404 job_id='job-0000000000000000': no such job" in r.output
+    r = run("list", "--team", "someone-else")
+    assert r.exit_code == 1 and "403 team='someone-else'" in r.output
+    r = run("status", "job-" + "0" * 16, "--token", "fbk_wrong")
+    assert r.exit_code == 1 and "401 unknown or revoked token" in r.output
+    r = run("list", "--state", "bogus")
+    assert r.exit_code == 2 and "--state='bogus': not a job state" in r.output
+
+
+def test_unreachable_broker_exits_1(run):
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    r = run("status", "job-" + "0" * 16, "--url", url)
+    assert r.exit_code == 1
+    assert f"cannot reach the broker at {url} (is `fedbroker serve` running?)" in r.output
+
+
+def test_explain_and_logs(run, store):
+    j, _ = store.submit(run.team, JobSpec(gpus_per_node=8))
+    chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
+    alt = OptionEstimate("cloud", "aws:us-east-1a:p3.16xlarge:spot", 1.7e9, 300.0, 3600.0, 7.34, 2.6, 1.01, 7.53)
+    rec = Decision(j.id, DecisionKind.start, chosen, pool="toronto", alternatives=(alt,), reason="cheapest").record()
+    store.transition(j.id, "queued", "planned", decision=rec)
+    store.transition(j.id, "starting", "dispatched", attempt=1)
+    store.append_log(j.id, 1, 0, 0, "step 1\n")
+    store.append_log(j.id, 1, 0, 1, "step 2\n")
+    r = run("explain", j.id)
+    assert r.exit_code == 0, r.output
+    out = r.stdout
+    assert "decision: start - cheapest" in out
+    chosen_line = next(line for line in out.splitlines() if "chosen" in line and "toronto" in line)
+    assert "toronto" in chosen_line and "$2.85" in chosen_line and "3.12" in chosen_line and "0.094" in chosen_line
+    alt_line = next(line for line in out.splitlines() if "p3.16xlarge" in line)
+    assert "$7.34" in alt_line and "1.010" in alt_line and "5.0 min" in alt_line
+    assert "submitted" in out and "dispatched" in out  # the history
+    ex = json.loads(run("explain", j.id, "--json").stdout)
+    assert ex["decision"]["option"]["target"] == "toronto"
+    r = run("logs", j.id)
+    assert r.exit_code == 0 and r.stdout == "step 1\nstep 2\n"
+
+
+def test_tokens_create(tmp_path):
+    db = tmp_path / "fb.db"
+    r = CliRunner().invoke(cli.app, ["tokens", "create", "--team", "vision", "--label", "ci"],
+                           env={"FEDBROKER_DATABASE_URL": f"sqlite:///{db}", "FEDBROKER_CONFIG": None})
+    assert r.exit_code == 0, r.output
+    token = r.stdout.strip()
+    assert token.startswith("fbk_")
+    st = JobStore(f"sqlite:///{db}")
+    p = st.authenticate(token)
+    assert p is not None and (p.team, p.admin) == ("vision", False)
+    st.engine.dispose()
+    r = CliRunner().invoke(cli.app, ["tokens", "create", "--team", "bad team!"],
+                           env={"FEDBROKER_DATABASE_URL": f"sqlite:///{db}", "FEDBROKER_CONFIG": None})
+    assert r.exit_code == 2 and "team='bad team!'" in r.output
