@@ -40,7 +40,7 @@ from broker.planner import PendingJob, RunningJob, Snapshot, plan
 from broker.states import JobState
 from broker.store import JobStore
 
-__all__ = ["PlanningCycle", "CycleResult", "pending_job", "decayed_usage"]
+__all__ = ["PlanningCycle", "CycleResult", "pending_job", "decayed_usage", "json_safe"]
 
 log = logging.getLogger("fedbroker.cycle")
 S = JobState
@@ -97,6 +97,18 @@ def pending_job(j: Job, pool_index: dict[str, int], canon: Callable[[str], str])
         deferrable=bool(spec.get("deferrable", True)) and spec.get("window", "planner") == "planner",
         committed_pool=committed, deferred_once=bool(j.deferred_once),
         review_s=_ts(j.review_at) if j.review_at is not None else (math.inf if committed is not None else 0.0))
+
+
+def json_safe(obj):
+    """``obj`` with every NaN or infinite float replaced by ``None`` (JSON has no NaN; PostgreSQL rejects it).
+    In explain records an infeasible option's ``score`` is NaN: it has no score."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def decayed_usage(rows: Sequence[tuple[str, int, float, float]], now_s: float,
@@ -383,6 +395,7 @@ class PlanningCycle:
             rec = d.record()
             if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
                 rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
+            rec = json_safe(rec)
             if kind == DecisionKind.preempt:
                 for vid in d.victims:
                     v = s.get(Job, vid)

@@ -124,7 +124,7 @@ def test_job_runs_its_command_with_logs_explain_window_and_cancel(broker, tmp_pa
     d = client.submit(_side_effect_spec(tmp_path / "window.txt", not_before=opens, not_after=closes))
     assert client.get(d.id).state in ("submitted", "deferred")
     d = client.wait(d.id, timeout=90)
-    assert d.state == "succeeded"
+    assert d.state == "succeeded", [(e.at.isoformat(), e.to_state, e.reason) for e in client.explain(d.id).events]
     started = [e.at for e in client.explain(d.id).events if e.to_state == "running"]
     assert len(started) == 1 and opens <= started[0] <= closes
     # 3. cancelling a running job sends SIGTERM to its process, which may clean up
