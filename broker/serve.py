@@ -75,16 +75,21 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
 
 
 @serve_app.command("worker")
-def serve_worker(config: Optional[Path] = ConfigOpt, concurrency: int = typer.Option(2, min=1),
-                 log_level: str = typer.Option("info", "--log-level")) -> None:
-    """Celery worker for planning, dispatch and provisioning tasks."""
+def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level")) -> None:
+    """Celery worker for planning, dispatch and provisioning tasks (one task at a time; run more
+    workers for more throughput).
+
+    It uses Celery's ``solo`` pool: with the ``threads`` pool, kombu's Redis transport lost
+    its consumer after a Redis restart (``'NoneType' object has no attribute 'hostname'``,
+    kombu 5.7) and the worker silently stopped taking tasks; ``solo`` reconnects.
+    """
     from broker.celery_app import get_app
 
     _logging(log_level)
     st = _settings(config)
     app = get_app(st)
     _migrate(st)
-    app.worker_main(["worker", "-Q", "planning,dispatch,provisioning", "--pool", "threads", "-c", str(concurrency),
+    app.worker_main(["worker", "-Q", "planning,dispatch,provisioning", "--pool", "solo",
                      "-n", f"broker-{os.getpid()}@{socket.gethostname()}", "--loglevel", log_level.upper(),
                      "--without-gossip", "--without-mingle"])
 

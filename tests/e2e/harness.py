@@ -119,7 +119,7 @@ class LiveBroker:
                     "--fake-gpus", str(self.nodes[node]))
 
     def start_worker(self, name: str = "worker") -> None:
-        self._spawn(name, "worker", "--concurrency", "2")
+        self._spawn(name, "worker")
 
     def start_beat(self, name: str = "beat") -> None:
         self._spawn(name, "beat")
