@@ -51,6 +51,8 @@ __all__ = ["NodeAgent", "run_attempt", "current_agent", "set_current_agent", "RE
 log = logging.getLogger("fedbroker.agent")
 S = JobState
 SUPERVISE_S = 0.5
+#: an attempt must look lost (shim gone, no exit code) this long before its job is requeued, seconds
+LOST_CONFIRM_S = 2.0
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default)
 RENDEZVOUS_PORT = 29500
 
@@ -99,6 +101,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._launch_lock = threading.Lock()
+        self._lost_seen: dict = {}
 
     # ------------------------------------------------------------------ heartbeat
     def heartbeat(self) -> None:
@@ -116,6 +119,10 @@ class NodeAgent:
         Idempotent: returns ``"stale: ..."`` when the job is not ``starting`` with that attempt on
         this node, ``"duplicate"`` when this (job, attempt, rank) was launched already.
         """
+        with self._launch_lock:  # a concurrent report-and-forget of the same attempt cannot interleave
+            return self._run_attempt_locked(job_id, attempt, rank)
+
+    def _run_attempt_locked(self, job_id: str, attempt: int, rank: int) -> str:
         from workers.runtime import AlreadyLaunched, AttemptKey
 
         with self.store.session() as s:
@@ -140,12 +147,11 @@ class NodeAgent:
             "MASTER_ADDR": parts[0]["node"] if len(parts) > 1 else "127.0.0.1",
             "MASTER_PORT": str(RENDEZVOUS_PORT),
         }
-        with self._launch_lock:
-            try:
-                self.runtime.launch(key, list(spec["command"]), env=env, gpus=part["gpus"])
-            except AlreadyLaunched:
-                self._mark_running(job_id, attempt)
-                return "duplicate"
+        try:
+            self.runtime.launch(key, list(spec["command"]), env=env, gpus=part["gpus"])
+        except AlreadyLaunched:
+            self._mark_running(job_id, attempt)
+            return "duplicate"
         self._mark_running(job_id, attempt)
         return "started"
 
@@ -199,10 +205,17 @@ class NodeAgent:
                     self.runtime.terminate(a.key, self.settings.cancel_grace_s, info[3])
                 self._ship_logs(a)
                 continue
+            if a.status == "lost":
+                # confirm over LOST_CONFIRM_S: never requeue a job on one odd reading
+                first = self._lost_seen.setdefault(a.key, time.monotonic())
+                if time.monotonic() - first < LOST_CONFIRM_S:
+                    continue
+            self._lost_seen.pop(a.key, None)
             self._ship_logs(a, final=True)
-            if self._report_end(a):
-                self.runtime.forget(a.key)
-                changed = True
+            with self._launch_lock:  # see run_attempt
+                if self._report_end(a):
+                    self.runtime.forget(a.key)
+                    changed = True
         # jobs the store showed running here, with no process and no exit code on this node
         for job_id, attempt, pl in mine_running:
             for part in pl.get("nodes", []):

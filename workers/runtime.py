@@ -388,6 +388,11 @@ class ProcessRuntime:
         return out
 
     def _read(self, key: AttemptKey, adir: Path) -> LocalAttempt:
+        # Order matters: look at the shim BEFORE reading the exit file. The shim writes the exit
+        # file and then exits, so "shim gone" followed by "no exit file" really means lost; the
+        # other order misreads a shim that finished in between as lost.
+        shim_info = read_json(adir / SHIM)  # read once: it may appear between two looks
+        shim_alive = _is_alive(shim_info)
         meta = read_json(adir / META) or {}
         exit_ = read_json(adir / EXIT)
         pidinfo = read_json(adir / PID)
@@ -397,10 +402,12 @@ class ProcessRuntime:
             started_at = adir.stat().st_mtime
         if exit_ is not None:
             status = "exited"
-        elif _is_alive(read_json(adir / SHIM)):
+        elif shim_alive:
             status = "running"
-        elif meta and not (adir / SHIM).exists() and time.time() - started_at < LAUNCH_TIMEOUT_S:
-            status = "running"  # being launched: the shim has not written its pid yet
+        elif shim_info is None and time.time() - started_at < LAUNCH_TIMEOUT_S:
+            # being launched: the directory is claimed but the metadata or the shim's pid is
+            # not written yet (a listing from another thread can land in between)
+            status = "running"
         else:
             status = "lost"
         return LocalAttempt(

@@ -304,3 +304,30 @@ def test_bad_input_names_field_and_claims_nothing(rt, tmp_path):
         rt.terminate(k, 1.0, reason="")
     assert wait_exit(rt, k).exit_code == 0
     assert issubclass(LaunchFailed, ProcessRuntimeError)
+
+
+def test_a_listing_from_another_thread_never_sees_a_launching_or_ending_attempt_as_lost(rt):
+    """The agent's supervisor lists attempts while its dispatch thread launches them; a
+    transient "lost" there once made the agent requeue a job that was running (it ran twice)."""
+    import threading
+
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def lister():
+        while not stop.is_set():
+            seen.extend(a.status for a in rt.list())
+
+    t = threading.Thread(target=lister)
+    t.start()
+    try:
+        keys = [AttemptKey(f"job-{i:016x}", 1) for i in range(8)]
+        for k in keys:
+            rt.launch(k, ["/bin/true"])
+        for k in keys:
+            wait_exit(rt, k)
+    finally:
+        stop.set()
+        t.join()
+    assert "lost" not in seen
+    assert {"running", "exited"} <= set(seen)
