@@ -74,8 +74,12 @@ def main() -> None:
             factory = lambda: Client(b.url, token)  # noqa: E731
             out["submit_jobs_per_s_1_client"] = submit_throughput(factory, args.submit_jobs, 1)
             out[f"submit_jobs_per_s_{args.threads}_clients"] = submit_throughput(factory, args.submit_jobs, args.threads)
-            for jid in [j.id for j in b.store.list_jobs(limit=1000, states=["queued", "submitted"])]:
-                b.store.request_cancel(jid)
+            while True:  # clear the queue before the latency run
+                left = b.store.list_jobs(limit=1000, states=["queued", "submitted"])
+                if not left:
+                    break
+                for j in left:
+                    b.store.request_cancel(j.id)
             # latency: short jobs that find free GPUs
             c = factory()
             spec = JobSpec(command=["/bin/sh", "-c", "sleep 0.5"], estimated_duration_s=60.0)

@@ -145,6 +145,8 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         if not targets and compat.size == 0:
             cy.reject(job, _never_fits_reason(job, cloud=cloud_ok))
             continue
+        if not targets and offers.size == 0:
+            continue  # only the cloud can hold it and no offer is available now: no decision this cycle
         # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
         # decided at once, in queue order. The others cannot change the capacity or each
         # other's options this cycle: they are decided together, per shape, vectorised.
@@ -395,10 +397,14 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
     ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
     n = len(jobs)
     T = len(on)
-    S_on = np.stack([c["score"] for c in onprem_cols], axis=1)
-    F_on = np.stack([c["feasible"] for c in onprem_cols], axis=1)
-    fin_on = np.stack([c["finish"] for c in onprem_cols], axis=1)
-    kind_on = np.stack([c["kind"] for c in onprem_cols], axis=1)
+    if onprem_cols:
+        S_on = np.stack([c["score"] for c in onprem_cols], axis=1)
+        F_on = np.stack([c["feasible"] for c in onprem_cols], axis=1)
+        fin_on = np.stack([c["finish"] for c in onprem_cols], axis=1)
+        kind_on = np.stack([c["kind"] for c in onprem_cols], axis=1)
+    else:  # no pool can hold this shape: only cloud columns
+        S_on, fin_on = np.empty((n, 0)), np.empty((n, 0))
+        F_on, kind_on = np.empty((n, 0), dtype=bool), np.empty((n, 0), dtype=np.int64)
     if cl:
         clf, cl_offer, kcount = cl
         C = N_ALTERNATIVES + 1

@@ -603,3 +603,14 @@ def test_backfill_never_delays_the_reservation(case):
     before = _shadow(pools, snap, ctx, head, pre)
     after = _shadow(pools, snap, ctx, head, pre + post)
     assert after <= before, f"backfill moved {head.job_id}'s reservation from {before - NOW} s to {after - NOW} s"
+
+
+def test_federated_leaves_cloud_only_jobs_undecided_when_no_offer_is_available():
+    """A batch of jobs only the cloud could hold (no pool has their GPU type), with every
+    offer unavailable now, gets no decision (looked at again next cycle). It once crashed
+    the vectorised batch path, which stopped every planning cycle of the live broker."""
+    ctx = make_ctx([_fed_pool()], [make_offer("a1").gpu("A100").build()], signals=FED_SIGNALS)
+    jobs = [make_job(f"j{i}").types("A100").build() for i in range(3)]
+    assert plan(make_snapshot(T0, jobs, [[4]], offer_available=[False]), ctx) == []
+    (d, *_) = plan(make_snapshot(T0, jobs, [[4]], offer_available=[True]), ctx)
+    assert (d.kind, d.offer_index) == (DecisionKind.provision, 0)

@@ -1,0 +1,185 @@
+"""The node agent in-process: real store (PostgreSQL), real planning cycle, real processes.
+
+The Celery hop (``fedbroker.dispatch`` -> ``node.<name>`` queue) is replaced by a direct
+call of :meth:`NodeAgent.run_attempt`; everything else is the production code path.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from broker.cycle import PlanningCycle
+from broker.db import Job, utcnow
+from broker.live import LiveEnvironment
+from broker.model import JobSpec
+from broker.reconciler import Reconciler
+from broker.settings import BrokerSettings
+from providers.nvml import FakeNvmlBackend
+from workers.agent import RENDEZVOUS_PORT, NodeAgent
+from workers.runtime import ProcessRuntime
+
+
+@pytest.fixture(scope="module")
+def env():
+    return LiveEnvironment(BrokerSettings().planner)
+
+
+class Rig:
+    """A store, the live planning cycle and one agent per node, stepped by hand."""
+
+    def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
+        self.store = store
+        self.tmp = tmp_path
+        self.settings = BrokerSettings(state_dir=tmp_path, cancel_grace_s=1.0, heartbeat_interval_s=0.2)
+        self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}
+        self.agents = {n: self.new_agent(n) for n in nodes}
+        for a in self.agents.values():
+            a.heartbeat()
+        self.cycle = PlanningCycle(store, env, self.settings, dispatch=self.dispatch)
+
+    def new_agent(self, name: str) -> NodeAgent:
+        return NodeAgent(self.store, self.settings, name, "local", self.backends[name],
+                         runtime=ProcessRuntime(self.tmp / "agents" / name))
+
+    def dispatch(self, job_id: str, attempt: int) -> None:  # what fedbroker.dispatch and node queues do
+        for part in self.store.get(job_id).placement["nodes"]:
+            self.agents[part["node"]].run_attempt(job_id, attempt, part["rank"])
+
+    def step(self) -> None:
+        self.cycle.run()
+        for a in self.agents.values():
+            a.supervise_once()
+
+    def until(self, pred, timeout: float = 20.0, what: str = "condition"):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.step()
+            got = pred()
+            if got:
+                return got
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def state(self, job_id: str) -> str:
+        return self.store.get(job_id).state
+
+
+def sh(script: str, **kw) -> JobSpec:
+    kw.setdefault("estimated_duration_s", 60.0)
+    return JobSpec(command=["/bin/sh", "-c", script], **kw)
+
+
+def test_job_succeeds_with_its_logs_and_attempt(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 2})
+    jid = pg_store.submit("ml", sh('echo out; echo err >&2; echo "$CUDA_VISIBLE_DEVICES $NODE_RANK $NNODES"'))[0].id
+    rig.until(lambda: rig.state(jid) == "succeeded", what="success")
+    j = pg_store.get(jid)
+    assert j.exit_code == 0 and j.reason == "exit code 0"
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "out\nerr\n0 0 1\n"
+    [a] = pg_store.attempts(jid)
+    assert (a.outcome, a.exit_code, a.gpus, a.nodes) == ("succeeded", 0, 1, [{"node": "n1", "gpus": [0], "rank": 0}])
+    assert [e.to_state for e in pg_store.events(jid)] == ["submitted", "queued", "starting", "running", "succeeded"]
+    assert rig.agents["n1"].runtime.list() == []  # reported and forgotten
+
+
+def test_failing_command_fails_the_job_with_its_exit_code(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+    jid = pg_store.submit("ml", sh("exit 3"))[0].id
+    rig.until(lambda: rig.state(jid) == "failed", what="failure")
+    j = pg_store.get(jid)
+    assert (j.exit_code, j.reason) == (3, "exit code 3 on n1")
+    assert pg_store.attempts(jid)[0].outcome == "failed"
+
+
+def test_two_node_gang_gets_the_rendezvous_environment(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 2, "n2": 2})
+    out = tmp_path / "ranks"
+    script = f'echo "$NODE_RANK $NNODES $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES $GPUS_PER_NODE" >> {out}'
+    jid = pg_store.submit("ml", sh(script, gpus_per_node=2, nodes=2))[0].id
+    rig.until(lambda: rig.state(jid) == "succeeded", what="gang success")
+    placement = pg_store.get(jid).placement["nodes"]
+    master = placement[0]["node"]
+    assert sorted(out.read_text().splitlines()) == [f"0 2 {master} {RENDEZVOUS_PORT} 0,1 2",
+                                                    f"1 2 {master} {RENDEZVOUS_PORT} 0,1 2"]
+
+
+def test_a_failed_rank_stops_the_rest_of_the_gang(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1, "n2": 1})
+    out = tmp_path / "term"
+    script = (f'if [ "$NODE_RANK" = 1 ]; then exit 1; fi; trap "echo rank0 TERM >> {out}; exit 143" TERM; '
+              'while true; do sleep 0.1; done')
+    jid = pg_store.submit("ml", sh(script, nodes=2))[0].id
+    rig.until(lambda: rig.state(jid) == "failed", what="the gang to fail")
+    assert out.read_text() == "rank0 TERM\n"
+    assert pg_store.get(jid).reason == "ranks ended with {'0': 143, '1': 1}" or \
+        pg_store.get(jid).reason == "ranks ended with {'1': 1, '0': 143}"
+
+
+def test_cancel_reaches_the_process_with_sigterm(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+    jid = pg_store.submit("ml", sh("trap 'echo got TERM; exit 0' TERM; echo up; while true; do sleep 0.1; done"))[0].id
+    rig.until(lambda: rig.state(jid) == "running" and pg_store.log_chunks(jid, 1), what="the job to run")
+    assert pg_store.request_cancel(jid, "ml").cancel_requested
+    rig.until(lambda: rig.state(jid) == "cancelled", what="cancellation")
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "up\ngot TERM\n"
+    assert pg_store.attempts(jid)[0].outcome == "cancelled"
+
+
+def test_restarted_agent_readopts_a_running_job(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+    out = tmp_path / "ran"
+    jid = pg_store.submit("ml", sh(f"sleep 1.5; echo once >> {out}"))[0].id
+    rig.until(lambda: rig.state(jid) == "running", what="running")
+    rig.agents["n1"] = rig.new_agent("n1")  # the old agent is gone (as after kill -9)
+    rig.until(lambda: rig.state(jid) == "succeeded", what="success after restart")
+    assert out.read_text() == "once\n"
+    assert len(pg_store.attempts(jid)) == 1
+
+
+def test_a_lost_gpu_receives_no_work(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 2})
+    rig.backends["n1"].lose_gpu(0)
+    rig.agents["n1"].heartbeat()
+    [node] = pg_store.nodes()
+    assert node.healthy_gpus == [1] and node.telemetry["gpus"][0]["healthy"] is False
+    a = pg_store.submit("ml", sh("sleep 1"))[0].id
+    b = pg_store.submit("ml", sh("sleep 1"))[0].id
+    rig.step()
+    placed = [pg_store.get(x).placement for x in (a, b)]
+    assert [p["nodes"][0]["gpus"] for p in placed if p] == [[1]]
+
+
+def test_stale_attempt_on_a_node_back_from_the_dead_is_stopped(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+    out = tmp_path / "ran"
+    jid = pg_store.submit("ml", sh(f'sleep 3; echo "$FEDBROKER_ATTEMPT" >> {out}'))[0].id
+    rig.until(lambda: rig.state(jid) == "running", what="running")
+    # the node looks silent to the reconciler (a network partition): its job is requeued
+    out_rec = Reconciler(pg_store, rig.settings).run(utcnow() + timedelta(seconds=rig.settings.node_lost_after_s + 1))
+    assert out_rec["requeued"] == 1 and rig.state(jid) == "queued"
+    # the agent is still there: it stops the stale attempt 1; the job then runs as attempt 2
+    rig.until(lambda: rig.state(jid) == "succeeded", timeout=30, what="attempt 2 to succeed")
+    assert out.read_text() == "2\n"
+    outcomes = [a.outcome for a in pg_store.attempts(jid)]
+    assert outcomes == ["lost", "succeeded"]
+
+
+def test_high_priority_job_preempts_a_preemptible_one(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+    low = pg_store.submit("ml", sh("trap 'exit 143' TERM; while true; do sleep 0.1; done", preemptible=True,
+                                  priority_class="low", estimated_duration_s=7200.0))[0].id
+    rig.until(lambda: rig.state(low) == "running", what="the low job to run")
+    time.sleep(0.1)
+    high = pg_store.submit("ml", sh("echo urgent", priority_class="critical", estimated_duration_s=600.0,
+                                    deadline=utcnow() + timedelta(minutes=20)))[0].id
+    with pg_store.session() as s:  # the low job has run for 1 h (past min_run_before_preempt_s, 30 min)
+        s.get(Job, low).started_at = utcnow() - timedelta(hours=1)
+    rig.until(lambda: rig.state(high) == "succeeded", timeout=30, what="the critical job to run")
+    states = [e.to_state for e in pg_store.events(low)]
+    assert states[:6] == ["submitted", "queued", "starting", "running", "interrupted", "queued"]
+    assert pg_store.attempts(low)[0].outcome == "interrupted"
+    assert "preempted by a higher-priority job" in pg_store.events(low)[4].reason
