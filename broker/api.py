@@ -10,11 +10,25 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     GET  /v1/jobs/{job_id}/logs?attempt=&rank=  -> LogsView
     GET  /v1/jobs/{job_id}/explain     -> ExplainView
     GET  /v1/nodes                     -> list[NodeView]
+    POST   /v1/schedules               ScheduleRequest -> 201 ScheduleView (409: name taken)
+    GET    /v1/schedules?team=         -> list[ScheduleView], by team then name
+    GET    /v1/schedules/{schedule_id} -> ScheduleView
+    POST   /v1/schedules/{schedule_id}/pause   -> ScheduleView (enabled false: creates no jobs)
+    POST   /v1/schedules/{schedule_id}/resume  -> ScheduleView (next fire after now; missed fires skipped)
+    DELETE /v1/schedules/{schedule_id} -> 204 (jobs it created stay)
 
 Who sees what: a team token sees, cancels and reads the logs/explain record of its own
-team's jobs only; another team's job answers 404 exactly like a missing one (existence
-is not leaked). An admin token (``fedbroker tokens create --admin``, or
-``settings.admin_token``) sees every team.
+team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
+another team's job or schedule answers 404 exactly like a missing one (existence is not
+leaked). An admin token (``fedbroker tokens create --admin``, or ``settings.admin_token``)
+sees every team.
+
+Schedules: the reconciler submits the schedule's spec as a job at every fire of its cron
+(read in the schedule's time zone, DST rules in :mod:`broker.recurring`), with the
+idempotency key ``schedule:<id>:<fire instant>``, so a fire creates one job however many
+beats see it. A schedule's spec holds no absolute instants (``deadline``,
+``earliest_start``/``not_before``, ``not_after``: 422 naming the field); each run's deadline
+is its fire instant + ``estimated_duration_s`` + ``slack_s``.
 
 Errors are ``{"detail": message}`` (401, 403, 404, 409, 503) or, for 422, FastAPI's
 list ``{"detail": [{"loc": [...], "msg": ..., "type": ..., "input": ...}]}`` where
@@ -36,17 +50,22 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
-from broker.schemas import ErrorBody, ExplainView, JobView, LogsView, NodeView, SubmitRequest
+from broker.model import JobSpec
+from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
+                            SubmitRequest)
 from broker.settings import BrokerSettings
 from broker.states import JobState
-from broker.store import IdempotencyConflict, JobNotFound, JobStore, NotCancellable, Principal
+from broker.store import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
+                          ScheduleConflict, ScheduleNotFound)
 
-__all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "ADMIN_TEAM"]
+__all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
 
 log = logging.getLogger(__name__)
 
 #: the format of job ids in paths; anything else is answered 404 without a database query
 JOB_ID_RE = re.compile(r"^job-[0-9a-f]{16}$")
+#: the format of schedule ids in paths; anything else is answered 404 without a database query
+SCHEDULE_ID_RE = re.compile(r"^sch-[0-9a-f]{16}$")
 #: the team of the ``settings.admin_token`` principal
 ADMIN_TEAM = "admin"
 #: how the node agent's last log chunk starts when it stopped shipping at ``log_max_bytes`` (workers/agent.py)
@@ -55,6 +74,8 @@ _TRUNCATED_MARK = "\n[fedbroker: log truncated at "
 _bearer = HTTPBearer(auto_error=False, description="An API token: `fedbroker tokens create --team T`.")
 _ERRORS = {401: {"model": ErrorBody, "description": "missing or unknown token"},
            404: {"model": ErrorBody, "description": "no such job visible to the caller"}}
+_SCHEDULE_ERRORS = {401: _ERRORS[401],
+                    404: {"model": ErrorBody, "description": "no such schedule visible to the caller"}}
 
 
 def _utcnow() -> datetime:
@@ -130,11 +151,13 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return JSONResponse({"detail": [_describe(e) for e in exc.errors()]}, status_code=422)
 
     @app.exception_handler(JobNotFound)
-    async def _not_found(request: Request, exc: JobNotFound) -> JSONResponse:
+    @app.exception_handler(ScheduleNotFound)
+    async def _not_found(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(IdempotencyConflict)
     @app.exception_handler(NotCancellable)
+    @app.exception_handler(ScheduleConflict)
     async def _conflict(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
@@ -162,6 +185,24 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return store.get(job_id, None if who.admin else who.team)
 
     Job = Annotated[JobView, Depends(visible_job)]
+
+    def visible_schedule(schedule_id: str, who: Caller) -> ScheduleView:
+        """The schedule ``schedule_id`` if the caller may see it; 404 otherwise (also for a malformed id)."""
+        if not SCHEDULE_ID_RE.match(schedule_id):
+            raise HTTPException(404, f"schedule_id={schedule_id!r}: no such schedule "
+                                     f"(ids look like sch-0123456789abcdef)")
+        return store.get_schedule(schedule_id, None if who.admin else who.team)
+
+    Sched = Annotated[ScheduleView, Depends(visible_schedule)]
+
+    def owner_team(spec: JobSpec, who: Principal) -> str:
+        """The team a job (or schedule) of ``spec`` belongs to: the caller's; an admin may name
+        any ``spec.team``. 403 when a team token names another team."""
+        if who.admin:
+            return spec.team if "team" in spec.model_fields_set else who.team
+        if spec.team not in ("default", who.team):
+            raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
+        return who.team
 
     # ------------------------------------------------------------------ health
     @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "database down"}})
@@ -198,12 +239,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise _unprocessable("idempotency_key", key,
                                      f"differs from the Idempotency-Key header {idempotency_key_header!r}")
             key = idempotency_key_header
-        if who.admin:
-            team = spec.team if "team" in spec.model_fields_set else who.team
-        else:
-            if spec.team not in ("default", who.team):
-                raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
-            team = who.team
+        team = owner_team(spec, who)
         if key is not None:
             existing = store.find_idempotent(team, key, spec)  # a retry answers the first job, whatever the clock says
             if existing is not None:
@@ -284,6 +320,67 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def list_nodes(who: Caller) -> list[NodeView]:
         """Every on-prem node as its agent last reported it (any valid token)."""
         return store.nodes()
+
+    # ------------------------------------------------------------------ schedules
+    @app.post("/v1/schedules", status_code=201, response_model=ScheduleView, tags=["schedules"],
+              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "spec.team is another team"},
+                         409: {"model": ErrorBody, "description": "the team already has a schedule of that name"}})
+    def create_schedule(body: ScheduleRequest, response: Response, who: Caller) -> ScheduleView:
+        """Create a recurring run: at every fire of ``cron`` (local time of ``timezone``) the
+        reconciler submits ``spec`` as a job of the caller's team (an admin may name any
+        ``spec.team``). The first fire is the first one after now (``next_fire_at``).
+
+        422 naming the field for a bad ``name``, ``cron`` or ``timezone`` and for absolute
+        instants in the spec (``spec.deadline``, ``spec.earliest_start``/``not_before``,
+        ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name.
+        """
+        team = owner_team(body.spec, who)
+        try:
+            sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow())
+        except InvalidSchedule as e:
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", *field.split(".")), "input": value,
+                                           "msg": msg} for field, value, msg in e.errors]) from None
+        response.headers["Location"] = f"/v1/schedules/{sched.id}"
+        return sched
+
+    @app.get("/v1/schedules", response_model=list[ScheduleView], tags=["schedules"],
+             responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's schedules"}})
+    def list_schedules(who: Caller, team: Annotated[str | None, Query(
+            description="Only this team (default: yours; admins: all)")] = None) -> list[ScheduleView]:
+        """Schedules by team, then name. A team token may only ask for its own team (403 otherwise)."""
+        if not who.admin:
+            if team is not None and team != who.team:
+                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
+            team = who.team
+        return store.schedules(team)
+
+    @app.get("/v1/schedules/{schedule_id}", response_model=ScheduleView, tags=["schedules"],
+             responses=_SCHEDULE_ERRORS)
+    def get_schedule(sched: Sched) -> ScheduleView:
+        """One schedule."""
+        return sched
+
+    @app.post("/v1/schedules/{schedule_id}/pause", response_model=ScheduleView, tags=["schedules"],
+              responses=_SCHEDULE_ERRORS)
+    def pause_schedule(sched: Sched, who: Caller) -> ScheduleView:
+        """Pause a schedule: it creates no jobs until resumed (``enabled`` false). Pausing a paused one is a no-op."""
+        return store.set_schedule_enabled(sched.id, False, None if who.admin else who.team, now=_utcnow())
+
+    @app.post("/v1/schedules/{schedule_id}/resume", response_model=ScheduleView, tags=["schedules"],
+              responses=_SCHEDULE_ERRORS)
+    def resume_schedule(sched: Sched, who: Caller) -> ScheduleView:
+        """Resume a paused schedule: its next fire is the first one after now; fires missed while
+        paused are skipped. Resuming an enabled schedule is a no-op."""
+        return store.set_schedule_enabled(sched.id, True, None if who.admin else who.team, now=_utcnow())
+
+    @app.delete("/v1/schedules/{schedule_id}", status_code=204, response_class=Response, tags=["schedules"],
+                responses=_SCHEDULE_ERRORS)
+    def delete_schedule(sched: Sched, who: Caller) -> Response:
+        """Delete a schedule (204). The jobs it already created stay, with their ``schedule_id``."""
+        if not store.delete_schedule(sched.id, None if who.admin else who.team):
+            raise ScheduleNotFound(f"schedule_id={sched.id!r}: no such schedule"
+                                   + ("" if who.admin else f" for team {who.team!r}"))
+        return Response(status_code=204)
 
     return app
 

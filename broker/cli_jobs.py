@@ -9,12 +9,19 @@ Commands::
     fedbroker logs JOB_ID [--attempt N] [--rank R]
     fedbroker explain JOB_ID [--json]
     fedbroker nodes [--json]
+    fedbroker schedule create NAME JOB.yaml --cron "0 2 * * *" [--timezone Europe/London] [--json]
+    fedbroker schedule list [--team T] [--json]
+    fedbroker schedule pause SCHEDULE_ID [--json]
+    fedbroker schedule resume SCHEDULE_ID [--json]
+    fedbroker schedule delete SCHEDULE_ID
     fedbroker tokens create --team T [--admin] [--label L]    (store access via the settings)
 
 Each API command takes ``--url`` (``$FEDBROKER_API_URL``, else the settings' ``api_url``) and
 ``--token`` (``$FEDBROKER_TOKEN``). Exit status: 0 ok; 1 the broker refused the request or
 cannot be reached (message on stderr); 2 a bad job file or option (nothing submitted).
-``submit --wait`` exits 1 unless the job succeeded.
+``submit --wait`` exits 1 unless the job succeeded. ``schedule create`` checks the name,
+``--cron``, ``--timezone`` and the job file (no absolute ``deadline``/``not_before``/``not_after``:
+every run is relative to its fire instant, give ``slack_s``) before calling the broker.
 """
 
 from __future__ import annotations
@@ -177,8 +184,24 @@ def _wait(s) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def _print_schedules(scheds) -> None:
+    tab = Table(title=f"{len(scheds)} schedule(s)")
+    for col in ("id", "team", "name", "cron", "timezone", "state", "next run", "last run", "gpus"):
+        tab.add_column(col, overflow="fold")
+    for x in scheds:
+        tab.add_row(x.id, x.team, escape(x.name), escape(x.cron), x.timezone, "active" if x.enabled else "paused",
+                    _t(x.next_fire_at) if x.enabled else "-", _t(x.last_fire_at),
+                    f"{x.spec.nodes}x{x.spec.gpus_per_node}")
+    _console().print(tab)
+
+
+def _schedule_line(x) -> str:
+    state = f"next run {_t(x.next_fire_at)}" if x.enabled else "paused"
+    return f"{x.id} {x.name}: cron {x.cron!r} in {x.timezone}, {state}"
+
+
 def register(app: typer.Typer) -> None:
-    """Add the job commands (submit, status, list, cancel, logs, explain, nodes, tokens) to ``app``."""
+    """Add the job commands (submit, status, list, cancel, logs, explain, nodes, schedule, tokens) to ``app``."""
 
     @app.command()
     def submit(file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields."),
@@ -350,6 +373,81 @@ def register(app: typer.Typer) -> None:
             tab.add_row(n.name, n.pool, f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB",
                         ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, _t(n.last_heartbeat_at))
         _console().print(tab)
+
+    schedule = typer.Typer(no_args_is_help=True,
+                           help="Recurring runs: submit a job at every fire of a cron expression.")
+    app.add_typer(schedule, name="schedule")
+
+    @schedule.command("create")
+    def schedule_create(name: str = typer.Argument(..., help="Unique within your team: letters, digits, '.', '_', '-'."),
+                        file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields, "
+                                                              "without deadline/not_before/not_after (use slack_s)."),
+                        cron: str = typer.Option(..., "--cron", help='5-field cron, e.g. "0 2 * * *" (02:00 daily), '
+                                                                     'or @daily/@hourly/...'),
+                        tz: str = typer.Option("UTC", "--timezone", help="IANA time zone the cron is read in."),
+                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Create a schedule: submit the job in FILE at every fire of --cron (local time of --timezone)."""
+        from broker.store import InvalidSchedule, check_schedule
+
+        try:
+            spec = load_job_file(file)
+        except JobFileError as e:
+            _fail(str(e), 2)
+        try:
+            check_schedule(name, cron, tz, spec)
+        except InvalidSchedule as e:
+            opts = {"name": "NAME", "cron": "--cron", "timezone": "--timezone"}
+            parts = [f"{file}: {msg.removeprefix('spec.')}" if field.startswith("spec.")
+                     else f"{opts[field]}{msg[len(field):]}" if field in opts else msg
+                     for field, _, msg in e.errors]
+            _fail("; ".join(parts), 2)
+        c = _client(url, token)
+        x = _call(c, c.create_schedule, name, cron, spec, timezone=tz)
+        if as_json:
+            _echo_json(x)
+        else:
+            _console().print(escape(_schedule_line(x)), highlight=False)
+
+    @schedule.command("list")
+    def schedule_list(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
+                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """List schedules: cron, time zone, active/paused, next and last run."""
+        c = _client(url, token)
+        xs = _call(c, c.schedules, team)
+        if as_json:
+            _echo_json(xs)
+        else:
+            _print_schedules(xs)
+
+    @schedule.command("pause")
+    def schedule_pause(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
+                       url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Pause a schedule: it creates no jobs until resumed."""
+        c = _client(url, token)
+        x = _call(c, c.pause_schedule, schedule_id)
+        if as_json:
+            _echo_json(x)
+        else:
+            _console().print(escape(_schedule_line(x)), highlight=False)
+
+    @schedule.command("resume")
+    def schedule_resume(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
+                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Resume a paused schedule from its next fire (fires missed while paused are skipped)."""
+        c = _client(url, token)
+        x = _call(c, c.resume_schedule, schedule_id)
+        if as_json:
+            _echo_json(x)
+        else:
+            _console().print(escape(_schedule_line(x)), highlight=False)
+
+    @schedule.command("delete")
+    def schedule_delete(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
+                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+        """Delete a schedule (the jobs it already created stay)."""
+        c = _client(url, token)
+        _call(c, c.delete_schedule, schedule_id)
+        _console().print(f"{schedule_id} deleted", highlight=False)
 
     tokens = typer.Typer(no_args_is_help=True, help="API tokens (talks to the job store directly).")
     app.add_typer(tokens, name="tokens")

@@ -7,19 +7,24 @@
     job = c.submit({"image": "ghcr.io/me/train:1", "gpus_per_node": 8, "estimated_duration_s": 7200})
     job = c.wait(job.id, timeout=3600)    # returns when succeeded, failed or cancelled
     print(c.logs(job.id))
+    nightly = c.create_schedule("nightly", "0 2 * * *", {"gpus_per_node": 8, "slack_s": 21600},
+                                timezone="Europe/London")   # a job every night at 02:00 London time
 
 Connection errors and 502/503/504 answers are retried with exponential backoff
 (``retries`` times), POST included: :meth:`Client.submit` sends one idempotency key
 per call (a fresh uuid4 unless given), so a submit whose answer was lost is
-answered with the first job on retry and never creates two.
+answered with the first job on retry and never creates two. Schedule names are unique per
+team instead: a :meth:`Client.create_schedule` whose answer was lost answers
+:class:`Conflict` on retry (the schedule exists; find it with :meth:`Client.schedules`).
 
 Exceptions::
 
     BrokerError                 status (HTTP status or None), detail (the server's "detail")
      +-- AuthError              401 missing/unknown token, 403 another team's resources
-     +-- NotFound               404 no such job (or another team's job)
+     +-- NotFound               404 no such job or schedule (or another team's)
      +-- ValidationFailed       422 bad input; .errors = [{"loc", "msg", "type", ...}]
-     +-- Conflict               409 finished job cancelled, idempotency key reused with another spec
+     +-- Conflict               409 finished job cancelled, idempotency key reused with another spec,
+                                    schedule name already taken
      +-- BrokerUnavailable      cannot connect (after retries), timeouts, 5xx
      +-- WaitTimeout            Client.wait() ran out of time; .job = the last JobView seen
 
@@ -40,7 +45,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from broker.model import JobSpec
-from broker.schemas import ExplainView, JobView, LogsView, NodeView
+from broker.schemas import ExplainView, JobView, LogsView, NodeView, ScheduleView
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
            "WaitTimeout"]
@@ -65,7 +70,7 @@ class AuthError(BrokerError):
 
 
 class NotFound(BrokerError):
-    """404: no such job, or a job of another team."""
+    """404: no such job or schedule, or one of another team."""
 
 
 class ValidationFailed(BrokerError):
@@ -77,7 +82,8 @@ class ValidationFailed(BrokerError):
 
 
 class Conflict(BrokerError):
-    """409: the job already finished, or the idempotency key was used with another spec."""
+    """409: the job already finished, the idempotency key was used with another spec, or the
+    team already has a schedule of that name."""
 
 
 class BrokerUnavailable(BrokerError):
@@ -146,7 +152,8 @@ class Client:
     # ------------------------------------------------------------------ transport
     def _request(self, method: str, path: str, *, params: Any = None, json: Any = None,
                  headers: dict | None = None) -> Any:
-        """Send one request (with retries) and return the decoded JSON body; raise the typed error otherwise."""
+        """Send one request (with retries) and return the decoded JSON body (``None`` for 204 or an
+        empty body); raise the typed error otherwise."""
         try:
             r = self.session.request(method, self.url + path, params=params, json=json, headers=headers,
                                      timeout=self.timeout)
@@ -156,7 +163,7 @@ class Client:
         except requests.exceptions.ConnectionError as e:
             raise BrokerUnavailable(f"cannot reach the broker at {self.url} ({_root_cause(e)})") from e
         if r.status_code < 400:
-            return r.json()
+            return r.json() if r.status_code != 204 and r.content else None
         raise _error_for(r)
 
     # ------------------------------------------------------------------ jobs
@@ -170,12 +177,8 @@ class Client:
         Raises: :class:`ValidationFailed` (bad spec, deadline not in the future),
             :class:`Conflict` (key reused with another spec), :class:`AuthError`, :class:`BrokerUnavailable`.
         """
-        if isinstance(spec, BaseModel):
-            body_spec = spec.model_dump(mode="json", exclude_unset=True)
-        else:
-            body_spec = to_jsonable_python(dict(spec))
         key = idempotency_key or str(uuid.uuid4())
-        data = self._request("POST", "/v1/jobs", json={"spec": body_spec, "idempotency_key": key})
+        data = self._request("POST", "/v1/jobs", json={"spec": _spec_body(spec), "idempotency_key": key})
         return JobView.model_validate(data)
 
     def get(self, job_id: str) -> JobView:
@@ -230,11 +233,64 @@ class Client:
         """The on-prem nodes as their agents last reported them."""
         return [NodeView.model_validate(n) for n in self._request("GET", "/v1/nodes")]
 
+    # ------------------------------------------------------------------ schedules
+    def create_schedule(self, name: str, cron: str, spec: JobSpec | dict, timezone: str = "UTC") -> ScheduleView:
+        """Create a recurring run: at every fire of ``cron``, read in ``timezone``'s local
+        wall-clock time, the broker submits ``spec`` as a job of your team.
+
+        Args:
+            name: unique within your team; 1-200 letters, digits, ``.``, ``_`` or ``-``.
+            cron: 5-field cron expression (``"0 2 * * *"``) or a macro (``"@daily"``).
+            spec: a :class:`JobSpec` or a mapping of its fields, without absolute instants
+                (``deadline``, ``earliest_start``/``not_before``, ``not_after``): each run's
+                deadline is its fire instant + ``estimated_duration_s`` + ``slack_s``.
+            timezone: IANA zone name (``"Europe/London"``); DST rules in :mod:`broker.recurring`.
+
+        Returns:
+            ScheduleView: enabled, with ``next_fire_at`` (UTC) the first fire after now.
+
+        Raises: :class:`ValidationFailed` (bad name, cron or time zone, or an absolute instant in
+            the spec; ``errors`` name each field), :class:`Conflict` (name already used by your team,
+            also when a retry follows a lost answer), :class:`AuthError`, :class:`BrokerUnavailable`.
+        """
+        body = {"name": name, "cron": cron, "timezone": timezone, "spec": _spec_body(spec)}
+        return ScheduleView.model_validate(self._request("POST", "/v1/schedules", json=body))
+
+    def schedules(self, team: str | None = None) -> list[ScheduleView]:
+        """Your team's schedules (an admin: every team's, or ``team``'s), by team then name."""
+        params = {"team": team} if team is not None else None
+        return [ScheduleView.model_validate(x) for x in self._request("GET", "/v1/schedules", params=params)]
+
+    def get_schedule(self, schedule_id: str) -> ScheduleView:
+        """One schedule. Raises :class:`NotFound` (also for another team's)."""
+        return ScheduleView.model_validate(self._request("GET", f"/v1/schedules/{schedule_id}"))
+
+    def pause_schedule(self, schedule_id: str) -> ScheduleView:
+        """Pause a schedule: no jobs until resumed (a no-op if paused). Raises :class:`NotFound`."""
+        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{schedule_id}/pause"))
+
+    def resume_schedule(self, schedule_id: str) -> ScheduleView:
+        """Resume a paused schedule; its next fire is the first after now (fires missed while paused
+        are skipped). A no-op if enabled. Raises :class:`NotFound`."""
+        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{schedule_id}/resume"))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """Delete a schedule; the jobs it already created stay. Raises :class:`NotFound`
+        (also when a retry follows a lost answer: the first try deleted it)."""
+        self._request("DELETE", f"/v1/schedules/{schedule_id}")
+
     def health(self) -> dict:
         """``GET /healthz``: ``{"status": "ok", "database": "ok"}``.
 
         Raises :class:`BrokerUnavailable` if the database (or the API) is down."""
         return self._request("GET", "/healthz")
+
+
+def _spec_body(spec: JobSpec | dict) -> dict:
+    """A job spec as JSON for a request body: a :class:`JobSpec`'s fields that were set, or the mapping."""
+    if isinstance(spec, BaseModel):
+        return spec.model_dump(mode="json", exclude_unset=True)
+    return to_jsonable_python(dict(spec))
 
 
 def _root_cause(e: BaseException) -> str:

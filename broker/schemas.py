@@ -6,15 +6,19 @@ energy in kWh, emissions in kgCO2e, durations in seconds.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker.model import JobSpec
 
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
-           "ErrorBody"]
+           "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE"]
+
+#: a schedule name: 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit
+SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
 class SubmitRequest(BaseModel):
@@ -125,6 +129,69 @@ class NodeView(BaseModel):
     state: str
     last_heartbeat_at: datetime
     telemetry: dict[str, Any] | None = None
+
+
+class ScheduleRequest(BaseModel):
+    """Body of ``POST /v1/schedules``: a recurring run.
+
+    Fields: ``name`` (unique per team; 1-200 letters, digits, ``.``, ``_`` or ``-``);
+    ``cron`` (5 fields, ``"minute hour day-of-month month day-of-week"``, or a macro such
+    as ``@daily``; see :func:`broker.recurring.validate_cron`), read in the local
+    wall-clock time of ``timezone`` (an IANA name, default ``"UTC"``); ``spec``, the job
+    every fire submits. The spec may not hold absolute instants (``deadline``,
+    ``earliest_start``/``not_before``, ``not_after``): each run's deadline is its fire
+    instant + ``estimated_duration_s`` + ``slack_s`` (the server answers 422 naming the field).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    cron: str
+    timezone: str = "UTC"
+    spec: JobSpec
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not SCHEDULE_NAME_RE.match(v):
+            raise ValueError(f"name={v!r}: 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str) -> str:
+        from broker.recurring import validate_cron
+
+        return validate_cron(v)  # ScheduleError is a ValueError: "cron='...': why"
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        from broker.recurring import validate_timezone
+
+        return validate_timezone(v)
+
+
+class ScheduleView(BaseModel):
+    """A recurring run as the API shows it.
+
+    Fields: ``cron`` as stored (normalised: lower case, macros expanded), read in
+    ``timezone``; ``enabled`` is false while paused; ``next_fire_at`` is the next fire
+    instant (UTC) the reconciler acts on, ``last_fire_at`` the last one that created a
+    job (``None`` before the first); ``spec`` is the job every fire submits (its
+    ``team`` is the schedule's).
+    """
+
+    id: str
+    team: str
+    name: str
+    cron: str
+    timezone: str
+    spec: JobSpec
+    enabled: bool
+    next_fire_at: datetime
+    last_fire_at: datetime | None = None
+    created_at: datetime
 
 
 class ErrorBody(BaseModel):

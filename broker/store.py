@@ -12,6 +12,9 @@ Exceptions::
      +-- JobNotFound        no such job, or not visible to the asking team
      +-- IdempotencyConflict same idempotency key, different spec
      +-- NotCancellable     the job is already finished
+     +-- ScheduleNotFound   no such schedule, or not visible to the asking team
+     +-- ScheduleConflict   the team already has a schedule of that name
+     +-- InvalidSchedule    bad schedule name, cron, time zone, or an absolute instant in its spec
     broker.states.InvalidTransition (ValueError)
 """
 
@@ -34,11 +37,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.db import ApiToken, Attempt, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
 from broker.model import JobSpec
-from broker.schemas import AttemptView, JobEventView, JobView, NodeView
+from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
 from broker.states import ACTIVE_STATES, TERMINAL_STATES, JobState, check_transition
 
-__all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "Principal",
-           "new_job_id", "hash_token", "default_deadline"]
+__all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "ScheduleNotFound",
+           "ScheduleConflict", "InvalidSchedule", "Principal", "new_job_id", "new_schedule_id", "hash_token",
+           "default_deadline", "check_schedule"]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
@@ -59,6 +63,28 @@ class NotCancellable(StoreError):
     """The job already finished."""
 
 
+class ScheduleNotFound(StoreError):
+    """No schedule with this id that the caller may see."""
+
+
+class ScheduleConflict(StoreError):
+    """The team already has a schedule with this name (names are unique per team)."""
+
+
+class InvalidSchedule(StoreError):
+    """A schedule was rejected; nothing was stored.
+
+    Attributes:
+        errors: ``[(field, value, message)]``, one per rejected field; ``field`` is dotted
+            (``"cron"``, ``"timezone"``, ``"name"``, ``"spec.deadline"``) and ``message``
+            starts with ``field=value:`` (``"cron='61 * * * *': ..."``). ``str(e)`` joins the messages.
+    """
+
+    def __init__(self, errors: list[tuple[str, Any, str]]):
+        super().__init__("; ".join(m for _, _, m in errors))
+        self.errors = errors
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who calls the API: a team, or an admin (sees every team)."""
@@ -75,6 +101,64 @@ def new_job_id() -> str:
 def hash_token(token: str) -> str:
     """SHA-256 hex digest of an API token (tokens are 256-bit random, so a fast hash is enough)."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_schedule_id() -> str:
+    """A new schedule id: ``sch-`` and 16 hex digits (64 random bits)."""
+    return "sch-" + uuid.uuid4().hex[:16]
+
+
+#: spec fields that hold absolute instants, with why a recurring run cannot use them
+_ABSOLUTE_FIELDS = {
+    "deadline": "a recurring run's spec cannot hold an absolute deadline; every run is relative to its fire "
+                "instant: give slack_s (seconds beyond estimated_duration_s, counted from each fire)",
+    "earliest_start": "a recurring run's spec cannot hold an absolute start (earliest_start/not_before); "
+                      "every run is submitted at its fire instant",
+    "not_after": "a recurring run's spec cannot hold an absolute latest start; every run is relative to its "
+                 "fire instant: bound it with slack_s",
+}
+
+
+def check_schedule(name: str, cron: str, timezone: str, spec: JobSpec) -> str:
+    """Check a schedule's definition without storing it (used by :meth:`JobStore.create_schedule`,
+    the API and the CLI, so all three reject the same things with the same words).
+
+    Args:
+        name: 1-200 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit.
+        cron: 5-field cron expression (:func:`broker.recurring.validate_cron`).
+        timezone: IANA zone the cron is read in (:func:`broker.recurring.validate_timezone`).
+        spec: the job every fire submits; ``deadline``, ``earliest_start`` (``not_before``)
+            and ``not_after`` must be ``None`` (use ``slack_s``: each run's deadline is its
+            fire instant + ``estimated_duration_s`` + ``slack_s``).
+
+    Returns:
+        str: the cron expression normalised (whitespace collapsed, lower case, macros expanded).
+
+    Raises:
+        InvalidSchedule: every rejected field, each message naming the field and the value.
+    """
+    from broker.recurring import ScheduleError, validate_cron, validate_timezone
+
+    errors: list[tuple[str, Any, str]] = []
+    if not isinstance(name, str) or not SCHEDULE_NAME_RE.match(name):
+        errors.append(("name", name, f"name={name!r}: 1-200 letters, digits, '.', '_' or '-', "
+                                     f"starting with a letter or digit"))
+    normalised = cron
+    try:
+        normalised = validate_cron(cron)
+    except ScheduleError as e:
+        errors.append(("cron", cron, str(e)))
+    try:
+        validate_timezone(timezone)
+    except ScheduleError as e:
+        errors.append(("timezone", timezone, str(e)))
+    for field, why in _ABSOLUTE_FIELDS.items():
+        v = getattr(spec, field)
+        if v is not None:
+            errors.append((f"spec.{field}", v, f"spec.{field}={v.isoformat()!r}: {why}"))
+    if errors:
+        raise InvalidSchedule(errors)
+    return normalised
 
 
 def spec_hash(spec: JobSpec) -> str:
@@ -99,6 +183,12 @@ def _job_view(j: Job) -> JobView:
                    placement=j.placement, attempt=j.attempt, started_at=j.started_at, finished_at=j.finished_at,
                    exit_code=j.exit_code, cancel_requested=j.cancel_requested, idempotency_key=j.idempotency_key,
                    schedule_id=j.schedule_id)
+
+
+def _schedule_view(r: Schedule) -> ScheduleView:
+    return ScheduleView(id=r.id, team=r.team, name=r.name, cron=r.cron, timezone=r.timezone,
+                        spec=JobSpec.model_validate(r.spec), enabled=r.enabled, next_fire_at=r.next_fire_at,
+                        last_fire_at=r.last_fire_at, created_at=r.created_at)
 
 
 class JobStore:
@@ -430,14 +520,102 @@ class JobStore:
         return res.rowcount == 1
 
     # ------------------------------------------------------------------ schedules
-    def schedules(self, team: str | None = None) -> list[Schedule]:
+    def create_schedule(self, team: str, name: str, cron: str, timezone: str, spec: JobSpec,
+                        now: datetime | None = None) -> ScheduleView:
+        """Store a recurring run: every fire of ``cron`` (read in ``timezone``'s local wall-clock
+        time, DST rules of :mod:`broker.recurring`) submits ``spec`` as a job of ``team`` (the
+        reconciler does it, with the idempotency key ``schedule:<id>:<fire instant>``).
+
+        Args:
+            team: the owning team (``spec.team`` is overwritten by it, as in :meth:`submit`).
+            name: unique per team; 1-200 letters, digits, ``.``, ``_`` or ``-``.
+            cron: 5-field cron expression; stored normalised (``"@daily"`` -> ``"0 0 * * *"``).
+            timezone: IANA zone name (``"Europe/London"``, ``"UTC"``).
+            spec: the job of every run; no absolute instants (``deadline``, ``earliest_start``/
+                ``not_before``, ``not_after`` must be ``None``): each run's deadline is its fire
+                instant + ``estimated_duration_s`` + ``slack_s`` (12 h or the duration if no slack).
+            now: aware creation instant (default: the current time); the first fire is the first
+                one strictly after it.
+
+        Returns:
+            ScheduleView: enabled, ``next_fire_at = next_fire(cron, timezone, now)`` (UTC), never fired.
+
+        Raises:
+            InvalidSchedule: bad name, cron or time zone, or an absolute instant in ``spec``
+                (:func:`check_schedule`).
+            ScheduleConflict: ``team`` already has a schedule called ``name``.
+            ValueError: ``now`` is naive.
+        """
+        from broker.recurring import next_fire
+
+        tz = timezone
+        now = now or utcnow()
+        if now.tzinfo is None or now.utcoffset() is None:
+            raise ValueError(f"now={now.isoformat()!r}: naive datetime; give an aware one (e.g. UTC)")
+        cron = check_schedule(name, cron, tz, spec)
+        row = Schedule(id=new_schedule_id(), team=team, name=name, cron=cron, timezone=tz,
+                       spec=spec.model_copy(update={"team": team}).model_dump(mode="json"), enabled=True,
+                       next_fire_at=next_fire(cron, tz, now), last_fire_at=None, created_at=now)
+        try:
+            with self.session() as s:
+                s.add(row)
+                s.flush()
+        except IntegrityError:
+            with self.session() as s:
+                other = s.execute(select(Schedule.id).where(Schedule.team == team, Schedule.name == name)).scalar()
+            if other is None:  # not the (team, name) constraint
+                raise
+            raise ScheduleConflict(f"name={name!r}: team {team!r} already has a schedule with this name "
+                                   f"({other}); delete it first or pick another name") from None
+        return self.get_schedule(row.id)
+
+    def get_schedule(self, schedule_id: str, team: str | None = None) -> ScheduleView:
+        """The schedule ``schedule_id``; with ``team``, only if it belongs to that team.
+        Raises :class:`ScheduleNotFound`."""
+        with self.session() as s:
+            r = s.get(Schedule, schedule_id)
+            if r is None or (team is not None and r.team != team):
+                raise ScheduleNotFound(f"schedule_id={schedule_id!r}: no such schedule"
+                                       + (f" for team {team!r}" if team else ""))
+            return _schedule_view(r)
+
+    def set_schedule_enabled(self, schedule_id: str, enabled: bool, team: str | None = None,
+                             now: datetime | None = None) -> ScheduleView:
+        """Pause (``enabled=False``) or resume (``True``) a schedule; with ``team``, only that team's.
+
+        A paused schedule creates no jobs. Resuming a paused schedule sets ``next_fire_at`` to
+        the first fire strictly after ``now`` (default: the current time): fires missed while
+        paused are skipped, not caught up. Pausing a paused or resuming an enabled schedule
+        changes nothing. Returns the schedule. Raises :class:`ScheduleNotFound`.
+        """
+        from broker.recurring import next_fire
+
+        now = now or utcnow()
+        with self.session() as s:
+            q = select(Schedule).where(Schedule.id == schedule_id).with_for_update()
+            if team is not None:
+                q = q.where(Schedule.team == team)
+            r = s.execute(q).scalar_one_or_none()
+            if r is None:
+                raise ScheduleNotFound(f"schedule_id={schedule_id!r}: no such schedule"
+                                       + (f" for team {team!r}" if team else ""))
+            if enabled and not r.enabled:
+                r.next_fire_at = next_fire(r.cron, r.timezone, now)
+            r.enabled = bool(enabled)
+            s.flush()
+            return _schedule_view(r)
+
+    def schedules(self, team: str | None = None) -> list[ScheduleView]:
+        """Schedules ordered by team then name; only ``team``'s when given."""
         with self.session() as s:
             q = select(Schedule).order_by(Schedule.team, Schedule.name)
             if team is not None:
                 q = q.where(Schedule.team == team)
-            return list(s.execute(q).scalars())
+            return [_schedule_view(r) for r in s.execute(q).scalars()]
 
     def delete_schedule(self, schedule_id: str, team: str | None = None) -> bool:
+        """Delete a schedule (with ``team``, only that team's). Jobs it already created stay, with
+        their ``schedule_id``. Returns whether a schedule was deleted."""
         with self.session() as s:
             q = delete(Schedule).where(Schedule.id == schedule_id)
             if team is not None:

@@ -471,8 +471,13 @@ def test_healthz_503_when_database_is_down():
 def test_openapi_lists_paths(client):
     doc = client.get("/openapi.json").json()
     assert set(doc["paths"]) == {"/healthz", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
-                                 "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/explain", "/v1/nodes"}
+                                 "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/explain", "/v1/nodes",
+                                 "/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}/pause",
+                                 "/v1/schedules/{schedule_id}/resume"}
     assert set(doc["paths"]["/v1/jobs"]) == {"get", "post"}
+    assert set(doc["paths"]["/v1/schedules"]) == {"get", "post"}
+    assert set(doc["paths"]["/v1/schedules/{schedule_id}"]) == {"get", "delete"}
+    assert {"201", "401", "403", "409", "422"} <= set(doc["paths"]["/v1/schedules"]["post"]["responses"])
     post = doc["paths"]["/v1/jobs"]["post"]
     assert {"201", "200", "401", "403", "409", "422"} <= set(post["responses"])
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
