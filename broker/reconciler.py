@@ -44,13 +44,18 @@ def checkpointed_work_s(spec: dict, ran_s: float, throughput: float = 1.0) -> fl
     return math.floor(ran_s / every) * every * throughput
 
 
-def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost") -> bool:
+def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost", max_attempts: int | None = None) -> bool:
     """Inside session ``s``: end the job's current attempt with ``outcome`` and put the job back
-    in the queue (``running -> interrupted -> queued`` or ``starting -> queued``). Returns whether applied."""
+    in the queue (``running -> interrupted -> queued`` or ``starting -> queued``). A job that has
+    used ``max_attempts`` attempts fails instead. Returns whether applied."""
     a = s.execute(select(Attempt).where(Attempt.job_id == j.id, Attempt.number == j.attempt)).scalar_one_or_none()
     if a is not None and a.ended_at is None:
         a.ended_at, a.outcome, a.reason = now, outcome, why
     version, state = j.version, j.state  # the ORM may refresh ``j`` after the first compare-and-set
+    if max_attempts is not None and j.attempt >= max_attempts and state in (
+            S.starting.value, S.running.value, S.provisioning.value):
+        return JobStore.cas(s, j.id, version, state, S.failed.value,
+                            f"gave up after {j.attempt} attempts; the last: {why}", now, finished_at=now)
     if state == S.running.value:
         ran = (now - j.started_at).total_seconds() if j.started_at else 0.0
         kept = checkpointed_work_s(j.spec, ran)
@@ -114,7 +119,8 @@ class Reconciler:
                     continue
                 gone = [p["node"] for p in pl.get("nodes", []) if p["node"] in down]
                 if gone:
-                    out["requeued"] += requeue_lost(s, j, now, f"node {', '.join(gone)} stopped heartbeating")
+                    out["requeued"] += requeue_lost(s, j, now, f"node {', '.join(gone)} stopped heartbeating",
+                                                    max_attempts=self.settings.max_attempts)
 
     # ------------------------------------------------------------------ 2-3. dispatch and state deadlines
     def _deadlines(self, now: datetime, out: dict) -> None:
@@ -126,7 +132,8 @@ class Reconciler:
                 if j.state_deadline_at is not None and j.state_deadline_at < now:
                     limit = (self.settings.starting_deadline_s if j.state == S.starting.value
                              else self.settings.provisioning_deadline_s)
-                    out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s", "timed_out")
+                    out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s", "timed_out",
+                                                     max_attempts=self.settings.max_attempts)
                 elif j.state == S.starting.value and j.dispatched_at is not None and j.dispatched_at < retry_before:
                     if JobStore.bump(s, j.id, j.version, now, dispatched_at=now):
                         resend.append((j.id, j.attempt))

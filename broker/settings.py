@@ -55,6 +55,8 @@ class BrokerSettings(BaseSettings):
         planner_lock_ttl_s: TTL of the planner's Redis lock (a crashed leader frees it after this).
         log_chunk_bytes, log_max_bytes: log shipping chunk size and cap per attempt and rank, bytes.
         admin_token: if set, an admin API token that always works (bootstrap); prefer ``fedbroker tokens create``.
+        max_attempts: a job whose attempts keep ending without an exit code (node lost, start
+            timed out, could not be launched) fails after this many attempts.
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDBROKER_", env_nested_delimiter="__", extra="forbid")
@@ -81,6 +83,12 @@ class BrokerSettings(BaseSettings):
     log_chunk_bytes: int = Field(64 * 1024, ge=1024)
     log_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     admin_token: str | None = None
+    max_attempts: int = Field(5, ge=1)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
 
     @field_validator("cloud_providers")
     @classmethod

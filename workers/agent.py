@@ -123,7 +123,7 @@ class NodeAgent:
             return self._run_attempt_locked(job_id, attempt, rank)
 
     def _run_attempt_locked(self, job_id: str, attempt: int, rank: int) -> str:
-        from workers.runtime import AlreadyLaunched, AttemptKey
+        from workers.runtime import AlreadyLaunched, AttemptKey, LaunchFailed
 
         with self.store.session() as s:
             j = s.get(Job, job_id)
@@ -152,6 +152,19 @@ class NodeAgent:
         except AlreadyLaunched:
             self._mark_running(job_id, attempt)
             return "duplicate"
+        except (LaunchFailed, OSError, ValueError) as e:
+            # this node could not start it: end the attempt, requeue (or fail after max_attempts)
+            log.error("could not launch %s attempt %d rank %d: %s", job_id, attempt, rank, e)
+            with self.store.session() as s:
+                j = s.get(Job, job_id)
+                if j is not None and j.attempt == attempt and j.state in (S.starting.value, S.running.value):
+                    requeue_lost(s, j, utcnow(), f"could not start on {self.name}: {e}", "launch_failed",
+                                 max_attempts=self.settings.max_attempts)
+            try:
+                self.runtime.forget(key)
+            except Exception:  # noqa: BLE001 - nothing claimed, or already gone
+                pass
+            return f"launch failed: {e}"
         self._mark_running(job_id, attempt)
         return "started"
 
@@ -225,7 +238,8 @@ class NodeAgent:
                             j = s.get(Job, job_id)
                             if j is not None and j.attempt == attempt and j.state == S.running.value:
                                 changed |= requeue_lost(s, j, utcnow(), f"process of rank {part['rank']} is gone "
-                                                        f"from {self.name} without an exit code")
+                                                        f"from {self.name} without an exit code",
+                                                        max_attempts=self.settings.max_attempts)
         if changed and self.on_change is not None:
             try:
                 self.on_change()
@@ -316,7 +330,8 @@ class NodeAgent:
                     att.outcome = "interrupted"
                     why = ("preempted by a higher-priority job" if j.stop_reason == "preempt"
                            else f"process lost on {self.name}")
-                    ok = requeue_lost(s, j, now, why, "interrupted")
+                    ok = requeue_lost(s, j, now, why, "interrupted",
+                                      max_attempts=None if j.stop_reason == "preempt" else self.settings.max_attempts)
                 elif all(v == 0 for v in exits.values()):
                     att.outcome = "succeeded"
                     ok = JobStore.cas(s, j.id, j.version, S.running.value, S.succeeded.value,

@@ -204,7 +204,7 @@ class ProcessRuntime:
     """
 
     def __init__(self, state_dir: Path):
-        self.state_dir = Path(state_dir)
+        self.state_dir = Path(state_dir).resolve()  # the detached shim runs with cwd "/"
         self.attempts_dir = self.state_dir / "attempts"
         self.attempts_dir.mkdir(parents=True, exist_ok=True)
 

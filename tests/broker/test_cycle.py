@@ -224,3 +224,22 @@ def test_starting_job_is_redispatched_then_timed_out(pg_store, env):
     assert out["timed_out"] == 1
     j = store.get(jid)
     assert j.state == "queued" and j.reason == "still starting after 60 s"
+
+
+def test_a_job_that_keeps_failing_to_start_fails_after_max_attempts(pg_store, env):
+    store = pg_store
+    now = utcnow()
+    store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=now)
+    cyc, _, st = _cycle(store, env, starting_deadline_s=60.0, max_attempts=2)
+    jid = store.submit("ml", _spec(), now=now)[0].id
+    rec = Reconciler(store, st)
+    for k in (1, 2):
+        t = now + timedelta(seconds=61 * (k - 1))
+        store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=t)
+        cyc.run(t)
+        assert store.get(jid).attempt == k
+        store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=t + timedelta(seconds=61))
+        rec.run(t + timedelta(seconds=61))
+    j = store.get(jid)
+    assert j.state == "failed" and j.reason == "gave up after 2 attempts; the last: still starting after 60 s"
+    assert [a.outcome for a in store.attempts(jid)] == ["timed_out", "timed_out"]

@@ -331,3 +331,13 @@ def test_a_listing_from_another_thread_never_sees_a_launching_or_ending_attempt_
         t.join()
     assert "lost" not in seen
     assert {"running", "exited"} <= set(seen)
+
+
+def test_a_relative_state_dir_works_because_the_shim_runs_from_root(tmp_path, monkeypatch):
+    """`fedbroker serve agent` defaults to state_dir ".fedbroker": the detached shim
+    (cwd "/") once got a relative attempt path it could not find and every launch failed."""
+    monkeypatch.chdir(tmp_path)
+    rt = ProcessRuntime(Path("rel-state"))
+    k = AttemptKey("job-00000000000000aa", 1)
+    rt.launch(k, ["/bin/sh", "-c", "exit 4"])
+    assert wait_exit(rt, k).exit_code == 4
