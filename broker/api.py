@@ -240,16 +240,19 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                                      f"differs from the Idempotency-Key header {idempotency_key_header!r}")
             key = idempotency_key_header
         team = owner_team(spec, who)
-        if key is not None:
-            existing = store.find_idempotent(team, key, spec)  # a retry answers the first job, whatever the clock says
-            if existing is not None:
-                response.status_code = 200
-                return existing
         now = _utcnow()
+        late = None
         if spec.deadline is not None and spec.deadline <= now:
-            raise _unprocessable("spec.deadline", spec.deadline, f"must be after now ({now.isoformat(timespec='seconds')})")
-        if spec.not_after is not None and spec.not_after < now:
-            raise _unprocessable("spec.not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
+            late = _unprocessable("spec.deadline", spec.deadline, f"must be after now ({now.isoformat(timespec='seconds')})")
+        elif spec.not_after is not None and spec.not_after < now:
+            late = _unprocessable("spec.not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
+        if late is not None:
+            # a retry of a submit that was stored before its deadline passed answers the first job
+            existing = store.find_idempotent(team, key, spec) if key is not None else None
+            if existing is None:
+                raise late
+            response.status_code = 200
+            return existing
         job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after)
         if created:
             response.headers["Location"] = f"/v1/jobs/{job.id}"

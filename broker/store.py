@@ -304,10 +304,6 @@ class JobStore:
         now = now or utcnow()
         spec = spec.model_copy(update={"team": team})
         h = spec_hash(spec)
-        if idempotency_key is not None:
-            found = self._by_key(team, idempotency_key, h)
-            if found is not None:
-                return found, False
         job_id = new_job_id()
         deadline = spec.deadline or default_deadline(now, spec)
         row = dict(id=job_id, team=team, name=spec.name, spec=spec.model_dump(mode="json"),
@@ -315,19 +311,21 @@ class JobStore:
                    idempotency_key=idempotency_key, spec_hash=h, created_at=now, updated_at=now,
                    not_before=spec.earliest_start, not_after=not_after or spec.not_after, deadline=deadline, reason="submitted",
                    deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
+        # One transaction, no read before or after: the unique (team, idempotency_key) constraint
+        # detects a repeat (also a concurrent one), and the view is built from the row written.
         try:
             with self.session() as s:
                 s.execute(insert(Job).values(**row))
-                s.add(JobEvent(job_id=job_id, at=now, from_state=None, to_state=JobState.submitted.value,
-                               version=1, reason="submitted"))
+                s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
+                                                  to_state=JobState.submitted.value, version=1, reason="submitted"))
         except IntegrityError:
             if idempotency_key is None:
                 raise
-            found = self._by_key(team, idempotency_key, h)  # a concurrent submit with the same key won
+            found = self._by_key(team, idempotency_key, h)
             if found is None:
                 raise
             return found, False
-        return self.get(job_id), True
+        return _job_view(Job(**row)), True
 
     def find_idempotent(self, team: str, key: str, spec: JobSpec) -> JobView | None:
         """The job ``team`` already submitted with idempotency ``key``, if any (``spec.team`` is
