@@ -200,6 +200,16 @@ def _schedule_line(x) -> str:
     return f"{x.id} {x.name}: cron {x.cron!r} in {x.timezone}, {state}"
 
 
+def _schedule_action(method: str, schedule_id: str, url, token, as_json: bool) -> None:
+    """Call ``Client.<method>(schedule_id)`` and print the schedule (a line, or JSON)."""
+    c = _client(url, token)
+    x = _call(c, getattr(c, method), schedule_id)
+    if as_json:
+        _echo_json(x)
+    else:
+        _console().print(escape(_schedule_line(x)), highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add the job commands (submit, status, list, cancel, logs, explain, nodes, schedule, tokens) to ``app``."""
 
@@ -423,23 +433,13 @@ def register(app: typer.Typer) -> None:
     def schedule_pause(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Pause a schedule: it creates no jobs until resumed."""
-        c = _client(url, token)
-        x = _call(c, c.pause_schedule, schedule_id)
-        if as_json:
-            _echo_json(x)
-        else:
-            _console().print(escape(_schedule_line(x)), highlight=False)
+        _schedule_action("pause_schedule", schedule_id, url, token, as_json)
 
     @schedule.command("resume")
     def schedule_resume(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
                         url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Resume a paused schedule from its next fire (fires missed while paused are skipped)."""
-        c = _client(url, token)
-        x = _call(c, c.resume_schedule, schedule_id)
-        if as_json:
-            _echo_json(x)
-        else:
-            _console().print(escape(_schedule_line(x)), highlight=False)
+        _schedule_action("resume_schedule", schedule_id, url, token, as_json)
 
     @schedule.command("delete")
     def schedule_delete(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),

@@ -26,7 +26,7 @@ import secrets
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.db import ApiToken, Attempt, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
 from broker.model import JobSpec
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
-from broker.states import ACTIVE_STATES, TERMINAL_STATES, JobState, check_transition
+from broker.states import JobState, check_transition
 
 __all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "ScheduleNotFound",
            "ScheduleConflict", "InvalidSchedule", "Principal", "new_job_id", "new_schedule_id", "hash_token",

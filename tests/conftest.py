@@ -26,6 +26,17 @@ def pg_store():
     store.drop_schema()
 
 
+@pytest.fixture(scope="module")
+def module_pg_store():
+    """A :class:`JobStore` on a fresh PostgreSQL schema shared by one test module."""
+    from broker.store import JobStore
+
+    store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+    store.migrate()
+    yield store
+    store.drop_schema()
+
+
 @pytest.fixture
 def sqlite_store(tmp_path):
     """A :class:`JobStore` on an SQLite file in ``tmp_path``."""

@@ -35,14 +35,13 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 from celery import shared_task
 from sqlalchemy import select
 
 from broker.db import Attempt, Job, utcnow
-from broker.reconciler import checkpointed_work_s, requeue_lost
+from broker.reconciler import requeue_lost
 from broker.states import JobState
 from broker.store import JobStore
 

@@ -6,7 +6,6 @@ cannot see each other's jobs.
 
 from __future__ import annotations
 
-import os
 import re
 import uuid
 import warnings
@@ -25,7 +24,6 @@ from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.settings import BrokerSettings
 from broker.store import JobStore
 
-PG_URL = os.environ.get("FEDBROKER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
 ID_RE = re.compile(r"^job-[0-9a-f]{16}$")
@@ -36,11 +34,8 @@ def future(hours: float = 48) -> datetime:
 
 
 @pytest.fixture(scope="module")
-def store():
-    st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
-    st.migrate()
-    yield st
-    st.drop_schema()
+def store(module_pg_store):
+    return module_pg_store
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import uuid
 
@@ -17,7 +16,6 @@ from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.store import JobStore
 from tests.broker.test_client import ServerThread, count_jobs
 
-PG_URL = os.environ.get("FEDBROKER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 JOB_YAML = """\
 name: resnet-nightly
@@ -33,11 +31,8 @@ deadline: 2099-01-01T00:00:00Z
 
 
 @pytest.fixture(scope="module")
-def store():
-    st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
-    st.migrate()
-    yield st
-    st.drop_schema()
+def store(module_pg_store):
+    return module_pg_store
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -25,7 +24,6 @@ from broker.model import JobSpec
 from broker.settings import BrokerSettings
 from broker.store import JobStore
 
-PG_URL = os.environ.get("FEDBROKER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
 
@@ -149,11 +147,8 @@ class DropFirstResponseProxy:
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def store():
-    st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
-    st.migrate()
-    yield st
-    st.drop_schema()
+def store(module_pg_store):
+    return module_pg_store
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ created at 2026-03-07T12:00Z (07:00 EST).
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 import warnings
@@ -41,7 +40,6 @@ from broker.settings import BrokerSettings
 from broker.store import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
 from tests.broker.test_client import ServerThread
 
-PG_URL = os.environ.get("FEDBROKER_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
 SID_RE = re.compile(r"^sch-[0-9a-f]{16}$")
@@ -65,11 +63,8 @@ def t(s: str | None) -> datetime | None:
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def store():
-    st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
-    st.migrate()
-    yield st
-    st.drop_schema()
+def store(module_pg_store):
+    return module_pg_store
 
 
 @pytest.fixture(scope="module")
