@@ -38,13 +38,13 @@ stored when a request is rejected.
 """
 
 import logging
+import math
 import re
 import secrets
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -94,6 +94,10 @@ def _short(value: Any, limit: int = 200) -> str:
     return r if len(r) <= limit else r[:limit] + "...'"
 
 
+#: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
+_OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
+
+
 def _describe(err: dict) -> dict:
     """Rewrite one pydantic/FastAPI error so ``msg`` names the dotted field and the offending value."""
     loc = tuple(err.get("loc", ()))
@@ -116,6 +120,10 @@ def _describe(err: dict) -> dict:
     elif path and msg.startswith(f"{path[-1]}="):
         # our validators already say "field='value': why"; give the whole dotted path
         msg = f"{field}{msg[len(path[-1]):]}"
+    elif path and _OWN_MSG.match(msg):
+        # "command[1]='x': why" or "earliest_start=...: why" (a validator naming an item or the
+        # field's own name behind an alias): put the parent's dotted path in front
+        msg = ".".join(path[:-1] + [msg]) if len(path) > 1 else msg
     elif kind == "missing":
         msg = f"{field}: {msg}"
     elif isinstance(inp, (str, int, float, bool)) or inp is None:
@@ -123,11 +131,68 @@ def _describe(err: dict) -> dict:
     else:
         msg = f"{field}: {msg}"
     out = {"loc": list(loc), "msg": msg, "type": kind}
-    if isinstance(inp, (str, int, float, bool)) or inp is None:
+    if _json_scalar(inp):  # echo the value only when it is short and JSON can carry it
         out["input"] = inp
-    elif isinstance(inp, (dict, list, datetime)):
-        out["input"] = jsonable_encoder(inp)
     return out
+
+
+#: largest request body accepted, bytes (a job spec's argv may hold up to 1 MiB)
+MAX_BODY_BYTES = 2 * 1024 * 1024
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``max_bytes`` is answered 413 before it is parsed
+    (by its Content-Length, or while it streams in when it has none)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        too_big = JSONResponse({"detail": f"request body: larger than {self.max_bytes} bytes"}, status_code=413)
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    if int(value) > self.max_bytes:
+                        return await too_big(scope, receive, send)
+                except ValueError:
+                    pass
+        seen = 0
+
+        async def limited_receive():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await too_big(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _json_scalar(v: Any) -> bool:
+    """True for ``None``, bools, ints, finite floats and short valid-UTF-8 strings."""
+    if v is None or isinstance(v, (bool, int)):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, str) and len(v) <= 200:
+        try:
+            v.encode("utf-8")
+            return True
+        except UnicodeEncodeError:
+            return False
+    return False
 
 
 def create_app(store: JobStore, settings: BrokerSettings | None = None,
@@ -145,6 +210,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     settings = settings or BrokerSettings.model_construct()
     app = FastAPI(title="fedbroker", version="1",
                   description="Submit GPU training jobs and see where, when and why they run.")
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

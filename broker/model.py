@@ -65,12 +65,39 @@ class Market(str, Enum):
     on_demand = "on_demand"
 
 
+#: bounds of any instant in a job spec (UTC): later ones overflow date arithmetic and the database
+EARLIEST_INSTANT = datetime(2000, 1, 1, tzinfo=timezone.utc)
+LATEST_INSTANT = datetime(2200, 1, 1, tzinfo=timezone.utc)
+#: longest duration, slack or checkpoint interval a spec may give, seconds (366 days, as the trace loaders)
+MAX_SPAN_S = 366 * 86400.0
+#: the kernel's limit on one argument (MAX_ARG_STRLEN, 128 KiB) and our cap on the whole argv
+MAX_ARG_BYTES = 128 * 1024
+MAX_ARGV_BYTES = 1024 * 1024
+MAX_ARGS = 4096
+
+
 def _utc(v: datetime | None, field: str) -> datetime | None:
     if v is None:
         return None
     if v.tzinfo is None:
         raise ValueError(f"{field}={v.isoformat()!r}: needs a time zone (UTC recommended)")
-    return v.astimezone(timezone.utc)
+    v = v.astimezone(timezone.utc)
+    if not (EARLIEST_INSTANT <= v < LATEST_INSTANT):
+        raise ValueError(f"{field}={v.isoformat()!r}: outside {EARLIEST_INSTANT.year}-{LATEST_INSTANT.year - 1}")
+    return v
+
+
+def _text(v: str, field: str, max_len: int) -> str:
+    """``v`` if it is valid UTF-8 text without NUL of at most ``max_len`` characters, else ``ValueError``."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{field}={v[:40]!r}: not valid UTF-8 text (lone surrogate)") from None
+    if "\x00" in v:
+        raise ValueError(f"{field}={v[:40]!r}: contains a NUL character")
+    if len(v) > max_len:
+        raise ValueError(f"{field}: {len(v)} characters, at most {max_len}")
+    return v
 
 
 class JobSpec(BaseModel):
@@ -78,7 +105,7 @@ class JobSpec(BaseModel):
 
     Fields:
         image: container image reference (``registry/repo:tag`` or ``@sha256:``).
-        command: argv list, never passed through a shell.
+        command: argv list, never passed through a shell (required).
         gpus_per_node: GPUs on each node (>= 1).
         nodes: number of nodes of the gang (>= 1).
         gpu_types: allowed GPU types (e.g. ``["V100", "A100"]``); empty = any.
@@ -104,27 +131,27 @@ class JobSpec(BaseModel):
             over the job's run, on the pool's hourly price/carbon series (live broker).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str | None = None
-    image: str = "ghcr.io/fedbroker/nccl-train:latest"
-    command: list[str] = Field(default_factory=lambda: ["torchrun", "train.py"])
+    name: str | None = Field(None, max_length=200)
+    image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512)
+    command: list[str]
     gpus_per_node: int = Field(1, ge=1, le=16)
     nodes: int = Field(1, ge=1, le=1024)
-    gpu_types: tuple[str, ...] = ()
-    min_gpu_memory_gb: float = Field(0.0, ge=0)
+    gpu_types: tuple[str, ...] = Field((), max_length=32)
+    min_gpu_memory_gb: float = Field(0.0, ge=0, le=4096)
     priority_class: PriorityClass = PriorityClass.normal
     team: str = "default"
     deadline: datetime | None = None
-    slack_s: float | None = Field(None, ge=0)
+    slack_s: float | None = Field(None, ge=0, le=MAX_SPAN_S)
     earliest_start: datetime | None = Field(None, validation_alias=AliasChoices("earliest_start", "not_before"))
-    estimated_duration_s: float = Field(3600.0, gt=0)
+    estimated_duration_s: float = Field(3600.0, gt=0, le=MAX_SPAN_S)
     spot_allowed: bool = True
     preemptible: bool = False
     checkpointable: bool = True
-    checkpoint_interval_s: float = Field(1800.0, gt=0)
-    allowed_regions: tuple[str, ...] = ()
-    max_price_usd_per_hour: float | None = Field(None, gt=0)
+    checkpoint_interval_s: float = Field(1800.0, gt=0, le=MAX_SPAN_S)
+    allowed_regions: tuple[str, ...] = Field((), max_length=256)
+    max_price_usd_per_hour: float | None = Field(None, gt=0, le=1e6)
     deferrable: bool = True
     not_after: datetime | None = None
     window: Literal["planner", "cheapest", "cleanest"] = "planner"
@@ -141,6 +168,29 @@ class JobSpec(BaseModel):
     def _command(cls, v: list[str]) -> list[str]:
         if not v or not v[0]:
             raise ValueError(f"command={v!r}: needs at least a program name")
+        if len(v) > MAX_ARGS:
+            raise ValueError(f"command: {len(v)} arguments, at most {MAX_ARGS}")
+        total = 0
+        for i, a in enumerate(v):
+            _text(a, f"command[{i}]", MAX_ARG_BYTES)
+            n = len(a.encode("utf-8"))
+            if n > MAX_ARG_BYTES:
+                raise ValueError(f"command[{i}]: {n} bytes, at most {MAX_ARG_BYTES} (the kernel's limit on one argument)")
+            total += n + 1
+        if total > MAX_ARGV_BYTES:
+            raise ValueError(f"command: {total} bytes in all, at most {MAX_ARGV_BYTES}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return None if v is None else _text(v, "name", 200)
+
+    @field_validator("gpu_types", "allowed_regions")
+    @classmethod
+    def _short_names(cls, v: tuple[str, ...], info) -> tuple[str, ...]:
+        for i, x in enumerate(v):
+            _text(x, f"{info.field_name}[{i}]", 64)
         return v
 
     @field_validator("team")

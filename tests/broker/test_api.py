@@ -101,7 +101,7 @@ def test_submit_201_with_exact_fields(client, make_team, submitted):
 def test_submit_default_deadline_and_start_window(client, make_team, store):
     _, h = make_team()
     start, end = future(2), future(5)
-    r = client.post("/v1/jobs", json={"spec": {"estimated_duration_s": 1800, "not_before": start.isoformat(),
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "estimated_duration_s": 1800, "not_before": start.isoformat(),
                                                "not_after": end.isoformat()}}, headers=h)
     assert r.status_code == 201, r.text
     j = r.json()
@@ -115,7 +115,7 @@ def test_submit_default_deadline_and_start_window(client, make_team, store):
 
 def test_idempotent_submit(client, make_team, store, submitted):
     team, h = make_team()
-    body = {"spec": {"image": "ghcr.io/acme/train:2", "gpus_per_node": 2}}
+    body = {"spec": {"command": ["true"], "image": "ghcr.io/acme/train:2", "gpus_per_node": 2}}
     r1 = client.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "run-42"})
     n_calls = len(submitted)
     r2 = client.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "run-42"})
@@ -126,7 +126,7 @@ def test_idempotent_submit(client, make_team, store, submitted):
     assert len(submitted) == n_calls  # the planner is woken for new jobs only
     assert count_jobs(store, team) == 1
     # same key, another spec: 409 naming the key; nothing stored
-    r4 = client.post("/v1/jobs", json={"spec": {"image": "ghcr.io/acme/train:2", "gpus_per_node": 4}},
+    r4 = client.post("/v1/jobs", json={"spec": {"command": ["true"], "image": "ghcr.io/acme/train:2", "gpus_per_node": 4}},
                      headers={**h, "Idempotency-Key": "run-42"})
     assert r4.status_code == 409
     assert "idempotency_key='run-42'" in r4.json()["detail"] and r1.json()["id"] in r4.json()["detail"]
@@ -144,7 +144,7 @@ def test_idempotent_submit(client, make_team, store, submitted):
 def test_idempotent_retry_is_answered_even_after_its_deadline_passed(client, make_team, store):
     team, h = make_team()
     past = (datetime.now(UTC) - timedelta(hours=1)).replace(microsecond=0)
-    job, created = store.submit(team, JobSpec(deadline=past), idempotency_key="k1",
+    job, created = store.submit(team, JobSpec(command=["true"], deadline=past), idempotency_key="k1",
                                 now=datetime.now(UTC) - timedelta(hours=3))
     assert created
     # the retry carries a deadline that is now in the past; it still answers the first job
@@ -156,17 +156,17 @@ def test_idempotent_retry_is_answered_even_after_its_deadline_passed(client, mak
 def test_submit_team_rules(client, make_team, store):
     team, h = make_team()
     # a team token may leave spec.team "default" or name its own team, not another one
-    r = client.post("/v1/jobs", json={"spec": {"team": team}}, headers=h)
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "team": team}}, headers=h)
     assert r.status_code == 201 and r.json()["team"] == team
-    r = client.post("/v1/jobs", json={"spec": {"team": "someone-else"}}, headers=h)
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "team": "someone-else"}}, headers=h)
     assert r.status_code == 403
     assert r.json()["detail"] == f"spec.team='someone-else': your token belongs to team {team!r}"
     assert count_jobs(store, "someone-else") == 0
     # an admin may submit for any team; without spec.team the job is the admin's own team
     target = "t" + uuid.uuid4().hex[:10]
-    r = client.post("/v1/jobs", json={"spec": {"team": target}}, headers=auth(ADMIN))
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "team": target}}, headers=auth(ADMIN))
     assert r.status_code == 201 and r.json()["team"] == target
-    r = client.post("/v1/jobs", json={"spec": {}}, headers=auth(ADMIN))
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=auth(ADMIN))
     assert r.status_code == 201 and r.json()["team"] == "admin"
 
 
@@ -177,7 +177,7 @@ def test_on_submit_failure_does_not_fail_the_request(store, make_team, caplog):
         raise RuntimeError("planner queue down")
 
     with TestClient(create_app(store, on_submit=boom)) as c:
-        r = c.post("/v1/jobs", json={"spec": {}}, headers=h)
+        r = c.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=h)
     assert r.status_code == 201
     assert count_jobs(store, team) == 1
     assert any("on_submit" in rec.getMessage() and r.json()["id"] in rec.getMessage() for rec in caplog.records)
@@ -185,19 +185,19 @@ def test_on_submit_failure_does_not_fail_the_request(store, make_team, caplog):
 
 # ----------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("body, loc, msg_start", [
-    ({"spec": {"gpus": 8}}, ["body", "spec", "gpus"], "spec.gpus=8: Extra inputs are not permitted"),
-    ({"spec": {}, "priority": "high"}, ["body", "priority"], "priority='high': Extra inputs are not permitted"),
-    ({"spec": {"gpus_per_node": -1}}, ["body", "spec", "gpus_per_node"],
+    ({"spec": {"command": ["true"], "gpus": 8}}, ["body", "spec", "gpus"], "spec.gpus=8: Extra inputs are not permitted"),
+    ({"spec": {"command": ["true"]}, "priority": "high"}, ["body", "priority"], "priority='high': Extra inputs are not permitted"),
+    ({"spec": {"command": ["true"], "gpus_per_node": -1}}, ["body", "spec", "gpus_per_node"],
      "spec.gpus_per_node=-1: Input should be greater than or equal to 1"),
-    ({"spec": {"gpus_per_node": 17}}, ["body", "spec", "gpus_per_node"],
+    ({"spec": {"command": ["true"], "gpus_per_node": 17}}, ["body", "spec", "gpus_per_node"],
      "spec.gpus_per_node=17: Input should be less than or equal to 16"),
-    ({"spec": {"image": "busybox; rm -rf /"}}, ["body", "spec", "image"],
+    ({"spec": {"command": ["true"], "image": "busybox; rm -rf /"}}, ["body", "spec", "image"],
      "spec.image='busybox; rm -rf /': not a valid image reference"),
-    ({"spec": {"deadline": "2020-01-01T00:00:00Z"}}, ["body", "spec", "deadline"],
+    ({"spec": {"command": ["true"], "deadline": "2020-01-01T00:00:00Z"}}, ["body", "spec", "deadline"],
      "spec.deadline='2020-01-01T00:00:00+00:00': must be after now"),
-    ({"spec": {"deadline": "2031-01-01T00:00:00"}}, ["body", "spec", "deadline"],
+    ({"spec": {"command": ["true"], "deadline": "2031-01-01T00:00:00"}}, ["body", "spec", "deadline"],
      "spec.deadline='2031-01-01T00:00:00': needs a time zone"),
-    ({"spec": {"not_after": "2021-06-01T12:00:00+00:00"}}, ["body", "spec", "not_after"],
+    ({"spec": {"command": ["true"], "not_after": "2021-06-01T12:00:00+00:00"}}, ["body", "spec", "not_after"],
      "spec.not_after='2021-06-01T12:00:00+00:00': is in the past"),
     ({}, ["body", "spec"], "spec: Field required"),
 ])
@@ -215,7 +215,7 @@ def test_submit_422_names_field_and_value(client, make_team, store, body, loc, m
 def test_submit_deadline_now_is_rejected(client, make_team, store):
     team, h = make_team()
     now = datetime.now(UTC).replace(microsecond=0)
-    r = client.post("/v1/jobs", json={"spec": {"deadline": now.isoformat()}}, headers=h)
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "deadline": now.isoformat()}}, headers=h)
     assert r.status_code == 422
     assert r.json()["detail"][0]["msg"].startswith(f"spec.deadline={now.isoformat()!r}: must be after now")
     assert count_jobs(store, team) == 0
@@ -223,12 +223,12 @@ def test_submit_deadline_now_is_rejected(client, make_team, store):
 
 def test_submit_malformed_or_non_json_body(client, make_team, store):
     team, h = make_team()
-    r = client.post("/v1/jobs", content=b'{"spec": {"gpus_per_node": 2,}}',
+    r = client.post("/v1/jobs", content=b'{"spec": {"command": ["true"], "gpus_per_node": 2,}}',
                     headers={**h, "Content-Type": "application/json"})
     assert r.status_code == 422
     assert r.json()["detail"] == [{"loc": ["body"], "type": "json_invalid",
                                    "msg": "body: not valid JSON (Expecting property name enclosed in double quotes "
-                                          "at character 29)"}]
+                                          "at character 50)"}]
     r = client.post("/v1/jobs", content=b"spec: {}", headers={**h, "Content-Type": "application/yaml"})
     assert r.status_code == 422
     assert r.json()["detail"][0]["msg"] == "body: must be a JSON object (send it with Content-Type: application/json)"
@@ -237,7 +237,7 @@ def test_submit_malformed_or_non_json_body(client, make_team, store):
 
 def test_several_errors_are_all_reported(client, make_team):
     _, h = make_team()
-    r = client.post("/v1/jobs", json={"spec": {"gpus_per_node": 0, "nodes": 0, "bogus": True}}, headers=h)
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 0, "nodes": 0, "bogus": True}}, headers=h)
     assert r.status_code == 422
     assert sorted(e["loc"][-1] for e in r.json()["detail"]) == ["bogus", "gpus_per_node", "nodes"]
 
@@ -253,7 +253,7 @@ def test_401_without_a_valid_token(client, headers, store):
         assert r.headers["www-authenticate"].startswith("Bearer")
         assert isinstance(r.json()["detail"], str) and r.json()["detail"]
     n = count_jobs(store, "default")
-    r = client.post("/v1/jobs", json={"spec": {}}, headers=headers)
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=headers)
     assert r.status_code == 401 and count_jobs(store, "default") == n
 
 
@@ -271,8 +271,8 @@ def test_revoked_token_is_401(client, store):
 def test_team_isolation(client, make_team, store):
     a, ha = make_team()
     b, hb = make_team()
-    ja = client.post("/v1/jobs", json={"spec": {"name": "a-job"}}, headers=ha).json()
-    jb = client.post("/v1/jobs", json={"spec": {"name": "b-job"}}, headers=hb).json()
+    ja = client.post("/v1/jobs", json={"spec": {"command": ["true"], "name": "a-job"}}, headers=ha).json()
+    jb = client.post("/v1/jobs", json={"spec": {"command": ["true"], "name": "b-job"}}, headers=hb).json()
     missing = "job-" + "0" * 16
     for path in (f"/v1/jobs/{ja['id']}", f"/v1/jobs/{ja['id']}/logs", f"/v1/jobs/{ja['id']}/explain"):
         r = client.get(path, headers=hb)
@@ -308,7 +308,7 @@ def test_malformed_job_id_is_404(client, make_team):
 # ----------------------------------------------------------------------------- list
 def test_list_filters_order_and_paging(client, make_team, store):
     team, h = make_team()
-    ids = [client.post("/v1/jobs", json={"spec": {"name": f"j{i}"}}, headers=h).json()["id"] for i in range(4)]
+    ids = [client.post("/v1/jobs", json={"spec": {"command": ["true"], "name": f"j{i}"}}, headers=h).json()["id"] for i in range(4)]
     client.post(f"/v1/jobs/{ids[1]}/cancel", headers=h)
     r = client.get("/v1/jobs", headers=h)
     assert [j["id"] for j in r.json()] == ids[::-1]  # newest first
@@ -336,7 +336,7 @@ def test_list_422(client, make_team, params, loc, msg_start):
 # ----------------------------------------------------------------------------- cancel
 def test_cancel_submitted_job(client, make_team):
     _, h = make_team()
-    j = client.post("/v1/jobs", json={"spec": {}}, headers=h).json()
+    j = client.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=h).json()
     r = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h)
     assert r.status_code == 200
     c = r.json()
@@ -352,7 +352,7 @@ def test_cancel_submitted_job(client, make_team):
 
 def test_cancel_finished_job_is_409(client, make_team, store):
     _, h = make_team()
-    j = client.post("/v1/jobs", json={"spec": {}}, headers=h).json()
+    j = client.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=h).json()
     for to in ("queued", "starting", "running", "succeeded"):
         assert store.transition(j["id"], to, f"test: {to}")
     r = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h)
@@ -363,7 +363,7 @@ def test_cancel_finished_job_is_409(client, make_team, store):
 
 def test_cancel_running_job_requests_the_agent(client, make_team, store):
     _, h = make_team()
-    j = client.post("/v1/jobs", json={"spec": {}}, headers=h).json()
+    j = client.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=h).json()
     for to in ("queued", "starting", "running"):
         store.transition(j["id"], to, f"test: {to}")
     c = client.post(f"/v1/jobs/{j['id']}/cancel", headers=h).json()
@@ -373,7 +373,7 @@ def test_cancel_running_job_requests_the_agent(client, make_team, store):
 # ----------------------------------------------------------------------------- logs, explain, nodes
 def test_logs(client, make_team, store):
     _, h = make_team()
-    j = client.post("/v1/jobs", json={"spec": {"nodes": 2}}, headers=h).json()
+    j = client.post("/v1/jobs", json={"spec": {"command": ["true"], "nodes": 2}}, headers=h).json()
     r = client.get(f"/v1/jobs/{j['id']}/logs", headers=h)
     assert r.json() == {"job_id": j["id"], "attempt": 0, "rank": 0, "text": "", "truncated": False}
     store.transition(j["id"], "queued", "test")
@@ -405,7 +405,7 @@ def test_logs(client, make_team, store):
 
 def test_explain(client, make_team, store):
     _, h = make_team()
-    j = client.post("/v1/jobs", json={"spec": {"gpus_per_node": 8}}, headers=h).json()
+    j = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 8}}, headers=h).json()
     ex = client.get(f"/v1/jobs/{j['id']}/explain", headers=h).json()
     assert set(ex) == {"job", "decision", "events", "attempts"}
     assert ex["decision"] is None and ex["attempts"] == [] and ex["job"]["id"] == j["id"]
@@ -487,8 +487,8 @@ def test_sqlite_store_round_trip(tmp_path):
     with TestClient(create_app(st)) as c:
         assert c.get("/healthz").json() == {"status": "ok", "database": "ok"}
         h = {**auth(tok), "Idempotency-Key": "once"}
-        r1 = c.post("/v1/jobs", json={"spec": {"gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
-        r2 = c.post("/v1/jobs", json={"spec": {"gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
+        r1 = c.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
+        r2 = c.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
         assert (r1.status_code, r2.status_code) == (201, 200) and r1.json()["id"] == r2.json()["id"]
         assert r1.json()["team"] == "solo" and r1.json()["state"] == "submitted"
         assert [j["id"] for j in c.get("/v1/jobs", headers=auth(tok)).json()] == [r1.json()["id"]]
@@ -505,3 +505,41 @@ def test_sqlite_validation_stores_nothing(tmp_path):
     assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("spec.command=[]: needs at least a program")
     assert count_jobs(st, "solo") == 0
     st.drop_schema()
+
+
+@pytest.mark.parametrize("raw, loc, start", [
+    (b'{"spec": {"command": ["true"], "estimated_duration_s": 1e400}}', ["body", "spec", "estimated_duration_s"],
+     "spec.estimated_duration_s=inf: Input should be a finite number"),
+    (b'{"spec": {"command": ["true"], "estimated_duration_s": 1e12}}', ["body", "spec", "estimated_duration_s"],
+     "spec.estimated_duration_s=1000000000000.0: Input should be less than or equal to 31622400"),
+    (b'{"spec": {"command": ["true"], "slack_s": Infinity}}', ["body", "spec", "slack_s"],
+     "spec.slack_s=inf: Input should be a finite number"),
+    (b'{"spec": {"command": ["true"], "min_gpu_memory_gb": NaN}}', ["body", "spec", "min_gpu_memory_gb"],
+     "spec.min_gpu_memory_gb=nan: Input should be a finite number"),
+    (b'{"spec": {"command": ["true"], "checkpoint_interval_s": Infinity}}', ["body", "spec", "checkpoint_interval_s"],
+     "spec.checkpoint_interval_s=inf: Input should be a finite number"),
+    (b'{"spec": {"command": ["echo", "\\ud800"]}}', ["body", "spec", "command"],
+     "spec.command[1]='\\ud800': not valid UTF-8 text"),
+    (b'{"spec": {"command": ["a\\u0000b"]}}', ["body", "spec", "command"], "spec.command[0]='a\\x00b': contains a NUL"),
+    (b'{"spec": {"command": ["true"], "not_before": "9999-12-31T23:00:00Z"}}', ["body", "spec", "not_before"],
+     "spec.earliest_start='9999-12-31T23:00:00+00:00': outside 2000-2199"),
+    (b'{"spec": {"name": "no-command"}}', ["body", "spec", "command"], "spec.command: Field required"),
+])
+def test_submit_rejects_non_finite_huge_or_unencodable_values(client, make_team, store, raw, loc, start):
+    """Found by a fresh user: these once gave 500s, or were stored and broke every later list."""
+    team, h = make_team()
+    r = client.post("/v1/jobs", content=raw, headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    [err] = r.json()["detail"]
+    assert err["loc"] == loc and err["msg"].startswith(start), err["msg"]
+    assert client.get("/v1/jobs", headers=h).json() == []  # nothing stored, and listing still works
+
+
+def test_a_body_over_the_limit_is_413_before_parsing(client, make_team, store):
+    from broker.api import MAX_BODY_BYTES
+
+    team, h = make_team()
+    big = b'{"spec": {"command": ["true"], "name": "' + b"x" * MAX_BODY_BYTES + b'"}}'
+    r = client.post("/v1/jobs", content=big, headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["detail"] == f"request body: larger than {MAX_BODY_BYTES} bytes"
+    assert client.get("/v1/jobs", headers=h).json() == []

@@ -93,7 +93,7 @@ def test_submit_yaml_then_status_list_cancel(run, tmp_path, store):
 
 def test_submit_with_idempotency_key_and_plain_output(run, tmp_path, store):
     f = tmp_path / "job.json"
-    f.write_text(json.dumps({"gpus_per_node": 1, "estimated_duration_s": 60}))
+    f.write_text(json.dumps({"command": ["true"], "gpus_per_node": 1, "estimated_duration_s": 60}))
     r1 = run("submit", str(f), "--idempotency-key", "k-1")
     r2 = run("submit", str(f), "--idempotency-key", "k-1")
     assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
@@ -103,7 +103,7 @@ def test_submit_with_idempotency_key_and_plain_output(run, tmp_path, store):
 
 def test_submit_wait_times_out_with_exit_1(run, tmp_path):
     f = tmp_path / "job.yaml"
-    f.write_text("gpus_per_node: 1\n")
+    f.write_text("command: [\"true\"]\ngpus_per_node: 1\n")
     r = run("submit", str(f), "--wait", "--timeout", "0.3", "--json")
     assert r.exit_code == 1, r.output
     assert json.loads(r.stdout)["state"] == "submitted"  # no planner runs in this test
@@ -153,7 +153,7 @@ def test_unreachable_broker_exits_1(run):
 
 
 def test_explain_and_logs(run, store):
-    j, _ = store.submit(run.team, JobSpec(gpus_per_node=8))
+    j, _ = store.submit(run.team, JobSpec(command=["true"], gpus_per_node=8))
     chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
     alt = OptionEstimate("cloud", "aws:us-east-1a:p3.16xlarge:spot", 1.7e9, 300.0, 3600.0, 7.34, 2.6, 1.01, 7.53)
     rec = Decision(j.id, DecisionKind.start, chosen, pool="toronto", alternatives=(alt,), reason="cheapest").record()

@@ -192,14 +192,14 @@ def test_lazy_export():
 def test_submit_get_list(team_client, store):
     team, c = team_client()
     dl = future(20)
-    job = c.submit({"name": "bert", "image": "ghcr.io/acme/bert:3", "gpus_per_node": 2, "deadline": dl,
+    job = c.submit({"command": ["true"], "name": "bert", "image": "ghcr.io/acme/bert:3", "gpus_per_node": 2, "deadline": dl,
                     "estimated_duration_s": 5400})
     assert job.state == "submitted" and job.team == team and job.version == 1
     assert job.spec.gpus_per_node == 2 and job.spec.estimated_duration_s == 5400 and job.deadline == dl
     assert job.idempotency_key is not None  # the SDK always sends one
     uuid.UUID(job.idempotency_key)
     assert c.get(job.id) == job
-    job2 = c.submit(JobSpec(name="gpt", gpus_per_node=8, nodes=2, gpu_types=("A100",)))
+    job2 = c.submit(JobSpec(command=["true"], name="gpt", gpus_per_node=8, nodes=2, gpu_types=("A100",)))
     assert job2.spec.total_gpus == 16 and job2.team == team
     assert [j.id for j in c.list()] == [job2.id, job.id]
     assert [j.id for j in c.list(limit=1)] == [job2.id]
@@ -209,21 +209,21 @@ def test_submit_get_list(team_client, store):
 
 def test_submit_with_same_key_is_one_job(team_client, store):
     team, c = team_client()
-    a = c.submit({"gpus_per_node": 1}, idempotency_key="nightly-2024-01-01")
-    b = c.submit({"gpus_per_node": 1}, idempotency_key="nightly-2024-01-01")
+    a = c.submit({"command": ["true"], "gpus_per_node": 1}, idempotency_key="nightly-2024-01-01")
+    b = c.submit({"command": ["true"], "gpus_per_node": 1}, idempotency_key="nightly-2024-01-01")
     assert a.id == b.id and count_jobs(store, team) == 1
     with pytest.raises(Conflict) as e:
-        c.submit({"gpus_per_node": 4}, idempotency_key="nightly-2024-01-01")
+        c.submit({"command": ["true"], "gpus_per_node": 4}, idempotency_key="nightly-2024-01-01")
     assert e.value.status == 409 and "nightly-2024-01-01" in str(e.value)
     assert count_jobs(store, team) == 1
 
 
 def test_cancel_and_conflict(team_client, store):
     _, c = team_client()
-    job = c.submit({})
+    job = c.submit({"command": ["true"]})
     cancelled = c.cancel(job.id)
     assert cancelled.state == "cancelled" and cancelled.done and cancelled.cancel_requested
-    done = c.submit({})
+    done = c.submit({"command": ["true"]})
     for to in ("queued", "starting", "running", "failed"):
         store.transition(done.id, to, "test")
     with pytest.raises(Conflict, match="already failed") as e:
@@ -233,7 +233,7 @@ def test_cancel_and_conflict(team_client, store):
 
 def test_wait_timeout_carries_the_last_view(team_client):
     _, c = team_client()
-    job = c.submit({})
+    job = c.submit({"command": ["true"]})
     t0 = time.monotonic()
     with pytest.raises(WaitTimeout) as e:
         c.wait(job.id, timeout=0.4, poll_s=0.05)
@@ -245,7 +245,7 @@ def test_wait_timeout_carries_the_last_view(team_client):
 
 def test_wait_returns_when_terminal(team_client, store):
     _, c = team_client()
-    job = c.submit({})
+    job = c.submit({"command": ["true"]})
 
     def finish():
         time.sleep(0.3)
@@ -267,12 +267,12 @@ def test_typed_exceptions(team_client, server, store):
     with pytest.raises(NotFound):
         c.get("not-a-job-id")
     with pytest.raises(ValidationFailed) as e:
-        c.submit({"gpus_per_node": -1, "image": "busybox; rm -rf /"})
+        c.submit({"command": ["true"], "gpus_per_node": -1, "image": "busybox; rm -rf /"})
     assert e.value.status == 422
     msgs = sorted(err["msg"] for err in e.value.errors)
     assert msgs[0].startswith("spec.gpus_per_node=-1: ") and msgs[1].startswith("spec.image='busybox; rm -rf /': ")
     with pytest.raises(ValidationFailed, match=r"spec.deadline='2020-01-01T00:00:00\+00:00': must be after now"):
-        c.submit({"deadline": datetime(2020, 1, 1, tzinfo=UTC)})
+        c.submit({"command": ["true"], "deadline": datetime(2020, 1, 1, tzinfo=UTC)})
     with pytest.raises(ValidationFailed, match="state='nope'"):
         c.list(state="nope")
     with pytest.raises(AuthError) as e:
@@ -309,7 +309,7 @@ def test_503_is_broker_unavailable():
 
 def test_logs_explain_nodes(team_client, store):
     _, c = team_client()
-    job = c.submit({})
+    job = c.submit({"command": ["true"]})
     assert c.logs(job.id) == ""
     store.transition(job.id, "queued", "test")
     store.transition(job.id, "starting", "test", attempt=1)
@@ -334,13 +334,13 @@ def test_env_defaults(monkeypatch, server, store):
     monkeypatch.setenv("FEDBROKER_TOKEN", tok)
     c = Client()
     assert c.url == server.url
-    assert c.submit({}).team == "envteam"
+    assert c.submit({"command": ["true"]}).team == "envteam"
 
 
 def test_admin_sees_every_team(team_client, server):
     a, ca = team_client()
     b, cb = team_client()
-    ja, jb = ca.submit({}), cb.submit({})
+    ja, jb = ca.submit({"command": ["true"]}), cb.submit({"command": ["true"]})
     admin = Client(server.url, ADMIN)
     assert admin.get(ja.id).team == a and admin.get(jb.id).team == b
     assert [j.id for j in admin.list(team=b)] == [jb.id]
@@ -355,7 +355,7 @@ def test_retried_submit_creates_one_job(team_client, server, store):
     try:
         team, c0 = team_client()
         c = Client(proxy.url, c0.token, retries=3)
-        job = c.submit({"name": "retried", "gpus_per_node": 2})
+        job = c.submit({"command": ["true"], "name": "retried", "gpus_per_node": 2})
     finally:
         proxy.close()
     assert proxy.requests == [b"POST /v1/jobs HTTP/1.1", b"POST /v1/jobs HTTP/1.1"]

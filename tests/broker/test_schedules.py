@@ -326,7 +326,7 @@ def test_store_create_get_pause_resume_delete(any_store):
     assert [s.id for s in st.schedules("vision")] == [x.id]
     assert [s.id for s in st.schedules()] == [y.id, x.id]  # by team, then name
 
-    bad = JobSpec.model_validate({"not_before": "2099-01-01T00:00:00Z", "not_after": "2099-01-02T00:00:00Z",
+    bad = JobSpec.model_validate({"command": ["true"], "not_before": "2099-01-01T00:00:00Z", "not_after": "2099-01-02T00:00:00Z",
                                   "deadline": "2099-01-03T00:00:00Z"})
     with pytest.raises(InvalidSchedule) as e:
         st.create_schedule("vision", "bad name!", "61 * * * *", "Mars/Base", bad, now=CREATED)
