@@ -229,6 +229,8 @@ class Schedule(Base):
     next_fire_at: Mapped[datetime]
     last_fire_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
+    #: why the reconciler paused it (its run could not be created), until it is resumed
+    last_error: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (UniqueConstraint("team", "name", name="uq_schedules_team_name"),)
 

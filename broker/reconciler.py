@@ -153,13 +153,23 @@ class Reconciler:
             due = s.execute(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)).scalars().all()
             due = [(d.id, d.team, d.cron, d.timezone, d.spec, d.last_fire_at, d.created_at, d.next_fire_at) for d in due]
         for sid, team, cron, tz, spec, last, created, nxt in due:
-            fires = due_fires(cron, tz, last, created, now, max_catchup=1)
-            for fire in fires:
-                run_spec = JobSpec.model_validate({**spec, "team": team})
-                _, created_job = self.store.submit(team, run_spec, idempotency_key=f"schedule:{sid}:{fire.isoformat()}",
-                                                   now=now, schedule_id=sid)
-                out["scheduled"] += created_job
-            new_next = next_fire(cron, tz, now)
+            fires = []
+            try:
+                fires = due_fires(cron, tz, last, created, now, max_catchup=1)
+                for fire in fires:
+                    run_spec = JobSpec.model_validate({**spec, "team": team})
+                    _, created_job = self.store.submit(team, run_spec, now=now, schedule_id=sid,
+                                                       idempotency_key=f"schedule:{sid}:{fire.isoformat()}")
+                    out["scheduled"] += created_job
+                new_next = next_fire(cron, tz, now)
+            except Exception as e:  # one bad schedule must not stop the others; it is paused with the reason
+                log.exception("schedule %s (team %s) could not create its run; pausing it", sid, team)
+                out.setdefault("schedule_errors", {})[sid] = f"{type(e).__name__}: {e}"
+                with self.store.session() as s:
+                    s.execute(update(Schedule).where(Schedule.id == sid).values(
+                        enabled=False, last_error=f"paused at {now.isoformat(timespec='seconds')}: "
+                                                  f"its run could not be created ({type(e).__name__}: {e})"[:2000]))
+                continue
             with self.store.session() as s:
                 s.execute(update(Schedule).where(Schedule.id == sid, Schedule.next_fire_at == nxt)
                           .values(next_fire_at=new_next, last_fire_at=fires[-1] if fires else last))

@@ -179,7 +179,7 @@ class ScheduleView(BaseModel):
     ``timezone``; ``enabled`` is false while paused; ``next_fire_at`` is the next fire
     instant (UTC) the reconciler acts on, ``last_fire_at`` the last one that created a
     job (``None`` before the first); ``spec`` is the job every fire submits (its
-    ``team`` is the schedule's).
+    ``team`` is the schedule's); ``last_error`` says why the reconciler paused it, if it did.
     """
 
     id: str
@@ -192,6 +192,7 @@ class ScheduleView(BaseModel):
     next_fire_at: datetime
     last_fire_at: datetime | None = None
     created_at: datetime
+    last_error: str | None = None
 
 
 class ErrorBody(BaseModel):

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from pydantic import ValidationError
 from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
@@ -176,9 +177,18 @@ def default_deadline(submitted: datetime, spec: JobSpec) -> datetime:
     return start + timedelta(seconds=d + slack)
 
 
+def _stored_spec(raw: dict) -> JobSpec:
+    """The stored spec as a :class:`JobSpec`; a row that today's rules reject (written by an older
+    version) is shown as stored instead of failing every read that includes it."""
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError:
+        return JobSpec.model_construct(**raw)
+
+
 def _job_view(j: Job) -> JobView:
     return JobView(id=j.id, team=j.team, name=j.name, state=j.state, version=j.version,
-                   spec=JobSpec.model_validate(j.spec), created_at=j.created_at, updated_at=j.updated_at,
+                   spec=_stored_spec(j.spec), created_at=j.created_at, updated_at=j.updated_at,
                    not_before=j.not_before, not_after=j.not_after, deadline=j.deadline, reason=j.reason,
                    placement=j.placement, attempt=j.attempt, started_at=j.started_at, finished_at=j.finished_at,
                    exit_code=j.exit_code, cancel_requested=j.cancel_requested, idempotency_key=j.idempotency_key,
@@ -187,8 +197,8 @@ def _job_view(j: Job) -> JobView:
 
 def _schedule_view(r: Schedule) -> ScheduleView:
     return ScheduleView(id=r.id, team=r.team, name=r.name, cron=r.cron, timezone=r.timezone,
-                        spec=JobSpec.model_validate(r.spec), enabled=r.enabled, next_fire_at=r.next_fire_at,
-                        last_fire_at=r.last_fire_at, created_at=r.created_at)
+                        spec=_stored_spec(r.spec), enabled=r.enabled, next_fire_at=r.next_fire_at,
+                        last_fire_at=r.last_fire_at, created_at=r.created_at, last_error=r.last_error)
 
 
 class JobStore:
@@ -599,6 +609,7 @@ class JobStore:
                                        + (f" for team {team!r}" if team else ""))
             if enabled and not r.enabled:
                 r.next_fire_at = next_fire(r.cron, r.timezone, now)
+                r.last_error = None
             r.enabled = bool(enabled)
             s.flush()
             return _schedule_view(r)

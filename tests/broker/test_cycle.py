@@ -243,3 +243,22 @@ def test_a_job_that_keeps_failing_to_start_fails_after_max_attempts(pg_store, en
     j = store.get(jid)
     assert j.state == "failed" and j.reason == "gave up after 2 attempts; the last: still starting after 60 s"
     assert [a.outcome for a in store.attempts(jid)] == ["timed_out", "timed_out"]
+
+
+def test_a_schedule_whose_run_cannot_be_created_is_paused_and_the_others_still_fire(any_store, env):
+    """Found by a fresh user: one bad schedule's exception stopped every later schedule's run."""
+    from broker.db import Schedule
+
+    store = any_store
+    t0 = utcnow().replace(microsecond=0)
+    good = store.create_schedule("ml", "good", "* * * * *", "UTC", _spec(), now=t0)
+    bad = store.create_schedule("ml", "bad", "* * * * *", "UTC", _spec(), now=t0)
+    with store.session() as s:  # a row stored before today's validation rules (e.g. by an older version)
+        s.get(Schedule, bad.id).spec = {"command": ["true"], "estimated_duration_s": -5}
+    fire = good.next_fire_at
+    out = Reconciler(store, BrokerSettings()).run(fire)
+    assert out["scheduled"] == 1 and list(out["schedule_errors"]) == [bad.id]
+    assert [j.schedule_id for j in store.list_jobs()] == [good.id]
+    b = store.get_schedule(bad.id)
+    assert not b.enabled and "its run could not be created (ValidationError" in b.last_error
+    assert store.set_schedule_enabled(bad.id, True).last_error is None
