@@ -79,9 +79,11 @@ def load_job_file(path: Path):
     from broker.model import JobSpec
 
     try:
-        raw = path.read_text()
+        raw = path.read_text(encoding="utf-8")
     except OSError as e:
         raise JobFileError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise JobFileError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     try:
         data = json.loads(raw) if path.suffix.lower() == ".json" else yaml.safe_load(raw)
     except json.JSONDecodeError as e:
@@ -118,8 +120,8 @@ def _client(url: str | None, token: str | None):
 
     try:
         return Client(url=url, token=token, retries=3)
-    except SettingsError as e:
-        _fail(str(e), 2)
+    except (SettingsError, ValueError) as e:
+        _fail(str(e).replace("url=", "--url=").replace("token:", "--token (or FEDBROKER_TOKEN):"), 2)
 
 
 def _call(c, fn, *args, **kwargs):

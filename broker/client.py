@@ -111,6 +111,8 @@ class Client:
         timeout: seconds to wait for each HTTP answer.
         retries: retries of connection errors, read errors and 502/503/504 per call
             (backoff 0, 0.4, 0.8, ... s, at most 10 s).
+
+    Raises ``ValueError`` naming ``url`` or ``token`` when they cannot be right.
     """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0, retries: int = 5):
@@ -120,8 +122,12 @@ class Client:
             from broker.settings import load_settings
 
             url = load_settings().effective_api_url
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url={url!r}: not an http:// or https:// URL of the broker API")
         self.url = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("FEDBROKER_TOKEN")
+        if self.token is not None and not (self.token.isascii() and self.token.isprintable() and " " not in self.token):
+            raise ValueError("token: not a fedbroker API token (printable ASCII without spaces, e.g. 'fbk_...')")
         self.timeout = timeout
         retry = Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
                       allowed_methods=None,  # every method: POST /v1/jobs is idempotent by its key
@@ -162,6 +168,10 @@ class Client:
                                     f"within {self.timeout:g} s ({e})") from e
         except requests.exceptions.ConnectionError as e:
             raise BrokerUnavailable(f"cannot reach the broker at {self.url} ({_root_cause(e)})") from e
+        except requests.exceptions.InvalidJSONError as e:  # e.g. NaN or infinity in a dict spec
+            raise ValidationFailed(f"request body: cannot be sent as JSON ({e})", status=None) from e
+        except requests.exceptions.RequestException as e:  # bad URL and the like
+            raise BrokerError(f"{method} {self.url}{path}: {e}") from e
         if r.status_code < 400:
             return r.json() if r.status_code != 204 and r.content else None
         raise _error_for(r)

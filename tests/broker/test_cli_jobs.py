@@ -190,3 +190,24 @@ def test_tokens_create(tmp_path):
     r = CliRunner().invoke(cli.app, ["tokens", "create", "--team", "bad team!"],
                            env={"FEDBROKER_DATABASE_URL": f"sqlite:///{db}", "FEDBROKER_CONFIG": None})
     assert r.exit_code == 2 and "team='bad team!'" in r.output
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["list", "--url", "notaurl", "--token", "abc"], {}, "error: --url='notaurl': not an http:// or https:// URL"),
+    (["list", "--url", "http://127.0.0.1:9"], {"FEDBROKER_TOKEN": "t\u00e9"},
+     "error: --token (or FEDBROKER_TOKEN): not a fedbroker API token"),
+])
+def test_bad_url_or_token_exits_2_with_a_message(args, env, message):
+    r = CliRunner().invoke(cli.app, args, env=env)
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"name: \xff\ncommand: [echo]\n", "not UTF-8 text (byte 0xff at offset 6)"),
+    (b"command: [echo]\nestimated_duration_s: .inf\n", "estimated_duration_s=inf: Input should be a finite number"),
+])
+def test_unreadable_or_non_finite_job_file_exits_2(tmp_path, content, message):
+    f = tmp_path / "job.yaml"
+    f.write_bytes(content)
+    r = CliRunner().invoke(cli.app, ["submit", str(f), "--url", "http://127.0.0.1:9", "--token", "abc"])
+    assert r.exit_code == 2 and message in r.output, r.output
