@@ -266,10 +266,8 @@ class PlanningCycle:
         choice = best_start(earliest_s=earliest, latest_start_s=latest, runtime_s=runtime, power_kw=kw,
                             price=sig.price(pool.price_zone), carbon=sig.carbon(pool.carbon_zone),
                             prefer=spec.window, slot_s=self.env.planner.slot_s)
-        what = "cost" if spec.window == "cheapest" else "emissions"
-        return _dt(choice.start_s), (f"{spec.window} window on pool {pool.name}: start {_dt(choice.start_s).isoformat()} "
-                                     f"({what} over the run: ${choice.cost_usd:.4f}, {choice.carbon_kg:.4f} kgCO2e; "
-                                     f"{choice.candidates} candidate starts) {choice.reason}".strip())
+        return _dt(choice.start_s), (f"{spec.window} window on pool {pool.name}: {choice.reason} "
+                                     f"(electricity ${choice.cost_usd:.4f}, {choice.carbon_kg:.4f} kgCO2e over the run)")
 
     # ------------------------------------------------------------------ snapshot
     def live_nodes(self, s, now: datetime) -> list[LiveNode]:
