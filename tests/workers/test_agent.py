@@ -188,3 +188,37 @@ def test_high_priority_job_preempts_a_preemptible_one(pg_store, env, tmp_path):
     assert ev[4].reason == f"preemption requested for {high}"
     assert ev[5].reason == "preempted by a higher-priority job"
     assert pg_store.attempts(low)[0].outcome == "interrupted"
+
+
+def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, env, tmp_path):
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1, "n2": 1})
+    out = tmp_path / "ended"
+    script = f'trap "echo $NODE_RANK stopped >> {out}; exit 143" TERM; while true; do sleep 0.1; done'
+    jid = pg_store.submit("ml", sh(script, nodes=2, estimated_duration_s=3600.0))[0].id
+    rig.until(lambda: rig.state(jid) == "running", what="the gang to run")
+    rig.until(lambda: len(rig.agents["n1"].runtime.list()) == 1 and len(rig.agents["n2"].runtime.list()) == 1,
+              what="both ranks to run")
+    # n2 falls silent (its agent is gone with the host; its rank keeps running like a hung process)
+    lost_agent = rig.agents.pop("n2")
+    later = utcnow() + timedelta(seconds=rig.settings.node_lost_after_s + 1)
+    rig.agents["n1"].heartbeat()
+    with pg_store.session() as s:  # n1 stays fresh at the reconciler's clock
+        from broker.db import Node
+
+        s.get(Node, "n1").last_heartbeat_at = later
+    out_rec = Reconciler(pg_store, rig.settings).run(later)
+    assert out_rec["lost_nodes"] == 1 and out_rec["requeued"] == 1
+    # n1's agent stops its rank: the attempt is no longer the job's
+    end = time.monotonic() + 10
+    while time.monotonic() < end and rig.agents["n1"].runtime.list():
+        rig.agents["n1"].supervise_once()
+        time.sleep(0.05)
+    assert rig.agents["n1"].runtime.list() == []
+    assert out.read_text() == "0 stopped\n"
+    # and when the lost host's agent comes back, it stops its stale rank too
+    end = time.monotonic() + 10
+    while time.monotonic() < end and lost_agent.runtime.list():
+        lost_agent.supervise_once()
+        time.sleep(0.05)
+    assert sorted(out.read_text().splitlines()) == ["0 stopped", "1 stopped"]
+    assert pg_store.attempts(jid)[0].outcome == "lost"
