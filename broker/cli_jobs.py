@@ -8,7 +8,7 @@ Commands::
     fedbroker cancel JOB_ID [--json]
     fedbroker logs JOB_ID [--attempt N] [--rank R]
     fedbroker explain JOB_ID [--json]
-    fedbroker nodes [--json]
+    fedbroker nodes [list] [--json]               (broker.cli_nodes; also `nodes probe`)
     fedbroker schedule create NAME JOB.yaml --cron "0 2 * * *" [--timezone Europe/London] [--json]
     fedbroker schedule list [--team T] [--json]
     fedbroker schedule pause SCHEDULE_ID [--json]
@@ -213,7 +213,8 @@ def _schedule_action(method: str, schedule_id: str, url, token, as_json: bool) -
 
 
 def register(app: typer.Typer) -> None:
-    """Add the job commands (submit, status, list, cancel, logs, explain, nodes, schedule, tokens) to ``app``."""
+    """Add the job commands (submit, status, list, cancel, logs, explain, schedule, tokens) to ``app``
+    (``nodes`` is in :mod:`broker.cli_nodes`)."""
 
     @app.command()
     def submit(file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields."),
@@ -369,22 +370,6 @@ def register(app: typer.Typer) -> None:
                            _t(a.started_at), _t(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
                            a.outcome or "-", escape(a.reason))
             con.print(at)
-
-    @app.command()
-    def nodes(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """List the on-prem nodes: GPUs, health, last heartbeat."""
-        c = _client(url, token)
-        ns = _call(c, c.nodes)
-        if as_json:
-            _echo_json(ns)
-            return
-        tab = Table(title=f"{len(ns)} node(s)")
-        for col in ("name", "pool", "gpus", "healthy", "state", "last heartbeat"):
-            tab.add_column(col)
-        for n in ns:
-            tab.add_row(n.name, n.pool, f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB",
-                        ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, _t(n.last_heartbeat_at))
-        _console().print(tab)
 
     schedule = typer.Typer(no_args_is_help=True,
                            help="Recurring runs: submit a job at every fire of a cron expression.")

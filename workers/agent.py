@@ -44,6 +44,8 @@ from broker.db import Attempt, Job, utcnow
 from broker.reconciler import requeue_lost
 from broker.states import JobState
 from broker.store import JobStore
+from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
+from providers.launch import default_route_interface, launch_spec, process_environment
 
 __all__ = ["NodeAgent", "run_attempt", "current_agent", "set_current_agent", "RENDEZVOUS_PORT"]
 
@@ -53,7 +55,7 @@ SUPERVISE_S = 0.5
 #: an attempt must look lost (shim gone, no exit code) this long before its job is requeued, seconds
 LOST_CONFIRM_S = 2.0
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default)
-RENDEZVOUS_PORT = 29500
+RENDEZVOUS_PORT = _LAUNCH_PORT  # 29500, defined once in providers.launch
 
 _AGENT: "NodeAgent | None" = None
 
@@ -139,15 +141,12 @@ class NodeAgent:
             part = mine[0]
             spec = dict(j.spec)
         key = AttemptKey(job_id, attempt, rank)
-        env = {
-            "NODE_RANK": str(rank),
-            "NNODES": str(len(parts)),
-            "GPUS_PER_NODE": str(len(part["gpus"])),
-            "MASTER_ADDR": parts[0]["node"] if len(parts) > 1 else "127.0.0.1",
-            "MASTER_PORT": str(RENDEZVOUS_PORT),
-        }
         try:
-            self.runtime.launch(key, list(spec["command"]), env=env, gpus=part["gpus"])
+            ls = self._launch_spec(job_id, attempt, rank, spec, parts, part)
+            # the runtime sets CUDA_VISIBLE_DEVICES and FEDBROKER_JOB_ID/ATTEMPT/RANK itself
+            env = process_environment(ls)
+            Path(ls.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            self.runtime.launch(key, list(ls.command), env=env, gpus=part["gpus"])
         except AlreadyLaunched:
             self._mark_running(job_id, attempt)
             return "duplicate"
@@ -166,6 +165,23 @@ class NodeAgent:
             return f"launch failed: {e}"
         self._mark_running(job_id, attempt)
         return "started"
+
+    def _launch_spec(self, job_id: str, attempt: int, rank: int, spec: dict, parts: list, part: dict):
+        """The :class:`providers.launch.LaunchSpec` of this rank: the same environment as a container
+        or a cloud instance would get (:func:`providers.launch.job_environment`). Rank 0's node name
+        is the rendezvous address (``127.0.0.1`` for a single node); checkpoints live under
+        ``state_dir/checkpoints/<team>/<job_id>``; the NCCL interface is the agent's
+        ``$NCCL_SOCKET_IFNAME`` if set, else the interface of the default route."""
+        from broker.model import JobSpec
+
+        return launch_spec(
+            JobSpec.model_validate(spec), job_id, attempt, rank, nnodes=len(parts),
+            master_addr=parts[0]["node"] if len(parts) > 1 else "127.0.0.1",
+            gpu_devices=tuple(part["gpus"]),
+            checkpoint_root=str(Path(self.settings.state_dir).resolve() / "checkpoints"),
+            grace_s=self.settings.cancel_grace_s,
+            nccl_socket_ifname=os.environ.get("NCCL_SOCKET_IFNAME") or default_route_interface(),
+        )
 
     def _mark_running(self, job_id: str, attempt: int) -> None:
         for _ in range(10):
