@@ -289,7 +289,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                          403: {"model": ErrorBody, "description": "spec.team is another team"},
                          409: {"model": ErrorBody, "description": "idempotency key used with another spec"}})
     def submit(body: SubmitRequest, response: Response, who: Caller,
-               idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1,
+               idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, pattern=r"^[\x21-\x7e]+$",
                                                                     max_length=200)] = None) -> JobView:
         """Store a job in state ``submitted`` for the planner.
 

@@ -44,6 +44,7 @@ Errors: :class:`ScheduleError` (a ``ValueError``) naming the field and value.
 from __future__ import annotations
 
 import functools
+import re
 import heapq
 import math
 from datetime import datetime, timedelta, timezone
@@ -99,6 +100,10 @@ def _parse_cron_cached(cron: str) -> tuple[str, bool]:
             # croniter's Jenkins-style "H" (hashed) and "R" (random) fields are not deterministic schedules
             if tok in ("h", "r") or tok.startswith(("h(", "h/", "r(")):
                 raise ScheduleError(f"cron={cron!r}: hashed/random field {tok.upper()!r} is not supported")
+            # a reversed numeric range ("5-1") is an error in standard cron; croniter wraps it around
+            rng = re.fullmatch(r"(\d+)-(\d+)(/\d+)?", tok)
+            if rng and int(rng.group(1)) > int(rng.group(2)):
+                raise ScheduleError(f"cron={cron!r}: range {tok!r} runs backwards")
     try:
         it = croniter(text, _PROBE)
         it.get_next(datetime)

@@ -29,7 +29,8 @@ class SubmitRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: JobSpec
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+                                        description="printable ASCII without spaces")
 
 
 class JobView(BaseModel):

@@ -8,7 +8,7 @@ Launch (DESIGN.md §5)
     ``run_instances`` with ``MinCount = MaxCount = 1`` and ``ClientToken = req.token``: EC2 itself
     makes a retried create return the same instance. The instance and its volumes are tagged at
     creation (``req.tags`` + ``Name`` + ``fedbroker-token``), IMDSv2 is required
-    (``HttpTokens=required``, hop limit 2 so a container on the host can reach the metadata service),
+    (``HttpTokens=required``, hop limit 1: containers cannot reach the instance role's credentials; the spot-notice watcher runs on the host),
     spot is ``one-time`` with ``terminate`` on interruption. Before ``run_instances`` the adapter
     looks the token up (``tag:fedbroker-token`` and ``tag:fedbroker-broker``, live states) and returns a live instance it finds: that is the
     "create (or find, by token)" of :meth:`Compute.launch`, it needs no ``client-token`` filter
@@ -237,7 +237,7 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
             "UserData": req.user_data,  # botocore base64-encodes it
             "ClientToken": req.token,
             "Placement": {"AvailabilityZone": req.zone},
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": _tags(tags)},
                                   {"ResourceType": "volume", "Tags": _tags(tags)}],
             "InstanceInitiatedShutdownBehavior": "terminate",

@@ -188,7 +188,8 @@ class GcpCompute(Compute, SupportsSweep):
                  image: str = DEFAULT_IMAGE, network: str = "global/networks/default",
                  subnetwork: str | None = None, service_account: str | None = None,
                  op_timeout_s: float = 120.0, *, boot_disk_gb: int = 200, boot_disk_type: str = "pd-balanced",
-                 external_ip: bool = True, poll_interval_s: float = 1.0, broker_label_filter: bool = True):
+                 external_ip: bool = False, poll_interval_s: float = 1.0, broker_label_filter: bool = True,
+                 network_tags: tuple[str, ...] = ("fedbroker-node",)):
         self.project = project
         opts = {"api_endpoint": api_endpoint} if api_endpoint else None
         self._instances = instances_client or compute_v1.InstancesClient(
@@ -203,6 +204,8 @@ class GcpCompute(Compute, SupportsSweep):
         self.boot_disk_gb = boot_disk_gb
         self.boot_disk_type = boot_disk_type
         self.external_ip = external_ip
+        #: network tags of every instance: terraform/gcp's NCCL firewall rule matches "fedbroker-node"
+        self.network_tags = tuple(network_tags)
         self.poll_interval_s = poll_interval_s
         self.broker_label_filter = broker_label_filter
 
@@ -253,6 +256,8 @@ class GcpCompute(Compute, SupportsSweep):
             labels={label_key(k): label_value(v) for k, v in req.tags.items()},
             metadata=compute_v1.Metadata(items=items),
             scheduling=sched, disks=[disk], network_interfaces=[nic], guest_accelerators=accels)
+        if self.network_tags:
+            inst.tags = compute_v1.Tags(items=list(self.network_tags))
         if self.service_account:
             inst.service_accounts = [compute_v1.ServiceAccount(
                 email=self.service_account, scopes=["https://www.googleapis.com/auth/cloud-platform"])]

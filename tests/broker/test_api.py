@@ -543,3 +543,11 @@ def test_a_body_over_the_limit_is_413_before_parsing(client, make_team, store):
     r = client.post("/v1/jobs", content=big, headers={**h, "Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["detail"] == f"request body: larger than {MAX_BODY_BYTES} bytes"
     assert client.get("/v1/jobs", headers=h).json() == []
+
+
+def test_an_idempotency_key_with_control_characters_is_422(client, make_team, store):
+    """PostgreSQL text cannot hold NUL: such a key once gave a 500 (found by a fresh user)."""
+    team, h = make_team()
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"]}, "idempotency_key": "a\u0000b"}, headers=h)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "idempotency_key"]
+    assert client.get("/v1/jobs", headers=h).json() == []

@@ -304,3 +304,10 @@ def test_property_next_fire_strictly_increasing(minute, hour, zt):
     if daily:
         # a daily cron fires exactly once on each local date, never skipping one
         assert all((b - a).days == 1 for a, b in zip(dates, dates[1:]))
+
+
+@pytest.mark.parametrize("cron", ["5-1 * * * *", "* 23-2 * * *", "0 0 * * 5-1/2"])
+def test_a_backwards_range_is_rejected(cron):
+    """Standard cron rejects "5-1"; croniter would wrap it around (found by a fresh user)."""
+    with pytest.raises(ScheduleError, match="runs backwards"):
+        validate_cron(cron)

@@ -307,7 +307,7 @@ def test_run_instances_parameters_are_exact(stubbed):
         "State": {"Name": "pending"}, "PrivateIpAddress": "10.0.0.5", "InstanceLifecycle": "spot", "Tags": tags}]}, {
         "MinCount": 1, "MaxCount": 1, "InstanceType": "g5.xlarge", "ImageId": "ami-12345678",
         "UserData": ANY, "ClientToken": req.token, "Placement": {"AvailabilityZone": "us-east-1b"},
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
         "InstanceInitiatedShutdownBehavior": "terminate",
         "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {

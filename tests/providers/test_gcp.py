@@ -360,3 +360,11 @@ def test_fake_filter_parser():
                                                                     ("labels.a", "!=", "y")]
     with pytest.raises(ValueError):
         parse_filter("labels.a ~ foo")
+
+
+def test_instances_carry_the_firewall_network_tag_and_no_external_ip(gcp, fake):
+    """terraform/gcp's NCCL rule matches instances tagged fedbroker-node; its design has no public IPs."""
+    gcp.launch(req(job="job-00000000000000ee"))
+    body = fake.insert_bodies[-1]
+    assert body["tags"] == {"items": ["fedbroker-node"]}
+    assert "accessConfigs" not in body["networkInterfaces"][0]
