@@ -67,6 +67,18 @@ def _echo_json(obj: Any) -> None:
     typer.echo(json.dumps(to_jsonable_python(obj), indent=2))
 
 
+def _show(obj: Any, as_json: bool, human) -> None:
+    """Print ``obj`` as JSON (``--json``) or with ``human(obj)``."""
+    if as_json:
+        _echo_json(obj)
+    else:
+        human(obj)
+
+
+def _print_schedule_line(x) -> None:
+    _console().print(escape(_schedule_line(x)), highlight=False)
+
+
 def load_job_file(path: Path):
     """Read a job spec mapping from ``path`` (YAML, or JSON for ``*.json``) and validate it.
 
@@ -206,10 +218,7 @@ def _schedule_action(method: str, schedule_id: str, url, token, as_json: bool) -
     """Call ``Client.<method>(schedule_id)`` and print the schedule (a line, or JSON)."""
     c = _client(url, token)
     x = _call(c, getattr(c, method), schedule_id)
-    if as_json:
-        _echo_json(x)
-    else:
-        _console().print(escape(_schedule_line(x)), highlight=False)
+    _show(x, as_json, _print_schedule_line)
 
 
 def register(app: typer.Typer) -> None:
@@ -246,10 +255,7 @@ def register(app: typer.Typer) -> None:
         except WaitTimeout as e:
             job = e.job
             _err.print(f"{job.id}: still {job.state} after {timeout:g} s")
-        if as_json:
-            _echo_json(job)
-        else:
-            _print_job(job)
+        _show(job, as_json, _print_job)
         if job.state != "succeeded":
             raise typer.Exit(1)
 
@@ -259,10 +265,7 @@ def register(app: typer.Typer) -> None:
         """Show a job's state, reason, placement and times."""
         c = _client(url, token)
         job = _call(c, c.get, job_id)
-        if as_json:
-            _echo_json(job)
-        else:
-            _print_job(job)
+        _show(job, as_json, _print_job)
 
     @app.command("list")
     def list_(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
@@ -400,10 +403,7 @@ def register(app: typer.Typer) -> None:
             _fail("; ".join(parts), 2)
         c = _client(url, token)
         x = _call(c, c.create_schedule, name, cron, spec, timezone=tz)
-        if as_json:
-            _echo_json(x)
-        else:
-            _console().print(escape(_schedule_line(x)), highlight=False)
+        _show(x, as_json, _print_schedule_line)
 
     @schedule.command("list")
     def schedule_list(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
@@ -411,10 +411,7 @@ def register(app: typer.Typer) -> None:
         """List schedules: cron, time zone, active/paused, next and last run."""
         c = _client(url, token)
         xs = _call(c, c.schedules, team)
-        if as_json:
-            _echo_json(xs)
-        else:
-            _print_schedules(xs)
+        _show(xs, as_json, _print_schedules)
 
     @schedule.command("pause")
     def schedule_pause(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),

@@ -52,3 +52,20 @@ def sqlite_store(tmp_path):
 def any_store(request):
     """The same test on PostgreSQL and on SQLite."""
     yield request.getfixturevalue("pg_store" if request.param == "postgresql" else "sqlite_store")
+
+
+def auth(token: str) -> dict:
+    """HTTP headers carrying an API token."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def make_team(store):
+    """``make_team(admin=False) -> (team, auth headers)`` for a fresh team with one token in the
+    test module's ``store``."""
+
+    def make(admin: bool = False):
+        team = "t" + uuid.uuid4().hex[:10]
+        return team, auth(store.create_token(team, admin=admin, label="test"))
+
+    return make

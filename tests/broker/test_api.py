@@ -23,6 +23,7 @@ from broker.db import Attempt, Job
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.settings import BrokerSettings
 from broker.store import JobStore
+from tests.conftest import auth
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
@@ -51,19 +52,6 @@ def client(store, submitted):
         yield c
 
 
-@pytest.fixture
-def make_team(store):
-    """``make_team() -> (team, auth headers)`` for a fresh team with one token."""
-
-    def make(admin: bool = False):
-        team = "t" + uuid.uuid4().hex[:10]
-        return team, auth(store.create_token(team, admin=admin, label="test"))
-
-    return make
-
-
-def auth(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def count_jobs(store: JobStore, team: str) -> int:

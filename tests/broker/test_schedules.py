@@ -39,6 +39,7 @@ from broker.schemas import ScheduleView
 from broker.settings import BrokerSettings
 from broker.store import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
 from tests.broker.test_client import ServerThread
+from tests.conftest import auth
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
@@ -53,8 +54,6 @@ SPEC = {"name": "nightly-eval", "image": "ghcr.io/acme/eval:3", "command": ["pyt
         "estimated_duration_s": 1800, "slack_s": 3600}
 
 
-def auth(token: str) -> dict:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def t(s: str | None) -> datetime | None:
@@ -73,15 +72,6 @@ def client(store):
         yield c
 
 
-@pytest.fixture
-def make_team(store):
-    """``make_team(admin=False) -> (team, auth headers)`` for a fresh team with one token."""
-
-    def make(admin: bool = False):
-        team = "t" + uuid.uuid4().hex[:10]
-        return team, auth(store.create_token(team, admin=admin, label="test"))
-
-    return make
 
 
 class Fresh:
