@@ -33,42 +33,57 @@ KICK_KEY = "fedbroker:plan-kick"
 
 
 class _Services:
-    """Per-process store, planning environment and Redis client, built on first use."""
+    """Per-process store, planning environment and Redis client, each built on first use.
+
+    The API process only ever touches ``redis`` (to wake the planner), so it never loads the
+    offer catalog and grid signals the planning environment needs."""
+
+    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler")
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._built = False
-
-    def _build(self):
-        from broker.cycle import PlanningCycle
-        from broker.live import LiveEnvironment
-        from broker.reconciler import Reconciler
-        from broker.store import JobStore
-
-        st = get_app().fedbroker_settings
-        self.settings = st
-        self.store = JobStore.from_settings(st)
-        self.redis = redis.Redis.from_url(st.redis_url, socket_timeout=5, socket_connect_timeout=5)
-        self.env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers)
-        leader = f"{socket.gethostname()}:{os.getpid()}"
-        self.cycle = PlanningCycle(self.store, self.env, st, dispatch=send_dispatch, leader=leader)
-        self.reconciler = Reconciler(self.store, st, dispatch=send_dispatch)
-        self._built = True
+        self._lock = threading.RLock()
 
     def __getattr__(self, name):
-        if name.startswith("_"):
+        if name not in self._BUILDERS:
             raise AttributeError(name)
         with self._lock:
-            if not self._built:
-                self._build()
-        return object.__getattribute__(self, name)
+            if name not in self.__dict__:
+                self.__dict__[name] = getattr(self, f"_build_{name}")()
+            return self.__dict__[name]
+
+    def _build_settings(self):
+        return get_app().fedbroker_settings
+
+    def _build_store(self):
+        from broker.store import JobStore
+
+        return JobStore.from_settings(self.settings)
+
+    def _build_redis(self):
+        return redis.Redis.from_url(self.settings.redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+    def _build_env(self):
+        from broker.live import LiveEnvironment
+
+        st = self.settings
+        return LiveEnvironment(st.planner, st.cluster, st.cloud_providers)
+
+    def _build_cycle(self):
+        from broker.cycle import PlanningCycle
+
+        leader = f"{socket.gethostname()}:{os.getpid()}"
+        return PlanningCycle(self.store, self.env, self.settings, dispatch=send_dispatch, leader=leader)
+
+    def _build_reconciler(self):
+        from broker.reconciler import Reconciler
+
+        return Reconciler(self.store, self.settings, dispatch=send_dispatch)
 
     def reset(self):
         """Forget everything (tests, or after the settings changed)."""
         with self._lock:
-            for k in ("settings", "store", "redis", "env", "cycle", "reconciler"):
+            for k in self._BUILDERS:
                 self.__dict__.pop(k, None)
-            self._built = False
 
 
 services = _Services()
