@@ -74,11 +74,15 @@ _NAMING = {
 
 
 class Base(DeclarativeBase):
+    """Declarative base: deterministic constraint names; ``datetime`` columns are :class:`UtcDateTime`."""
+
     metadata = MetaData(naming_convention=_NAMING)
     type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Job(Base):
+    """One job: spec (JSON), state + ``version`` (compare-and-set), window instants (UTC), latest decision record, placement, attempt counter; ``work_done_s`` in reference-GPU seconds."""
+
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -128,6 +132,8 @@ class Job(Base):
 
 
 class JobEvent(Base):
+    """One applied transition of a job: when (UTC), from/to state, the version it produced, why."""
+
     __tablename__ = "job_events"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -140,6 +146,8 @@ class JobEvent(Base):
 
 
 class Attempt(Base):
+    """One try of a job on nodes or an instance: GPUs, start/end (UTC), exit code per rank, outcome."""
+
     __tablename__ = "attempts"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -165,6 +173,8 @@ class Attempt(Base):
 
 
 class JobLog(Base):
+    """One chunk (``seq``) of an attempt rank's captured stdout+stderr, UTF-8 text."""
+
     __tablename__ = "job_logs"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -178,6 +188,8 @@ class JobLog(Base):
 
 
 class Node(Base):
+    """An on-prem host as its agent last reported it: GPUs, healthy GPU indices, heartbeat (UTC), NVML telemetry."""
+
     __tablename__ = "nodes"
 
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
@@ -195,6 +207,8 @@ class Node(Base):
 
 
 class CloudInstance(Base):
+    """A cloud instance of an attempt rank; the row is the intent record written before the create call."""
+
     __tablename__ = "cloud_instances"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
@@ -217,6 +231,8 @@ class CloudInstance(Base):
 
 
 class Schedule(Base):
+    """A recurring run: 5-field cron read in ``timezone`` (IANA), the job spec each fire submits, next/last fire (UTC)."""
+
     __tablename__ = "schedules"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -236,6 +252,8 @@ class Schedule(Base):
 
 
 class ApiToken(Base):
+    """A team's API token, stored as its SHA-256 hex digest only."""
+
     __tablename__ = "api_tokens"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -248,6 +266,8 @@ class ApiToken(Base):
 
 
 class PlannerState(Base):
+    """The planner fence (one row, id 1): ``version`` is bumped by every applied planning cycle."""
+
     __tablename__ = "planner_state"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

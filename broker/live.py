@@ -68,12 +68,16 @@ class ReplayedSignals:
         return HourlySeries(s.zone, s.unit, s.start_s + self.offset_s, s.values, s.interval_s)
 
     def carbon(self, zone: str) -> HourlySeries:
+        """Carbon intensity of ``zone``, gCO2e/kWh, UTC hours, shifted by ``offset_s``."""
+
         key = ("c", zone)
         if key not in self._cache:
             self._cache[key] = self._shift(self.base.carbon(zone))
         return self._cache[key]
 
     def price(self, zone: str) -> HourlySeries | None:
+        """Electricity price of ``zone``, USD/MWh, UTC hours, shifted by ``offset_s``; ``None`` if the zone has none."""
+
         key = ("p", zone)
         if key not in self._cache:
             self._cache[key] = self._shift(self.base.price(zone))

@@ -216,6 +216,7 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         return zone[:-1] if zone and zone[-1].isalpha() else zone
 
     def region_of(self, zone: str) -> str:
+        """The region of availability zone ``zone`` (e.g. ``us-east-1a`` -> ``us-east-1``)."""
         return self._zone_region(zone, self.regions)
 
     # -- Compute ---------------------------------------------------------------------------------

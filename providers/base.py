@@ -185,14 +185,17 @@ class FailoverHistory:
     attempts: list[FailoverAttempt] = field(default_factory=list)
 
     def record(self, option: str, error: BaseException | None = None, at: datetime | None = None) -> None:
+        """Append one try of ``option``: ``error`` ``None`` means it worked; ``at`` defaults to now (UTC)."""
         at = (at or datetime.now(timezone.utc)).isoformat()
         self.attempts.append(FailoverAttempt(option, type(error).__name__ if error else None,
                                              str(error) if error else "", at))
 
     def tried(self) -> list[str]:
+        """Offer ids tried, in order."""
         return [a.option for a in self.attempts]
 
     def to_json(self) -> list[dict[str, Any]]:
+        """JSON-safe list of ``{"option", "error", "message", "at"}`` (``at`` ISO 8601 UTC)."""
         return [asdict(a) for a in self.attempts]
 
 

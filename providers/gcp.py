@@ -136,6 +136,7 @@ def instance_name(token: str) -> str:
 
 
 def label_key(key: str) -> str:
+    """A GCE label key for a tag key: lower case, ``[a-z0-9_-]``, starts with a letter, at most 63 characters."""
     k = re.sub(r"[^a-z0-9_-]", "_", key.lower())
     if not k or not k[0].isalpha():
         k = "k" + k
@@ -143,6 +144,8 @@ def label_key(key: str) -> str:
 
 
 def label_value(value: str) -> str:
+    """A GCE label value for a tag value: lower case, ``[a-z0-9_-]``, at most 63 characters (lossy:
+    the exact tags are kept in the instance metadata too)."""
     return re.sub(r"[^a-z0-9_-]", "_", str(value).lower())[:63]
 
 
@@ -158,6 +161,7 @@ def gce_accelerator(gpu_type: str) -> str:
 
 
 def map_state(status: str) -> str:
+    """GCE instance status -> the normalised :class:`providers.base.InstanceInfo` state (``unknown`` if unlisted)."""
     return _STATES.get(status or "", "unknown")
 
 
