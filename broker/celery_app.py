@@ -7,7 +7,8 @@ Queues:
 * ``dispatch`` — ``fedbroker.dispatch``: "advance this placed job": forwards it to the agents of its nodes;
 * ``node.<name>`` — one per on-prem host, consumed only by that host's agent
   (``fedbroker.agent.run_attempt``);
-* ``provisioning`` — ``fedbroker.provision`` (cloud instances; adapters arrive with the providers layer).
+* ``provisioning`` — ``fedbroker.provision`` and ``fedbroker.teardown`` (cloud instances: create calls take
+  seconds, a GCE operation up to ``gcp.operation_timeout_s``; run a worker of its own on this queue in production).
 
 Rules from DESIGN.md §5: every task is short and idempotent; ``acks_late`` with
 prefetch 1, so a task whose worker dies is delivered again; nothing is ever
@@ -58,6 +59,7 @@ def make_celery(settings: BrokerSettings) -> Celery:
             "fedbroker.reconcile": {"queue": "planning"},
             "fedbroker.dispatch": {"queue": "dispatch"},
             "fedbroker.provision": {"queue": "provisioning"},
+            "fedbroker.teardown": {"queue": "provisioning"},
         },
         beat_schedule={
             "plan": {"task": "fedbroker.plan", "schedule": settings.plan_interval_s,

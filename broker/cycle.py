@@ -39,6 +39,7 @@ from broker.model import DecisionKind, JobSpec
 from broker.planner import PendingJob, RunningJob, Snapshot, plan
 from broker.states import JobState
 from broker.store import JobStore
+from providers.launch import DIGEST_RE as _DIGEST_RE
 
 __all__ = ["PlanningCycle", "CycleResult", "pending_job", "decayed_usage", "json_safe"]
 
@@ -141,12 +142,13 @@ class PlanningCycle:
     """
 
     def __init__(self, store: JobStore, env: LiveEnvironment, settings, dispatch: Callable[[str, int], None] | None = None,
-                 leader: str = "planner"):
+                 leader: str = "planner", cloud=None):
         self.store = store
         self.env = env
         self.settings = settings
         self.dispatch = dispatch
         self.leader = leader
+        self.cloud = cloud
         from pricing.power import canonical_gpu_type
 
         self._canon_cache: dict[str, str] = {}
@@ -331,6 +333,8 @@ class PlanningCycle:
         jobs: dict[str, Job] = {}
         for j in waiting:
             pj = pending_job(j, pool_index, self.canon)
+            if self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", ""))):
+                pj.regions = frozenset()  # cloud launches need the image pinned by digest: no cloud offer fits
             jobs[j.id] = j
             if pj.committed_pool is not None and pj.review_s > now_s:
                 queued[(pj.priority, pj.team)].append(pj)
@@ -345,6 +349,10 @@ class PlanningCycle:
                          ).all()
         usage = decayed_usage([(r[0], r[1], r[2].timestamp(), _ts(r[3]) if r[3] else math.nan) for r in rows], now_s)
         avail = np.array(self.env.offer_provisionable(), dtype=bool) if ctx.offers else None
+        if avail is not None and self.cloud is not None:
+            cooling = self.cloud.cooling_offers(s, now)  # no capacity / quota just now: not again for a while
+            if cooling:
+                avail &= np.array([o.offer_id not in cooling for o in ctx.offers], dtype=bool)
         self._pending_by_id = {pj.job_id: pj for pj in pending}
         for group in queued.values():
             for pj in group:
@@ -437,13 +445,14 @@ class PlanningCycle:
             elif kind == DecisionKind.provision:
                 offer = ctx.offers[d.offer_index]
                 attempt = j.attempt + 1
-                JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
-                             f"provisioning {offer.offer_id} (attempt {attempt})", now,
-                             placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
-                                        "region": offer.region, "zone": offer.zone,
-                                        "instance_type": offer.instance_type, "market": offer.market.value},
-                             attempt=attempt, decision=rec, dispatched_at=now,
-                             state_deadline_at=now + timedelta(seconds=st.provisioning_deadline_s))
+                if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
+                                f"provisioning {offer.offer_id} (attempt {attempt})", now,
+                                placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
+                                           "region": offer.region, "zone": offer.zone, "gpu_type": offer.gpu_type,
+                                           "instance_type": offer.instance_type, "market": offer.market.value},
+                                attempt=attempt, decision=rec, dispatched_at=now, committed_pool=None, review_at=None,
+                                state_deadline_at=now + timedelta(seconds=st.provisioning_deadline_s)):
+                    dispatched.append((j.id, attempt))  # the dispatch task hands it to provisioning
             elif kind == DecisionKind.defer:
                 o = d.option
                 why = (f"deferred to a cheaper/cleaner window on pool {d.pool} starting {_dt(d.not_before).isoformat()}"

@@ -168,6 +168,8 @@ class Attempt(Base):
     rank_exits: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     outcome: Mapped[str | None] = mapped_column(String(16))  # succeeded|failed|cancelled|interrupted|lost
     reason: Mapped[str] = mapped_column(Text, default="")
+    #: cloud attempts: every option tried (``providers.base.FailoverHistory.to_json``), in order
+    failover: Mapped[list[Any] | None]
 
     __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),)
 
@@ -228,6 +230,13 @@ class CloudInstance(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     history: Mapped[list[Any]]
+    #: rank's private address (rank 0's is the rendezvous endpoint of the others)
+    private_ip: Mapped[str | None] = mapped_column(String(64))
+    #: last report from the instance (UTC) and its event (running | notice | exited)
+    last_report_at: Mapped[datetime | None]
+    last_event: Mapped[str | None] = mapped_column(String(16))
+    #: the provider's error when the create failed, or why the instance was terminated
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 class Schedule(Base):
@@ -274,3 +283,5 @@ class PlannerState(Base):
     version: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), default=0)
     leader: Mapped[str] = mapped_column(String(200), default="")
     cycle_at: Mapped[datetime | None]
+    #: random key (hex) of the cloud instances' report tokens (HMAC-SHA256 of job, attempt and rank), made on first use
+    instance_secret: Mapped[str | None] = mapped_column(String(64))

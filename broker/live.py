@@ -24,7 +24,7 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from broker.model import CloudOffer, Pool, PoolNode
 from broker.planner import GpuTable, PlannerConfig, PlannerContext
@@ -103,11 +103,14 @@ class LiveEnvironment:
         planner: the planner settings.
         cluster: cluster YAML path (site parameters of the pools), default :data:`LIVE_CLUSTER_PATH`.
         providers: cloud providers whose offers may be provisioned (others are costed only).
+        offer_allowed: optional further test per offer (``broker.cloud.offer_allowed``: the provider's
+            settings have a network in the offer's zone).
 
     Raises ``broker.cluster.ClusterError`` / ``ValueError`` for a bad cluster file.
     """
 
-    def __init__(self, planner: PlannerConfig, cluster: str | Path | None = None, providers: Sequence[str] = ()):
+    def __init__(self, planner: PlannerConfig, cluster: str | Path | None = None, providers: Sequence[str] = (),
+                 offer_allowed: Callable[[CloudOffer], bool] | None = None):
         from broker.scenario import load_scenario
 
         scen = load_scenario(cluster or LIVE_CLUSTER_PATH)
@@ -115,6 +118,8 @@ class LiveEnvironment:
         self.site_pools: dict[str, Pool] = {p.name: p for p in scen.pools}
         self.offers: list[CloudOffer] = list(scen.offers) if planner.cloud_enabled else []
         self.providers = frozenset(providers)
+        self._allowed = [o.provider in self.providers and (offer_allowed is None or offer_allowed(o))
+                         for o in self.offers]
         self.base_signals = scen.signals
         self.gpus: GpuTable = scen.gpus or GpuTable.from_pricing()
         series = [scen.signals.carbon(z) for z in scen.signals.zones]
@@ -156,5 +161,6 @@ class LiveEnvironment:
             return self._ctx
 
     def offer_provisionable(self) -> list[bool]:
-        """Per offer: may it be provisioned now (its provider is configured)?"""
-        return [o.provider in self.providers for o in self.offers]
+        """Per offer: may it be provisioned (its provider is configured and ``offer_allowed`` says yes: a
+        network exists for its zone)?"""
+        return list(self._allowed)

@@ -9,8 +9,11 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
 2. **Re-dispatch**: a ``starting`` job not running ``dispatch_retry_s`` after its
    dispatch is dispatched again (a message lost with a Redis restart or a killed
    worker); agents ignore duplicates.
-3. **State deadlines**: ``starting`` past ``starting_deadline_s`` and ``provisioning``
-   past ``provisioning_deadline_s`` go back to ``queued`` with the reason.
+3. **State deadlines**: ``starting`` past ``starting_deadline_s`` (cloud: ``cloud.start_deadline_s``)
+   and ``provisioning`` past ``provisioning_deadline_s`` go back to ``queued`` with the reason;
+   a ``provisioning`` job whose provision message was lost is sent again after 5 minutes.
+3b. **Cloud attempts** (when a :class:`broker.cloud.CloudBroker` is given): cancels, instances gone
+   (spot reclaimed), instances of dead attempts, the orphan sweep (:meth:`CloudBroker.watch`).
 4. **Recurring runs**: every due schedule creates its job, with the idempotency key
    ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once.
 """
@@ -81,10 +84,11 @@ class Reconciler:
         dispatch: ``dispatch(job_id, attempt)`` to re-send a placed job to its agents.
     """
 
-    def __init__(self, store: JobStore, settings, dispatch: Callable[[str, int], None] | None = None):
+    def __init__(self, store: JobStore, settings, dispatch: Callable[[str, int], None] | None = None, cloud=None):
         self.store = store
         self.settings = settings
         self.dispatch = dispatch
+        self.cloud = cloud
 
     def run(self, now: datetime | None = None) -> dict:
         """One pass at ``now``. Returns counts: ``lost_nodes``, ``requeued``, ``redispatched``,
@@ -93,6 +97,14 @@ class Reconciler:
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0}
         self._lost_nodes(now, out)
         self._deadlines(now, out)
+        if self.cloud is not None:
+            try:
+                got = self.cloud.watch(now)
+            except Exception:  # a provider outage must not stop the rest of the pass
+                log.exception("cloud watch failed; next pass tries again")
+            else:
+                out["cloud"] = got
+                out["requeued"] += got.get("changed", 0)
         self._schedules(now, out)
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
         if out["changed"] or out["redispatched"]:
@@ -125,16 +137,24 @@ class Reconciler:
     # ------------------------------------------------------------------ 2-3. dispatch and state deadlines
     def _deadlines(self, now: datetime, out: dict) -> None:
         retry_before = now - timedelta(seconds=self.settings.dispatch_retry_s)
+        # provisioning takes minutes (and the provision task holds a per-job lock): re-send only after 5 min
+        provision_before = now - timedelta(seconds=max(self.settings.dispatch_retry_s, 300.0))
         resend = []
         with self.store.session() as s:
             rows = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.provisioning.value]))).scalars().all()
             for j in rows:
+                cloud = (j.placement or {}).get("kind") == "cloud"
                 if j.state_deadline_at is not None and j.state_deadline_at < now:
-                    limit = (self.settings.starting_deadline_s if j.state == S.starting.value
-                             else self.settings.provisioning_deadline_s)
-                    out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s", "timed_out",
-                                                     max_attempts=self.settings.max_attempts)
-                elif j.state == S.starting.value and j.dispatched_at is not None and j.dispatched_at < retry_before:
+                    limit = (self.settings.provisioning_deadline_s if j.state == S.provisioning.value
+                             else self.settings.cloud.start_deadline_s if cloud else self.settings.starting_deadline_s)
+                    what = "its instances created" if j.state == S.provisioning.value else (
+                        "a running report from its instances" if cloud else "a running report from its node agents")
+                    out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s without "
+                                                     f"{what}", "timed_out", max_attempts=self.settings.max_attempts)
+                elif j.dispatched_at is not None and (
+                        (j.state == S.starting.value and not cloud and j.dispatched_at < retry_before)
+                        or (j.state == S.provisioning.value and j.dispatched_at < provision_before)):
+                    # a lost dispatch/provision message (Redis restarted, worker killed): send it again
                     if JobStore.bump(s, j.id, j.version, now, dispatched_at=now):
                         resend.append((j.id, j.attempt))
         if self.dispatch is not None:

@@ -16,16 +16,110 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from broker.planner import PlannerConfig
 
-__all__ = ["BrokerSettings", "load_settings", "SettingsError"]
+__all__ = ["BrokerSettings", "AwsSettings", "AwsRegionSettings", "GcpSettings", "CloudSettings", "load_settings",
+           "SettingsError"]
+
+_S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
+_GS_URI = r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
 
 
 class SettingsError(ValueError):
     """The settings file or environment is invalid; the message names the key and value."""
+
+
+class AwsRegionSettings(BaseModel):
+    """One region's network and machine image, named as ``terraform/aws`` outputs them.
+
+    ``ami_id``: the GPU machine image (docker + NVIDIA container toolkit + aws CLI);
+    ``subnet_ids_by_az``: private subnet per availability zone (instances are created only in these
+    zones); ``security_group_id``: the nodes' group (NCCL between members); ``placement_group_name``:
+    cluster placement group used for multi-node gangs; ``instance_profile_name``: the nodes' IAM
+    instance profile (least privilege: the checkpoint bucket).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ami_id: str = Field(pattern=r"^ami-[0-9a-f]{8,17}$")
+    subnet_ids_by_az: dict[str, str] = Field(min_length=1)
+    security_group_id: str | None = Field(None, pattern=r"^sg-[0-9a-f]{8,17}$")
+    placement_group_name: str | None = None
+    instance_profile_name: str | None = None
+    launch_template_id: str | None = None  # informational: the adapter sets the same fields itself
+
+
+class AwsSettings(BaseModel):
+    """AWS burst settings: ``regions`` (region -> :class:`AwsRegionSettings`, from ``terraform output -json``),
+    ``endpoint_url`` (an EC2-compatible endpoint; ``None`` = AWS), ``key_name`` (SSH key pair, optional),
+    ``checkpoint_uri`` (``s3://bucket/prefix``: job checkpoints survive instances there; ``None`` = checkpoints
+    stay on the instance and a requeued job restarts from scratch)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    regions: dict[str, AwsRegionSettings] = Field(min_length=1)
+    endpoint_url: str | None = None
+    key_name: str | None = None
+    checkpoint_uri: str | None = Field(None, pattern=_S3_URI)
+
+
+class GcpSettings(BaseModel):
+    """GCP burst settings, named as ``terraform/gcp`` outputs them: ``project``, ``region`` (instances are created
+    only in its zones), ``network``, ``subnetwork``, ``service_account_email``, ``gpu_image``;
+    ``api_endpoint`` (a Compute Engine-compatible endpoint; ``None`` = Google), ``operation_timeout_s`` (an insert
+    not done by then is reconciled by instance name, not failed), ``checkpoint_uri`` (``gs://bucket/prefix``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(pattern=r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+    region: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")
+    network: str = "global/networks/default"
+    subnetwork: str | None = None
+    service_account_email: str | None = None
+    gpu_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu121-debian-11"
+    instance_template: str | None = None  # informational
+    api_endpoint: str | None = None
+    operation_timeout_s: float = Field(60.0, gt=0, le=3600)
+    checkpoint_uri: str | None = Field(None, pattern=_GS_URI)
+
+
+class CloudSettings(BaseModel):
+    """How the broker runs cloud instances (see :mod:`broker.cloud`).
+
+    Fields (units):
+        broker_id: value of the ``fedbroker-broker`` tag on every instance; the orphan sweep only touches
+            instances with this value, so two brokers in one account must differ.
+        report_url: where instances report (``POST .../v1/instances/report``); must be reachable from the
+            instances' subnets. ``None`` = ``api_url`` + ``/v1/instances/report``.
+        checkpoint_root: instance-local directory of job checkpoints (synced with ``checkpoint_uri``).
+        start_deadline_s: seconds from instances created to the container reporting ``running``
+            (boot, driver, image pull); past it the attempt is torn down and the job requeued.
+        poll_interval_s: seconds between describe calls on the instances of active cloud attempts
+            (lost instance, spot reclaimed without a report).
+        sweep_interval_s: seconds between orphan sweeps (tagged instances with no live attempt).
+        capacity_cooldown_s: an offer that failed with no capacity is not chosen again for this long.
+        quota_cooldown_s: likewise after a quota error (quota rarely frees up by itself).
+        max_failover_options: options (zone -> type -> region -> provider) one attempt may try.
+        notice_grace_s: seconds between SIGTERM and SIGKILL for a container on a cloud instance.
+        checkpoint_sync_s: seconds between checkpoint uploads while a container runs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    broker_id: str = Field("fedbroker", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    report_url: str | None = None
+    checkpoint_root: str = Field("/var/lib/fedbroker/checkpoints", pattern=r"^/[^\x00\n:]*$")
+    start_deadline_s: float = Field(1200.0, gt=0)
+    poll_interval_s: float = Field(30.0, gt=0)
+    sweep_interval_s: float = Field(300.0, gt=0)
+    capacity_cooldown_s: float = Field(600.0, ge=0)
+    quota_cooldown_s: float = Field(3600.0, ge=0)
+    max_failover_options: int = Field(8, ge=1, le=100)
+    notice_grace_s: int = Field(90, ge=0, le=600)
+    checkpoint_sync_s: int = Field(300, ge=10)
 
 
 class BrokerSettings(BaseSettings):
@@ -42,8 +136,12 @@ class BrokerSettings(BaseSettings):
         cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
             register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
         planner: the planner's settings (policy, carbon price, ...), see :class:`PlannerConfig`.
-        cloud_providers: cloud providers whose offers may be provisioned; empty = on-prem only
-            (cloud offers are still costed and shown as alternatives in explain records).
+        cloud_providers: cloud providers whose offers may be provisioned (``aws``, ``gcp``; each needs
+            its section below); empty = on-prem only (cloud offers are still costed and shown as
+            alternatives in explain records).
+        aws, gcp: provider settings (:class:`AwsSettings`, :class:`GcpSettings`), from Terraform outputs
+            (``fedbroker cloud settings-from-terraform``).
+        cloud: how cloud instances are run and watched (:class:`CloudSettings`).
         plan_interval_s: seconds between planning cycles (beat).
         reconcile_interval_s: seconds between reconciler passes (beat).
         heartbeat_interval_s: seconds between node-agent heartbeats.
@@ -71,6 +169,9 @@ class BrokerSettings(BaseSettings):
     cluster: Path | None = None
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     cloud_providers: tuple[str, ...] = ()
+    aws: AwsSettings | None = None
+    gcp: GcpSettings | None = None
+    cloud: CloudSettings = Field(default_factory=CloudSettings)
     plan_interval_s: float = Field(2.0, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
     heartbeat_interval_s: float = Field(2.0, gt=0)
@@ -96,10 +197,17 @@ class BrokerSettings(BaseSettings):
         for p in v:
             if p not in ("aws", "gcp"):
                 raise ValueError(f"cloud_providers: {p!r} is not a known provider (aws, gcp)")
-        if v:
-            raise ValueError(f"cloud_providers={list(v)!r}: provider adapters are not built yet; "
-                             "leave it empty (cloud offers are still costed in explain records)")
+        if len(set(v)) != len(v):
+            raise ValueError(f"cloud_providers={list(v)!r}: lists a provider twice")
         return v
+
+    @model_validator(mode="after")
+    def _provider_sections(self) -> "BrokerSettings":
+        for p in self.cloud_providers:
+            if getattr(self, p) is None:
+                raise ValueError(f"cloud_providers lists {p!r} but the {p!r} section is missing "
+                                 f"(see `fedbroker cloud settings-from-terraform --provider {p}`)")
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -117,6 +225,11 @@ class BrokerSettings(BaseSettings):
     @property
     def effective_api_url(self) -> str:
         return self.api_url or f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def effective_report_url(self) -> str:
+        """Where cloud instances report: ``cloud.report_url`` or the API's ``/v1/instances/report``."""
+        return self.cloud.report_url or f"{self.effective_api_url.rstrip('/')}/v1/instances/report"
 
 
 class _YamlSource(PydanticBaseSettingsSource):
@@ -154,6 +267,8 @@ def load_settings(config: str | Path | None = None, **overrides) -> BrokerSettin
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
+        if not loc:  # a rule across fields: the message names them
+            raise SettingsError(f"settings: {err['msg'].removeprefix('Value error, ')}") from None
         raise SettingsError(f"setting {loc}={err.get('input')!r}: {err['msg']}") from None
     finally:
         if config is not None:

@@ -519,6 +519,19 @@ class JobStore:
                 return 0
             return int(v)
 
+    def instance_secret(self) -> bytes:
+        """The key of cloud instances' report tokens (32 random bytes), made once and kept in ``planner_state``.
+
+        Two processes asking at once get the same key: the row is only filled where it is still empty."""
+        import secrets
+
+        self.planner_version()  # makes the row
+        with self.session() as s:
+            s.execute(update(PlannerState).where(PlannerState.id == 1, PlannerState.instance_secret.is_(None))
+                      .values(instance_secret=secrets.token_hex(32)))
+        with self.session() as s:
+            return bytes.fromhex(s.execute(select(PlannerState.instance_secret).where(PlannerState.id == 1)).scalar_one())
+
     @staticmethod
     def advance_fence(s: Session, seen_version: int, leader: str, now: datetime) -> bool:
         """Inside the apply transaction: bump the planner fence from ``seen_version``.

@@ -6,8 +6,10 @@
 * ``fedbroker.reconcile`` — one reconciler pass (:class:`broker.reconciler.Reconciler`).
 * ``fedbroker.dispatch(job_id, attempt)`` — send a placed job's attempt to its nodes' agents;
   a no-op unless the job is still ``starting`` with that attempt.
-* ``fedbroker.provision(job_id, attempt)`` — cloud provisioning; without a configured
+* ``fedbroker.provision(job_id, attempt)`` — create a ``provisioning`` job's cloud instances
+  (:meth:`broker.cloud.CloudBroker.provision`, under a per-job Redis lock); without a configured
   provider adapter the job goes back to the queue with the reason.
+* ``fedbroker.teardown(job_id, attempt)`` — terminate an ended cloud attempt's instances.
 
 :func:`kick_planner` asks for a cycle soon (debounced through a Redis key) — the API
 calls it after a submit, agents after a job ends.
@@ -25,7 +27,8 @@ from celery import shared_task
 
 from broker.celery_app import get_app, node_queue
 
-__all__ = ["services", "kick_planner", "send_dispatch", "plan", "reconcile", "dispatch", "provision"]
+__all__ = ["services", "kick_planner", "send_dispatch", "send_teardown", "plan", "reconcile", "dispatch", "provision",
+           "teardown"]
 
 log = logging.getLogger("fedbroker.tasks")
 PLANNER_LOCK = "fedbroker:planner-lock"
@@ -38,7 +41,7 @@ class _Services:
     The API process only ever touches ``redis`` (to wake the planner), so it never loads the
     offer catalog and grid signals the planning environment needs."""
 
-    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler")
+    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud")
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -65,19 +68,34 @@ class _Services:
     def _build_env(self):
         from broker.live import LiveEnvironment
 
+        from functools import partial
+
+        from broker.cloud import offer_allowed
+
         st = self.settings
-        return LiveEnvironment(st.planner, st.cluster, st.cloud_providers)
+        return LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st))
 
     def _build_cycle(self):
         from broker.cycle import PlanningCycle
 
         leader = f"{socket.gethostname()}:{os.getpid()}"
-        return PlanningCycle(self.store, self.env, self.settings, dispatch=send_dispatch, leader=leader)
+        return PlanningCycle(self.store, self.env, self.settings, dispatch=send_dispatch, leader=leader,
+                             cloud=self.cloud)
 
     def _build_reconciler(self):
         from broker.reconciler import Reconciler
 
-        return Reconciler(self.store, self.settings, dispatch=send_dispatch)
+        return Reconciler(self.store, self.settings, dispatch=send_dispatch, cloud=self.cloud)
+
+    def _build_cloud(self):
+        """The cloud broker, or ``None`` when no cloud provider is configured."""
+        if not self.settings.cloud_providers:
+            return None
+        from broker.cloud import CloudBroker
+        from pricing.power import canonical_gpu_type
+
+        return CloudBroker(self.store, self.settings, offers=self.env.offers, teardown=send_teardown,
+                           canon=canonical_gpu_type)
 
     def reset(self):
         """Forget everything (tests, or after the settings changed)."""
@@ -102,8 +120,13 @@ def kick_planner(debounce_ms: int = 200) -> bool:
 
 
 def send_dispatch(job_id: str, attempt: int) -> None:
-    """Queue ``fedbroker.dispatch`` for a placed job."""
+    """Queue ``fedbroker.dispatch`` for a placed job (on-prem: to its agents; cloud: to provisioning)."""
     get_app().send_task("fedbroker.dispatch", args=[job_id, attempt], queue="dispatch")
+
+
+def send_teardown(job_id: str, attempt: int) -> None:
+    """Queue ``fedbroker.teardown`` for an ended cloud attempt."""
+    get_app().send_task("fedbroker.teardown", args=[job_id, attempt], queue="provisioning")
 
 
 @shared_task(name="fedbroker.plan", ignore_result=True)
@@ -145,6 +168,9 @@ def dispatch(job_id: str, attempt: int) -> str:
 
     with services.store.session() as s:
         j = s.get(Job, job_id)
+        if j is not None and j.state == "provisioning" and j.attempt == attempt:
+            get_app().send_task("fedbroker.provision", args=[job_id, attempt], queue="provisioning")
+            return "sent to provisioning"
         if j is None or j.state != "starting" or j.attempt != attempt or (j.placement or {}).get("kind") != "onprem":
             return "stale"
         parts = list(j.placement["nodes"])
@@ -156,14 +182,39 @@ def dispatch(job_id: str, attempt: int) -> str:
 
 @shared_task(name="fedbroker.provision", ignore_result=True)
 def provision(job_id: str, attempt: int) -> str:
-    """Cloud provisioning: no provider adapter is configured yet, so the job goes back to the queue."""
+    """Create a ``provisioning`` job's cloud instances (idempotent; one run per job at a time)."""
     from broker.db import Job
     from broker.store import JobStore
 
-    with services.store.session() as s:
-        j = s.get(Job, job_id)
-        if j is None or j.state != "provisioning" or j.attempt != attempt:
-            return "stale"
-        JobStore.cas(s, j.id, j.version, "provisioning", "queued",
-                     f"no adapter for provider {(j.placement or {}).get('provider')!r} is configured")
-    return "requeued"
+    cloud = services.cloud
+    if cloud is None:
+        with services.store.session() as s:
+            j = s.get(Job, job_id)
+            if j is None or j.state != "provisioning" or j.attempt != attempt:
+                return "stale"
+            JobStore.cas(s, j.id, j.version, "provisioning", "queued",
+                         f"no adapter for provider {(j.placement or {}).get('provider')!r} is configured")
+        return "requeued"
+    # a provision message delivered twice (re-sent by the reconciler) must not run alongside the first
+    lock = services.redis.lock(f"fedbroker:provision:{job_id}:{attempt}", timeout=900, blocking=False)
+    if not lock.acquire(blocking=False):
+        return "already provisioning"
+    try:
+        out = cloud.provision(job_id, attempt)
+    finally:
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            pass
+    log.info("provision %s attempt %d: %s", job_id, attempt, out)
+    kick_planner()
+    return out
+
+
+@shared_task(name="fedbroker.teardown", ignore_result=True)
+def teardown(job_id: str, attempt: int) -> str:
+    """Terminate the instances of an ended cloud attempt (idempotent)."""
+    cloud = services.cloud
+    if cloud is None:
+        return "no cloud provider configured"
+    return f"{cloud.teardown(job_id, attempt)} instance(s) terminated"

@@ -165,6 +165,9 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         regions: regions ``list_managed`` / ``sweep`` look in; default: those named in
             ``ami_by_region``, ``security_group_by_region`` and ``subnet_by_zone``.
         quota_source: ``(region, quota_code) -> vCPU limit | None`` for :meth:`preflight`.
+        placement_group_by_region: cluster placement group per region; instances of a gang of more
+            than one node (``req.gang_size > 1``) are launched into it (NCCL/EFA bandwidth).
+        instance_profile_by_region: IAM instance profile per region (wins over ``instance_profile``).
     """
 
     name = "aws"
@@ -176,7 +179,9 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
                  security_group_by_region: dict[str, str] | None = None,
                  subnet_by_zone: dict[str, str] | None = None, key_name: str | None = None,
                  instance_profile: str | None = None, regions: Iterable[str] | None = None,
-                 quota_source: Callable[[str, str], float | None] | None = None):
+                 quota_source: Callable[[str, str], float | None] | None = None,
+                 placement_group_by_region: dict[str, str] | None = None,
+                 instance_profile_by_region: dict[str, str] | None = None):
         self._factory = region_clients
         self.endpoint_url = endpoint_url
         self.ami_by_region = dict(ami_by_region or {})
@@ -184,6 +189,10 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         self.subnet_by_zone = dict(subnet_by_zone or {})
         self.key_name = key_name
         self.instance_profile = instance_profile
+        #: cluster placement group per region (terraform/aws ``placement_group_name``) for gangs of > 1 node
+        self.placement_group_by_region = dict(placement_group_by_region or {})
+        #: IAM instance profile per region (overrides ``instance_profile`` there)
+        self.instance_profile_by_region = dict(instance_profile_by_region or {})
         if regions is None:
             found = set(self.ami_by_region) | set(self.security_group_by_region)
             found |= {self._zone_region(z, found) for z in self.subnet_by_zone}
@@ -254,9 +263,13 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
             params["SecurityGroupIds"] = [sg]
         if self.key_name:
             params["KeyName"] = self.key_name
-        if self.instance_profile:
-            key = "Arn" if self.instance_profile.startswith("arn:") else "Name"
-            params["IamInstanceProfile"] = {key: self.instance_profile}
+        profile = self.instance_profile_by_region.get(region) or self.instance_profile
+        if profile:
+            key = "Arn" if profile.startswith("arn:") else "Name"
+            params["IamInstanceProfile"] = {key: profile}
+        group = self.placement_group_by_region.get(region)
+        if group and req.gang_size > 1:  # NCCL/EFA between the gang's nodes: one cluster placement group
+            params["Placement"]["GroupName"] = group
         try:
             resp = ec2.run_instances(**params)
         except (ClientError, BotoCoreError) as exc:

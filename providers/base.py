@@ -84,7 +84,8 @@ class InstanceRequest:
 
     Fields: ``offer_id`` ``provider:zone:instance_type:market``; ``user_data`` the cloud-init
     script that runs the job's container (``providers.launch``); ``tags`` key -> value put on
-    the instance at creation (job, attempt, team, broker id); ``token`` the idempotency token.
+    the instance at creation (job, attempt, team, broker id); ``token`` the idempotency token;
+    ``gang_size`` the number of nodes of the job (multi-node gangs are placed close together).
     """
 
     job_id: str
@@ -102,6 +103,7 @@ class InstanceRequest:
     tags: dict[str, str]
     token: str
     image: str | None = None  # machine image (AMI / GCE image); None = the adapter's configured default
+    gang_size: int = 1  # nodes of the job's gang; > 1 puts the instance in the region's placement group (AWS)
 
 
 @dataclass(frozen=True)

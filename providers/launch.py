@@ -81,7 +81,7 @@ _IMAGE_RE = re.compile(
     r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
-_DIGEST_RE = re.compile(r"@sha256:[a-f0-9]{64}$")
+_DIGEST_RE = DIGEST_RE = re.compile(r"@sha256:[a-f0-9]{64}$")  # an image reference pinned by digest
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a valid docker container name part
 _TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # broker.model's team names
 _ADDR_RE = re.compile(r"^[A-Za-z0-9._:\[\]-]{1,255}$")  # host name, IPv4 or IPv6 address
@@ -245,8 +245,12 @@ def container_name(ls: LaunchSpec) -> str:
     return f"fedbroker-{ls.job_id}-{ls.attempt}-{ls.rank}"
 
 
-def docker_argv(ls: LaunchSpec) -> list[str]:
+def docker_argv(ls: LaunchSpec, passthrough: Iterable[str] = ()) -> list[str]:
     """The ``docker run`` argv (a list, never a shell string) that runs rank ``ls.rank``.
+
+    ``passthrough``: environment keys whose value the launching shell provides (a bare ``-e KEY``
+    instead of ``-e KEY=value``); cloud-init uses it for ``MASTER_ADDR``/``PET_MASTER_ADDR`` on
+    rank 0, whose own address is only known at boot. Unknown keys raise ``ValueError``.
 
     Flags:
 
@@ -280,8 +284,12 @@ def docker_argv(ls: LaunchSpec) -> list[str]:
     argv = ["docker", "run", "--rm", "--name", container_name(ls), "--init", "--gpus", gpus,
             "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
             "--stop-timeout", str(ls.grace_s), "-v", f"{ls.checkpoint_dir}:{CONTAINER_CHECKPOINT_DIR}"]
-    for k, v in job_environment(ls).items():
-        argv += ["-e", f"{k}={v}"]
+    env = job_environment(ls)
+    bare = set(passthrough)
+    if bare - set(env):
+        raise ValueError(f"passthrough={sorted(bare)!r}: {sorted(bare - set(env))} not in the job environment")
+    for k, v in env.items():
+        argv += ["-e", k if k in bare else f"{k}={v}"]
     if ls.nccl_socket_ifname is None:
         argv += ["-e", "NCCL_SOCKET_IFNAME"]
     argv.append(ls.image)
@@ -342,13 +350,14 @@ _AWS_WATCH = r"""# EC2 spot interruption notice (IMDSv2): instance-action answer
 spot_watch() {
   local token code
   while true; do
-    token="$(curl -sf -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' http://169.254.169.254/latest/api/token)" || token=""
-    code="$(curl -s -m 2 -o /dev/null -w '%{http_code}' -H "X-aws-ec2-metadata-token: ${token}" http://169.254.169.254/latest/meta-data/spot/instance-action)" || code=""
+    token="$(curl -sf -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$IMDS_URL/latest/api/token")" || token=""
+    code="$(curl -s -m 2 -o /dev/null -w '%{http_code}' -H "X-aws-ec2-metadata-token: ${token}" "$IMDS_URL/latest/meta-data/spot/instance-action")" || code=""
     if [ "$code" = "200" ]; then
+      report notice "" "EC2 spot interruption notice"
       stop_container "EC2 spot interruption notice"
       return 0
     fi
-    sleep 5
+    sleep "$NOTICE_POLL_S"
   done
 }"""
 
@@ -356,50 +365,125 @@ _GCP_WATCH = r"""# GCE preemption notice: instance/preempted turns TRUE about 30
 spot_watch() {
   local v
   while true; do
-    v="$(curl -sf -m 2 -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/v1/instance/preempted)" || v=""
+    v="$(curl -sf -m 2 -H 'Metadata-Flavor: Google' "$GCE_METADATA_URL/computeMetadata/v1/instance/preempted")" || v=""
     if [ "$v" = "TRUE" ]; then
+      report notice "" "GCE preemption notice"
       stop_container "GCE preemption notice"
       return 0
     fi
-    sleep 1
+    sleep "$NOTICE_POLL_S"
   done
 }"""
 
 _WATCHERS = {"aws": _AWS_WATCH, "gcp": _GCP_WATCH}
+#: metadata endpoints; the ``FEDBROKER_*`` variables only exist in tests (cloud-init runs user data with a bare environment)
+_METADATA = {"aws": 'IMDS_URL="${FEDBROKER_IMDS_URL:-http://169.254.169.254}"',
+             "gcp": 'GCE_METADATA_URL="${FEDBROKER_GCE_METADATA_URL:-http://metadata.google.internal}"'}
+#: seconds between notice polls (AWS gives about 120 s of warning, GCP about 30 s)
+_NOTICE_POLL_S = {"aws": 5, "gcp": 1}
+#: object-store sync command per provider (the GPU machine image has the provider's CLI)
+_SYNC = {"aws": "aws s3 sync --only-show-errors", "gcp": "gcloud storage rsync --recursive --quiet"}
+_URI_SCHEME = {"aws": "s3://", "gcp": "gs://"}
+_CKPT_URI_RE = re.compile(r"^(s3|gs)://[a-z0-9][a-z0-9._-]{1,62}(/[A-Za-z0-9._=-]+)*/?$")
+_REPORT_URL_RE = re.compile(r"^https?://[A-Za-z0-9._:\[\]-]+(/[A-Za-z0-9._~/%-]*)?$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+#: bytes of the container's log sent with the exit report
+LOG_TAIL_BYTES = 65536
 
 
-def cloud_init(ls: LaunchSpec, provider: str, resolve: Callable[[str], str] | None = None) -> str:
+def cloud_init(ls: LaunchSpec, provider: str, resolve: Callable[[str], str] | None = None, *,
+               report_url: str | None = None, report_token: str | None = None,
+               checkpoint_uri: str | None = None, master_addr_at_boot: bool = False,
+               checkpoint_sync_s: int = 300) -> str:
     """The ``#!/bin/bash`` user-data script that runs rank ``ls.rank`` on a ``provider`` instance.
 
-    It installs nothing (the GPU machine image has docker and the NVIDIA container toolkit), waits
-    for the docker daemon, computes ``NCCL_SOCKET_IFNAME`` at boot when ``ls`` does not know it
-    (``ip -o -4 route show to default | awk '{print $5}'``), creates the checkpoint directory,
-    then runs in the background exactly ``docker_argv(ls)`` (each word ``shlex.quote``-d; the image
-    pinned by :func:`pin_image` first) and waits for it. SIGTERM/SIGINT to the script and the
+    It installs nothing (the GPU machine image has docker, the NVIDIA container toolkit, curl and the
+    provider's CLI), waits for the docker daemon, computes ``NCCL_SOCKET_IFNAME`` at boot when ``ls``
+    does not know it (``ip -o -4 route show to default | awk '{print $5}'``), creates the checkpoint
+    directory, then runs in the background exactly ``docker_argv(ls)`` (each word ``shlex.quote``-d;
+    the image pinned by :func:`pin_image` first), its output appended to
+    ``/var/log/fedbroker/<container>.log``, and waits for it. SIGTERM/SIGINT to the script and the
     provider's spot/preemption notice (polled: AWS IMDSv2 ``spot/instance-action`` every 5 s, GCP
-    ``instance/preempted`` every 1 s) both run ``docker stop -t <grace_s>``: the job gets SIGTERM
-    and ``grace_s`` seconds to checkpoint (GCP leaves about 30 s in all). The script exits with
-    the container's status.
+    ``instance/preempted`` every 1 s) both run ``docker stop -t <grace_s>``: the job gets SIGTERM and
+    ``grace_s`` seconds to checkpoint (GCP leaves about 30 s in all). The script exits with the
+    container's status.
+
+    Options (all values shell-quoted; bad ones raise ``ValueError`` naming the argument):
+
+    * ``master_addr_at_boot``: rank 0's own address is not known when its instance is created, so
+      the script sets ``MASTER_ADDR``/``PET_MASTER_ADDR`` to the IPv4 address of the default-route
+      interface at boot (``ls.master_addr`` is then ignored) and passes them through
+      (``docker_argv(ls, passthrough=...)``).
+    * ``checkpoint_uri`` (``s3://bucket/prefix`` on AWS, ``gs://bucket/prefix`` on GCP): the
+      checkpoint directory is restored from it before the container starts, pushed to it every
+      ``checkpoint_sync_s`` seconds while it runs and once more after it exits (spot notice
+      included), so the next attempt on another instance resumes from it (``aws s3 sync``,
+      ``gcloud storage rsync``).
+    * ``report_url`` + ``report_token``: the broker's instance report endpoint
+      (``POST /v1/instances/report``, form fields ``job_id``, ``attempt``, ``rank``, ``event``,
+      ``exit_code``, ``reason``, ``log_tail``; ``Authorization: Bearer <token>``). Events:
+      ``running`` (container started), ``notice`` (spot/preemption notice), ``exited`` (with the
+      exit status and the last :data:`LOG_TAIL_BYTES` bytes of the log). Each is retried 5 times.
 
     Raises ``ValueError`` naming ``provider`` if it is not ``"aws"`` or ``"gcp"``, and
     :func:`pin_image`'s ``ValueError`` for an image not pinned by digest (without ``resolve``).
     """
     if provider not in _WATCHERS:
         raise ValueError(f"provider={provider!r}: unknown; cloud-init is written for {', '.join(PROVIDERS)}")
+    if (report_url is None) != (report_token is None):
+        raise ValueError(f"report_url={report_url!r}, report_token=...: give both or neither")
+    if report_url is not None and not _REPORT_URL_RE.match(report_url):
+        raise ValueError(f"report_url={report_url!r}: must be an http(s) URL without spaces or quotes")
+    if report_token is not None and (not isinstance(report_token, str) or not _TOKEN_RE.match(report_token)):
+        raise ValueError("report_token: 16-128 characters of A-Z a-z 0-9 _ -")
+    if checkpoint_uri is not None and (not isinstance(checkpoint_uri, str) or not _CKPT_URI_RE.match(checkpoint_uri)
+                                       or not checkpoint_uri.startswith(_URI_SCHEME[provider])):
+        raise ValueError(f"checkpoint_uri={checkpoint_uri!r}: must be {_URI_SCHEME[provider]}bucket[/prefix] on {provider}")
+    _int("checkpoint_sync_s", checkpoint_sync_s, 10)
     pinned = pin_image(ls.image, resolve)
     if pinned != ls.image:
         ls = replace(ls, image=pinned)
     q = shlex.quote
-    docker_line = " ".join(q(a) for a in docker_argv(ls))
+    passthrough = ("MASTER_ADDR", "PET_MASTER_ADDR") if master_addr_at_boot else ()
+    log_file = f"{container_name(ls)}.log"
+    docker_line = " ".join(q(a) for a in docker_argv(ls, passthrough))
     lines = [
         "#!/bin/bash",
         f"# fedbroker: job {ls.job_id} attempt {ls.attempt} rank {ls.rank} of {ls.nnodes} on {provider}.",
         "# Written by providers.launch: every value is shell-quoted (shlex.quote).",
         "set -u",
         'PATH="$PATH:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"',
+        f"JOB_ID={q(ls.job_id)}",
+        f"ATTEMPT={q(str(ls.attempt))}",
+        f"RANK={q(str(ls.rank))}",
         f"CONTAINER={q(container_name(ls))}",
         f"GRACE_S={q(str(ls.grace_s))}",
+        f"NOTICE_POLL_S={_NOTICE_POLL_S[provider]}",
+        _METADATA[provider],
+        'LOG_DIR="${FEDBROKER_LOG_DIR:-/var/log/fedbroker}"',
+        f'LOG="$LOG_DIR/"{q(log_file)}',
+        f"REPORT_URL={q(report_url or '')}",
+        f"REPORT_TOKEN={q(report_token or '')}",
+        f"CKPT_DIR={q(ls.checkpoint_dir)}",
+        f"CKPT_URI={q(checkpoint_uri or '')}",
         'log() { echo "fedbroker-launch: $*" >&2; }',
+        "# report EVENT [EXIT_CODE] [REASON] [LOG_FILE]: tell the broker (5 tries)",
+        "report() {",
+        '  [ -n "$REPORT_URL" ] || return 0',
+        "  local i args",
+        '  args=(-sf -m 20 -o /dev/null -H "Authorization: Bearer $REPORT_TOKEN"',
+        '        --data-urlencode "job_id=$JOB_ID" --data-urlencode "attempt=$ATTEMPT" --data-urlencode "rank=$RANK"',
+        '        --data-urlencode "event=$1" --data-urlencode "exit_code=${2:-}" --data-urlencode "reason=${3:-}")',
+        '  if [ -n "${4:-}" ] && [ -f "$4" ]; then args+=(--data-urlencode "log_tail@$4"); fi',
+        "  for i in 1 2 3 4 5; do",
+        '    curl "${args[@]}" "$REPORT_URL" && return 0',
+        '    sleep "$i"',
+        "  done",
+        '  log "could not report $1 to the broker"',
+        "}",
+        "# checkpoint sync with the object store (restored before the container, pushed while and after it runs)",
+        f"ckpt_pull() {{ [ -z \"$CKPT_URI\" ] || {_SYNC[provider]} \"$CKPT_URI\" \"$CKPT_DIR\" || log \"checkpoint restore failed\"; }}",
+        f"ckpt_push() {{ [ -z \"$CKPT_URI\" ] || {_SYNC[provider]} \"$CKPT_DIR\" \"$CKPT_URI\" || log \"checkpoint upload failed\"; }}",
         "stop_container() {",
         '  log "$1: docker stop -t $GRACE_S $CONTAINER (SIGTERM, SIGKILL after ${GRACE_S}s)"',
         '  docker stop -t "$GRACE_S" "$CONTAINER" >/dev/null 2>&1 || true',
@@ -408,35 +492,54 @@ def cloud_init(ls: LaunchSpec, provider: str, resolve: Callable[[str], str] | No
         "trap 'stop_container \"received SIGINT\"' INT",
         "if ! command -v docker >/dev/null 2>&1; then",
         '  log "docker is not installed on this machine image"',
+        '  report exited 127 "docker is not installed on this machine image"',
         "  exit 127",
         "fi",
         "for _ in $(seq 1 90); do docker info >/dev/null 2>&1 && break; sleep 2; done",
     ]
+    if ls.nccl_socket_ifname is None or master_addr_at_boot:
+        lines += ["# the interface of the IPv4 default route: NCCL's socket transport and bootstrap use it",
+                  f'BOOT_IFNAME="$({_IFNAME_SNIPPET})"']
     if ls.nccl_socket_ifname is None:
         lines += [
-            "# the interface of the IPv4 default route: NCCL's socket transport and bootstrap use it",
-            f'NCCL_SOCKET_IFNAME="$({_IFNAME_SNIPPET})"',
+            'NCCL_SOCKET_IFNAME="$BOOT_IFNAME"',
             'if [ -n "$NCCL_SOCKET_IFNAME" ]; then',
             '  export NCCL_SOCKET_IFNAME; log "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"',
             "else",
             '  unset NCCL_SOCKET_IFNAME; log "no IPv4 default route: NCCL picks its interface"',
             "fi",
         ]
+    if master_addr_at_boot:
+        lines += [
+            "# rank 0 is the rendezvous endpoint: its own private address",
+            'MASTER_ADDR="$(ip -o -4 addr show dev "${BOOT_IFNAME:-}" 2>/dev/null | awk \'{print $4}\' | cut -d/ -f1 | head -n 1)"',
+            '[ -n "$MASTER_ADDR" ] || MASTER_ADDR="$(hostname -I 2>/dev/null | awk \'{print $1}\')"',
+            'PET_MASTER_ADDR="$MASTER_ADDR"',
+            'export MASTER_ADDR PET_MASTER_ADDR; log "MASTER_ADDR=$MASTER_ADDR"',
+        ]
     lines += [
-        f"mkdir -p -- {q(ls.checkpoint_dir)}",
+        'mkdir -p -- "$CKPT_DIR"',
+        f'mkdir -p -- "$LOG_DIR" 2>/dev/null || {{ LOG_DIR="${{TMPDIR:-/tmp}}"; LOG="$LOG_DIR/"{q(log_file)}; }}',
+        "ckpt_pull",
         _WATCHERS[provider],
         "# the job's container, in the background so the traps run while it does",
-        docker_line + " &",
+        docker_line + ' >>"$LOG" 2>&1 &',
         "DOCKER_PID=$!",
+        "report running",
         "spot_watch &",
         "WATCH_PID=$!",
+        f'( while sleep {checkpoint_sync_s}; do ckpt_push; done ) >>"$LOG_DIR/checkpoint-sync.log" 2>&1 &',
+        "SYNC_PID=$!",
         "rc=0",
         "while true; do",
         '  wait "$DOCKER_PID"; rc=$?',
         '  kill -0 "$DOCKER_PID" 2>/dev/null || break  # wait was cut short by a trap: wait again',
         "done",
-        'kill "$WATCH_PID" 2>/dev/null || true',
+        'for p in "$WATCH_PID" "$SYNC_PID"; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done',
         'log "container $CONTAINER exited with status $rc"',
+        "ckpt_push",
+        f'tail -c {LOG_TAIL_BYTES} "$LOG" > "$LOG.tail" 2>/dev/null || true',
+        'report exited "$rc" "" "$LOG.tail"',
         'exit "$rc"',
         "",
     ]

@@ -54,7 +54,7 @@ from providers.base import (
     instance_tags,
 )
 
-__all__ = ["OfferOption", "ProvisioningFailed", "provision_with_failover", "quota_scope"]
+__all__ = ["OfferOption", "ProvisioningFailed", "provision_with_failover", "provision_gang", "quota_scope"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ def provision_with_failover(
     max_unknown_errors: int = 3,
     throttle_base_s: float = 1.0,
     throttle_max_s: float = 60.0,
+    gang_size: int = 1,
 ) -> tuple[Any, InstanceInfo]:
     """Create rank ``rank`` of attempt ``attempt`` of ``job_id`` on the first of ``options`` that works.
 
@@ -150,7 +151,7 @@ def provision_with_failover(
             zone=opt.zone, instance_type=opt.instance_type, market=opt.market, gpu_type=opt.gpu_type,
             gpu_count=opt.gpu_count, user_data=user_data_for(original),
             tags=instance_tags(job_id, attempt, rank, team, broker_id),
-            token=idempotency_token(job_id, attempt, opt.offer_id, rank))
+            token=idempotency_token(job_id, attempt, opt.offer_id, rank), gang_size=gang_size)
         try:
             info = _try_option(compute, req, history, record_intent, sleep, max_throttle_retries,
                                throttle_base_s, throttle_max_s)
@@ -205,3 +206,61 @@ def _try_option(compute: Compute, req: InstanceRequest, history: FailoverHistory
             raise ProviderError(f"instance {info.instance_id} was already terminated at launch",
                                 req.offer_id, "TerminatedAtLaunch")
         return info
+
+
+def provision_gang(
+    job_id: str,
+    attempt: int,
+    team: str,
+    nodes: int,
+    options: list[Any],
+    computes: dict[str, Compute],
+    user_data_for: Callable[[Any, int, str | None], str],
+    broker_id: str,
+    history: FailoverHistory,
+    record_intent: Callable[[InstanceRequest], None],
+    on_failed_gang: Callable[[Any, list[InstanceInfo]], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    **kw: Any,
+) -> tuple[Any, list[InstanceInfo]]:
+    """Create all ``nodes`` instances of a gang on ONE option (all or nothing), failing over as a whole.
+
+    Rank 0 goes through :func:`provision_with_failover` over ``options``; ranks 1.. are then created on
+    the option rank 0 got (same zone, type and market: NCCL needs the gang together), with
+    ``user_data_for(option, rank, rank0_private_ip)`` (rank 0 gets ``None``: its script finds its own
+    address at boot). If a later rank fails, the instances made so far are terminated (and passed to
+    ``on_failed_gang(option, instances)`` first), and the walk goes on with the options after that one.
+    ``kw`` goes to :func:`provision_with_failover` (throttling limits). Returns ``(option, [instance per
+    rank])``. Raises :class:`ProvisioningFailed` with the whole history when no option holds the gang.
+    """
+    remaining = list(options)
+    skipped: list[str] = []
+    while remaining:
+        opt, first = provision_with_failover(job_id, attempt, 0, team, remaining, computes,
+                                             lambda o: user_data_for(o, 0, None), broker_id, history,
+                                             record_intent, sleep=sleep, gang_size=nodes, **kw)
+        made = [first]
+        if nodes > 1 and not first.private_ip:
+            raise ProvisioningFailed(f"{job_id} attempt {attempt}: rank 0 instance {first.instance_id} has no "
+                                     "private address for the rendezvous", history, skipped, code="NoPrivateAddress")
+        try:
+            for rank in range(1, nodes):
+                _, info = provision_with_failover(job_id, attempt, rank, team, [opt], computes,
+                                                  lambda o, r=rank: user_data_for(o, r, first.private_ip), broker_id,
+                                                  history, record_intent, sleep=sleep, gang_size=nodes, **kw)
+                made.append(info)
+        except ProvisioningFailed as exc:
+            skipped.extend(exc.skipped)
+            compute = computes[OfferOption.of(opt).provider]
+            if on_failed_gang is not None:
+                on_failed_gang(opt, made)
+            for inst in made:
+                try:
+                    compute.terminate(inst.instance_id, inst.zone)
+                except ProviderError as err:  # the sweep terminates it later (tagged, attempt not live)
+                    log.warning("could not terminate %s of a partial gang: %s", inst.instance_id, err)
+            remaining = remaining[[OfferOption.of(o).offer_id for o in remaining].index(OfferOption.of(opt).offer_id) + 1:]
+            continue
+        return opt, made
+    raise ProvisioningFailed(f"{job_id} attempt {attempt}: no option could hold all {nodes} node(s) "
+                             f"({len(history.attempts)} tries)", history, skipped)

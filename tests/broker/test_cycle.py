@@ -223,7 +223,7 @@ def test_starting_job_is_redispatched_then_timed_out(pg_store, env):
     out = rec.run(now + timedelta(seconds=61))
     assert out["timed_out"] == 1
     j = store.get(jid)
-    assert j.state == "queued" and j.reason == "still starting after 60 s"
+    assert j.state == "queued" and j.reason == "still starting after 60 s without a running report from its node agents"
 
 
 def test_a_job_that_keeps_failing_to_start_fails_after_max_attempts(pg_store, env):
@@ -241,7 +241,7 @@ def test_a_job_that_keeps_failing_to_start_fails_after_max_attempts(pg_store, en
         store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=t + timedelta(seconds=61))
         rec.run(t + timedelta(seconds=61))
     j = store.get(jid)
-    assert j.state == "failed" and j.reason == "gave up after 2 attempts; the last: still starting after 60 s"
+    assert j.state == "failed" and j.reason == "gave up after 2 attempts; the last: still starting after 60 s without a running report from its node agents"
     assert [a.outcome for a in store.attempts(jid)] == ["timed_out", "timed_out"]
 
 

@@ -45,8 +45,8 @@ def docker_line(script: str) -> str:
     """The one ``docker run`` line of a cloud-init script, without its trailing ``&``."""
     lines = [ln for ln in script.splitlines() if ln.startswith("docker run ")]
     assert len(lines) == 1, lines
-    assert lines[0].endswith(" &")
-    return lines[0][:-2]
+    assert lines[0].endswith(' >>"$LOG" 2>&1 &')
+    return lines[0][:-len(' >>"$LOG" 2>&1 &')]
 
 
 # ----------------------------------------------------------------------------- spec and environment
@@ -137,9 +137,11 @@ def test_cloud_init_runs_exactly_docker_argv_on_every_rank(provider):
 def test_cloud_init_watches_the_provider_notice():
     ls = ranks(spec())[0]
     aws, gcp = cloud_init(ls, "aws"), cloud_init(ls, "gcp")
-    assert "http://169.254.169.254/latest/meta-data/spot/instance-action" in aws
+    assert 'IMDS_URL="${FEDBROKER_IMDS_URL:-http://169.254.169.254}"' in aws
+    assert '"$IMDS_URL/latest/meta-data/spot/instance-action"' in aws
     assert "X-aws-ec2-metadata-token" in aws and "metadata.google.internal" not in aws
-    assert "http://metadata.google.internal/computeMetadata/v1/instance/preempted" in gcp
+    assert 'GCE_METADATA_URL="${FEDBROKER_GCE_METADATA_URL:-http://metadata.google.internal}"' in gcp
+    assert '"$GCE_METADATA_URL/computeMetadata/v1/instance/preempted"' in gcp
     assert "Metadata-Flavor: Google" in gcp and "169.254.169.254" not in gcp
     assert "ip -o -4 route show to default | awk '{print $5}'" in aws
     with pytest.raises(ValueError, match="provider='azure'"):

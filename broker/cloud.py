@@ -1,0 +1,647 @@
+"""The cloud side of the live broker: provision a placed job's instances, hear from them, watch them, tear them down.
+
+Flow of a cloud attempt (DESIGN.md §2 and §5)::
+
+    planner: queued -> provisioning (placement = the chosen offer)          broker.cycle
+    fedbroker.provision: CloudBroker.provision(job, attempt)                here
+        failover options: the chosen offer, then zone -> instance type -> region -> provider
+        per rank: intent row (cloud_instances, state "intent") BEFORE the create call, tagged instance,
+        idempotency token from (job, attempt, offer, rank); rank 0 first, the others get its private
+        address as MASTER_ADDR; all or nothing (providers.provisioner.provision_gang)
+        -> starting (placement.nodes = [{rank, instance_id, zone, private_ip}])
+        or  -> queued (every option failed; the failover history is on the attempt)
+    instance user data (providers.launch.cloud_init) reports to POST /v1/instances/report:
+        running -> job running; notice (spot/preemption) -> stop_reason "spot";
+        exited(code) -> succeeded / failed / requeued from its checkpoint        CloudBroker.report
+    reconciler (CloudBroker.watch, every pass):
+        cancel requested -> instances terminated, job cancelled;
+        an instance of an active attempt gone (spot reclaimed, lost) -> every instance of the attempt
+        terminated, job requeued from its checkpoint (all or nothing);
+        instance rows of attempts that are no longer live -> terminated;
+        every ``sweep_interval_s``: instances tagged with our broker id but no live attempt -> terminated.
+
+Offers that just failed with no capacity (or a quota error) are not offered to the planner again for
+``cloud.capacity_cooldown_s`` (``quota_cooldown_s``): :meth:`CloudBroker.cooling_offers`.
+
+Instances authenticate their reports with a per-(job, attempt, rank) token: HMAC-SHA256 of
+``job|attempt|rank`` under a random key kept in the database (:meth:`broker.store.JobStore.instance_secret`).
+It only lets an instance report on its own rank of its own attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+
+from broker.db import Attempt, CloudInstance, Job, utcnow
+from broker.reconciler import requeue_lost
+from broker.states import JobState
+from broker.store import JobStore
+from providers.base import Compute, FailoverHistory, InstanceInfo, InstanceRequest, ProviderError
+
+__all__ = ["build_computes", "offer_allowed", "failover_options", "CloudBroker", "report_token", "ReportError",
+           "REPORT_EVENTS", "CLOUD_ACTIVE_STATES"]
+
+log = logging.getLogger("fedbroker.cloud")
+S = JobState
+#: events an instance reports (see providers.launch.cloud_init)
+REPORT_EVENTS = ("running", "notice", "exited")
+#: cloud_instances states whose instance may still exist
+LIVE_ROW_STATES = ("intent", "running", "terminating")
+#: job states in which a cloud attempt holds instances
+CLOUD_ACTIVE_STATES = (S.provisioning.value, S.starting.value, S.running.value)
+#: bytes of an instance's exit report log tail kept
+LOG_TAIL_MAX = 65536
+
+
+class ReportError(ValueError):
+    """A report that cannot be taken: ``status`` 401 (bad token), 404 (no such instance), 422 (bad field)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def report_token(secret: bytes, job_id: str, attempt: int, rank: int) -> str:
+    """The report token of one rank of one attempt: 43 URL-safe characters (HMAC-SHA256, base64url)."""
+    import base64
+
+    mac = hmac.new(secret, f"{job_id}|{attempt}|{rank}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def build_computes(settings) -> dict[str, Compute]:
+    """Provider adapters for ``settings.cloud_providers``, configured from the ``aws`` / ``gcp`` sections."""
+    out: dict[str, Compute] = {}
+    if "aws" in settings.cloud_providers:
+        from providers.aws import AwsCompute
+
+        a = settings.aws
+        out["aws"] = AwsCompute(
+            endpoint_url=a.endpoint_url, regions=sorted(a.regions),
+            ami_by_region={r: c.ami_id for r, c in a.regions.items()},
+            security_group_by_region={r: c.security_group_id for r, c in a.regions.items() if c.security_group_id},
+            subnet_by_zone={z: sub for c in a.regions.values() for z, sub in c.subnet_ids_by_az.items()},
+            key_name=a.key_name,
+            placement_group_by_region={r: c.placement_group_name for r, c in a.regions.items()
+                                       if c.placement_group_name},
+            instance_profile_by_region={r: c.instance_profile_name for r, c in a.regions.items()
+                                        if c.instance_profile_name})
+    if "gcp" in settings.cloud_providers:
+        from providers.gcp import GcpCompute
+
+        g = settings.gcp
+        kw = {}
+        if g.api_endpoint:
+            from google.auth.credentials import AnonymousCredentials
+
+            kw = {"api_endpoint": g.api_endpoint, "credentials": AnonymousCredentials()}
+        out["gcp"] = GcpCompute(g.project, image=g.gpu_image, network=g.network, subnetwork=g.subnetwork,
+                                service_account=g.service_account_email, op_timeout_s=g.operation_timeout_s, **kw)
+    return out
+
+
+def offer_allowed(settings, offer) -> bool:
+    """May ``offer`` (a ``CloudOffer``) be provisioned: its provider is in ``cloud_providers`` and its zone
+    is one the provider's settings have a network for (AWS: a subnet in ``subnet_ids_by_az``; GCP: a zone of
+    ``gcp.region``)."""
+    if offer.provider not in settings.cloud_providers:
+        return False
+    if offer.provider == "aws":
+        reg = settings.aws.regions.get(offer.region)
+        return reg is not None and offer.zone in reg.subnet_ids_by_az
+    if offer.provider == "gcp":
+        return offer.region == settings.gcp.region
+    return False
+
+
+def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Callable[[object], bool],
+                     cooling: set[str] = frozenset(), limit: int = 8, canon: Callable[[str], str] = str) -> list:
+    """The options one cloud attempt tries, in order: the planner's choice, then zone -> instance type ->
+    region -> provider (DESIGN.md §5), each group cheapest first per GPU-hour.
+
+    ``offers``: every ``CloudOffer``; ``spec``: the job spec (dict). An option must hold the job the way
+    the planner's ``compatible_offers`` does (GPU type in ``gpu_types``, ``gpu_count == gpus_per_node`` for a
+    gang else ``>=``, memory, spot only if ``spot_allowed``, ``allowed_regions``, ``max_price_usd_per_hour``
+    for all nodes), be ``allowed`` and not ``cooling`` (the chosen offer is always first when allowed).
+    At most ``limit`` options."""
+    offers = list(offers)
+    by_id = {o.offer_id: o for o in offers}
+    chosen = by_id.get(chosen_id)
+    types = {canon(t) for t in spec.get("gpu_types") or ()}
+    regions = set(spec.get("allowed_regions") or ())
+    gpn, nodes = int(spec["gpus_per_node"]), int(spec["nodes"])
+    cap = spec.get("max_price_usd_per_hour")
+
+    def fits(o) -> bool:
+        market = getattr(o.market, "value", o.market)
+        if types and canon(o.gpu_type) not in types:
+            return False
+        if (o.gpu_count != gpn) if nodes > 1 else (o.gpu_count < gpn or o.gpu_count > 2 * gpn):
+            return False
+        if o.gpu_memory_gb < float(spec.get("min_gpu_memory_gb") or 0.0):
+            return False
+        if market == "spot" and not spec.get("spot_allowed", True):
+            return False
+        if regions and o.region not in regions:
+            return False
+        if cap is not None and o.usd_per_hour * nodes > float(cap):
+            return False
+        return allowed(o)
+
+    out = [chosen] if chosen is not None and allowed(chosen) else []
+    rest = [o for o in offers if o.offer_id != chosen_id and o.offer_id not in cooling and fits(o)]
+    if chosen is not None:
+        cm = getattr(chosen.market, "value", chosen.market)
+        rest.sort(key=lambda o: (o.provider != chosen.provider, o.region != chosen.region,
+                                 o.instance_type != chosen.instance_type, getattr(o.market, "value", o.market) != cm,
+                                 o.usd_per_hour / o.gpu_count, o.offer_id))
+    else:
+        rest.sort(key=lambda o: (o.usd_per_hour / o.gpu_count, o.offer_id))
+    return (out + rest)[:limit]
+
+
+@dataclass
+class _Launch:
+    """What ``provision`` read of the job before calling providers (no session is held across those calls)."""
+
+    job_id: str
+    attempt: int
+    team: str
+    spec: dict
+    offer_id: str
+
+
+class CloudBroker:
+    """Provisioning, reports, watching and sweeping of cloud instances (see the module docstring).
+
+    Args:
+        store: the job store.
+        settings: :class:`broker.settings.BrokerSettings` (``cloud``, ``aws``, ``gcp``, ``max_attempts``).
+        offers: every ``CloudOffer`` the planner knows (failover options are taken from them).
+        computes: provider name -> adapter; default :func:`build_computes` (settings).
+        teardown: ``teardown(job_id, attempt)`` asks for an attempt's instances to be terminated soon
+            (a Celery task in the broker); default: terminate here and now.
+        canon: canonical GPU type names (``pricing.power.canonical_gpu_type``).
+        sleep: for throttling back-off (tests pass a recorder).
+    """
+
+    def __init__(self, store: JobStore, settings, offers: Iterable = (), computes: dict[str, Compute] | None = None,
+                 teardown: Callable[[str, int], None] | None = None, canon: Callable[[str], str] = str,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.store = store
+        self.settings = settings
+        self.offers = list(offers)
+        self.computes = build_computes(settings) if computes is None else computes
+        self._teardown_cb = teardown
+
+        def safe_canon(t: str) -> str:
+            try:
+                return canon(t)
+            except ValueError:  # an unknown GPU type name stays as given
+                return t
+
+        self.canon = safe_canon
+        self.sleep = sleep
+        self._secret: bytes | None = None
+        self._last_poll: dict[str, float] = {}
+        self._last_sweep = float("-inf")
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def secret(self) -> bytes:
+        if self._secret is None:
+            self._secret = self.store.instance_secret()
+        return self._secret
+
+    def token(self, job_id: str, attempt: int, rank: int) -> str:
+        """The report token of one rank of one attempt (see :func:`report_token`)."""
+        return report_token(self.secret, job_id, attempt, rank)
+
+    # ------------------------------------------------------------------ cooldown
+    def cooling_offers(self, s, now: datetime) -> set[str]:
+        """Offer ids that failed with no capacity within ``capacity_cooldown_s``, or with a quota error within
+        ``quota_cooldown_s`` (inside session ``s``)."""
+        c = self.settings.cloud
+        since = now - timedelta(seconds=max(c.capacity_cooldown_s, c.quota_cooldown_s))
+        out = set()
+        for offer_id, err, at in s.execute(select(CloudInstance.offer_id, CloudInstance.error, CloudInstance.updated_at)
+                                           .where(CloudInstance.state == "failed", CloudInstance.updated_at >= since)):
+            err = err or ""
+            age = (now - at).total_seconds()
+            if (err.startswith("NoCapacity") and age <= c.capacity_cooldown_s) or (
+                    err.startswith("QuotaExceeded") and age <= c.quota_cooldown_s):
+                out.add(offer_id)
+        return out
+
+    # ------------------------------------------------------------------ provisioning
+    def provision(self, job_id: str, attempt: int, now: datetime | None = None) -> str:
+        """Create every instance of a ``provisioning`` job's attempt, or put the job back in the queue.
+
+        Idempotent: a second call for the same attempt finds the instances by their tokens; a call for a
+        job no longer ``provisioning`` with that attempt returns ``"stale"``. Returns a short outcome."""
+        from providers.launch import cloud_init, launch_spec
+        from providers.provisioner import ProvisioningFailed, provision_gang
+
+        now = now or utcnow()
+        with self.store.session() as s:
+            j = s.get(Job, job_id)
+            if j is None or j.state != S.provisioning.value or j.attempt != attempt:
+                return "stale"
+            if j.cancel_requested:
+                JobStore.cas(s, j.id, j.version, S.provisioning.value, S.cancelled.value,
+                             "cancelled by user before its instances were created", now, finished_at=now)
+                return "cancelled"
+            job = _Launch(j.id, attempt, j.team, dict(j.spec), (j.placement or {}).get("offer_id", ""))
+            if s.execute(select(Attempt).where(Attempt.job_id == j.id, Attempt.number == attempt)
+                         ).scalar_one_or_none() is None:
+                s.add(Attempt(job_id=j.id, number=attempt, kind="cloud", pool=None, offer_id=job.offer_id, nodes=[],
+                              gpu_type=(j.placement or {}).get("gpu_type"),
+                              gpus=int(j.spec["gpus_per_node"]) * int(j.spec["nodes"]), created_at=now,
+                              rank_exits={}, reason="", failover=[]))
+            cooling = self.cooling_offers(s, now)
+        from broker.model import JobSpec
+
+        spec = JobSpec.model_validate(job.spec)
+        options = failover_options(self.offers, job.offer_id, job.spec, lambda o: offer_allowed(self.settings, o),
+                                   cooling, self.settings.cloud.max_failover_options, self.canon)
+        history = FailoverHistory()
+        c = self.settings.cloud
+
+        def user_data(option, rank: int, master_ip: str | None) -> str:
+            provider = option.provider
+            section = getattr(self.settings, provider)
+            uri = section.checkpoint_uri
+            if uri:
+                uri = f"{uri.rstrip('/')}/{spec.team}/{job.job_id}"
+            ls = launch_spec(spec, job.job_id, attempt, rank, spec.nodes, master_ip or "127.0.0.1",
+                             checkpoint_root=c.checkpoint_root, grace_s=c.notice_grace_s)
+            return cloud_init(ls, provider, report_url=self.settings.effective_report_url,
+                              report_token=self.token(job.job_id, attempt, rank), checkpoint_uri=uri,
+                              master_addr_at_boot=rank == 0, checkpoint_sync_s=c.checkpoint_sync_s)
+
+        def failed_gang(option, made: list[InstanceInfo]) -> None:
+            self._mark_rows(job.job_id, attempt, {i.instance_id for i in made}, "terminating",
+                            "a later rank of the gang could not be created")
+
+        try:
+            if not options:
+                raise ProvisioningFailed(f"{job_id} attempt {attempt}: no allowed cloud option holds the job "
+                                         f"(offer {job.offer_id!r} is not configured or cooling down)", history)
+            option, instances = provision_gang(
+                job.job_id, attempt, job.team, spec.nodes, options, self.computes, user_data,
+                c.broker_id, history, lambda req: self._record_intent(req, now), on_failed_gang=failed_gang,
+                sleep=self.sleep)
+        except ProvisioningFailed as exc:
+            self._record_failures(job.job_id, attempt, history)
+            with self.store.session() as s:
+                self._save_history(s, job.job_id, attempt, history, ended=now, outcome="unprovisioned",
+                                   reason=str(exc))
+                j = s.get(Job, job.job_id)
+                if j is None or j.state != S.provisioning.value or j.attempt != attempt:
+                    return "stale"
+                tried = "; ".join(f"{a.option}: {a.error}" for a in history.attempts if a.error) or str(exc)
+                requeue_lost(s, j, now, f"cloud provisioning failed ({tried})", outcome="unprovisioned",
+                             max_attempts=self.settings.max_attempts)
+            return "requeued"
+        self._record_failures(job.job_id, attempt, history)
+        parts = [{"rank": r, "instance_id": i.instance_id, "zone": i.zone, "private_ip": i.private_ip,
+                  "node": f"{option.provider}/{i.instance_id}"} for r, i in enumerate(instances)]
+        ok = False
+        with self.store.session() as s:
+            for r, inst in enumerate(instances):
+                row = s.execute(select(CloudInstance).where(
+                    CloudInstance.job_id == job.job_id, CloudInstance.attempt == attempt, CloudInstance.rank == r,
+                    CloudInstance.offer_id == option.offer_id)).scalar_one_or_none()
+                if row is not None:
+                    row.provider_instance_id, row.private_ip = inst.instance_id, inst.private_ip
+                    row.state, row.updated_at = "running", now
+            self._save_history(s, job.job_id, attempt, history, offer_id=option.offer_id, nodes=parts)
+            j = s.get(Job, job.job_id)
+            if j is not None and j.state == S.provisioning.value and j.attempt == attempt and not j.cancel_requested:
+                placement = {"kind": "cloud", "provider": option.provider, "offer_id": option.offer_id,
+                             "region": option.region, "zone": option.zone, "instance_type": option.instance_type,
+                             "market": getattr(option.market, "value", option.market), "gpu_type": option.gpu_type,
+                             "nodes": parts}
+                where = ", ".join(f"rank {p['rank']} {p['instance_id']} ({p['private_ip'] or 'no address yet'})"
+                                  for p in parts)
+                ok = JobStore.cas(s, j.id, j.version, S.provisioning.value, S.starting.value,
+                                  f"instances created on {option.offer_id}: {where}", now, placement=placement,
+                                  dispatched_at=now, state_deadline_at=now + timedelta(seconds=c.start_deadline_s))
+        if not ok:  # cancelled or timed out meanwhile: nothing may keep running
+            self.teardown(job.job_id, attempt, "the job left provisioning while its instances were created")
+            return "stale"
+        return f"starting on {option.offer_id} ({len(instances)} instance(s))"
+
+    def _record_intent(self, req: InstanceRequest, now: datetime) -> None:
+        """The intent record of one create call (idempotent on the request's token)."""
+        with self.store.session() as s:
+            row = s.execute(select(CloudInstance).where(CloudInstance.idempotency_token == req.token)
+                            ).scalar_one_or_none()
+            if row is None:
+                provider = req.offer_id.split(":", 1)[0]
+                s.add(CloudInstance(job_id=req.job_id, attempt=req.attempt, rank=req.rank, offer_id=req.offer_id,
+                                    provider=provider, region=req.region, zone=req.zone,
+                                    instance_type=req.instance_type, market=req.market,
+                                    idempotency_token=req.token, state="intent", created_at=now, updated_at=now,
+                                    history=[]))
+            elif row.state == "failed":  # the same option tried again (a later attempt cannot share the token)
+                row.state, row.updated_at = "intent", now
+
+    def _record_failures(self, job_id: str, attempt: int, history: FailoverHistory) -> None:
+        """Intent rows of options that failed get state ``failed`` and the error (the cooldown reads them)."""
+        last: dict[str, object] = {}
+        for a in history.attempts:
+            last[a.option] = a
+        failed = {o: a for o, a in last.items() if a.error}
+        if not failed:
+            return
+        now = utcnow()
+        with self.store.session() as s:
+            rows = s.execute(select(CloudInstance).where(CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
+                                                         CloudInstance.offer_id.in_(list(failed)))).scalars().all()
+            for row in rows:
+                if row.state == "intent" and row.provider_instance_id is None:
+                    a = failed[row.offer_id]
+                    row.state, row.error, row.updated_at = "failed", f"{a.error}: {a.message}"[:2000], now
+                    row.history = [*(row.history or []), {"at": a.at, "error": a.error, "message": a.message}]
+
+    def _save_history(self, s, job_id: str, attempt: int, history: FailoverHistory, ended: datetime | None = None,
+                      outcome: str | None = None, reason: str | None = None, offer_id: str | None = None,
+                      nodes: list | None = None) -> None:
+        att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).scalar_one_or_none()
+        if att is None:
+            return
+        att.failover = [*(att.failover or []), *history.to_json()]
+        if offer_id is not None:
+            att.offer_id = offer_id
+        if nodes is not None:
+            att.nodes = nodes
+        if ended is not None and att.ended_at is None:
+            att.ended_at, att.outcome, att.reason = ended, outcome, reason or ""
+
+    def _mark_rows(self, job_id: str, attempt: int, instance_ids: set[str], state: str, why: str) -> None:
+        with self.store.session() as s:
+            for row in s.execute(select(CloudInstance).where(CloudInstance.job_id == job_id,
+                                                             CloudInstance.attempt == attempt)).scalars():
+                if row.provider_instance_id in instance_ids:
+                    row.state, row.error, row.updated_at = state, why, utcnow()
+
+    # ------------------------------------------------------------------ reports
+    def check_token(self, job_id: str, attempt: int, rank: int, token: str) -> bool:
+        """Whether ``token`` is the report token of that rank of that attempt (constant-time compare)."""
+        return hmac.compare_digest(self.token(job_id, attempt, rank).encode(), (token or "").encode())
+
+    def report(self, job_id: str, attempt: int, rank: int, event: str, exit_code: int | None = None,
+               reason: str = "", log_tail: str = "", now: datetime | None = None) -> str:
+        """Take one instance report (the token was checked by the caller). Returns the outcome; asks for the
+        attempt's instances to be torn down when the attempt has ended. Raises :class:`ReportError` (404 for an
+        unknown rank of the attempt, 422 for an unknown event)."""
+        if event not in REPORT_EVENTS:
+            raise ReportError(422, f"event={event!r}: must be one of {', '.join(REPORT_EVENTS)}")
+        now = now or utcnow()
+        ended = False
+        out = "ok"
+        if event == "exited" and log_tail:
+            self.store.append_log(job_id, attempt, rank, 0, "[fedbroker: the last bytes of the container's log, "
+                                  "sent by the instance when it exited]\n" + log_tail[-LOG_TAIL_MAX:])
+        for _ in range(10):
+            with self.store.session() as s:
+                row = s.execute(select(CloudInstance).where(
+                    CloudInstance.job_id == job_id, CloudInstance.attempt == attempt, CloudInstance.rank == rank,
+                    CloudInstance.provider_instance_id.is_not(None)).order_by(CloudInstance.id.desc())).scalars().first()
+                if row is None:
+                    raise ReportError(404, f"no instance of job {job_id} attempt {attempt} rank {rank}")
+                row.last_report_at, row.last_event = now, event
+                j = s.get(Job, job_id)
+                att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
+                                .with_for_update()).scalar_one_or_none()
+                if j is None or att is None:
+                    raise ReportError(404, f"no attempt {attempt} of job {job_id}")
+                where = f"rank {rank} on {row.provider}/{row.provider_instance_id}"
+                if j.attempt != attempt or j.state not in (S.starting.value, S.running.value):
+                    ended = True
+                    out = "stale"
+                    break
+                if j.state == S.starting.value and event in ("running", "exited"):
+                    if not JobStore.cas(s, j.id, j.version, S.starting.value, S.running.value, f"running ({where})",
+                                        now, started_at=j.started_at or now, state_deadline_at=None):
+                        continue
+                    s.refresh(j)
+                    if att.started_at is None:
+                        att.started_at = j.started_at or now
+                if event == "running":
+                    out = "running"
+                    break
+                if event == "notice":
+                    if not j.stop_reason and not j.cancel_requested:
+                        JobStore.bump(s, j.id, j.version, now, stop_reason="spot",
+                                      reason=f"spot interruption notice for {where}"
+                                             + (f" ({reason})" if reason else "") + "; the job checkpoints and stops")
+                    out = "notice"
+                    break
+                # exited
+                exits = dict(att.rank_exits or {})
+                exits[str(rank)] = exit_code if exit_code is not None else "lost"
+                att.rank_exits = exits
+                nranks = len((j.placement or {}).get("nodes", [])) or 1
+                failed = exit_code is None or exit_code != 0
+                if not failed and len(exits) < nranks and not j.cancel_requested and not j.stop_reason:
+                    out = "rank done"
+                    break
+                ok, out = self._end_attempt(s, j, att, now, exit_code, exits, where)
+                if ok:
+                    ended = True
+                    break
+        if ended:
+            self.request_teardown(job_id, attempt)
+        return out
+
+    def _end_attempt(self, s, j: Job, att: Attempt, now: datetime, code: int | None, exits: dict,
+                     where: str) -> tuple[bool, str]:
+        """End a running cloud attempt from an exit report: the job's outcome (inside session ``s``)."""
+        att.ended_at = now
+        att.exit_code = code
+        if j.cancel_requested:
+            att.outcome = "cancelled"
+            return JobStore.cas(s, j.id, j.version, S.running.value, S.cancelled.value,
+                                "cancelled by user; instances terminated", now, finished_at=now, exit_code=code), "cancelled"
+        if j.stop_reason in ("spot", "preempt") or code is None:
+            att.outcome = "interrupted"
+            why = "spot interruption" if j.stop_reason == "spot" else f"{where} ended without an exit code"
+            return requeue_lost(s, j, now, why, "interrupted",
+                                max_attempts=None if j.stop_reason == "spot" else self.settings.max_attempts), "requeued"
+        if all(v == 0 for v in exits.values()) and len(exits) >= (len((j.placement or {}).get("nodes", [])) or 1):
+            att.outcome = "succeeded"
+            return JobStore.cas(s, j.id, j.version, S.running.value, S.succeeded.value, "exit code 0", now,
+                                finished_at=now, exit_code=0), "succeeded"
+        att.outcome = "failed"
+        bad = {r: c for r, c in exits.items() if c != 0}
+        return JobStore.cas(s, j.id, j.version, S.running.value, S.failed.value,
+                            f"exit code {code} ({where})" if len(exits) == 1 else f"ranks ended with {bad}",
+                            now, finished_at=now, exit_code=code), "failed"
+
+    # ------------------------------------------------------------------ teardown
+    def request_teardown(self, job_id: str, attempt: int) -> None:
+        """Ask for the attempt's instances to be terminated (the ``teardown`` callback, else now)."""
+        if self._teardown_cb is not None:
+            try:
+                self._teardown_cb(job_id, attempt)
+                return
+            except Exception:  # the reconciler terminates rows of dead attempts anyway
+                log.exception("could not request the teardown of %s attempt %d; terminating here", job_id, attempt)
+        self.teardown(job_id, attempt, "the attempt ended")
+
+    def teardown(self, job_id: str, attempt: int, why: str = "the attempt ended") -> int:
+        """Terminate every instance of ``(job_id, attempt)`` that may still exist; returns how many were asked.
+        A provider error leaves the row ``terminating`` (the reconciler tries again)."""
+        with self.store.session() as s:
+            rows = [(r.id, r.provider, r.provider_instance_id, r.zone) for r in s.execute(select(CloudInstance).where(
+                CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
+                CloudInstance.state.in_(LIVE_ROW_STATES))).scalars()]
+        n = 0
+        for row_id, provider, instance_id, zone in rows:
+            state, err = "terminated", why
+            if instance_id is not None:
+                compute = self.computes.get(provider)
+                try:
+                    if compute is None:
+                        raise ProviderError(f"no adapter for provider {provider!r}")
+                    compute.terminate(instance_id, zone)
+                    n += 1
+                except ProviderError as exc:
+                    state, err = "terminating", f"{why}; terminate failed: {exc}"
+                    log.warning("terminate %s/%s failed: %s", provider, instance_id, exc)
+            else:
+                state = "abandoned"  # no id known: if the create went through, the sweep finds it by its tags
+            with self.store.session() as s:
+                r = s.get(CloudInstance, row_id)
+                if r is not None and r.state in LIVE_ROW_STATES:
+                    r.state, r.error, r.updated_at = state, err[:2000], utcnow()
+        return n
+
+    # ------------------------------------------------------------------ watching (reconciler)
+    def live_attempts(self, s) -> set[tuple[str, int]]:
+        """``(job, attempt)`` of every job whose current attempt may hold instances."""
+        return {(jid, att) for jid, att in s.execute(select(Job.id, Job.attempt).where(
+            Job.state.in_(CLOUD_ACTIVE_STATES)))}
+
+    def watch(self, now: datetime | None = None, force: bool = False) -> dict:
+        """One reconciler step for cloud attempts (see the module docstring). ``force`` ignores the poll and
+        sweep intervals. Returns counts: ``cancelled``, ``lost`` (attempts requeued because an instance is gone),
+        ``stale_terminated`` (instances of dead attempts), ``swept`` (orphans), ``changed``."""
+        now = now or utcnow()
+        c = self.settings.cloud
+        out = {"cancelled": 0, "lost": 0, "stale_terminated": 0, "swept": 0}
+        mono = time.monotonic()
+        with self.store.session() as s:
+            jobs = [(j.id, j.attempt, j.state, j.cancel_requested, dict(j.placement or {})) for j in s.execute(
+                select(Job).where(Job.state.in_([S.starting.value, S.running.value]))).scalars()
+                if (j.placement or {}).get("kind") == "cloud"]
+        for job_id, attempt, state, cancel, pl in jobs:
+            if cancel:
+                with self.store.session() as s:
+                    j = s.get(Job, job_id)
+                    if j is not None and j.attempt == attempt and j.state == state:
+                        att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
+                                        ).scalar_one_or_none()
+                        if att is not None and att.ended_at is None:
+                            att.ended_at, att.outcome, att.reason = now, "cancelled", "cancelled by user"
+                        out["cancelled"] += JobStore.cas(s, j.id, j.version, state, S.cancelled.value,
+                                                         "cancelled by user; instances terminated", now, finished_at=now)
+                self.teardown(job_id, attempt, "the job was cancelled")
+                continue
+            if not force and mono - self._last_poll.get(job_id, float("-inf")) < c.poll_interval_s:
+                continue
+            self._last_poll[job_id] = mono
+            gone = self._gone_instance(pl)
+            if gone is None:
+                continue
+            with self.store.session() as s:
+                j = s.get(Job, job_id)
+                if j is not None and j.attempt == attempt and j.state in (S.starting.value, S.running.value):
+                    spot = j.stop_reason == "spot" or gone[1]
+                    why = (f"instance {gone[0]} was reclaimed (spot interruption)" if spot
+                           else f"instance {gone[0]} is gone ({gone[2]})") + "; all ranks stopped"
+                    att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
+                                    ).scalar_one_or_none()
+                    if att is not None and att.started_at is None and j.started_at is not None:
+                        att.started_at = j.started_at
+                    out["lost"] += requeue_lost(s, j, now, why, "interrupted",
+                                                max_attempts=None if spot else self.settings.max_attempts)
+            self.teardown(job_id, attempt, "another instance of the gang is gone")
+        out["stale_terminated"] = self._terminate_dead_rows()
+        if force or mono - self._last_sweep >= c.sweep_interval_s:
+            self._last_sweep = mono
+            out["swept"] = len(self.sweep())
+        out["changed"] = out["cancelled"] + out["lost"]
+        return out
+
+    def _gone_instance(self, placement: dict) -> tuple[str, bool, str] | None:
+        """The first instance of a placement that is no longer up: ``(instance id, spot reclaimed?, state)``."""
+        compute = self.computes.get(placement.get("provider", ""))
+        if compute is None:
+            return None
+        for part in placement.get("nodes", []):
+            try:
+                info = compute.describe(part["instance_id"], part["zone"])
+            except ProviderError as exc:
+                if exc.code == "NotFound":
+                    return part["instance_id"], False, "not found"
+                log.warning("describe %s failed: %s", part["instance_id"], exc)
+                continue
+            if info.state in ("stopping", "stopped", "terminated"):
+                spot = placement.get("market") == "spot"
+                was = getattr(compute, "was_preempted", None)
+                if callable(was):
+                    try:
+                        spot = bool(was(info))
+                    except ProviderError:
+                        pass
+                return part["instance_id"], spot, info.state
+        return None
+
+    def _terminate_dead_rows(self) -> int:
+        """Terminate instances whose rows are live but whose attempt is not (a lost teardown request)."""
+        with self.store.session() as s:
+            live = self.live_attempts(s)
+            dead = {(r.job_id, r.attempt) for r in s.execute(select(CloudInstance).where(
+                CloudInstance.state.in_(LIVE_ROW_STATES))).scalars() if (r.job_id, r.attempt) not in live}
+        return sum(self.teardown(jid, att, "the attempt is no longer live") for jid, att in sorted(dead))
+
+    def sweep(self) -> list[InstanceInfo]:
+        """Terminate instances tagged with our broker id whose ``(job, attempt)`` is not live; returns them.
+
+        The live set is read BEFORE listing instances: an attempt that starts provisioning after the read has
+        no instance in the listing unless its create ran after the read too, and then its job is live. Only an
+        instance whose attempt ended before the read can be swept."""
+        with self.store.session() as s:
+            live = self.live_attempts(s)
+        gone: list[InstanceInfo] = []
+        for name, compute in self.computes.items():
+            sweep = getattr(compute, "sweep", None)
+            if not callable(sweep):
+                continue
+            try:
+                got = sweep(self.settings.cloud.broker_id, live)
+            except ProviderError as exc:
+                log.warning("orphan sweep on %s failed: %s", name, exc)
+                continue
+            for inst in got:
+                log.warning("orphan instance %s/%s (job %s attempt %s) terminated by the sweep", name,
+                            inst.instance_id, inst.tags.get("fedbroker-job"), inst.tags.get("fedbroker-attempt"))
+            gone.extend(got)
+        if gone:
+            with self.store.session() as s:
+                ids = {i.instance_id for i in gone}
+                for row in s.execute(select(CloudInstance).where(CloudInstance.provider_instance_id.in_(list(ids)))
+                                     ).scalars():
+                    row.state, row.error, row.updated_at = "terminated", "terminated by the orphan sweep", utcnow()
+        return gone
