@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, Callable
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -196,7 +197,7 @@ def _json_scalar(v: Any) -> bool:
 
 
 def create_app(store: JobStore, settings: BrokerSettings | None = None,
-               on_submit: Callable[[str], None] | None = None) -> FastAPI:
+               on_submit: Callable[[str], None] | None = None, cloud=None) -> FastAPI:
     """The API application over ``store``.
 
     Args:
@@ -206,6 +207,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             ``None`` = the field defaults (no admin token; the environment is not read).
         on_submit: called with the new job's id after a job is stored (the live broker wakes
             the planner with it); an exception from it is logged and never fails the request.
+            Also called after an instance report that ended a cloud attempt.
+        cloud: a :class:`broker.cloud.CloudBroker` to take cloud instances' reports
+            (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
     """
     settings = settings or BrokerSettings.model_construct()
     app = FastAPI(title="fedbroker", version="1",
@@ -390,6 +394,64 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         """Every on-prem node as its agent last reported it (any valid token)."""
         return store.nodes()
 
+    # ------------------------------------------------------------------ cloud instances
+    @app.post("/v1/instances/report", tags=["instances"], include_in_schema=True,
+              responses={401: _ERRORS[401], 404: _ERRORS[404], 422: {"model": ErrorBody}})
+    async def instance_report(request: Request) -> dict:
+        """A cloud instance reports on its rank of an attempt (sent by the instance's user data, see
+        ``providers.launch.cloud_init``). Form fields (``application/x-www-form-urlencoded``): ``job_id``,
+        ``attempt``, ``rank``, ``event`` (``running`` | ``notice`` | ``exited``), ``exit_code`` (with
+        ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log).
+        ``Authorization: Bearer <token>``: the rank's report token (HMAC of job, attempt and rank), not a
+        team token. Returns ``{"outcome": ...}``."""
+        from urllib.parse import parse_qs
+
+        from broker.cloud import ReportError
+
+        if cloud is None:
+            raise HTTPException(404, "no cloud provider is configured on this broker")
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        try:
+            form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", errors="replace"),
+                                                 keep_blank_values=True, max_num_fields=20).items()}
+        except ValueError as e:
+            raise HTTPException(422, f"body: not a form ({e})") from None
+        fields = {}
+        for name, conv in (("job_id", str), ("attempt", int), ("rank", int), ("event", str)):
+            raw = form.get(name)
+            if raw is None or raw == "":
+                raise _unprocessable(name, raw, "field required")
+            try:
+                fields[name] = conv(raw)
+            except ValueError:
+                raise _unprocessable(name, raw, "must be an integer") from None
+        code_raw = form.get("exit_code", "")
+        try:
+            code = int(code_raw) if code_raw not in ("", None) else None
+        except ValueError:
+            raise _unprocessable("exit_code", code_raw, "must be an integer or empty") from None
+
+        def take() -> str:
+            if not token or not cloud.check_token(fields["job_id"], fields["attempt"], fields["rank"], token):
+                raise HTTPException(401, "not the report token of this job attempt and rank",
+                                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            return cloud.report(fields["job_id"], fields["attempt"], fields["rank"], fields["event"], code,
+                                form.get("reason", "")[:2000], form.get("log_tail", ""))
+
+        try:
+            outcome = await run_in_threadpool(take)
+        except ReportError as e:
+            if e.status == 422:
+                raise _unprocessable("event", fields["event"], str(e)) from None
+            raise HTTPException(e.status, str(e)) from None
+        if outcome in ("succeeded", "failed", "requeued", "cancelled", "running") and on_submit is not None:
+            try:
+                on_submit(fields["job_id"])
+            except Exception:
+                log.exception("on_submit callback failed after an instance report")
+        return {"outcome": outcome}
+
     # ------------------------------------------------------------------ schedules
     @app.post("/v1/schedules", status_code=201, response_model=ScheduleView, tags=["schedules"],
               responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "spec.team is another team"},
@@ -465,4 +527,10 @@ def app_from_settings() -> FastAPI:
     settings = load_settings()
     store = JobStore.from_settings(settings)
     store.migrate()
-    return create_app(store, settings)
+    cloud = None
+    if settings.cloud_providers:
+        from broker.cloud import CloudBroker
+        from broker.tasks import send_teardown
+
+        cloud = CloudBroker(store, settings, teardown=send_teardown)
+    return create_app(store, settings, cloud=cloud)

@@ -70,7 +70,13 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
     st = _settings(config)
     get_app(st)
     store = _migrate(st)
-    app = create_app(store, st, on_submit=lambda job_id: kick_planner())
+    cloud = None
+    if st.cloud_providers:  # cloud instances report here
+        from broker.cloud import CloudBroker
+        from broker.tasks import send_teardown
+
+        cloud = CloudBroker(store, st, teardown=send_teardown)
+    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud)
     uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False)
 
 

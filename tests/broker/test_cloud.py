@@ -1,0 +1,349 @@
+"""broker.cloud: a cloud attempt from provisioning to its end, on the real boto3 client against a moto EC2 server
+and the real job store (PostgreSQL).
+
+Errors moto cannot produce (no capacity in a zone) come from a thin subclass of the real adapter that
+raises the adapter's own typed error for one zone; everything else is moto answering real API calls.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import timedelta
+
+import boto3
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from broker.api import create_app
+from broker.cloud import CloudBroker, failover_options, offer_allowed, report_token
+from broker.db import Attempt, CloudInstance, Job, utcnow
+from broker.model import CloudOffer, JobSpec, Market
+from broker.reconciler import Reconciler
+from broker.settings import load_settings
+from broker.store import JobStore
+from providers.aws import AwsCompute
+from providers.base import NoCapacity
+from tests.providers.test_aws import aws_env, moto_server  # noqa: F401  (module-scoped fixtures)
+
+REGION = "us-east-1"
+IMAGE = "ghcr.io/fedbroker/nccl-train@sha256:" + "ab" * 32
+
+
+def offer(zone: str, itype: str = "p3.2xlarge", market: str = "spot", price: float = 0.9, gpus: int = 1,
+          region: str = REGION) -> CloudOffer:
+    return CloudOffer(provider="aws", region=region, zone=zone, instance_type=itype, gpu_type="V100", gpu_count=gpus,
+                      gpu_memory_gb=16, market=Market(market), usd_per_hour=price, carbon_zone="US-MIDA-PJM")
+
+
+OFFERS = [offer("us-east-1a"), offer("us-east-1b", price=1.0), offer("us-east-1c", price=0.8),
+          offer("us-east-1a", "p3.8xlarge", gpus=4, price=3.6), offer("us-east-1a", market="on_demand", price=3.06),
+          offer("us-west-2a", region="us-west-2", price=0.7)]
+
+
+@pytest.fixture(scope="module")
+def net(moto_server):
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_server)
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}
+    return ami, subnets
+
+
+@pytest.fixture
+def settings(moto_server, net, tmp_path):
+    ami, subnets = net
+    return load_settings(
+        state_dir=tmp_path, cloud_providers=["aws"],
+        aws={"endpoint_url": moto_server, "checkpoint_uri": "s3://ckpt-bucket/runs",
+             "regions": {REGION: {"ami_id": ami, "subnet_ids_by_az": {z: subnets[z] for z in
+                                                                     ("us-east-1a", "us-east-1b", "us-east-1c")}}}},
+        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report",
+               "checkpoint_root": "/var/lib/fedbroker/checkpoints", "poll_interval_s": 1000})
+
+
+class NoCapacityIn(AwsCompute):
+    """The real adapter, except that creates in ``zones`` fail the way EC2 says "InsufficientInstanceCapacity"."""
+
+    def __init__(self, zones, **kw):
+        super().__init__(**kw)
+        self.zones = set(zones)
+        self.launches: list[str] = []
+
+    def launch(self, req):
+        self.launches.append(req.offer_id)
+        if req.zone in self.zones:
+            raise NoCapacity(f"We currently do not have sufficient {req.instance_type} capacity in {req.zone}",
+                             req.offer_id, "InsufficientInstanceCapacity")
+        return super().launch(req)
+
+
+def adapter(settings, cls=AwsCompute, **kw):
+    from broker.cloud import build_computes
+
+    base = build_computes(settings)["aws"]
+    return cls(endpoint_url=base.endpoint_url, regions=base.regions, ami_by_region=base.ami_by_region,
+               subnet_by_zone=base.subnet_by_zone, quota_source=lambda region, code: None, **kw)
+
+
+def place(store: JobStore, spec: JobSpec, o: CloudOffer, team: str = "ml") -> str:
+    """Submit a job and move it to provisioning on offer ``o``, as the planning cycle does."""
+    view, _ = store.submit(team, spec)
+    now = utcnow()
+    with store.session() as s:
+        j = s.get(Job, view.id)
+        assert JobStore.cas(s, j.id, j.version, "submitted", "queued", "accepted", now)
+        s.refresh(j)
+        assert JobStore.cas(s, j.id, j.version, "queued", "provisioning", "test placement", now, attempt=1,
+                            placement={"kind": "cloud", "offer_id": o.offer_id, "provider": "aws", "region": o.region,
+                                       "zone": o.zone, "instance_type": o.instance_type, "market": o.market.value,
+                                       "gpu_type": o.gpu_type}, dispatched_at=now,
+                            state_deadline_at=now + timedelta(seconds=900))
+    return view.id
+
+
+def ec2_of(settings):
+    return boto3.client("ec2", region_name=REGION, endpoint_url=settings.aws.endpoint_url)
+
+
+def instance(ec2, iid) -> dict:
+    return ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+
+
+def user_data(ec2, iid) -> str:
+    raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+    return base64.b64decode(raw).decode()
+
+
+def spec(**kw) -> JobSpec:
+    base = dict(image=IMAGE, command=["python", "train.py", "--lr", "3e-4; reboot"], gpus_per_node=1, nodes=2,
+                gpu_types=["V100"], estimated_duration_s=7200, checkpoint_interval_s=600)
+    base.update(kw)
+    return JobSpec(**base)
+
+
+# ----------------------------------------------------------------------------- failover order
+
+def test_failover_options_go_zone_then_type_then_region(settings):
+    allowed = lambda o: offer_allowed(settings, o)  # noqa: E731
+    got = [o.offer_id for o in failover_options(OFFERS, OFFERS[0].offer_id, spec(nodes=1).model_dump(), allowed)]
+    # chosen first; then the same type and market in the other zones, cheapest per GPU first; then the other
+    # market; the 4-GPU type does not fit a 1-GPU job; us-west-2 has no subnet configured (not allowed)
+    assert got == ["aws:us-east-1a:p3.2xlarge:spot", "aws:us-east-1c:p3.2xlarge:spot",
+                   "aws:us-east-1b:p3.2xlarge:spot", "aws:us-east-1a:p3.2xlarge:on_demand"]
+    no_spot = failover_options(OFFERS, OFFERS[0].offer_id, spec(nodes=1, spot_allowed=False).model_dump(), allowed)
+    assert [o.offer_id for o in no_spot] == ["aws:us-east-1a:p3.2xlarge:spot", "aws:us-east-1a:p3.2xlarge:on_demand"]
+    cooled = failover_options(OFFERS, OFFERS[0].offer_id, spec(nodes=1).model_dump(), allowed,
+                              cooling={"aws:us-east-1c:p3.2xlarge:spot"}, limit=2)
+    assert [o.offer_id for o in cooled] == ["aws:us-east-1a:p3.2xlarge:spot", "aws:us-east-1b:p3.2xlarge:spot"]
+
+
+# ----------------------------------------------------------------------------- provisioning
+
+def test_a_two_node_gang_is_created_tagged_with_rank0_as_rendezvous(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    assert cb.provision(jid, 1) == "starting on aws:us-east-1a:p3.2xlarge:spot (2 instance(s))"
+    j = pg_store.get(jid)
+    assert j.state == "starting"
+    nodes = j.placement["nodes"]
+    assert [n["rank"] for n in nodes] == [0, 1] and all(n["zone"] == "us-east-1a" for n in nodes)
+    ec2 = ec2_of(settings)
+    i0, i1 = (instance(ec2, n["instance_id"]) for n in nodes)
+    tags = {t["Key"]: t["Value"] for t in i1["Tags"]}
+    assert {k: tags[k] for k in ("fedbroker-broker", "fedbroker-job", "fedbroker-attempt", "fedbroker-rank",
+                                 "fedbroker-team")} == {"fedbroker-broker": settings.cloud.broker_id,
+                                                        "fedbroker-job": jid, "fedbroker-attempt": "1",
+                                                        "fedbroker-rank": "1", "fedbroker-team": "ml"}
+    assert i1["InstanceLifecycle"] == "spot" and i1["SubnetId"] == settings.aws.regions[REGION].subnet_ids_by_az["us-east-1a"]
+    ud0, ud1 = user_data(ec2, i0["InstanceId"]), user_data(ec2, i1["InstanceId"])
+    # rank 1 rendezvous at rank 0's private address; rank 0 finds its own at boot
+    assert f"-e MASTER_ADDR={i0['PrivateIpAddress']}" in ud1 and "-e MASTER_ADDR " in ud0
+    assert "'3e-4; reboot'" in ud0 and "'3e-4; reboot'" in ud1
+    assert f"CKPT_URI=s3://ckpt-bucket/runs/ml/{jid}" in ud0
+    assert f"REPORT_TOKEN={cb.token(jid, 1, 1)}" in ud1
+    with pg_store.session() as s:
+        rows = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid).order_by(CloudInstance.rank)).scalars().all()
+        assert [(r.rank, r.state, r.provider_instance_id, r.private_ip) for r in rows] == [
+            (0, "running", i0["InstanceId"], i0["PrivateIpAddress"]), (1, "running", i1["InstanceId"], i1["PrivateIpAddress"])]
+        att = s.execute(select(Attempt).where(Attempt.job_id == jid)).scalar_one()
+        assert [(a["option"], a["error"]) for a in att.failover] == [("aws:us-east-1a:p3.2xlarge:spot", None)] * 2
+    # provisioning again (a redelivered task) creates nothing new
+    assert cb.provision(jid, 1) == "stale"
+
+
+def test_no_capacity_in_one_zone_moves_the_attempt_to_the_next_and_cools_the_offer(pg_store, settings):
+    compute = adapter(settings, NoCapacityIn, zones={"us-east-1a"})
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": compute})
+    jid = place(pg_store, spec(nodes=1), OFFERS[0])
+    assert cb.provision(jid, 1) == "starting on aws:us-east-1c:p3.2xlarge:spot (1 instance(s))"
+    assert compute.launches == ["aws:us-east-1a:p3.2xlarge:spot", "aws:us-east-1c:p3.2xlarge:spot"]
+    assert pg_store.get(jid).placement["zone"] == "us-east-1c"
+    with pg_store.session() as s:
+        att = s.execute(select(Attempt).where(Attempt.job_id == jid)).scalar_one()
+        assert [(a["option"], a["error"]) for a in att.failover] == [
+            ("aws:us-east-1a:p3.2xlarge:spot", "NoCapacity"), ("aws:us-east-1c:p3.2xlarge:spot", None)]
+        failed = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid, CloudInstance.state == "failed")).scalar_one()
+        assert failed.offer_id == "aws:us-east-1a:p3.2xlarge:spot" and failed.provider_instance_id is None
+        assert failed.error.startswith("NoCapacity: We currently do not have sufficient p3.2xlarge capacity")
+        assert cb.cooling_offers(s, utcnow()) == {"aws:us-east-1a:p3.2xlarge:spot"}
+        assert cb.cooling_offers(s, utcnow() + timedelta(seconds=settings.cloud.capacity_cooldown_s + 1)) == set()
+
+
+def test_every_option_failing_requeues_the_job_with_the_history(pg_store, settings):
+    compute = adapter(settings, NoCapacityIn, zones={"us-east-1a", "us-east-1b", "us-east-1c"})
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": compute})
+    jid = place(pg_store, spec(nodes=1), OFFERS[0])
+    assert cb.provision(jid, 1) == "requeued"
+    j = pg_store.get(jid)
+    assert j.state == "queued" and j.placement is None
+    assert j.reason.startswith("cloud provisioning failed (aws:us-east-1a:p3.2xlarge:spot: NoCapacity; "
+                               "aws:us-east-1c:p3.2xlarge:spot: NoCapacity; aws:us-east-1b:p3.2xlarge:spot: NoCapacity; "
+                               "aws:us-east-1a:p3.2xlarge:on_demand: NoCapacity)")
+    assert [a.outcome for a in pg_store.attempts(jid)] == ["unprovisioned"]
+
+
+# ----------------------------------------------------------------------------- reports and teardown
+
+def _api(store, settings, cb):
+    return TestClient(create_app(store, settings, cloud=cb))
+
+
+def _report(client, token, **form):
+    return client.post("/v1/instances/report", data={k: str(v) for k, v in form.items()},
+                       headers={"Authorization": f"Bearer {token}"})
+
+
+def test_reports_run_the_job_to_success_and_terminate_its_instances(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    api = _api(pg_store, settings, cb)
+    # another rank's token, a made-up token, a missing field: refused, nothing recorded
+    r = _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=1, event="running")
+    assert r.status_code == 401
+    assert _report(api, "x" * 43, job_id=jid, attempt=1, rank=0, event="running").status_code == 401
+    r = _report(api, cb.token(jid, 1, 0), job_id=jid, attempt="one", rank=0, event="running")
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "attempt='one': must be an integer"
+    r = _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=0, event="rebooted")
+    assert r.status_code == 422 and "event='rebooted'" in r.json()["detail"][0]["msg"]
+    assert pg_store.get(jid).state == "starting"
+
+    assert _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=0, event="running").json() == {"outcome": "running"}
+    assert pg_store.get(jid).state == "running"
+    r = _report(api, cb.token(jid, 1, 1), job_id=jid, attempt=1, rank=1, event="exited", exit_code=0,
+                log_tail="step 100 loss 0.1\n")
+    assert r.json() == {"outcome": "rank done"} and pg_store.get(jid).state == "running"
+    r = _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=0, event="exited", exit_code=0)
+    assert r.json() == {"outcome": "succeeded"}
+    j = pg_store.get(jid)
+    assert (j.state, j.exit_code) == ("succeeded", 0)
+    ec2 = ec2_of(settings)
+    assert {instance(ec2, n["instance_id"])["State"]["Name"] for n in j.placement["nodes"]} <= {"shutting-down", "terminated"}
+    assert pg_store.log_chunks(jid, 1, 1)[0][1].endswith("step 100 loss 0.1\n")
+    # a late duplicate report of an ended attempt changes nothing
+    assert _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=0, event="exited", exit_code=1).json() == {
+        "outcome": "stale"}
+    assert pg_store.get(jid).state == "succeeded"
+
+
+def test_a_failed_rank_fails_the_job_and_tears_down_every_node(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    assert cb.report(jid, 1, 1, "exited", 1) == "failed"
+    j = pg_store.get(jid)
+    assert (j.state, j.reason) == ("failed", f"exit code 1 (rank 1 on aws/{j.placement['nodes'][1]['instance_id']})")
+    ec2 = ec2_of(settings)
+    assert {instance(ec2, n["instance_id"])["State"]["Name"] for n in j.placement["nodes"]} <= {"shutting-down", "terminated"}
+
+
+def test_spot_notice_requeues_the_job_from_its_checkpoint(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    t0 = utcnow()
+    assert cb.report(jid, 1, 0, "running", now=t0) == "running"
+    assert cb.report(jid, 1, 1, "notice", reason="EC2 spot interruption notice", now=t0 + timedelta(seconds=1290)) == "notice"
+    assert pg_store.get(jid).state == "running"
+    # the script stopped the container (SIGTERM, it checkpointed): exit 143
+    assert cb.report(jid, 1, 1, "exited", 143, now=t0 + timedelta(seconds=1300)) == "requeued"
+    j = pg_store.get(jid)
+    with pg_store.session() as s:
+        row = s.get(Job, jid)
+        # 1300 s run, checkpoints every 600 s: 1200 s of work kept (the next attempt resumes there)
+        assert (row.state, row.work_done_s, row.placement, row.stop_reason) == ("queued", 1200.0, None, None)
+    assert "spot interruption" in j.reason and "1200 s of work kept from checkpoints" in j.reason
+    assert [a.outcome for a in pg_store.attempts(jid)] == ["interrupted"]
+    with pg_store.session() as s:
+        states = [r.state for r in s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalars()]
+    assert states == ["terminated", "terminated"]
+
+
+def test_losing_one_instance_requeues_the_gang_and_terminates_the_other(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    cb.report(jid, 1, 0, "running")
+    nodes = pg_store.get(jid).placement["nodes"]
+    ec2 = ec2_of(settings)
+    ec2.terminate_instances(InstanceIds=[nodes[1]["instance_id"]])  # reclaimed, no report ever came
+    out = cb.watch(force=True)
+    assert out["lost"] == 1
+    j = pg_store.get(jid)
+    assert j.state == "queued" and f"instance {nodes[1]['instance_id']} was reclaimed (spot interruption)" in j.reason
+    assert instance(ec2, nodes[0]["instance_id"])["State"]["Name"] in ("shutting-down", "terminated")
+
+
+def test_cancel_of_a_running_cloud_job_terminates_its_instances(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(nodes=1), OFFERS[0])
+    cb.provision(jid, 1)
+    cb.report(jid, 1, 0, "running")
+    pg_store.request_cancel(jid)
+    assert cb.watch()["cancelled"] == 1
+    j = pg_store.get(jid)
+    assert j.state == "cancelled"
+    assert instance(ec2_of(settings), j.placement["nodes"][0]["instance_id"])["State"]["Name"] in ("shutting-down",
+                                                                                                 "terminated")
+
+
+class Crash(BaseException):
+    """The broker process dying right after the create call returned (nothing after it runs)."""
+
+
+class CrashAfterCreate(AwsCompute):
+    def launch(self, req):
+        super().launch(req)
+        raise Crash()
+
+
+def test_broker_killed_between_create_and_record_leaves_no_orphan_after_one_sweep(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings, CrashAfterCreate)})
+    jid = place(pg_store, spec(nodes=1), OFFERS[0])
+    with pytest.raises(Crash):
+        cb.provision(jid, 1)
+    with pg_store.session() as s:
+        row = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalar_one()
+        assert (row.state, row.provider_instance_id) == ("intent", None)  # the intent was written first
+    ec2 = ec2_of(settings)
+    flt = [{"Name": "tag:fedbroker-broker", "Values": [settings.cloud.broker_id]},
+           {"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    leaked = [i["InstanceId"] for r in ec2.describe_instances(Filters=flt)["Reservations"] for i in r["Instances"]]
+    assert len(leaked) == 1
+    # a restarted broker: the provisioning deadline passes, the reconciler requeues the job, one sweep
+    fresh = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    out = Reconciler(pg_store, settings, cloud=fresh).run(utcnow() + timedelta(seconds=901))
+    assert out["timed_out"] == 1 and out["cloud"]["swept"] == 1
+    assert instance(ec2, leaked[0])["State"]["Name"] in ("shutting-down", "terminated")
+    assert ec2.describe_instances(Filters=flt)["Reservations"] == []
+    with pg_store.session() as s:
+        row = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalar_one()
+        assert row.state == "abandoned"
+
+
+def test_report_tokens_are_per_rank_and_attempt():
+    key = b"k" * 32
+    t = report_token(key, "job-1", 1, 0)
+    assert len(t) == 43 and t != report_token(key, "job-1", 1, 1) != report_token(key, "job-1", 2, 0)
+    assert t == report_token(key, "job-1", 1, 0) != report_token(b"j" * 32, "job-1", 1, 0)
