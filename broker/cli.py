@@ -252,6 +252,7 @@ from broker.serve import register as _register_serve  # noqa: E402
 _register_serve(app)
 from broker.cli_jobs import register as _register_jobs; _register_jobs(app)
 from broker.cli_nodes import register as _register_nodes; _register_nodes(app)
+from broker.cli_cloud import register as _register_cloud; _register_cloud(app)
 
 
 def main() -> None:  # pragma: no cover - console script entry

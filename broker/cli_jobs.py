@@ -373,6 +373,15 @@ def register(app: typer.Typer) -> None:
                            _t(a.started_at), _t(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
                            a.outcome or "-", escape(a.reason))
             con.print(at)
+            tried = [(a.number, f) for a in ex.attempts for f in a.failover]
+            if tried:
+                ft = Table(title="cloud failover (each option tried, in order)")
+                for col in ("#", "at", "option", "result"):
+                    ft.add_column(col)
+                for num, f in tried:
+                    result = "created" if not f.get("error") else f"{f['error']}: {f.get('message', '')}"
+                    ft.add_row(str(num), escape(str(f.get("at", ""))[:19]), escape(str(f.get("option"))), escape(result))
+                con.print(ft)
 
     schedule = typer.Typer(no_args_is_help=True,
                            help="Recurring runs: submit a job at every fire of a cron expression.")

@@ -95,6 +95,8 @@ class AttemptView(BaseModel):
     exit_code: int | None = None
     outcome: str | None = None
     reason: str = ""
+    #: cloud attempts: each option tried, in order: ``{"option", "error", "message", "at"}`` (``error`` null = it worked)
+    failover: list[dict[str, Any]] = []
 
 
 class ExplainView(BaseModel):

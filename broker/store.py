@@ -389,7 +389,8 @@ class JobStore:
             rows = s.execute(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).scalars()
             return [AttemptView(number=a.number, kind=a.kind, pool=a.pool, offer_id=a.offer_id, nodes=a.nodes,
                                 gpu_type=a.gpu_type, gpus=a.gpus, created_at=a.created_at, started_at=a.started_at,
-                                ended_at=a.ended_at, exit_code=a.exit_code, outcome=a.outcome, reason=a.reason)
+                                ended_at=a.ended_at, exit_code=a.exit_code, outcome=a.outcome, reason=a.reason,
+                                failover=a.failover or [])
                     for a in rows]
 
     def decision(self, job_id: str) -> dict | None:

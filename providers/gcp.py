@@ -1,6 +1,7 @@
 """Google Compute Engine adapter (``google-cloud-compute``, REST transport).
 
-:class:`GcpCompute` implements :class:`providers.base.Compute` (+ :class:`SupportsSweep`) on GCE VMs.
+:class:`GcpCompute` implements :class:`providers.base.Compute` (+ :class:`SupportsQuotaPreflight`,
+:class:`SupportsSweep`) on GCE VMs.
 
 Idempotency. The instance name is derived from the request's idempotency token
 (``fb-`` + the first 20 hex digits of ``req.token``, see :func:`instance_name`), and the insert carries
@@ -66,12 +67,52 @@ States: ``PROVISIONING``, ``STAGING``, ``REPAIRING`` -> pending; ``RUNNING`` -> 
 ``SUSPENDED`` -> stopped; a deleted instance -> ``ProviderError(code="NotFound")`` from describe.
 ``list_managed`` returns stopped (TERMINATED) instances too: their disks still bill, so the sweep
 must see them.
+
+Quota preflight
+    GCE GPU quotas are *regional* allocation quotas, one metric per GPU model and provisioning model,
+    counted in GPUs (source: Google Cloud docs, Compute Engine "GPU quota" and "Allocation quotas";
+    the names are what ``regions.get`` returns in ``Region.quotas[].metric``, and most are also in
+    ``compute_v1.Quota.Metric``)::
+
+        nvidia-tesla-t4       NVIDIA_T4_GPUS          spot: PREEMPTIBLE_NVIDIA_T4_GPUS
+        nvidia-tesla-v100     NVIDIA_V100_GPUS        spot: PREEMPTIBLE_NVIDIA_V100_GPUS
+        nvidia-tesla-a100     NVIDIA_A100_GPUS        spot: PREEMPTIBLE_NVIDIA_A100_GPUS
+        nvidia-a100-80gb      NVIDIA_A100_80GB_GPUS   spot: PREEMPTIBLE_NVIDIA_A100_80GB_GPUS
+        nvidia-l4             NVIDIA_L4_GPUS          spot: PREEMPTIBLE_NVIDIA_L4_GPUS
+        nvidia-h100-80gb      NVIDIA_H100_GPUS        spot: PREEMPTIBLE_NVIDIA_H100_GPUS
+        (full table: :data:`GCE_GPU_QUOTA_METRICS`)
+
+    :meth:`GcpCompute.preflight` reads the region (``req.region``, else the zone less its last
+    ``-x`` part) with ``RegionsClient.get`` (one ``GET .../regions/{region}`` per call, no cache:
+    usage changes) and raises :class:`QuotaExceeded` (``code = "QUOTA_EXCEEDED"``, the code GCE's
+    own insert operation reports; ``option = req.offer_id``; attributes ``metric``, ``region``,
+    ``quota``, ``in_use``, ``needed``) when ``limit - usage < req.gpu_count``. ``usage`` is the whole
+    project's, not only ours. Spot (``market == "spot"``) checks ``PREEMPTIBLE_<metric>`` when the
+    region grants it (listed with ``limit > 0``), independently of the on-demand metric; without
+    preemptible quota GCE charges Spot VMs to the standard quota (Spot VMs docs: "To prevent Spot VMs
+    from consuming your quotas for standard VMs' CPUs, GPUs, and disks, consider requesting
+    preemptible quota"), so then the standard metric is checked.
+
+    Advisory, never blocking on doubt: no GPUs, a GPU type without a metric, or a metric the region
+    does not list -> no check (returns). A failed ``regions.get`` (HTTP error, network, no
+    credentials) raises a plain :class:`ProviderError` (``code = "QuotaPreflightFailed"``, never a
+    subclass: a 403 "Read requests quota exceeded" must not look like a GPU quota error), which
+    :func:`providers.provisioner.provision_with_failover` logs and ignores before going on to the
+    create call (which still classifies GCE's own ``QUOTA_EXCEEDED``).
+    Not checked: the project-wide ``GPUS_ALL_REGIONS`` (on the Project resource, not the Region) and
+    the regional vCPU metrics (``CPUS``, ``A2_CPUS``, ...).
+
+    Quota scope. :class:`GcpCompute` has no ``quota_family``: the provisioner's default scope family,
+    the option's ``gpu_type``, is the right one for GCE, whose GPU quota is per GPU model. A family
+    derived from the instance type alone would be wrong: one ``n1-*`` type takes T4, V100, P100 or
+    P4, each with its own quota, so a T4 quota error must not skip the V100 options of the same type.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 from datetime import datetime
@@ -79,14 +120,18 @@ from typing import Any
 
 import requests
 from google.api_core import exceptions as gexc
+from google.api_core import retry as gretry
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
 from providers.base import (MANAGED_TAG, Compute, InstanceInfo, InstanceRequest, NoCapacity, ProviderError,
-                            QuotaExceeded, SupportsSweep, Throttled, Unsupported, as_uuid)
+                            QuotaExceeded, SupportsQuotaPreflight, SupportsSweep, Throttled, Unsupported, as_uuid)
 
 __all__ = ["GcpCompute", "instance_name", "label_key", "label_value", "gce_accelerator", "GCE_ACCELERATORS",
-           "DEFAULT_IMAGE", "map_state"]
+           "GCE_GPU_QUOTA_METRICS", "PREEMPTIBLE_PREFIX", "gpu_quota_metric", "zone_region", "DEFAULT_IMAGE",
+           "map_state"]
+
+log = logging.getLogger(__name__)
 
 #: default boot image: a Deep Learning VM family with CUDA, NVIDIA driver (``install-nvidia-driver``) and Docker.
 #: Configure per deployment (``image=`` or ``InstanceRequest.image``); families are renamed over time.
@@ -106,6 +151,27 @@ GCE_ACCELERATORS: dict[str, str] = {
     "H100-80GB": "nvidia-h100-80gb",
     "H100-MEGA": "nvidia-h100-mega-80gb",
 }
+#: GCE accelerator type -> regional on-demand GPU quota metric (unit: GPUs; the spot metric is
+#: ``PREEMPTIBLE_PREFIX + metric``). Source: Google Cloud docs, Compute Engine "GPU quota" and "Allocation
+#: quotas" (metric names as ``regions.get`` lists them in ``Region.quotas[].metric``); all but the H100 ones are
+#: also in ``compute_v1.Quota.Metric`` (google-cloud-compute 1.57, whose enum lags the API; the field is a string).
+#: A type not listed here (or a metric a region does not list) is not checked.
+GCE_GPU_QUOTA_METRICS: dict[str, str] = {
+    "nvidia-tesla-t4": "NVIDIA_T4_GPUS",
+    "nvidia-tesla-t4-vws": "NVIDIA_T4_VWS_GPUS",
+    "nvidia-tesla-v100": "NVIDIA_V100_GPUS",
+    "nvidia-tesla-p100": "NVIDIA_P100_GPUS",
+    "nvidia-tesla-p100-vws": "NVIDIA_P100_VWS_GPUS",
+    "nvidia-tesla-p4": "NVIDIA_P4_GPUS",
+    "nvidia-tesla-p4-vws": "NVIDIA_P4_VWS_GPUS",
+    "nvidia-tesla-a100": "NVIDIA_A100_GPUS",
+    "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
+    "nvidia-l4": "NVIDIA_L4_GPUS",
+    "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
+    "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_GPUS",
+}
+#: prefix of the spot (preemptible) variant of a GPU quota metric
+PREEMPTIBLE_PREFIX = "PREEMPTIBLE_"
 #: machine families whose GPUs come with the machine type (no guestAccelerators)
 BUILTIN_GPU_FAMILIES = ("a2", "a3", "a4", "g2")
 #: GPUs that can be attached to n1 machine types
@@ -160,6 +226,26 @@ def gce_accelerator(gpu_type: str) -> str:
         raise Unsupported(f"GPU type {gpu_type!r} has no GCE accelerator mapping", code="UnknownGpuType") from None
 
 
+def gpu_quota_metric(gpu_type: str, market: str = "on_demand") -> str | None:
+    """Regional GCE quota metric (unit: GPUs) a request for ``gpu_type`` GPUs counts against:
+    ``("T4", "on_demand") -> "NVIDIA_T4_GPUS"``, ``("T4", "spot") -> "PREEMPTIBLE_NVIDIA_T4_GPUS"``;
+    ``None`` for a GPU type without a GCE accelerator or metric (see :data:`GCE_GPU_QUOTA_METRICS`).
+    For spot this is the preemptible metric; :meth:`GcpCompute.preflight` falls back to the standard one
+    where the region grants no preemptible quota."""
+    try:
+        base = GCE_GPU_QUOTA_METRICS.get(gce_accelerator(gpu_type))
+    except Unsupported:
+        return None
+    if base is None:
+        return None
+    return PREEMPTIBLE_PREFIX + base if market == "spot" else base
+
+
+def zone_region(zone: str) -> str:
+    """Region of a GCE zone: the zone less its last ``-x`` part (``us-central1-a -> us-central1``)."""
+    return zone.rsplit("-", 1)[0] if "-" in zone else zone
+
+
 def map_state(status: str) -> str:
     """GCE instance status -> the normalised :class:`providers.base.InstanceInfo` state (``unknown`` if unlisted)."""
     return _STATES.get(status or "", "unknown")
@@ -178,11 +264,15 @@ def _parse_ts(ts: str) -> datetime | None:
         return None
 
 
-class GcpCompute(Compute, SupportsSweep):
+class GcpCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
     """Compute Engine adapter. Clients default to the REST transport of ``google-cloud-compute``
     (``api_endpoint`` for a fake/emulator, ``credentials`` else Application Default Credentials).
     ``image``/``network``/``subnetwork``/``service_account`` shape every instance; ``op_timeout_s``
-    bounds the wait for an insert operation."""
+    bounds the wait for an insert operation (seconds). ``regions_client`` (``compute_v1.RegionsClient``,
+    for :meth:`preflight`) is made on first use with the same ``api_endpoint``/``credentials`` when not
+    given; pass one whenever ``instances_client`` is injected, since an injected client's endpoint is
+    not copied. ``preflight_timeout_s`` bounds that read (seconds, retries included; the client's own
+    default would retry a 503 for up to 600 s)."""
 
     name = "gcp"
 
@@ -193,13 +283,20 @@ class GcpCompute(Compute, SupportsSweep):
                  subnetwork: str | None = None, service_account: str | None = None,
                  op_timeout_s: float = 120.0, *, boot_disk_gb: int = 200, boot_disk_type: str = "pd-balanced",
                  external_ip: bool = False, poll_interval_s: float = 1.0, broker_label_filter: bool = True,
-                 network_tags: tuple[str, ...] = ("fedbroker-node",)):
+                 network_tags: tuple[str, ...] = ("fedbroker-node",),
+                 regions_client: compute_v1.RegionsClient | None = None, preflight_timeout_s: float = 10.0):
         self.project = project
         opts = {"api_endpoint": api_endpoint} if api_endpoint else None
+        self._client_options = opts
+        self._credentials = credentials
         self._instances = instances_client or compute_v1.InstancesClient(
             transport="rest", client_options=opts, credentials=credentials)
         self._ops = zone_operations_client or compute_v1.ZoneOperationsClient(
             transport="rest", client_options=opts, credentials=credentials)
+        # made lazily: building a client resolves credentials, and the preflight is advisory
+        self._regions: compute_v1.RegionsClient | None = regions_client
+        #: seconds one preflight may spend on regions.get, retries of 503/deadline errors included
+        self.preflight_timeout_s = preflight_timeout_s
         self.image = image
         self.network = network
         self.subnetwork = subnetwork
@@ -342,6 +439,64 @@ class GcpCompute(Compute, SupportsSweep):
         except gexc.GoogleAPICallError as e:
             raise self._map_http(e, None) from e
         return sorted(out, key=lambda i: (i.zone, i.instance_id))
+
+    # ---- quota preflight ----------------------------------------------------------------------
+
+    def preflight(self, req: InstanceRequest) -> None:
+        """Raise :class:`QuotaExceeded` if the region's GPU quota cannot hold ``req.gpu_count`` more GPUs.
+
+        Metric: :func:`gpu_quota_metric` of ``req.gpu_type`` (spot: the ``PREEMPTIBLE_`` one where the
+        region lists it with a limit > 0, else the standard one, which GCE then charges). Blocks only when
+        the region lists the metric and ``limit - usage < req.gpu_count`` (all in GPUs); the error has
+        ``code = "QUOTA_EXCEEDED"``, ``option = req.offer_id`` and attributes ``metric``, ``region``,
+        ``quota`` (limit), ``in_use`` (usage), ``needed``. No GPUs, no known metric or a metric the region
+        does not list -> returns. A failed ``regions.get`` -> plain :class:`ProviderError`
+        (``code = "QuotaPreflightFailed"``), which the provisioner treats as advisory.
+        """
+        if req.gpu_count <= 0:
+            return
+        base = gpu_quota_metric(req.gpu_type, "on_demand")
+        if base is None:
+            return
+        region = req.region or zone_region(req.zone)
+        quotas = self.region_quotas(region, option=req.offer_id)
+        metric = base
+        if req.market == "spot":
+            pre = PREEMPTIBLE_PREFIX + base
+            if quotas.get(pre, (0.0, 0.0))[0] > 0:
+                metric = pre
+            # else: no preemptible quota granted in the region -> Spot VMs consume the standard quota
+        if metric not in quotas:
+            log.info("gcp preflight for %s: %s not listed in %s, not checked", req.offer_id, metric, region)
+            return
+        limit, usage = quotas[metric]
+        if limit - usage < req.gpu_count:
+            market = "spot" if req.market == "spot" else "on_demand"
+            err = QuotaExceeded(
+                f"GCE quota {metric} in region {region}: limit {limit:g}, usage {usage:g}, requested "
+                f"{req.gpu_count} more ({req.gpu_type} GPUs, {market}, {req.instance_type})",
+                option=req.offer_id, code="QUOTA_EXCEEDED")
+            err.metric, err.region = metric, region  # type: ignore[attr-defined]
+            err.quota, err.in_use, err.needed = limit, usage, req.gpu_count  # type: ignore[attr-defined]
+            raise err
+
+    def region_quotas(self, region: str, option: str | None = None) -> dict[str, tuple[float, float]]:
+        """``metric -> (limit, usage)`` of ``region`` from ``regions.get`` (``Region.quotas``; GPU metrics
+        are in GPUs). 503 and deadline errors are retried for at most ``preflight_timeout_s`` seconds. Any
+        failure (HTTP error, network, credentials) -> plain :class:`ProviderError` with
+        ``code = "QuotaPreflightFailed"``."""
+        try:
+            if self._regions is None:
+                self._regions = compute_v1.RegionsClient(
+                    transport="rest", client_options=self._client_options, credentials=self._credentials)
+            reg = self._regions.get(
+                project=self.project, region=region, timeout=self.preflight_timeout_s,
+                retry=gretry.Retry(predicate=gretry.if_exception_type(gexc.ServiceUnavailable, gexc.DeadlineExceeded),
+                                   initial=0.1, maximum=1.0, multiplier=2.0, deadline=self.preflight_timeout_s))
+        except Exception as e:  # noqa: BLE001 - advisory: never let a read failure look like a quota verdict
+            raise ProviderError(f"GCE quota preflight: regions.get {region} failed: {type(e).__name__}: {e}",
+                                option=option, code="QuotaPreflightFailed") from e
+        return {q.metric: (float(q.limit), float(q.usage)) for q in reg.quotas if q.metric}
 
     # ---- preemption ---------------------------------------------------------------------------
 

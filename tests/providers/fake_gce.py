@@ -11,6 +11,7 @@ It serves, on ``http://127.0.0.1:<port>`` (stdlib ``ThreadingHTTPServer`` in a t
     GET    /compute/v1/projects/{p}/zones/{z}/operations             list   (?filter=)
     GET    /compute/v1/projects/{p}/zones/{z}/operations/{op}        get
     POST   /compute/v1/projects/{p}/zones/{z}/operations/{op}/wait   wait (blocks up to ``wait_block_s``)
+    GET    /compute/v1/projects/{p}/regions/{r}                      get (a Region with ``quotas``)
 
 Behaviour modelled on GCE:
 
@@ -37,6 +38,12 @@ Behaviour modelled on GCE:
   instance is deleted, with ``STOP`` it goes ``TERMINATED`` (``lastStopTimestamp`` set); either way a
   ``compute.instances.preempted`` operation is recorded in the zone's operation list.
 
+* Regions: ``regions.get`` answers any region name with a ``compute#region`` resource whose
+  ``quotas`` are ``[{metric, limit, usage}, ...]`` as set by :meth:`set_quota` (none by default: GCE
+  lists every metric, but a test names the ones it means). ``usage`` is a plain settable number; it
+  is not derived from the instances. :meth:`fail_next_region_get` answers the next get of a region
+  with an HTTP error.
+
 Filters (``filter=``) support conjunctions of ``FIELD = "VALUE"`` / ``FIELD != "VALUE"`` (also
 ``eq``/``ne``), joined by ``AND`` or by juxtaposed parenthesised terms; ``FIELD`` is a dotted camelCase
 path (``labels.fedbroker-broker``, ``status``, ``operationType``). Anything else is HTTP 400.
@@ -50,6 +57,7 @@ import json
 import re
 import threading
 import uuid
+import zlib
 from collections import defaultdict, deque
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +69,7 @@ API = "https://www.googleapis.com/compute/v1"
 _INSTANCE = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$")
 _OPERATION = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations(?:/([^/]+?))?(/wait)?$")
 _AGGREGATED = re.compile(r"^/compute/v1/projects/([^/]+)/aggregated/instances$")
+_REGION = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)$")
 _TERM = re.compile(r'\s*\(?\s*([A-Za-z0-9_.\-]+)\s*(=|!=|\beq\b|\bne\b)\s*("(?:[^"\\]|\\.)*"|[^\s)]+)\s*\)?\s*')
 
 
@@ -144,6 +153,8 @@ class FakeGce:
         self.faults: dict[str, deque] = defaultdict(deque)
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, query)
         self.insert_bodies: list[dict] = []
+        self.quotas: dict[str, dict[str, dict]] = defaultdict(dict)  # region -> metric -> {metric, limit, usage}
+        self.region_faults: dict[str, deque] = defaultdict(deque)  # region -> HTTP statuses for the next gets
         self._ids = itertools.count(1000000000000000000)
         self._ips = itertools.count(2)
         self._lock = threading.RLock()
@@ -257,6 +268,24 @@ class FakeGce:
         with self._lock:
             return [copy.deepcopy(v) for (z, _), v in sorted(self.instances.items()) if zone in (None, z)]
 
+    def set_quota(self, region: str, metric: str, limit: float, usage: float = 0.0) -> None:
+        """Set (or replace) quota ``metric`` of ``region`` as ``regions.get`` reports it (GPU metrics count
+        GPUs; ``limit``/``usage`` are floats on the wire, as on GCE)."""
+        with self._lock:
+            self.quotas[region][metric] = {"metric": metric, "limit": float(limit), "usage": float(usage)}
+
+    def set_usage(self, region: str, metric: str, usage: float) -> None:
+        """Change only the usage of a quota set before."""
+        with self._lock:
+            self.quotas[region][metric]["usage"] = float(usage)
+
+    def fail_next_region_get(self, region: str, status: int = 503, times: int = 1) -> None:
+        """Answer the next ``times`` ``regions.get`` of ``region`` with HTTP ``status`` (503 ``backendError``,
+        which the client retries; 403 ``rateLimitExceeded`` "Quota exceeded for quota metric 'Read
+        requests'"; else reason ``error``)."""
+        with self._lock:
+            self.region_faults[region].extend([status] * times)
+
     def count(self, method: str, path_part: str) -> int:
         return sum(1 for m, p, _ in self.requests if m == method and path_part in p)
 
@@ -312,6 +341,10 @@ class FakeGce:
             if m and method == "GET":
                 self._check_project(m.group(1))
                 return 200, self._aggregated(query.get("filter", "")), {}
+            m = _REGION.match(path)
+            if m and method == "GET":
+                self._check_project(m.group(1))
+                return 200, self._get_region(m.group(2)), {}
             raise GceHttpError(404, f"The requested URL {path} was not found on this server.", "notFound")
         except GceHttpError as e:
             return e.status, e.body(), e.headers
@@ -508,6 +541,29 @@ class FakeGce:
                                                    "data": [{"key": "scope", "value": f"zones/{z}"}]}}
         return {"kind": "compute#instanceAggregatedList", "id": f"projects/{self.project}/aggregated/instances",
                 "items": items, "selfLink": f"{API}/projects/{self.project}/aggregated/instances"}
+
+    # ---- regions ------------------------------------------------------------------------------
+
+    def _get_region(self, region: str) -> dict:
+        with self._lock:
+            if self.region_faults[region]:
+                status = self.region_faults[region].popleft()
+                if status == 503:
+                    raise GceHttpError(503, "Internal error. Please try again or contact Google Support.",
+                                       "backendError")
+                if status == 403:
+                    raise GceHttpError(403, "Quota exceeded for quota metric 'Read requests' and limit "
+                                            "'Read requests per minute' of service 'compute.googleapis.com'",
+                                       "rateLimitExceeded", "usageLimits")
+                raise GceHttpError(status, f"HTTP {status}", "error")
+            zones = sorted({z for z, _ in self.instances} | set(self._op_zone.values()))
+            out: dict[str, Any] = {
+                "kind": "compute#region", "id": str(zlib.crc32(region.encode())), "name": region,
+                "description": region, "status": "UP", "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+                "zones": [self._zone_url(z) for z in zones if z.rsplit("-", 1)[0] == region],
+                "quotas": [dict(q) for q in self.quotas.get(region, {}).values()],
+                "selfLink": f"{API}/projects/{self.project}/regions/{region}"}
+            return out
 
     # ---- operations ---------------------------------------------------------------------------
 

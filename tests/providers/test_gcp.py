@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -12,10 +13,11 @@ pytest.importorskip("google.cloud.compute_v1")
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from google.cloud import compute_v1  # noqa: E402
 
-from providers.base import (MANAGED_TAG, InstanceRequest, NoCapacity, ProviderError, QuotaExceeded,  # noqa: E402
-                            Throttled, Unsupported, as_uuid, idempotency_token, instance_tags)
-from providers.gcp import (GcpCompute, gce_accelerator, instance_name, label_key, label_value,  # noqa: E402
-                           map_state)
+from providers.base import (MANAGED_TAG, FailoverHistory, InstanceRequest, NoCapacity, ProviderError,  # noqa: E402
+                            QuotaExceeded, Throttled, Unsupported, as_uuid, idempotency_token, instance_tags)
+from providers.gcp import (GCE_GPU_QUOTA_METRICS, GcpCompute, gce_accelerator, gpu_quota_metric,  # noqa: E402
+                           instance_name, label_key, label_value, map_state, zone_region)
+from providers.provisioner import OfferOption, ProvisioningFailed, provision_with_failover, quota_scope  # noqa: E402
 from tests.providers.fake_gce import FakeGce, parse_filter  # noqa: E402
 
 PROJECT = "test-project"
@@ -37,6 +39,8 @@ def gcp(fake):
                                                     credentials=AnonymousCredentials()),
         zone_operations_client=compute_v1.ZoneOperationsClient(transport="rest", client_options=opts,
                                                                credentials=AnonymousCredentials()),
+        regions_client=compute_v1.RegionsClient(transport="rest", client_options=opts,
+                                                credentials=AnonymousCredentials()),
         op_timeout_s=5.0, poll_interval_s=0.02)
 
 
@@ -368,3 +372,193 @@ def test_instances_carry_the_firewall_network_tag_and_no_external_ip(gcp, fake):
     body = fake.insert_bodies[-1]
     assert body["tags"] == {"items": ["fedbroker-node"]}
     assert "accessConfigs" not in body["networkInterfaces"][0]
+
+
+# ---- quota preflight ---------------------------------------------------------------------------
+
+REGION = "us-central1"
+T4, T4_SPOT = "NVIDIA_T4_GPUS", "PREEMPTIBLE_NVIDIA_T4_GPUS"
+
+
+def test_gpu_quota_metric_table():
+    assert gpu_quota_metric("T4") == "NVIDIA_T4_GPUS"
+    assert gpu_quota_metric("T4", "spot") == "PREEMPTIBLE_NVIDIA_T4_GPUS"
+    assert gpu_quota_metric("A100") == "NVIDIA_A100_GPUS"
+    assert gpu_quota_metric("A100-80GB", "spot") == "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS"
+    assert gpu_quota_metric("H100") == "NVIDIA_H100_GPUS"
+    assert gpu_quota_metric("L4") == "NVIDIA_L4_GPUS"
+    assert gpu_quota_metric("V100") == "NVIDIA_V100_GPUS"
+    assert gpu_quota_metric("nvidia-tesla-t4") == "NVIDIA_T4_GPUS"
+    assert gpu_quota_metric("TPUv5") is None and gpu_quota_metric("nvidia-b200") is None
+    assert zone_region("us-central1-a") == "us-central1" and zone_region("europe-west4-b") == "europe-west4"
+    # every metric of the table that google-cloud-compute knows is spelled as its enum spells it
+    known = {m.name for m in compute_v1.Quota.Metric}
+    for metric in GCE_GPU_QUOTA_METRICS.values():
+        if "H100" not in metric:  # the client's enum lags: it lists only PREEMPTIBLE_/COMMITTED_NVIDIA_H100_GPUS
+            assert metric in known and "PREEMPTIBLE_" + metric in known, metric
+    assert "PREEMPTIBLE_NVIDIA_H100_GPUS" in known
+
+
+def test_preflight_on_demand_t4_limit_8_usage_6(gcp, fake):
+    fake.set_quota(REGION, T4, limit=8, usage=6)
+    gcp.preflight(req(market="on_demand", n=2))  # 8 - 6 = 2 >= 2: passes
+    r = req(market="on_demand", n=4)
+    with pytest.raises(QuotaExceeded) as ei:
+        gcp.preflight(r)
+    e = ei.value
+    assert type(e) is QuotaExceeded and e.code == "QUOTA_EXCEEDED" and e.option == r.offer_id
+    msg = str(e)
+    assert "NVIDIA_T4_GPUS" in msg and "PREEMPTIBLE" not in msg and REGION in msg
+    assert "limit 8" in msg and "usage 6" in msg and "requested 4" in msg
+    assert (e.metric, e.region, e.quota, e.in_use, e.needed) == ("NVIDIA_T4_GPUS", REGION, 8.0, 6.0, 4)
+    assert fake.count("GET", f"/regions/{REGION}") == 2
+    assert fake.count("POST", "/instances") == 0  # preflight never creates anything
+
+
+def test_preflight_region_from_zone_when_request_has_none(gcp, fake):
+    fake.set_quota(REGION, T4, limit=1, usage=1)
+    r = dataclasses.replace(req(market="on_demand"), region="")
+    with pytest.raises(QuotaExceeded):
+        gcp.preflight(r)
+    assert fake.count("GET", f"/regions/{REGION}") == 1
+
+
+def test_preflight_spot_uses_preemptible_metric_independent_of_on_demand(gcp, fake):
+    fake.set_quota(REGION, T4, limit=8, usage=8)        # on-demand full
+    fake.set_quota(REGION, T4_SPOT, limit=16, usage=12)
+    gcp.preflight(req(market="spot", n=4))               # 16 - 12 = 4: passes despite the full on-demand quota
+    with pytest.raises(QuotaExceeded) as ei:
+        gcp.preflight(req(market="on_demand", n=1))
+    assert ei.value.metric == T4
+    with pytest.raises(QuotaExceeded) as ei:
+        gcp.preflight(req(market="spot", n=5))
+    assert ei.value.metric == T4_SPOT and "PREEMPTIBLE_NVIDIA_T4_GPUS" in str(ei.value)
+    assert "limit 16" in str(ei.value) and "usage 12" in str(ei.value) and "requested 5" in str(ei.value)
+    # the other way round: spot full, on-demand free
+    fake.set_quota(REGION, T4, limit=8, usage=0)
+    fake.set_usage(REGION, T4_SPOT, 16)
+    gcp.preflight(req(market="on_demand", n=8))
+    with pytest.raises(QuotaExceeded) as ei:
+        gcp.preflight(req(market="spot", n=1))
+    assert ei.value.metric == T4_SPOT
+
+
+def test_preflight_spot_without_preemptible_quota_checks_the_standard_metric(gcp, fake):
+    """GCE charges Spot VMs to the standard quota where the region grants no preemptible quota."""
+    fake.set_quota(REGION, T4, limit=4, usage=3)
+    gcp.preflight(req(market="spot", n=1))
+    with pytest.raises(QuotaExceeded) as ei:
+        gcp.preflight(req(market="spot", n=2))
+    assert ei.value.metric == T4
+    fake.set_quota(REGION, T4_SPOT, limit=0, usage=0)  # listed but not granted: still the standard metric
+    with pytest.raises(QuotaExceeded) as ei:
+        gcp.preflight(req(market="spot", n=2))
+    assert ei.value.metric == T4
+
+
+def test_preflight_unknown_metric_or_gpu_does_not_block(gcp, fake):
+    fake.set_quota(REGION, "NVIDIA_V100_GPUS", limit=0, usage=0)
+    fake.set_quota(REGION, "CPUS", limit=0, usage=0)
+    assert gcp.preflight(req(market="on_demand", gpu="T4", n=64)) is None       # NVIDIA_T4_GPUS not listed
+    assert gcp.preflight(req(market="spot", gpu="T4", n=64)) is None            # neither T4 metric listed
+    assert gcp.preflight(req(gpu="TPUv5", n=1)) is None                         # no GCE accelerator
+    assert gcp.preflight(req(gpu="T4", n=0)) is None                            # no GPUs: nothing to check
+    assert fake.count("GET", "/regions/") == 2                                  # the last two made no call
+    with pytest.raises(QuotaExceeded):                                          # a listed metric still counts
+        gcp.preflight(req(market="on_demand", gpu="V100", itype="n1-standard-16", n=1))
+
+
+@pytest.mark.parametrize("status", [403, 404, 500])
+def test_preflight_read_failure_is_a_plain_provider_error(gcp, fake, status):
+    """Even a 403 "Quota exceeded for quota metric 'Read requests'" must not read as a GPU quota error."""
+    fake.set_quota(REGION, T4, limit=0, usage=0)
+    fake.fail_next_region_get(REGION, status)
+    r = req(market="on_demand")
+    with pytest.raises(ProviderError) as ei:
+        gcp.preflight(r)
+    assert type(ei.value) is ProviderError
+    assert ei.value.code == "QuotaPreflightFailed" and ei.value.option == r.offer_id
+    assert REGION in str(ei.value)
+    assert fake.count("GET", f"/regions/{REGION}") == 1  # not retried
+
+
+def test_preflight_retries_503_within_its_time_bound(fake):
+    g = GcpCompute.for_endpoint(PROJECT, fake.endpoint, preflight_timeout_s=0.8)
+    fake.set_quota(REGION, T4, limit=0, usage=0)
+    fake.fail_next_region_get(REGION, 503)  # one transient error: the client retries, the verdict stands
+    with pytest.raises(QuotaExceeded):
+        g.preflight(req(market="on_demand"))
+    assert fake.count("GET", f"/regions/{REGION}") == 2
+    fake.fail_next_region_get(REGION, 503, times=1000)  # down: gives up after ~preflight_timeout_s
+    t0 = time.monotonic()
+    with pytest.raises(ProviderError) as ei:
+        g.preflight(req(market="on_demand"))
+    assert time.monotonic() - t0 < 3.0
+    assert type(ei.value) is ProviderError and ei.value.code == "QuotaPreflightFailed"
+
+
+def test_preflight_without_regions_client_uses_the_endpoint(fake):
+    g = GcpCompute.for_endpoint(PROJECT, fake.endpoint, op_timeout_s=5.0, poll_interval_s=0.02)
+    fake.set_quota(REGION, T4, limit=2, usage=2)
+    with pytest.raises(QuotaExceeded):
+        g.preflight(req(market="on_demand"))
+    assert fake.count("GET", f"/projects/{PROJECT}/regions/{REGION}") == 1
+
+
+def test_gcp_quota_scope_is_the_gpu_type(gcp):
+    """No quota_family: the scope is the option's gpu_type, so a T4 quota error on n1 does not skip V100 on n1."""
+    assert not hasattr(gcp, "quota_family")
+    t4 = OfferOption("gcp", REGION, ZA, "n1-standard-8", "on_demand", "T4", 1)
+    v100 = OfferOption("gcp", REGION, ZB, "n1-standard-8", "on_demand", "V100", 1)
+    assert quota_scope(t4, gcp) == ("gcp", REGION, "on_demand", "T4")
+    assert quota_scope(t4, gcp) != quota_scope(v100, gcp)
+
+
+def _failover(gcp, options, history):
+    intents = []
+    return provision_with_failover("job-0123456789abcdef", 1, 0, "team-A", options, {"gcp": gcp},
+                                   lambda o: "#!/bin/bash\n", "broker-1", history, intents.append,
+                                   sleep=lambda s: None), intents
+
+
+def test_failover_quota_preflight_blocks_before_insert(gcp, fake):
+    fake.set_quota(REGION, T4, limit=8, usage=6)
+    fake.set_quota("europe-west4", T4, limit=8, usage=0)
+    a = OfferOption("gcp", REGION, ZA, "n1-standard-8", "on_demand", "T4", 4)
+    b = OfferOption("gcp", REGION, ZB, "n1-standard-16", "on_demand", "T4", 4)  # same scope: skipped
+    c = OfferOption("gcp", "europe-west4", "europe-west4-a", "n1-standard-8", "on_demand", "T4", 4)
+    history = FailoverHistory()
+    (chosen, info), intents = _failover(gcp, [a, b, c], history)
+    assert chosen is c and info.zone == "europe-west4-a" and info.state == "running"
+    assert [(x.option, x.error) for x in history.attempts] == [(a.offer_id, "QuotaExceeded"), (c.offer_id, None)]
+    assert "NVIDIA_T4_GPUS" in history.attempts[0].message and REGION in history.attempts[0].message
+    assert [i.offer_id for i in intents] == [c.offer_id]  # no intent for the option the preflight refused
+    assert fake.count("POST", f"/zones/{ZA}/instances") == 0 and fake.count("POST", f"/zones/{ZB}/instances") == 0
+    assert fake.count("POST", "/instances") == 1
+    assert fake.count("GET", f"/regions/{REGION}") == 1  # b was skipped without a call
+
+
+def test_failover_all_options_quota_blocked_makes_no_insert(gcp, fake):
+    fake.set_quota(REGION, T4, limit=8, usage=6)
+    fake.set_quota(REGION, T4_SPOT, limit=4, usage=4)
+    opts = [OfferOption("gcp", REGION, ZA, "n1-standard-8", "spot", "T4", 4),
+            OfferOption("gcp", REGION, ZA, "n1-standard-8", "on_demand", "T4", 4)]
+    history = FailoverHistory()
+    with pytest.raises(ProvisioningFailed) as ei:
+        _failover(gcp, opts, history)
+    assert [(x.option, x.error) for x in ei.value.history.attempts] == [
+        (opts[0].offer_id, "QuotaExceeded"), (opts[1].offer_id, "QuotaExceeded")]
+    assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in history.attempts[0].message
+    assert "NVIDIA_T4_GPUS" in history.attempts[1].message
+    assert fake.count("POST", "/instances") == 0 and fake.insert_bodies == [] and fake.instances_in() == []
+
+
+def test_failover_preflight_read_failure_is_advisory(gcp, fake):
+    fake.set_quota(REGION, T4, limit=0, usage=0)  # would block, but the read fails: the create call decides
+    fake.fail_next_region_get(REGION, 403)
+    opt = OfferOption("gcp", REGION, ZA, "n1-standard-8", "on_demand", "T4", 1)
+    history = FailoverHistory()
+    (chosen, info), _ = _failover(gcp, [opt], history)
+    assert chosen is opt and info.state == "running"
+    assert [(x.option, x.error) for x in history.attempts] == [(opt.offer_id, None)]
+    assert fake.count("POST", "/instances") == 1
