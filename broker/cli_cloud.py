@@ -35,7 +35,8 @@ cloud_app = typer.Typer(no_args_is_help=True, help="Cloud instances: settings fr
                                                     "instance records, the orphan sweep.")
 
 #: terraform output name -> settings key (terraform/aws/outputs.tf, per region)
-AWS_OUTPUTS = {"ami_id": "ami_id", "subnet_ids_by_az": "subnet_ids_by_az", "security_group_id": "security_group_id",
+AWS_OUTPUTS = {"ami_id": "ami_id", "subnet_ids_by_az": "subnet_ids_by_az", "subnet_ids_by_az_id": "subnet_ids_by_az_id",
+               "security_group_id": "security_group_id",
                "placement_group_name": "placement_group_name", "instance_profile_name": "instance_profile_name",
                "launch_template_id": "launch_template_id"}
 #: terraform output name -> settings key (terraform/gcp/outputs.tf)

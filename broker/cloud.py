@@ -88,7 +88,9 @@ def build_computes(settings) -> dict[str, Compute]:
             endpoint_url=a.endpoint_url, regions=sorted(a.regions),
             ami_by_region={r: c.ami_id for r, c in a.regions.items()},
             security_group_by_region={r: c.security_group_id for r, c in a.regions.items() if c.security_group_id},
-            subnet_by_zone={z: sub for c in a.regions.values() for z, sub in c.subnet_ids_by_az.items()},
+            subnet_by_zone={z: sub for c in a.regions.values()
+                            for z, sub in {**c.subnet_ids_by_az, **c.subnet_ids_by_az_id}.items()},
+            region_by_zone={z: r for r, c in a.regions.items() for z in {**c.subnet_ids_by_az, **c.subnet_ids_by_az_id}},
             key_name=a.key_name,
             placement_group_by_region={r: c.placement_group_name for r, c in a.regions.items()
                                        if c.placement_group_name},
@@ -110,13 +112,14 @@ def build_computes(settings) -> dict[str, Compute]:
 
 def offer_allowed(settings, offer) -> bool:
     """May ``offer`` (a ``CloudOffer``) be provisioned: its provider is in ``cloud_providers`` and its zone
-    is one the provider's settings have a network for (AWS: a subnet in ``subnet_ids_by_az``; GCP: a zone of
+    is one the provider's settings have a network for (AWS: a subnet in ``subnet_ids_by_az`` or
+    ``subnet_ids_by_az_id``; GCP: a zone of
     ``gcp.region``)."""
     if offer.provider not in settings.cloud_providers:
         return False
     if offer.provider == "aws":
         reg = settings.aws.regions.get(offer.region)
-        return reg is not None and offer.zone in reg.subnet_ids_by_az
+        return reg is not None and (offer.zone in reg.subnet_ids_by_az or offer.zone in reg.subnet_ids_by_az_id)
     if offer.provider == "gcp":
         return offer.region == settings.gcp.region
     return False

@@ -36,8 +36,9 @@ class AwsRegionSettings(BaseModel):
     """One region's network and machine image, named as ``terraform/aws`` outputs them.
 
     ``ami_id``: the GPU machine image (docker + NVIDIA container toolkit + aws CLI);
-    ``subnet_ids_by_az``: private subnet per availability zone (instances are created only in these
-    zones); ``security_group_id``: the nodes' group (NCCL between members); ``placement_group_name``:
+    ``subnet_ids_by_az``: private subnet per availability zone name (instances are created only in these
+    zones); ``subnet_ids_by_az_id``: the same subnets by AZ ID (``use1-az1``: the price catalog names
+    zones this way; the same physical zone in every account); ``security_group_id``: the nodes' group (NCCL between members); ``placement_group_name``:
     cluster placement group used for multi-node gangs; ``instance_profile_name``: the nodes' IAM
     instance profile (least privilege: the checkpoint bucket).
     """
@@ -46,6 +47,7 @@ class AwsRegionSettings(BaseModel):
 
     ami_id: str = Field(pattern=r"^ami-[0-9a-f]{8,17}$")
     subnet_ids_by_az: dict[str, str] = Field(min_length=1)
+    subnet_ids_by_az_id: dict[str, str] = Field(default_factory=dict)
     security_group_id: str | None = Field(None, pattern=r"^sg-[0-9a-f]{8,17}$")
     placement_group_name: str | None = None
     instance_profile_name: str | None = None

@@ -78,6 +78,8 @@ TOKEN_TAG = "fedbroker-token"
 
 #: states of an instance that still exists (list_managed, token lookup, quota usage)
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]
+#: an availability zone ID (``use1-az1``, ``usw2-lax1-az1``) rather than a zone name (``us-east-1a``)
+AZ_ID_RE = re.compile(r"^[a-z]{2,6}[0-9]+(-[a-z0-9]+)?-az[0-9]+$")
 
 #: (bucket, market) -> Service Quotas code (service ``ec2``), vCPUs
 QUOTA_CODES: dict[tuple[str, str], str] = {
@@ -165,6 +167,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         regions: regions ``list_managed`` / ``sweep`` look in; default: those named in
             ``ami_by_region``, ``security_group_by_region`` and ``subnet_by_zone``.
         quota_source: ``(region, quota_code) -> vCPU limit | None`` for :meth:`preflight`.
+        region_by_zone: region of each zone name or AZ ID (``use1-az1``); price catalogs (SkyPilot's)
+            name zones by AZ ID, which is the same physical zone in every account, unlike ``us-east-1a``.
         placement_group_by_region: cluster placement group per region; instances of a gang of more
             than one node (``req.gang_size > 1``) are launched into it (NCCL/EFA bandwidth).
         instance_profile_by_region: IAM instance profile per region (wins over ``instance_profile``).
@@ -181,7 +185,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
                  instance_profile: str | None = None, regions: Iterable[str] | None = None,
                  quota_source: Callable[[str, str], float | None] | None = None,
                  placement_group_by_region: dict[str, str] | None = None,
-                 instance_profile_by_region: dict[str, str] | None = None):
+                 instance_profile_by_region: dict[str, str] | None = None,
+                 region_by_zone: dict[str, str] | None = None):
         self._factory = region_clients
         self.endpoint_url = endpoint_url
         self.ami_by_region = dict(ami_by_region or {})
@@ -193,6 +198,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         self.placement_group_by_region = dict(placement_group_by_region or {})
         #: IAM instance profile per region (overrides ``instance_profile`` there)
         self.instance_profile_by_region = dict(instance_profile_by_region or {})
+        #: zone (name or AZ ID) -> region, for zones whose name does not start with the region (``use1-az1``)
+        self.region_by_zone = dict(region_by_zone or {})
         if regions is None:
             found = set(self.ami_by_region) | set(self.security_group_by_region)
             found |= {self._zone_region(z, found) for z in self.subnet_by_zone}
@@ -225,8 +232,9 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         return zone[:-1] if zone and zone[-1].isalpha() else zone
 
     def region_of(self, zone: str) -> str:
-        """The region of availability zone ``zone`` (e.g. ``us-east-1a`` -> ``us-east-1``)."""
-        return self._zone_region(zone, self.regions)
+        """The region of availability zone ``zone`` (e.g. ``us-east-1a`` -> ``us-east-1``; an AZ ID such as
+        ``use1-az1`` through ``region_by_zone``)."""
+        return self.region_by_zone.get(zone) or self._zone_region(zone, self.regions)
 
     # -- Compute ---------------------------------------------------------------------------------
 
@@ -246,7 +254,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
             "ImageId": image,
             "UserData": req.user_data,  # botocore base64-encodes it
             "ClientToken": req.token,
-            "Placement": {"AvailabilityZone": req.zone},
+            "Placement": ({"AvailabilityZoneId": req.zone} if AZ_ID_RE.match(req.zone)
+                          else {"AvailabilityZone": req.zone}),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": _tags(tags)},
                                   {"ResourceType": "volume", "Tags": _tags(tags)}],
@@ -258,6 +267,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         subnet = self.subnet_by_zone.get(req.zone)
         if subnet:
             params["SubnetId"] = subnet
+            if AZ_ID_RE.match(req.zone):  # the subnet fixes the zone; not every endpoint knows AvailabilityZoneId
+                params["Placement"].pop("AvailabilityZoneId")
         sg = self.security_group_by_region.get(region)
         if sg:
             params["SecurityGroupIds"] = [sg]

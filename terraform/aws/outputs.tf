@@ -14,6 +14,11 @@ output "subnet_ids_by_az" {
   value       = { for az, s in aws_subnet.private : az => s.id }
 }
 
+output "subnet_ids_by_az_id" {
+  description = "The same subnets by availability zone ID (use1-az1): price catalogs name zones by ID (subnet_by_zone)."
+  value       = { for az, s in aws_subnet.private : s.availability_zone_id => s.id }
+}
+
 output "security_group_id" {
   description = "Security group of the job nodes (security_group_by_region[region])."
   value       = aws_security_group.nodes.id

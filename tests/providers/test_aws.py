@@ -412,3 +412,18 @@ def test_provision_with_failover_on_moto_moves_past_a_zone_without_capacity(endp
     assert [i.instance_id for i in aws.list_managed(BROKER)] == [info.instance_id]
     ud = ec2.describe_instance_attribute(InstanceId=info.instance_id, Attribute="userData")["UserData"]["Value"]
     assert base64.b64decode(ud).decode() == "#!/bin/bash\necho us-east-1b\n"
+
+
+def test_a_zone_named_by_az_id_launches_in_its_subnet(endpoint, ami, ec2):
+    """Price catalogs name zones by AZ ID (use1-az1); the subnet mapped to that ID fixes the zone."""
+    sub = {s["AvailabilityZoneId"]: (s["SubnetId"], s["AvailabilityZone"]) for s in ec2.describe_subnets(
+        Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]}
+    subnet, zone_name = sub["use1-az1"]
+    aws = AwsCompute(endpoint_url=endpoint, ami_by_region={REGION: ami}, subnet_by_zone={"use1-az1": subnet},
+                     region_by_zone={"use1-az1": REGION}, quota_source=lambda r, c: None)
+    info = aws.launch(make_req(zone="use1-az1"))
+    got = ec2.describe_instances(InstanceIds=[info.instance_id])["Reservations"][0]["Instances"][0]
+    assert (got["SubnetId"], got["Placement"]["AvailabilityZone"]) == (subnet, zone_name)
+    assert aws.region_of("use1-az1") == REGION
+    assert aws.describe(info.instance_id, "use1-az1").instance_id == info.instance_id
+    aws.terminate(info.instance_id, "use1-az1")

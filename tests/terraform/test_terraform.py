@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2] / "terraform"
 MODULES = ("aws", "gcp")
 
 EXPECTED_OUTPUTS = {
-    "aws": {"region", "subnet_ids_by_az", "security_group_id", "placement_group_name",
+    "aws": {"region", "subnet_ids_by_az", "subnet_ids_by_az_id", "security_group_id", "placement_group_name",
             "instance_profile_name", "launch_template_id", "ami_id"},
     "gcp": {"project", "region", "network", "subnetwork", "service_account_email",
             "instance_template", "gpu_image", "network_tag"},
