@@ -69,3 +69,36 @@ def make_team(store):
         return team, auth(store.create_token(team, admin=admin, label="test"))
 
     return make
+
+
+# ----------------------------------------------------------------------------- AWS on a moto server
+
+AWS_TEST_KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SECURITY_TOKEN": "testing",
+                 "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def aws_env():
+    """Fake AWS credentials in the environment for the whole run (moto accepts any; nothing reaches AWS)."""
+    old = {k: os.environ.get(k) for k in AWS_TEST_KEYS}
+    os.environ.update(AWS_TEST_KEYS)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def moto_server(aws_env):
+    """One moto server (real HTTP EC2/Service Quotas API) for the run; its URL. Tests keep apart by using
+    their own broker id (the ``fedbroker-broker`` tag): resetting moto costs ~1.5 s a test."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+

@@ -25,7 +25,6 @@ from broker.settings import load_settings
 from broker.store import JobStore
 from providers.aws import AwsCompute
 from providers.base import NoCapacity
-from tests.providers.test_aws import aws_env, moto_server  # noqa: F401  (module-scoped fixtures)
 
 REGION = "us-east-1"
 IMAGE = "ghcr.io/fedbroker/nccl-train@sha256:" + "ab" * 32

@@ -90,14 +90,8 @@ def user_data(command, job_id="job-1", attempt=1, rank=0, nnodes=1, master_addr=
 
 
 @pytest.fixture(scope="module")
-def moto_url():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+def moto_url(moto_server):
+    return moto_server
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import base64
-import os
-import socket
 import sys
 import uuid
 
@@ -30,38 +28,6 @@ from providers.base import (
 
 REGION = "us-east-1"
 BROKER = "broker-test"  # replaced per test (the moto server is shared by the module, not reset)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def aws_env():
-    """Fake credentials for every client of this module (moto accepts any)."""
-    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SECURITY_TOKEN": "testing",
-            "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(keys)
-    yield
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def moto_server(aws_env):
-    from moto.server import ThreadedMotoServer
-
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(autouse=True)
