@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
-from broker.db import Attempt, CloudInstance, Job, utcnow
+from broker.db import Attempt, CloudInstance, Job, JobEvent, utcnow
 from broker.reconciler import requeue_lost
 from broker.states import JobState
 from broker.store import JobStore
@@ -445,9 +445,13 @@ class CloudBroker:
                     break
                 if event == "notice":
                     if not j.stop_reason and not j.cancel_requested:
-                        JobStore.bump(s, j.id, j.version, now, stop_reason="spot",
-                                      reason=f"spot interruption notice for {where}"
-                                             + (f" ({reason})" if reason else "") + "; the job checkpoints and stops")
+                        why = (f"spot interruption notice for {where}" + (f" ({reason})" if reason else "")
+                               + "; the job checkpoints and stops")
+                        version = j.version
+                        if not JobStore.bump(s, j.id, version, now, stop_reason="spot", reason=why):
+                            continue
+                        s.add(JobEvent(job_id=j.id, at=now, from_state=j.state, to_state=j.state,
+                                       version=version + 1, reason=why))
                     out = "notice"
                     break
                 # exited
