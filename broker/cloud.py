@@ -592,27 +592,31 @@ class CloudBroker:
         return out
 
     def _gone_instance(self, placement: dict) -> tuple[str, bool, str] | None:
-        """The first instance of a placement that is no longer up: ``(instance id, spot reclaimed?, state)``."""
+        """The first instance of a placement that is no longer up: ``(instance id, spot reclaimed?, state)``.
+
+        Spot reclaimed: the provider says so where it can (GCE: a ``compute.instances.preempted`` operation,
+        ``GcpCompute.preempted``); otherwise a spot instance that is gone is taken as reclaimed."""
         compute = self.computes.get(placement.get("provider", ""))
         if compute is None:
             return None
         for part in placement.get("nodes", []):
             try:
-                info = compute.describe(part["instance_id"], part["zone"])
+                state = compute.describe(part["instance_id"], part["zone"]).state
             except ProviderError as exc:
-                if exc.code == "NotFound":
-                    return part["instance_id"], False, "not found"
-                log.warning("describe %s failed: %s", part["instance_id"], exc)
+                if exc.code != "NotFound":
+                    log.warning("describe %s failed: %s", part["instance_id"], exc)
+                    continue
+                state = "not found"
+            if state not in ("stopping", "stopped", "terminated", "not found"):
                 continue
-            if info.state in ("stopping", "stopped", "terminated"):
-                spot = placement.get("market") == "spot"
-                was = getattr(compute, "was_preempted", None)
-                if callable(was):
-                    try:
-                        spot = bool(was(info))
-                    except ProviderError:
-                        pass
-                return part["instance_id"], spot, info.state
+            spot = placement.get("market") == "spot"
+            asked = getattr(compute, "preempted", None)
+            if spot and callable(asked):
+                try:
+                    spot = bool(asked(part["instance_id"], part["zone"]))
+                except ProviderError:
+                    pass
+            return part["instance_id"], spot, state
         return None
 
     def _terminate_dead_rows(self) -> int:

@@ -346,3 +346,49 @@ def test_report_tokens_are_per_rank_and_attempt():
     t = report_token(key, "job-1", 1, 0)
     assert len(t) == 43 and t != report_token(key, "job-1", 1, 1) != report_token(key, "job-1", 2, 0)
     assert t == report_token(key, "job-1", 1, 0) != report_token(b"j" * 32, "job-1", 1, 0)
+
+
+# ----------------------------------------------------------------------------- GCP: the same flow on Compute Engine
+
+def _gcp_settings(tmp_path, endpoint):
+    return load_settings(
+        state_dir=tmp_path, cloud_providers=["gcp"],
+        gcp={"project": "fedbroker-test", "region": "us-central1", "api_endpoint": endpoint,
+             "operation_timeout_s": 5, "checkpoint_uri": "gs://ckpt-bucket/runs"},
+        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report"})
+
+
+GCP_OFFERS = [CloudOffer(provider="gcp", region=z[:-2], zone=z, instance_type="n1-standard-8", gpu_type="V100",
+                         gpu_count=1, gpu_memory_gb=16, market=Market.spot, usd_per_hour=p, carbon_zone="US-MIDW-MISO")
+              for z, p in (("us-central1-a", 0.9), ("us-central1-b", 1.0), ("europe-west4-a", 0.5))]
+
+
+def test_gcp_stockout_fails_over_and_a_preempted_vm_requeues_the_gang(pg_store, tmp_path):
+    from tests.providers.fake_gce import FakeGce
+
+    with FakeGce("fedbroker-test", wait_block_s=0.05) as fake:
+        settings = _gcp_settings(tmp_path, fake.endpoint)
+        cb = CloudBroker(pg_store, settings, offers=GCP_OFFERS)
+        fake.fail_next_insert("us-central1-a", "stockout_details")
+        jid = place(pg_store, spec(), GCP_OFFERS[0])
+        # us-central1-a is out of V100s; europe-west4 is outside the configured region: us-central1-b holds the gang
+        assert cb.provision(jid, 1) == "starting on gcp:us-central1-b:n1-standard-8:spot (2 instance(s))"
+        j = pg_store.get(jid)
+        with pg_store.session() as s:
+            att = s.execute(select(Attempt).where(Attempt.job_id == jid)).scalar_one()
+            assert [(a["option"], a["error"]) for a in att.failover] == [
+                ("gcp:us-central1-a:n1-standard-8:spot", "NoCapacity"), ("gcp:us-central1-b:n1-standard-8:spot", None),
+                ("gcp:us-central1-b:n1-standard-8:spot", None)]
+        n0, n1 = j.placement["nodes"]
+        inst0, inst1 = fake.instance("us-central1-b", n0["instance_id"]), fake.instance("us-central1-b", n1["instance_id"])
+        script1 = {i["key"]: i["value"] for i in inst1["metadata"]["items"]}["startup-script"]
+        assert f"-e MASTER_ADDR={inst0['networkInterfaces'][0]['networkIP']}" in script1
+        assert inst1["scheduling"]["provisioningModel"] == "SPOT"
+        assert inst1["labels"]["fedbroker-job"] == jid.lower()
+        cb.report(jid, 1, 0, "running")
+        fake.preempt("us-central1-b", n1["instance_id"])  # no notice got through: the VM is simply gone
+        assert cb.watch(force=True)["lost"] == 1
+        j = pg_store.get(jid)
+        assert j.state == "queued" and f"instance {n1['instance_id']} was reclaimed (spot interruption)" in j.reason
+        assert fake.instance("us-central1-b", n0["instance_id"]) is None or \
+            fake.instance("us-central1-b", n0["instance_id"])["status"] in ("STOPPING", "TERMINATED")
