@@ -81,7 +81,11 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
 
 
 @serve_app.command("worker")
-def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level")) -> None:
+def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level"),
+                 queues: str = typer.Option("planning,dispatch,provisioning", "--queues",
+                                            help="Comma-separated queues to take (planning, dispatch, provisioning); "
+                                                 "e.g. a second worker with --queues provisioning keeps slow cloud "
+                                                 "create calls off the planner's way.")) -> None:
     """Celery worker for planning, dispatch and provisioning tasks (one task at a time; run more
     workers for more throughput).
 
@@ -89,13 +93,18 @@ def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Opti
     its consumer after a Redis restart (``'NoneType' object has no attribute 'hostname'``,
     kombu 5.7) and the worker silently stopped taking tasks; ``solo`` reconnects.
     """
+    wanted = [q.strip() for q in queues.split(",") if q.strip()]
+    bad = [q for q in wanted if q not in ("planning", "dispatch", "provisioning")]
+    if not wanted or bad:
+        typer.echo(f"error: --queues={queues!r}: {bad or 'empty'}: use planning, dispatch and/or provisioning", err=True)
+        raise typer.Exit(2)
     from broker.celery_app import get_app
 
     _logging(log_level)
     st = _settings(config)
     app = get_app(st)
     _migrate(st)
-    app.worker_main(["worker", "-Q", "planning,dispatch,provisioning", "--pool", "solo",
+    app.worker_main(["worker", "-Q", ",".join(wanted), "--pool", "solo",
                      "-n", f"broker-{os.getpid()}@{socket.gethostname()}", "--loglevel", log_level.upper(),
                      "--without-gossip", "--without-mingle"])
 
