@@ -372,3 +372,25 @@ def test_nodes_without_a_subcommand_still_lists_through_the_api():
     assert r.exit_code == 1 and "cannot reach the broker" in r.output
     r = CliRunner().invoke(app, ["nodes", "list", "--url", "http://127.0.0.1:1"])
     assert r.exit_code == 1 and "cannot reach the broker" in r.output
+
+
+def test_cloud_init_options_are_checked_and_named():
+    ls = ranks(spec())[0]
+    ok = dict(report_url="http://10.0.0.2:8600/v1/instances/report", report_token="t" * 43)
+    script = cloud_init(ls, "aws", checkpoint_uri="s3://ckpt-bucket/runs/ml/job-1", master_addr_at_boot=True, **ok)
+    assert "REPORT_URL=http://10.0.0.2:8600/v1/instances/report" in script and f"REPORT_TOKEN={'t' * 43}" in script
+    assert "CKPT_URI=s3://ckpt-bucket/runs/ml/job-1" in script
+    assert "aws s3 sync --only-show-errors \"$CKPT_URI\" \"$CKPT_DIR\"" in script
+    # rank 0's own address at boot: passed through, not a value
+    line = shlex.split(docker_line(script))
+    assert "MASTER_ADDR" in line and "PET_MASTER_ADDR" in line and not any(w.startswith("MASTER_ADDR=") for w in line)
+    assert 'gcloud storage rsync --recursive --quiet "$CKPT_DIR" "$CKPT_URI"' in cloud_init(
+        ls, "gcp", checkpoint_uri="gs://ckpt-bucket/runs", **ok)
+    for kw, field in ((dict(report_url="http://x/'; reboot #", report_token="t" * 43), "report_url"),
+                      (dict(report_url="http://x/r", report_token="short"), "report_token"),
+                      (dict(report_url="http://x/r"), "report_url"),
+                      (dict(checkpoint_uri="gs://ckpt-bucket/runs"), "checkpoint_uri"),  # gs:// on AWS
+                      (dict(checkpoint_uri="s3://Bad_Bucket"), "checkpoint_uri"),
+                      (dict(checkpoint_sync_s=1), "checkpoint_sync_s")):
+        with pytest.raises(ValueError, match=field):
+            cloud_init(ls, "aws", **kw)
