@@ -84,16 +84,22 @@ def _utcnow() -> datetime:
 
 
 def _unprocessable(field: str, value: Any, msg: str, where: str = "body") -> RequestValidationError:
-    """A 422 in FastAPI's shape for a check done in the endpoint (``field`` dotted, under ``where``)."""
+    """A 422 in FastAPI's shape for a check done in the endpoint (``field`` dotted, under ``where``).
+    ``msg`` is prefixed with ``field=value: `` unless it already starts with ``field=``."""
     loc = (where, *field.split("."))
-    return RequestValidationError([{"type": "value_error", "loc": loc, "input": value,
-                                    "msg": f"{field}={_short(value)}: {msg}"}])
+    full = msg if msg.startswith(f"{field}=") else f"{field}={_short(value)}: {msg}"
+    return RequestValidationError([{"type": "value_error", "loc": loc, "input": value, "msg": full}])
 
 
 def _short(value: Any, limit: int = 200) -> str:
     r = repr(value.isoformat() if isinstance(value, datetime) else value)
     return r if len(r) <= limit else r[:limit] + "...'"
 
+
+#: the integer form fields of an instance report, digits only (``int()`` would also take " 2", "+2", "2_0");
+#: an exit code may be negative (a signal)
+_UINT = re.compile(r"[0-9]+", re.ASCII)
+_INT = re.compile(r"-?[0-9]+", re.ASCII)
 
 #: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
 _OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
@@ -396,14 +402,18 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     # ------------------------------------------------------------------ cloud instances
     @app.post("/v1/instances/report", tags=["instances"], include_in_schema=True,
-              responses={401: _ERRORS[401], 404: _ERRORS[404], 422: {"model": ErrorBody}})
+              responses={401: {"model": ErrorBody, "description": "missing report token, or not this rank's"},
+                         404: {"model": ErrorBody, "description": "no cloud provider, or no such instance"},
+                         415: {"model": ErrorBody, "description": "the body is not a form"},
+                         422: {"model": ErrorBody}})
     async def instance_report(request: Request) -> dict:
         """A cloud instance reports on its rank of an attempt (sent by the instance's user data, see
         ``providers.launch.cloud_init``). Form fields (``application/x-www-form-urlencoded``): ``job_id``,
         ``attempt``, ``rank``, ``event`` (``running`` | ``notice`` | ``exited``), ``exit_code`` (with
         ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log).
         ``Authorization: Bearer <token>``: the rank's report token (HMAC of job, attempt and rank), not a
-        team token. Returns ``{"outcome": ...}``."""
+        team token. ``attempt`` and ``rank`` are digits only, ``exit_code`` digits with an optional ``-``.
+        Returns ``{"outcome": ...}``; 401 without the token, 415 for a body that is not a form (JSON, ...)."""
         from urllib.parse import parse_qs
 
         from broker.cloud import ReportError
@@ -412,25 +422,33 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             raise HTTPException(404, "no cloud provider is configured on this broker")
         auth = request.headers.get("authorization", "")
         token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token:
+            raise HTTPException(401, "missing token: send 'Authorization: Bearer <the instance's report token>'",
+                                headers={"WWW-Authenticate": "Bearer"})
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/x-www-form-urlencoded":
+            raise HTTPException(415, "body must be application/x-www-form-urlencoded (the form fields job_id, attempt, "
+                                     "rank, event, exit_code, reason, log_tail)")
         try:
             form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", errors="replace"),
                                                  keep_blank_values=True, max_num_fields=20).items()}
         except ValueError as e:
             raise HTTPException(422, f"body: not a form ({e})") from None
-        fields = {}
-        for name, conv in (("job_id", str), ("attempt", int), ("rank", int), ("event", str)):
+        fields: dict[str, Any] = {}
+        for name, pattern in (("job_id", None), ("attempt", _UINT), ("rank", _UINT), ("event", None)):
             raw = form.get(name)
             if raw is None or raw == "":
                 raise _unprocessable(name, raw, "field required")
-            try:
-                fields[name] = conv(raw)
-            except ValueError:
-                raise _unprocessable(name, raw, "must be an integer") from None
+            if pattern is None:
+                fields[name] = raw
+            elif not pattern.fullmatch(raw):
+                raise _unprocessable(name, raw, "must be an integer")
+            else:
+                fields[name] = int(raw)
         code_raw = form.get("exit_code", "")
-        try:
-            code = int(code_raw) if code_raw not in ("", None) else None
-        except ValueError:
-            raise _unprocessable("exit_code", code_raw, "must be an integer or empty") from None
+        if code_raw and not _INT.fullmatch(code_raw):
+            raise _unprocessable("exit_code", code_raw, "must be an integer or empty")
+        code = int(code_raw) if code_raw else None
 
         def take() -> str:
             if not token or not cloud.check_token(fields["job_id"], fields["attempt"], fields["rank"], token):

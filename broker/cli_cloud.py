@@ -7,9 +7,9 @@ Commands::
         region's module) or terraform/gcp; paste it into the file named by ``FEDBROKER_CONFIG``
     fedbroker cloud instances [--all] [--json] [--config FILE]
         the broker's cloud instance records (intent rows included), newest first, from its database
-    fedbroker cloud sweep [--config FILE]
+    fedbroker cloud sweep [--dry-run] [--config FILE]
         terminate now every instance tagged with this broker's id whose attempt is not live (the
-        reconciler does this every ``cloud.sweep_interval_s``)
+        reconciler does this every ``cloud.sweep_interval_s``); ``--dry-run`` lists them and terminates nothing
 
 ``instances`` and ``sweep`` read the broker's settings (``--config`` or ``$FEDBROKER_CONFIG``) and talk to
 its database (and, for ``sweep``, the providers) directly: they are operator commands, not API calls.
@@ -19,6 +19,8 @@ Bad input exits 2 with a message naming the file and the output or key.
 from __future__ import annotations
 
 import json
+import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -29,7 +31,7 @@ from rich.table import Table
 
 from broker.cli_jobs import JsonOpt, _console, _echo_json, _fail, _t
 
-__all__ = ["register", "cloud_app", "settings_from_terraform"]
+__all__ = ["register", "cloud_app", "settings_from_terraform", "find_orphans", "NO_TABLES"]
 
 cloud_app = typer.Typer(no_args_is_help=True, help="Cloud instances: settings from Terraform outputs, the "
                                                     "instance records, the orphan sweep.")
@@ -63,6 +65,15 @@ def _outputs(path: Path) -> dict:
     return out
 
 
+def _not_null(path: Path, out: dict, required: tuple[str, ...]) -> None:
+    """ValueError naming the first of the ``required`` outputs whose value is null (an apply that did not
+    finish, or a module whose resource was not created)."""
+    for name in required:
+        if name in out and out[name] is None:
+            raise ValueError(f"{path}: output {name!r} is null (did `terraform apply` finish? "
+                             f"`terraform output {name}` shows it)")
+
+
 def settings_from_terraform(provider: str, files: list[Path]) -> dict:
     """The settings mapping (``{"cloud_providers": [...], provider: {...}}``) for Terraform output files.
 
@@ -75,6 +86,7 @@ def settings_from_terraform(provider: str, files: list[Path]) -> dict:
         regions: dict[str, dict] = {}
         for f in files:
             out = _outputs(f)
+            _not_null(f, out, ("region", "ami_id", "subnet_ids_by_az"))
             region = out.get("region")
             if not isinstance(region, str) or not region:
                 raise ValueError(f"{f}: output 'region' is missing (terraform/aws outputs it)")
@@ -90,6 +102,7 @@ def settings_from_terraform(provider: str, files: list[Path]) -> dict:
         if len(files) != 1:
             raise ValueError(f"gcp: give exactly one outputs file, got {len(files)}")
         out = _outputs(files[0])
+        _not_null(files[0], out, ("project", "region"))
         missing = [k for k in ("project", "region") if k not in out]
         if missing:
             raise ValueError(f"{files[0]}: outputs {missing} are missing (terraform/gcp outputs them)")
@@ -107,12 +120,12 @@ def settings_cmd(provider: str = typer.Option(..., "--provider", help="aws or gc
     """Print the broker settings (YAML) that point it at the infrastructure Terraform made."""
     from pydantic import ValidationError
 
+    from broker.settings import validation_message
+
     try:
         data = settings_from_terraform(provider, files)
     except ValidationError as e:
-        err = e.errors()[0]
-        _fail(f"{provider} settings from {', '.join(map(str, files))}: {'.'.join(map(str, err['loc']))}="
-              f"{err.get('input')!r}: {err['msg']}", code=2)
+        _fail(validation_message(e, prefix=f"{provider} settings from {', '.join(map(str, files))}:"), code=2)
     except ValueError as e:
         _fail(str(e), code=2)
     typer.echo(f"# fedbroker settings for {provider}, from {', '.join(str(f) for f in files)}\n"
@@ -132,6 +145,66 @@ def _settings(config: Optional[Path]):
 
 ConfigOpt = typer.Option(None, "--config", help="Settings YAML (default: $FEDBROKER_CONFIG).")
 
+NO_TABLES = ("the broker's database has no tables yet: start the broker once (fedbroker serve ...) "
+             "or check database_url")
+
+
+@contextmanager
+def _database(st):
+    """Exit 2 with :data:`NO_TABLES` when the broker's database has no tables (a fresh state dir, the broker
+    never started, or ``database_url``/``database_schema`` pointing elsewhere); other database errors exit 1
+    naming the database."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    try:
+        yield
+    except (OperationalError, ProgrammingError) as e:
+        why = str(getattr(e, "orig", None) or e)
+        if "no such table" in why or ("relation" in why and "does not exist" in why) or "UndefinedTable" in why:
+            _fail(NO_TABLES, code=2)
+        _fail(f"cannot query the broker's database ({_masked(st.effective_database_url)}): {why.strip()}")
+
+
+def _masked(url: str) -> str:
+    """A database URL with its password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - only for a message
+        return url.split("@")[-1]
+
+
+def _attempt_key(inst) -> tuple[str, int] | None:
+    """``(job, attempt)`` from an instance's tags; ``None`` when the attempt tag is not an integer (such an
+    instance belongs to no live attempt)."""
+    raw = str(inst.tags.get("fedbroker-attempt", ""))
+    if not re.fullmatch(r"[0-9]+", raw):
+        return None
+    return inst.tags.get("fedbroker-job", ""), int(raw)
+
+
+def find_orphans(cb) -> tuple[list, list[str]]:
+    """Instances tagged with this broker's id whose ``(job, attempt)`` is not live, without terminating
+    them (what :meth:`broker.cloud.CloudBroker.sweep` would terminate), and one message per provider whose
+    listing failed. ``cb``: a :class:`broker.cloud.CloudBroker`."""
+    from providers.base import ProviderError
+
+    with cb.store.session() as s:  # read before listing, as the sweep does
+        live = cb.live_attempts(s)
+    orphans, errors = [], []
+    for name, compute in cb.computes.items():
+        lister = getattr(compute, "list_managed", None)
+        if not callable(lister):
+            continue
+        try:
+            managed = lister(cb.settings.cloud.broker_id)
+        except ProviderError as e:
+            errors.append(f"{name}: cannot list instances ({e})")
+            continue
+        orphans.extend(i for i in managed if _attempt_key(i) not in live)
+    return orphans, errors
+
 
 @cloud_app.command("instances")
 def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include terminated and failed records."),
@@ -148,7 +221,7 @@ def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include te
     q = select(CloudInstance).order_by(CloudInstance.id.desc()).limit(limit)
     if not show_all:
         q = q.where(CloudInstance.state.in_(("intent", "running", "terminating")))
-    with store.session() as s:
+    with _database(st), store.session() as s:
         rows = [{"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank, "offer_id": r.offer_id, "state": r.state,
                  "instance_id": r.provider_instance_id, "private_ip": r.private_ip, "created_at": r.created_at,
                  "updated_at": r.updated_at, "last_event": r.last_event, "error": r.error}
@@ -167,7 +240,8 @@ def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include te
 
 
 @cloud_app.command("sweep")
-def sweep_cmd(config: Optional[Path] = ConfigOpt) -> None:
+def sweep_cmd(config: Optional[Path] = ConfigOpt,
+              dry_run: bool = typer.Option(False, "--dry-run", help="List the orphans; terminate nothing.")) -> None:
     """Terminate now every instance tagged with this broker's id whose attempt is not live."""
     from broker.cloud import CloudBroker
     from broker.store import JobStore
@@ -175,7 +249,22 @@ def sweep_cmd(config: Optional[Path] = ConfigOpt) -> None:
     st = _settings(config)
     if not st.cloud_providers:
         _fail("no cloud provider is configured (cloud_providers is empty)", code=2)
-    gone = CloudBroker(JobStore.from_settings(st), st).sweep()
+    cb = CloudBroker(JobStore.from_settings(st), st)
+    if dry_run:
+        with _database(st):
+            orphans, errors = find_orphans(cb)
+        for inst in orphans:
+            typer.echo(f"orphan {inst.provider}/{inst.instance_id} in {inst.zone} ({inst.state}; job "
+                       f"{inst.tags.get('fedbroker-job', '-')} attempt {inst.tags.get('fedbroker-attempt', '-')})")
+        typer.echo(f"{len(orphans)} orphan instance(s) of broker {st.cloud.broker_id!r} "
+                   f"(dry run: none terminated)")
+        for msg in errors:
+            typer.echo(msg, err=True)
+        if errors:
+            raise typer.Exit(1)
+        return
+    with _database(st):
+        gone = cb.sweep()
     for inst in gone:
         typer.echo(f"terminated {inst.provider}/{inst.instance_id} (job {inst.tags.get('fedbroker-job')} "
                    f"attempt {inst.tags.get('fedbroker-attempt')})")

@@ -297,7 +297,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def cancel(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Cancel a job (a running job is stopped by its node agent)."""
+        """Cancel a job (a running job is stopped by its node agent; a cloud job's instances are terminated
+        by the broker)."""
         c = _client(url, token)
         job = _call(c, c.cancel, job_id)
         if as_json:
@@ -305,7 +306,9 @@ def register(app: typer.Typer) -> None:
         elif job.state == "cancelled":
             _console().print(f"{job.id} cancelled", highlight=False)
         else:
-            _console().print(f"{job.id} {job.state}: cancel requested, the node agent stops it", highlight=False)
+            then = ("cancel requested; the broker terminates its instances"
+                    if (job.placement or {}).get("kind") == "cloud" else "cancel requested, the node agent stops it")
+            _console().print(f"{job.id} {job.state}: {then}", highlight=False)
 
     @app.command()
     def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
@@ -376,11 +379,13 @@ def register(app: typer.Typer) -> None:
             tried = [(a.number, f) for a in ex.attempts for f in a.failover]
             if tried:
                 ft = Table(title="cloud failover (each option tried, in order)")
-                for col in ("#", "at", "option", "result"):
+                for col in ("#", "at", "option", "rank", "result"):
                     ft.add_column(col)
                 for num, f in tried:
                     result = "created" if not f.get("error") else f"{f['error']}: {f.get('message', '')}"
-                    ft.add_row(str(num), escape(str(f.get("at", ""))[:19]), escape(str(f.get("option"))), escape(result))
+                    rank = f.get("rank")
+                    ft.add_row(str(num), escape(str(f.get("at", ""))[:19]), escape(str(f.get("option"))),
+                               "-" if rank is None else escape(str(rank)), escape(result))
                 con.print(ft)
 
     schedule = typer.Typer(no_args_is_help=True,

@@ -20,8 +20,12 @@ Flow of a cloud attempt (DESIGN.md §2 and §5)::
         instance rows of attempts that are no longer live -> terminated;
         every ``sweep_interval_s``: instances tagged with our broker id but no live attempt -> terminated.
 
-Offers that just failed with no capacity (or a quota error) are not offered to the planner again for
-``cloud.capacity_cooldown_s`` (``quota_cooldown_s``): :meth:`CloudBroker.cooling_offers`.
+Offers that just failed (no capacity, quota, an outage), were reclaimed (spot) or never started are not offered
+to the planner again for a while (:meth:`CloudBroker.cooldown_s`, :meth:`CloudBroker.cooling_offers`). An
+attempt that created nothing does not count against ``max_attempts``: the cooldown is the back-off.
+
+A job stopped by a spot notice is requeued whatever its exit code: exit 0 after SIGTERM usually means
+"checkpointed", not "finished" (the on-prem agent treats a preempted job the same way).
 
 Instances authenticate their reports with a per-(job, attempt, rank) token: HMAC-SHA256 of
 ``job|attempt|rank`` under a random key kept in the database (:meth:`broker.store.JobStore.instance_secret`).
@@ -35,6 +39,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -95,7 +100,8 @@ def build_computes(settings) -> dict[str, Compute]:
             placement_group_by_region={r: c.placement_group_name for r, c in a.regions.items()
                                        if c.placement_group_name},
             instance_profile_by_region={r: c.instance_profile_name for r, c in a.regions.items()
-                                        if c.instance_profile_name})
+                                        if c.instance_profile_name},
+            launch_template_by_region={r: c.launch_template_id for r, c in a.regions.items() if c.launch_template_id})
     if "gcp" in settings.cloud_providers:
         from providers.gcp import GcpCompute
 
@@ -215,6 +221,11 @@ class CloudBroker:
         self.sleep = sleep
         self._secret: bytes | None = None
         self._last_poll: dict[str, float] = {}
+        host = (urlsplit(settings.effective_report_url).hostname or "").lower()
+        if settings.cloud_providers and (host in ("localhost", "0.0.0.0", "::", "::1") or host.startswith("127.")):
+            log.warning("cloud instances report to %s, a local address they cannot reach: set cloud.report_url to "
+                        "an address of this broker's API reachable from the instances' subnets",
+                        settings.effective_report_url)
         self._last_sweep = float("-inf")
 
     # ------------------------------------------------------------------ tokens
@@ -229,20 +240,41 @@ class CloudBroker:
         return report_token(self.secret, job_id, attempt, rank)
 
     # ------------------------------------------------------------------ cooldown
-    def cooling_offers(self, s, now: datetime) -> set[str]:
-        """Offer ids that failed with no capacity within ``capacity_cooldown_s``, or with a quota error within
-        ``quota_cooldown_s`` (inside session ``s``)."""
+    def cooldown_s(self, error: str | None) -> float:
+        """Seconds an offer is not chosen again after an instance record with ``error`` (``"Class: message"``):
+        ``capacity_cooldown_s`` after no capacity, a spot reclaim or a start timeout; ``quota_cooldown_s`` after a
+        quota error or an option the provider does not support; ``error_cooldown_s`` after any other provider
+        error (an outage); 0 for anything else (a plain teardown)."""
         c = self.settings.cloud
-        since = now - timedelta(seconds=max(c.capacity_cooldown_s, c.quota_cooldown_s))
+        kind = (error or "").split(":", 1)[0]
+        if kind in ("NoCapacity", "Reclaimed", "StartTimeout"):
+            return c.capacity_cooldown_s
+        if kind in ("QuotaExceeded", "Unsupported"):
+            return c.quota_cooldown_s
+        if kind in ("ProviderError", "Throttled"):
+            return c.error_cooldown_s
+        return 0.0
+
+    def cooling_offers(self, s, now: datetime) -> set[str]:
+        """Offer ids not to choose now (inside session ``s``): an instance record of the offer failed or was
+        lost within its cooldown (:meth:`cooldown_s`). The planner and the failover walk both skip them."""
+        c = self.settings.cloud
+        since = now - timedelta(seconds=max(c.capacity_cooldown_s, c.quota_cooldown_s, c.error_cooldown_s))
         out = set()
         for offer_id, err, at in s.execute(select(CloudInstance.offer_id, CloudInstance.error, CloudInstance.updated_at)
-                                           .where(CloudInstance.state == "failed", CloudInstance.updated_at >= since)):
-            err = err or ""
-            age = (now - at).total_seconds()
-            if (err.startswith("NoCapacity") and age <= c.capacity_cooldown_s) or (
-                    err.startswith("QuotaExceeded") and age <= c.quota_cooldown_s):
+                                           .where(CloudInstance.error.is_not(None), CloudInstance.updated_at >= since)):
+            if (now - at).total_seconds() <= self.cooldown_s(err):
                 out.add(offer_id)
         return out
+
+    @staticmethod
+    def mark_attempt(s, job_id: str, attempt: int, error: str, now: datetime | None = None) -> None:
+        """Inside session ``s``: record ``error`` (``"Reclaimed: ..."``, ``"StartTimeout: ..."``) on every instance
+        record of the attempt, so its offer cools down (:meth:`cooling_offers`) from ``now``; the teardown keeps it."""
+        now = now or utcnow()
+        for row in s.execute(select(CloudInstance).where(CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
+                                                         CloudInstance.provider_instance_id.is_not(None))).scalars():
+            row.error, row.updated_at = error[:2000], now
 
     # ------------------------------------------------------------------ provisioning
     def provision(self, job_id: str, attempt: int, now: datetime | None = None) -> str:
@@ -310,9 +342,12 @@ class CloudBroker:
                 j = s.get(Job, job.job_id)
                 if j is None or j.state != S.provisioning.value or j.attempt != attempt:
                     return "stale"
-                tried = "; ".join(f"{a.option}: {a.error}" for a in history.attempts if a.error) or str(exc)
-                requeue_lost(s, j, now, f"cloud provisioning failed ({tried})", outcome="unprovisioned",
-                             max_attempts=self.settings.max_attempts)
+                tried = "; ".join(f"{a.option}: {a.error} ({a.message[:120]})" for a in history.attempts
+                                  if a.error) or str(exc)
+                # nothing ran: not counted against max_attempts; the failed offers cool down instead, so the
+                # planner does not pick them again at once (a provider outage backs off, it does not fail jobs)
+                requeue_lost(s, j, now, f"cloud provisioning failed: {tried}", outcome="unprovisioned",
+                             max_attempts=None)
             return "requeued"
         self._record_failures(job.job_id, attempt, history)
         parts = [{"rank": r, "instance_id": i.instance_id, "zone": i.zone, "private_ip": i.private_ip,
@@ -439,7 +474,7 @@ class CloudBroker:
                         continue
                     s.refresh(j)
                     if att.started_at is None:
-                        att.started_at = j.started_at or now
+                        att.started_at = now
                 if event == "running":
                     out = "running"
                     break
@@ -452,6 +487,7 @@ class CloudBroker:
                             continue
                         s.add(JobEvent(job_id=j.id, at=now, from_state=j.state, to_state=j.state,
                                        version=version + 1, reason=why))
+                        self.mark_attempt(s, job_id, attempt, f"Reclaimed: {why}", now)
                     out = "notice"
                     break
                 # exited
@@ -531,7 +567,10 @@ class CloudBroker:
             with self.store.session() as s:
                 r = s.get(CloudInstance, row_id)
                 if r is not None and r.state in LIVE_ROW_STATES:
-                    r.state, r.error, r.updated_at = state, err[:2000], utcnow()
+                    keep = self.cooldown_s(r.error) > 0 and state == "terminated"  # why its offer cools down (and since when)
+                    r.state = state
+                    if not keep:
+                        r.error, r.updated_at = err[:2000], utcnow()
         return n
 
     # ------------------------------------------------------------------ watching (reconciler)
@@ -565,6 +604,8 @@ class CloudBroker:
                                                          "cancelled by user; instances terminated", now, finished_at=now)
                 self.teardown(job_id, attempt, "the job was cancelled")
                 continue
+            if state == S.running.value and self._silent_rank(job_id, attempt, now):
+                continue
             if not force and mono - self._last_poll.get(job_id, float("-inf")) < c.poll_interval_s:
                 continue
             self._last_poll[job_id] = mono
@@ -577,10 +618,8 @@ class CloudBroker:
                     spot = j.stop_reason == "spot" or gone[1]
                     why = (f"instance {gone[0]} was reclaimed (spot interruption)" if spot
                            else f"instance {gone[0]} is gone ({gone[2]})") + "; all ranks stopped"
-                    att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-                                    ).scalar_one_or_none()
-                    if att is not None and att.started_at is None and j.started_at is not None:
-                        att.started_at = j.started_at
+                    if spot:
+                        self.mark_attempt(s, job_id, attempt, f"Reclaimed: {why}", now)
                     out["lost"] += requeue_lost(s, j, now, why, "interrupted",
                                                 max_attempts=None if spot else self.settings.max_attempts)
             self.teardown(job_id, attempt, "another instance of the gang is gone")
@@ -590,6 +629,30 @@ class CloudBroker:
             out["swept"] = len(self.sweep())
         out["changed"] = out["cancelled"] + out["lost"]
         return out
+
+    def _silent_rank(self, job_id: str, attempt: int, now: datetime) -> bool:
+        """A running gang with a rank that has not reported ``running`` within ``cloud.start_deadline_s`` of the
+        instances' creation is requeued and torn down (its rank never started: the others would wait for it
+        at the rendezvous forever). Returns whether that happened."""
+        c = self.settings.cloud
+        with self.store.session() as s:
+            j = s.get(Job, job_id)
+            if j is None or j.attempt != attempt or j.state != S.running.value or j.dispatched_at is None:
+                return False
+            if (now - j.dispatched_at).total_seconds() <= c.start_deadline_s:
+                return False
+            silent = sorted(r.rank for r in s.execute(select(CloudInstance).where(
+                CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
+                CloudInstance.provider_instance_id.is_not(None), CloudInstance.state == "running",
+                CloudInstance.last_report_at.is_(None))).scalars())
+            if not silent:
+                return False
+            why = (f"rank(s) {silent} never reported running within {c.start_deadline_s:.0f} s "
+                   f"(they report to {self.settings.effective_report_url})")
+            self.mark_attempt(s, job_id, attempt, f"StartTimeout: {why}", now)
+            requeue_lost(s, j, now, why, "timed_out", max_attempts=self.settings.max_attempts)
+        self.teardown(job_id, attempt, "a rank of the gang never started")
+        return True
 
     def _gone_instance(self, placement: dict) -> tuple[str, bool, str] | None:
         """The first instance of a placement that is no longer up: ``(instance id, spot reclaimed?, state)``.

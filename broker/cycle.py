@@ -331,10 +331,12 @@ class PlanningCycle:
         pending: list[PendingJob] = []
         queued: dict[tuple[int, str], list[PendingJob]] = defaultdict(list)
         jobs: dict[str, Job] = {}
+        self._tag_only = tag_only = set()
         for j in waiting:
             pj = pending_job(j, pool_index, self.canon)
             if self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", ""))):
                 pj.regions = frozenset()  # cloud launches need the image pinned by digest: no cloud offer fits
+                tag_only.add(j.id)
             jobs[j.id] = j
             if pj.committed_pool is not None and pj.review_s > now_s:
                 queued[(pj.priority, pj.team)].append(pj)
@@ -362,6 +364,13 @@ class PlanningCycle:
                         healthy=[None] * len(pools))
         nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
         return snap, ctx, jobs, nodes_by_pool, used
+
+    def _tag_note(self, job_id: str) -> str:
+        """Why a job got no cloud offer, when its image is not pinned by digest."""
+        if job_id not in getattr(self, "_tag_only", ()):
+            return ""
+        return ("; cloud offers were not considered: cloud launches need the image pinned by digest "
+                "(image: repo@sha256:<64 hex>), so all ranks of a gang run the same bits")
 
     def _unprovisionable_cloud(self, ctx, j: Job, pj: PendingJob | None, k: int = 3) -> list[dict]:
         """The ``k`` best cloud offers for the job, costed from now, as infeasible explain alternatives
@@ -469,8 +478,9 @@ class PlanningCycle:
                 JobStore.bump(s, j.id, j.version, now, committed_pool=d.pool, review_at=review, decision=rec,
                               reason=why)
             elif kind == DecisionKind.reject:
-                JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, d.reason or "no pool or offer can hold it",
-                             now, decision=rec, finished_at=now)
+                JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value,
+                             (d.reason or "no pool or offer can hold it") + self._tag_note(j.id), now, decision=rec,
+                             finished_at=now)
         # jobs the planner left without a decision (nothing can hold them now): say why
         decided = {d.job_id for d in decisions}
         for jid, j in jobs.items():
@@ -478,6 +488,9 @@ class PlanningCycle:
                 continue
             why = ("no live pool can hold it now and no cloud provider is configured; "
                    "waiting for a node that fits (gpus_per_node, nodes, gpu_types, min_gpu_memory_gb)")
+            if self.cloud is not None:
+                why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
+                       "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
             if j.reason != why:
                 JobStore.bump(s, j.id, j.version, now, reason=why)
         return dispatched

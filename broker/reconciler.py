@@ -50,7 +50,9 @@ def checkpointed_work_s(spec: dict, ran_s: float, throughput: float = 1.0) -> fl
 def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost", max_attempts: int | None = None) -> bool:
     """Inside session ``s``: end the job's current attempt with ``outcome`` and put the job back
     in the queue (``running -> interrupted -> queued`` or ``starting -> queued``). A job that has
-    used ``max_attempts`` attempts fails instead. Returns whether applied."""
+    used ``max_attempts`` attempts fails instead (``None``: no limit). The work kept is counted from
+    the attempt's own start; the job's ``started_at`` is cleared (the next attempt sets it again).
+    Returns whether applied."""
     a = s.execute(select(Attempt).where(Attempt.job_id == j.id, Attempt.number == j.attempt)).scalar_one_or_none()
     if a is not None and a.ended_at is None:
         a.ended_at, a.outcome, a.reason = now, outcome, why
@@ -60,7 +62,8 @@ def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost", max_
         return JobStore.cas(s, j.id, version, state, S.failed.value,
                             f"gave up after {j.attempt} attempts; the last: {why}", now, finished_at=now)
     if state == S.running.value:
-        ran = (now - j.started_at).total_seconds() if j.started_at else 0.0
+        started = (a.started_at if a is not None and a.started_at else None) or j.started_at
+        ran = (now - started).total_seconds() if started else 0.0
         kept = checkpointed_work_s(j.spec, ran)
         if not JobStore.cas(s, j.id, version, S.running.value, S.interrupted.value, why, now,
                             work_done_s=(j.work_done_s or 0.0) + kept):
@@ -68,7 +71,7 @@ def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost", max_
         return JobStore.cas(s, j.id, version + 1, S.interrupted.value, S.queued.value,
                             f"requeued after interruption ({why}); {kept:.0f} s of work kept from checkpoints", now,
                             placement=None, stop_reason=None, dispatched_at=None, state_deadline_at=None,
-                            committed_pool=None, review_at=None)
+                            committed_pool=None, review_at=None, started_at=None)
     if state in (S.starting.value, S.provisioning.value):
         return JobStore.cas(s, j.id, version, state, S.queued.value, why, now, placement=None, stop_reason=None,
                             dispatched_at=None, state_deadline_at=None, committed_pool=None, review_at=None)
@@ -148,7 +151,10 @@ class Reconciler:
                     limit = (self.settings.provisioning_deadline_s if j.state == S.provisioning.value
                              else self.settings.cloud.start_deadline_s if cloud else self.settings.starting_deadline_s)
                     what = "its instances created" if j.state == S.provisioning.value else (
-                        "a running report from its instances" if cloud else "a running report from its node agents")
+                        f"a running report from its instances (they report to {self.settings.effective_report_url}:"
+                        " is it reachable from their subnets?)" if cloud else "a running report from its node agents")
+                    if cloud and j.state == S.starting.value and self.cloud is not None:
+                        self.cloud.mark_attempt(s, j.id, j.attempt, f"StartTimeout: no running report in {limit:.0f} s", now)
                     out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s without "
                                                      f"{what}", "timed_out", max_attempts=self.settings.max_attempts)
                 elif j.dispatched_at is not None and (

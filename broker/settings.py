@@ -11,7 +11,10 @@ Defaults run everything on one machine: SQLite under ``state_dir``, Redis on
 
 from __future__ import annotations
 
+import difflib
+import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from broker.planner import PlannerConfig
 
 __all__ = ["BrokerSettings", "AwsSettings", "AwsRegionSettings", "GcpSettings", "CloudSettings", "load_settings",
-           "SettingsError"]
+           "SettingsError", "DuplicateKeyError", "UniqueKeyLoader", "load_yaml", "aws_regions", "validation_message"]
 
 _S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
 _GS_URI = r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
@@ -30,6 +33,47 @@ _GS_URI = r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
 
 class SettingsError(ValueError):
     """The settings file or environment is invalid; the message names the key and value."""
+
+
+#: an AZ ID (``use1-az1``, ``usw2-lax1-az1``): the same physical zone in every account
+_AZ_ID = re.compile(r"^[a-z]{2,6}[0-9]+(-[a-z0-9]+)?-az[0-9]+$")
+
+
+@functools.lru_cache(maxsize=1)
+def aws_regions() -> tuple[frozenset[str], str]:
+    """Every AWS region botocore's bundled endpoint data knows (all partitions: ``aws``, ``aws-us-gov``,
+    ``aws-cn``, ...), offline; and botocore's version. An empty set if botocore is not installed."""
+    try:
+        import boto3
+        import botocore
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return frozenset(), ""
+    session = boto3.session.Session()
+    regions: set[str] = set()
+    for partition in session.get_available_partitions():
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(regions), botocore.__version__
+
+
+def _closest(word: str, choices) -> str | None:
+    """The choice closest to ``word`` (:func:`difflib.get_close_matches`); a tie goes to the longer common
+    prefix (``us-eest-1``: ``us-east-1`` rather than ``us-west-1``)."""
+    close = difflib.get_close_matches(word, sorted(choices), n=5)
+    if not close:
+        return None
+
+    def prefix(c: str) -> int:
+        return len(os.path.commonprefix([word, c]))
+
+    best = difflib.SequenceMatcher(None, word, close[0]).ratio()
+    tied = [c for c in close if difflib.SequenceMatcher(None, word, c).ratio() == best]
+    return max(tied, key=lambda c: (prefix(c), [-ord(ch) for ch in c]))
+
+
+def _zone_of_region(zone: str, region: str) -> bool:
+    """Whether ``zone`` is an availability zone NAME of ``region``: ``us-east-1a``, a Local Zone
+    (``us-west-2-lax-1a``) or a Wavelength Zone (``us-east-1-wl1-bos-wlz-1``)."""
+    return re.fullmatch(re.escape(region) + r"([a-z]|-[a-z]+-[0-9]+[a-z]|-wl[0-9]+-[a-z0-9]+-wlz-[0-9]+)", zone) is not None
 
 
 class AwsRegionSettings(BaseModel):
@@ -51,7 +95,18 @@ class AwsRegionSettings(BaseModel):
     security_group_id: str | None = Field(None, pattern=r"^sg-[0-9a-f]{8,17}$")
     placement_group_name: str | None = None
     instance_profile_name: str | None = None
-    launch_template_id: str | None = None  # informational: the adapter sets the same fields itself
+    launch_template_id: str | None = None  # RunInstances starts from it (root volume, encryption); our fields win
+
+    @field_validator("subnet_ids_by_az_id")
+    @classmethod
+    def _az_ids(cls, v: dict[str, str]) -> dict[str, str]:
+        for az_id in v:
+            if not _AZ_ID.match(az_id):
+                hint = ("that is a zone name: put it under subnet_ids_by_az"
+                        if re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]", az_id) else
+                        "AZ IDs look like use1-az1 or usw2-lax1-az1")
+                raise ValueError(f"subnet_ids_by_az_id: {az_id!r} is not an AZ ID ({hint})")
+        return v
 
 
 class AwsSettings(BaseModel):
@@ -66,6 +121,34 @@ class AwsSettings(BaseModel):
     endpoint_url: str | None = None
     key_name: str | None = None
     checkpoint_uri: str | None = Field(None, pattern=_S3_URI)
+
+    @field_validator("regions")
+    @classmethod
+    def _known_regions(cls, v: dict[str, AwsRegionSettings]) -> dict[str, AwsRegionSettings]:
+        known, version = aws_regions()
+        if not known:  # pragma: no cover - no botocore: nothing to check against
+            return v
+        for region in v:
+            if region in known:
+                continue
+            close = _closest(region, known)
+            hint = (f"did you mean {close!r}?" if close else
+                    f"botocore {version} knows {len(known)} regions; a region newer than it needs a newer boto3")
+            raise ValueError(f"regions: {region!r} is not an AWS region ({hint})")
+        return v
+
+    @model_validator(mode="after")
+    def _zones_of_their_region(self) -> "AwsSettings":
+        for region, rs in self.regions.items():
+            for zone in rs.subnet_ids_by_az:
+                if _zone_of_region(zone, region):
+                    continue
+                if _AZ_ID.match(zone):
+                    hint = "that is an AZ ID: put it under subnet_ids_by_az_id"
+                else:
+                    hint = f"zone names are the region and a letter, e.g. {region}a, or a Local Zone such as {region}-xyz-1a"
+                raise ValueError(f"regions.{region}.subnet_ids_by_az: {zone!r} is not a zone of {region} ({hint})")
+        return self
 
 
 class GcpSettings(BaseModel):
@@ -103,7 +186,10 @@ class CloudSettings(BaseModel):
             (lost instance, spot reclaimed without a report).
         sweep_interval_s: seconds between orphan sweeps (tagged instances with no live attempt).
         capacity_cooldown_s: an offer that failed with no capacity is not chosen again for this long.
-        quota_cooldown_s: likewise after a quota error (quota rarely frees up by itself).
+        capacity_cooldown_s also applies after a spot reclaim and a start timeout on the offer.
+        quota_cooldown_s: likewise after a quota error (quota rarely frees up by itself) or an unsupported option.
+        error_cooldown_s: likewise after any other provider error (an outage, throttling): provisioning backs
+            off instead of failing jobs (attempts that created nothing do not count against max_attempts).
         max_failover_options: options (zone -> type -> region -> provider) one attempt may try.
         notice_grace_s: seconds between SIGTERM and SIGKILL for a container on a cloud instance.
         checkpoint_sync_s: seconds between checkpoint uploads while a container runs.
@@ -119,6 +205,7 @@ class CloudSettings(BaseModel):
     sweep_interval_s: float = Field(300.0, gt=0)
     capacity_cooldown_s: float = Field(600.0, ge=0)
     quota_cooldown_s: float = Field(3600.0, ge=0)
+    error_cooldown_s: float = Field(120.0, ge=0)
     max_failover_options: int = Field(8, ge=1, le=100)
     notice_grace_s: int = Field(90, ge=0, le=600)
     checkpoint_sync_s: int = Field(300, ge=10)
@@ -234,8 +321,57 @@ class BrokerSettings(BaseSettings):
         return self.cloud.report_url or f"{self.effective_api_url.rstrip('/')}/v1/instances/report"
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping holds the same key twice (``path``: the keys of the mappings above it)."""
+
+    def __init__(self, key: Any, first_line: int, second_line: int, path: tuple = ()):
+        self.key, self.first_line, self.second_line, self.path = key, first_line, second_line, path
+        where = f" under {'.'.join(map(str, path))!r}" if path else ""
+        super().__init__(f"key {key!r}{where} appears twice (lines {first_line} and {second_line})")
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that raises :class:`DuplicateKeyError` on a mapping key given twice (plain
+    ``safe_load`` keeps the last one silently: two pasted ``settings-from-terraform`` outputs would drop a
+    provider). Merge keys (``<<: *anchor``) may still be overridden, as YAML intends."""
+
+    def construct_document(self, node):
+        self._check_unique(node, (), set())
+        return super().construct_document(node)
+
+    def _check_unique(self, node, path: tuple, seen_nodes: set) -> None:
+        if id(node) in seen_nodes:  # an alias: checked where the anchor is
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    self._check_unique(value_node, path, seen_nodes)
+                    continue
+                line = key_node.start_mark.line + 1
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = self.construct_object(key_node)
+                    if key in first:
+                        raise DuplicateKeyError(key, first[key], line, path)
+                    first[key] = line
+                else:  # a complex key (a list or mapping): only its own contents are checked
+                    key = "?"
+                    self._check_unique(key_node, path + (key,), seen_nodes)
+                self._check_unique(value_node, path + (key,), seen_nodes)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_unique(item, path + (i,), seen_nodes)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` on a key given twice in one mapping."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 class _YamlSource(PydanticBaseSettingsSource):
-    """Reads the YAML file named by ``FEDBROKER_CONFIG`` (a mapping of the fields above)."""
+    """Reads the YAML file named by ``FEDBROKER_CONFIG`` (a mapping of the fields above; a key given twice
+    is an error naming it and its lines)."""
 
     def get_field_value(self, field, field_name):  # pragma: no cover - __call__ does the work
         return None, field_name, False
@@ -246,14 +382,39 @@ class _YamlSource(PydanticBaseSettingsSource):
             return {}
         p = Path(path)
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = load_yaml(p.read_text()) or {}
         except OSError as e:
             raise SettingsError(f"FEDBROKER_CONFIG={path!r}: cannot read ({e.strerror or e})") from None
+        except DuplicateKeyError as e:
+            raise SettingsError(f"FEDBROKER_CONFIG={path!r}: {e}") from None
         except yaml.YAMLError as e:
             raise SettingsError(f"FEDBROKER_CONFIG={path!r}: not valid YAML ({e})") from None
         if not isinstance(data, dict):
             raise SettingsError(f"FEDBROKER_CONFIG={path!r}: must hold a mapping of settings, got {type(data).__name__}")
         return data
+
+
+#: a validator's own message that starts by naming a field path: "regions: ...", "regions.us-east-1.x: ...", "x=..."
+_OWN_MSG = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*(: |=)")
+
+
+def validation_message(e: ValidationError, prefix: str = "setting") -> str:
+    """One line for the first error of ``e``: ``setting <dotted key>=<value>: <why>``; a message of our own
+    validators, which names its field, gets the dotted path of the section in front instead of the value
+    (``setting aws.regions: 'us-eest-1' is not an AWS region (did you mean 'us-east-1'?)``)."""
+    err = e.errors()[0]
+    parts = [str(x) for x in err["loc"]]
+    loc = ".".join(parts)
+    msg = str(err["msg"])
+    own = msg.startswith("Value error, ")
+    msg = msg.removeprefix("Value error, ")
+    if not loc:  # a rule across fields: the message names them
+        return f"settings: {msg}"
+    if own and _OWN_MSG.match(msg):
+        head = re.split(r"[.:=]", msg, maxsplit=1)[0]
+        parent = parts[:-1] if head == parts[-1] else parts
+        return f"{prefix} {'.'.join(parent + [msg])}"
+    return f"{prefix} {loc}={err.get('input')!r}: {err['msg']}"
 
 
 def load_settings(config: str | Path | None = None, **overrides) -> BrokerSettings:
@@ -267,11 +428,7 @@ def load_settings(config: str | Path | None = None, **overrides) -> BrokerSettin
             os.environ["FEDBROKER_CONFIG"] = str(config)
         return BrokerSettings(**overrides)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        if not loc:  # a rule across fields: the message names them
-            raise SettingsError(f"settings: {err['msg'].removeprefix('Value error, ')}") from None
-        raise SettingsError(f"setting {loc}={err.get('input')!r}: {err['msg']}") from None
+        raise SettingsError(validation_message(e)) from None
     finally:
         if config is not None:
             if old is None:

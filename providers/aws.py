@@ -8,7 +8,8 @@ Launch (DESIGN.md §5)
     ``run_instances`` with ``MinCount = MaxCount = 1`` and ``ClientToken = req.token``: EC2 itself
     makes a retried create return the same instance. The instance and its volumes are tagged at
     creation (``req.tags`` + ``Name`` + ``fedbroker-token``), IMDSv2 is required
-    (``HttpTokens=required``, hop limit 1: containers cannot reach the instance role's credentials; the spot-notice watcher runs on the host),
+    (``HttpTokens=required``, hop limit 1: containers cannot reach the instance role's credentials; the spot-notice watcher runs on the host;
+    instance tags readable from IMDS),
     spot is ``one-time`` with ``terminate`` on interruption. Before ``run_instances`` the adapter
     looks the token up (``tag:fedbroker-token`` and ``tag:fedbroker-broker``, live states) and returns a live instance it finds: that is the
     "create (or find, by token)" of :meth:`Compute.launch`, it needs no ``client-token`` filter
@@ -167,6 +168,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         regions: regions ``list_managed`` / ``sweep`` look in; default: those named in
             ``ami_by_region``, ``security_group_by_region`` and ``subnet_by_zone``.
         quota_source: ``(region, quota_code) -> vCPU limit | None`` for :meth:`preflight`.
+        launch_template_by_region: launch template id per region; ``RunInstances`` starts from it (root
+            volume size, type and KMS encryption), every field set here overrides it.
         region_by_zone: region of each zone name or AZ ID (``use1-az1``); price catalogs (SkyPilot's)
             name zones by AZ ID, which is the same physical zone in every account, unlike ``us-east-1a``.
         placement_group_by_region: cluster placement group per region; instances of a gang of more
@@ -186,7 +189,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
                  quota_source: Callable[[str, str], float | None] | None = None,
                  placement_group_by_region: dict[str, str] | None = None,
                  instance_profile_by_region: dict[str, str] | None = None,
-                 region_by_zone: dict[str, str] | None = None):
+                 region_by_zone: dict[str, str] | None = None,
+                 launch_template_by_region: dict[str, str] | None = None):
         self._factory = region_clients
         self.endpoint_url = endpoint_url
         self.ami_by_region = dict(ami_by_region or {})
@@ -200,6 +204,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         self.instance_profile_by_region = dict(instance_profile_by_region or {})
         #: zone (name or AZ ID) -> region, for zones whose name does not start with the region (``use1-az1``)
         self.region_by_zone = dict(region_by_zone or {})
+        #: launch template per region (terraform/aws ``launch_template_id``): what RunInstances does not set
+        self.launch_template_by_region = dict(launch_template_by_region or {})
         if regions is None:
             found = set(self.ami_by_region) | set(self.security_group_by_region)
             found |= {self._zone_region(z, found) for z in self.subnet_by_zone}
@@ -256,7 +262,8 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
             "ClientToken": req.token,
             "Placement": ({"AvailabilityZoneId": req.zone} if AZ_ID_RE.match(req.zone)
                           else {"AvailabilityZone": req.zone}),
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1,
+                                "InstanceMetadataTags": "enabled"},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": _tags(tags)},
                                   {"ResourceType": "volume", "Tags": _tags(tags)}],
             "InstanceInitiatedShutdownBehavior": "terminate",
@@ -278,6 +285,9 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         if profile:
             key = "Arn" if profile.startswith("arn:") else "Name"
             params["IamInstanceProfile"] = {key: profile}
+        template = self.launch_template_by_region.get(region)
+        if template:  # root volume size/type/encryption (KMS) from terraform/aws; the fields above override it
+            params["LaunchTemplate"] = {"LaunchTemplateId": template}
         group = self.placement_group_by_region.get(region)
         if group and req.gang_size > 1:  # NCCL/EFA between the gang's nodes: one cluster placement group
             params["Placement"]["GroupName"] = group

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 __all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throttled", "InstanceRequest",
            "InstanceInfo", "Compute", "SupportsQuotaPreflight", "SupportsSweep", "FailoverHistory", "FailoverAttempt",
-           "idempotency_token", "as_uuid", "instance_tags", "MANAGED_TAG"]
+           "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG"]
 
 #: tag/label key on every instance the broker creates; its value is the broker id
 MANAGED_TAG = "fedbroker-broker"
@@ -163,21 +163,29 @@ class SupportsSweep:
         live_set = set(live)
         gone = []
         for inst in self.list_managed(broker_id):  # type: ignore[attr-defined]
-            key = (inst.tags.get("fedbroker-job", ""), int(inst.tags.get("fedbroker-attempt", "-1") or -1))
-            if key not in live_set:
+            key = (inst.tags.get("fedbroker-job", ""), attempt_of(inst.tags))
+            if key not in live_set:  # an unreadable attempt tag belongs to no live attempt: ours, and an orphan
                 self.terminate(inst.instance_id, inst.zone)  # type: ignore[attr-defined]
                 gone.append(inst)
         return gone
 
 
+def attempt_of(tags: dict[str, str]) -> int | None:
+    """The ``fedbroker-attempt`` tag as an int, ``None`` when missing or not a number (edited by hand)."""
+    raw = tags.get("fedbroker-attempt", "")
+    return int(raw) if raw.isdigit() else None
+
+
 @dataclass
 class FailoverAttempt:
-    """One option tried: the offer id, the error class and message (``None`` = it worked), when (UTC)."""
+    """One option tried: the offer id, the error class and message (``None`` = it worked), when (UTC), and
+    for which rank of the gang (``None`` when not given)."""
 
     option: str
     error: str | None
     message: str
     at: str
+    rank: int | None = None
 
 
 @dataclass
@@ -186,11 +194,13 @@ class FailoverHistory:
 
     attempts: list[FailoverAttempt] = field(default_factory=list)
 
-    def record(self, option: str, error: BaseException | None = None, at: datetime | None = None) -> None:
-        """Append one try of ``option``: ``error`` ``None`` means it worked; ``at`` defaults to now (UTC)."""
+    def record(self, option: str, error: BaseException | None = None, at: datetime | None = None,
+               rank: int | None = None) -> None:
+        """Append one try of ``option`` (for ``rank``): ``error`` ``None`` means it worked; ``at`` defaults to
+        now (UTC)."""
         at = (at or datetime.now(timezone.utc)).isoformat()
         self.attempts.append(FailoverAttempt(option, type(error).__name__ if error else None,
-                                             str(error) if error else "", at))
+                                             str(error) if error else "", at, rank))
 
     def tried(self) -> list[str]:
         """Offer ids tried, in order."""

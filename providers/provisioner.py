@@ -140,7 +140,7 @@ def provision_with_failover(
         compute = computes.get(opt.provider)
         if compute is None:
             history.record(opt.offer_id, Unsupported(f"no adapter for provider {opt.provider!r}", opt.offer_id,
-                                                     "NoAdapter"))
+                                                     "NoAdapter"), rank=rank)
             continue
         scope = quota_scope(opt, compute)
         if scope in blocked:
@@ -156,21 +156,21 @@ def provision_with_failover(
             info = _try_option(compute, req, history, record_intent, sleep, max_throttle_retries,
                                throttle_base_s, throttle_max_s)
         except QuotaExceeded as exc:
-            history.record(opt.offer_id, exc)
+            history.record(opt.offer_id, exc, rank=rank)
             blocked.add(scope)
             continue
         except (NoCapacity, Unsupported, Throttled) as exc:
-            history.record(opt.offer_id, exc)
+            history.record(opt.offer_id, exc, rank=rank)
             continue
         except ProviderError as exc:
-            history.record(opt.offer_id, exc)
+            history.record(opt.offer_id, exc, rank=rank)
             unknown += 1
             if unknown >= max_unknown_errors:
                 raise ProvisioningFailed(
                     f"{job_id} attempt {attempt} rank {rank}: {unknown} unknown provider errors, giving up "
                     f"(last: {exc})", history, skipped, code="TooManyErrors") from exc
             continue
-        history.record(opt.offer_id)
+        history.record(opt.offer_id, rank=rank)
         return original, info
     raise ProvisioningFailed(
         f"{job_id} attempt {attempt} rank {rank}: all {len(options)} options failed "
@@ -197,7 +197,7 @@ def _try_option(compute: Compute, req: InstanceRequest, history: FailoverHistory
         except Throttled as exc:
             if tries >= max_throttle_retries:
                 raise
-            history.record(req.offer_id, exc)
+            history.record(req.offer_id, exc, rank=req.rank)
             delay = exc.retry_after_s if exc.retry_after_s is not None else min(max_s, base_s * 2 ** tries)
             tries += 1
             sleep(delay)

@@ -326,7 +326,7 @@ class NodeAgent:
                     j = s.get(Job, key.job_id)
                     s.refresh(j)
                 if att.started_at is None:
-                    att.started_at = j.started_at or now
+                    att.started_at = now
                 failed = code is None or code != 0
                 if len(exits) < nranks:
                     if failed and not j.stop_reason and not j.cancel_requested:

@@ -463,6 +463,7 @@ def test_openapi_lists_paths(client):
     assert {"201", "401", "403", "409", "422"} <= set(doc["paths"]["/v1/schedules"]["post"]["responses"])
     post = doc["paths"]["/v1/jobs"]["post"]
     assert {"201", "200", "401", "403", "409", "422"} <= set(post["responses"])
+    assert {"401", "404", "415", "422"} <= set(doc["paths"]["/v1/instances/report"]["post"]["responses"])
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert client.get("/docs").status_code == 200
 

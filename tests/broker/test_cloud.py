@@ -45,7 +45,9 @@ OFFERS = [offer("us-east-1a"), offer("us-east-1b", price=1.0), offer("us-east-1c
 def net(moto_server):
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=moto_server)
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in ec2.describe_subnets()["Subnets"]}
+    default = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in default}
+    subnets.update({s["AvailabilityZoneId"]: s["SubnetId"] for s in default})
     return ami, subnets
 
 
@@ -55,8 +57,10 @@ def settings(moto_server, net, tmp_path):
     return load_settings(
         state_dir=tmp_path, cloud_providers=["aws"],
         aws={"endpoint_url": moto_server, "checkpoint_uri": "s3://ckpt-bucket/runs",
-             "regions": {REGION: {"ami_id": ami, "subnet_ids_by_az": {z: subnets[z] for z in
-                                                                     ("us-east-1a", "us-east-1b", "us-east-1c")}}}},
+             "regions": {REGION: {"ami_id": ami,
+                                  "subnet_ids_by_az": {z: subnets[z] for z in ("us-east-1a", "us-east-1b", "us-east-1c")},
+                                  # the catalog's zones are AZ IDs (the same zones here: a=az6, b=az1, c=az2)
+                                  "subnet_ids_by_az_id": {z: subnets[z] for z in ("use1-az6", "use1-az1", "use1-az2")}}}},
         cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report",
                "checkpoint_root": "/var/lib/fedbroker/checkpoints", "poll_interval_s": 1000})
 
@@ -196,10 +200,24 @@ def test_every_option_failing_requeues_the_job_with_the_history(pg_store, settin
     assert cb.provision(jid, 1) == "requeued"
     j = pg_store.get(jid)
     assert j.state == "queued" and j.placement is None
-    assert j.reason.startswith("cloud provisioning failed (aws:us-east-1a:p3.2xlarge:spot: NoCapacity; "
-                               "aws:us-east-1c:p3.2xlarge:spot: NoCapacity; aws:us-east-1b:p3.2xlarge:spot: NoCapacity; "
-                               "aws:us-east-1a:p3.2xlarge:on_demand: NoCapacity)")
-    assert [a.outcome for a in pg_store.attempts(jid)] == ["unprovisioned"]
+    msg = "We currently do not have sufficient p3.2xlarge capacity in us-east-1a"
+    assert j.reason == ("cloud provisioning failed: "
+                        f"aws:us-east-1a:p3.2xlarge:spot: NoCapacity ({msg}); "
+                        f"aws:us-east-1c:p3.2xlarge:spot: NoCapacity ({msg.replace('1a', '1c')}); "
+                        f"aws:us-east-1b:p3.2xlarge:spot: NoCapacity ({msg.replace('1a', '1b')}); "
+                        f"aws:us-east-1a:p3.2xlarge:on_demand: NoCapacity ({msg})")
+    assert [(a.outcome, [f["rank"] for f in a.failover]) for a in pg_store.attempts(jid)] == [("unprovisioned", [0] * 4)]
+    # every option tried now cools down: the planner will not pick them again for capacity_cooldown_s, and
+    # an attempt that created nothing does not count against max_attempts
+    with pg_store.session() as s:
+        assert cb.cooling_offers(s, utcnow()) == {o.offer_id for o in OFFERS[:3]} | {OFFERS[4].offer_id}
+    for attempt in range(2, settings.max_attempts + 3):
+        with pg_store.session() as s:
+            j = s.get(Job, jid)
+            assert JobStore.cas(s, jid, j.version, "queued", "provisioning", "again", utcnow(), attempt=attempt,
+                                placement={"kind": "cloud", "offer_id": OFFERS[0].offer_id, "provider": "aws"})
+        assert cb.provision(jid, attempt) == "requeued"
+    assert pg_store.get(jid).state == "queued"
 
 
 # ----------------------------------------------------------------------------- reports and teardown
@@ -392,3 +410,88 @@ def test_gcp_stockout_fails_over_and_a_preempted_vm_requeues_the_gang(pg_store, 
         assert j.state == "queued" and f"instance {n1['instance_id']} was reclaimed (spot interruption)" in j.reason
         assert fake.instance("us-central1-b", n0["instance_id"]) is None or \
             fake.instance("us-central1-b", n0["instance_id"])["status"] in ("STOPPING", "TERMINATED")
+
+
+def test_a_rank_that_never_reports_requeues_the_gang_and_cools_the_offer(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    cb.report(jid, 1, 0, "running")  # rank 1 never says a word (its user data failed before the container)
+    later = utcnow() + timedelta(seconds=settings.cloud.start_deadline_s + 1)
+    assert cb.watch(later)["changed"] == 0  # requeued by the silent-rank check, counted there
+    j = pg_store.get(jid)
+    assert j.state == "queued" and "rank(s) [1] never reported running within 1200 s" in j.reason
+    with pg_store.session() as s:
+        assert cb.cooling_offers(s, later) == {OFFERS[0].offer_id}
+        errors = {r.error.split(":")[0] for r in s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalars()}
+    assert errors == {"StartTimeout"}  # kept through the teardown
+    ec2 = ec2_of(settings)
+    assert {instance(ec2, n["instance_id"])["State"]["Name"] for n in pg_store.attempts(jid)[0].nodes} <= {
+        "shutting-down", "terminated"}
+
+
+def test_a_spot_reclaim_cools_the_offer_and_work_is_counted_per_attempt(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(nodes=1), OFFERS[0])
+    cb.provision(jid, 1)
+    t0 = utcnow()
+    cb.report(jid, 1, 0, "running", now=t0)
+    cb.report(jid, 1, 0, "notice", now=t0 + timedelta(seconds=700))
+    assert cb.report(jid, 1, 0, "exited", 143, now=t0 + timedelta(seconds=710)) == "requeued"
+    with pg_store.session() as s:
+        assert cb.cooling_offers(s, t0 + timedelta(seconds=710)) == {OFFERS[0].offer_id}
+        assert s.get(Job, jid).work_done_s == 600.0
+    # attempt 2 starts an hour later and is reclaimed after 650 s: 600 s more kept, counted from ITS start
+    with pg_store.session() as s:
+        j = s.get(Job, jid)
+        assert JobStore.cas(s, jid, j.version, "queued", "provisioning", "again", utcnow(), attempt=2,
+                            placement={"kind": "cloud", "offer_id": OFFERS[1].offer_id, "provider": "aws"})
+    cb.provision(jid, 2)
+    t1 = t0 + timedelta(hours=1)
+    cb.report(jid, 2, 0, "running", now=t1)
+    cb.report(jid, 2, 0, "exited", None, now=t1 + timedelta(seconds=650))
+    with pg_store.session() as s:
+        assert s.get(Job, jid).work_done_s == 1200.0
+    assert [(a.number, a.started_at) for a in pg_store.attempts(jid)] == [(1, t0), (2, t1)]
+
+
+def test_the_sweep_takes_an_instance_whose_attempt_tag_was_edited(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    ec2 = ec2_of(settings)
+    ami = settings.aws.regions[REGION].ami_id
+    bad = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p3.2xlarge", TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "fedbroker-broker", "Value": settings.cloud.broker_id},
+                                              {"Key": "fedbroker-job", "Value": "job-x"},
+                                              {"Key": "fedbroker-attempt", "Value": "garbage"}]}])["Instances"][0]
+    other = ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="p3.2xlarge", TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "fedbroker-broker", "Value": "another-broker"}]}])["Instances"][0]
+    assert [i.instance_id for i in cb.sweep()] == [bad["InstanceId"]]
+    assert instance(ec2, bad["InstanceId"])["State"]["Name"] in ("shutting-down", "terminated")
+    assert instance(ec2, other["InstanceId"])["State"]["Name"] == "running"
+    ec2.terminate_instances(InstanceIds=[other["InstanceId"]])
+
+
+# ----------------------------------------------------------------------------- the planning cycle with a cloud
+
+def test_the_planner_bursts_a_pinned_gang_and_says_why_a_tag_only_one_cannot_go(pg_store, settings):
+    from functools import partial
+
+    from broker.cloud import offer_allowed as allowed
+    from broker.cycle import PlanningCycle
+    from broker.live import LiveEnvironment
+
+    env = LiveEnvironment(settings.planner, None, settings.cloud_providers, offer_allowed=partial(allowed, settings))
+    cb = CloudBroker(pg_store, settings, offers=env.offers, computes={"aws": adapter(settings)})
+    sent = []
+    cyc = PlanningCycle(pg_store, env, settings, dispatch=lambda j, a: sent.append((j, a)), cloud=cb)
+    pg_store.heartbeat("n1", "local", "V100", 4, 16.0, [0, 1, 2, 3], "agent-1")  # one node: no 2-node gang fits
+    pinned = pg_store.submit("ml", spec())[0].id
+    tagged = pg_store.submit("ml", spec(image="ghcr.io/fedbroker/nccl-train:latest"))[0].id
+    cyc.run()
+    j = pg_store.get(pinned)
+    assert j.state == "provisioning" and j.placement["provider"] == "aws" and sent == [(pinned, 1)]
+    assert offer_allowed(settings, next(o for o in env.offers if o.offer_id == j.placement["offer_id"]))
+    t = pg_store.get(tagged)
+    assert t.state == "failed" and t.reason.endswith(
+        "; cloud offers were not considered: cloud launches need the image pinned by digest "
+        "(image: repo@sha256:<64 hex>), so all ranks of a gang run the same bits")

@@ -273,7 +273,8 @@ def test_run_instances_parameters_are_exact(stubbed):
         "State": {"Name": "pending"}, "PrivateIpAddress": "10.0.0.5", "InstanceLifecycle": "spot", "Tags": tags}]}, {
         "MinCount": 1, "MaxCount": 1, "InstanceType": "g5.xlarge", "ImageId": "ami-12345678",
         "UserData": ANY, "ClientToken": req.token, "Placement": {"AvailabilityZone": "us-east-1b"},
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1,
+                            "InstanceMetadataTags": "enabled"},
         "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}, {"ResourceType": "volume", "Tags": tags}],
         "InstanceInitiatedShutdownBehavior": "terminate",
         "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": {
@@ -393,3 +394,18 @@ def test_a_zone_named_by_az_id_launches_in_its_subnet(endpoint, ami, ec2):
     assert aws.region_of("use1-az1") == REGION
     assert aws.describe(info.instance_id, "use1-az1").instance_id == info.instance_id
     aws.terminate(info.instance_id, "use1-az1")
+
+
+def test_launch_starts_from_the_regions_launch_template_and_exposes_tags_in_imds(endpoint, ami, ec2):
+    lt = ec2.create_launch_template(LaunchTemplateName=f"fb-{BROKER}", LaunchTemplateData={
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": 200, "VolumeType": "gp3",
+                                                                   "Encrypted": True}}]})["LaunchTemplate"]
+    aws = AwsCompute(endpoint_url=endpoint, ami_by_region={REGION: ami}, quota_source=lambda r, c: None,
+                     launch_template_by_region={REGION: lt["LaunchTemplateId"]})
+    info = aws.launch(make_req())
+    got = ec2.describe_instances(InstanceIds=[info.instance_id])["Reservations"][0]["Instances"][0]
+    tags = {t["Key"]: t["Value"] for t in got["Tags"]}
+    assert tags["aws:ec2launchtemplate:id"] == lt["LaunchTemplateId"]  # created from the template
+    assert tags["fedbroker-rank"] == "0" and got["InstanceType"] == "g5.xlarge"  # our fields win
+    assert (got["MetadataOptions"]["HttpTokens"], got["MetadataOptions"]["InstanceMetadataTags"]) == ("required", "enabled")
+    aws.terminate(info.instance_id, "us-east-1b")
