@@ -3,7 +3,8 @@
 Precedence (highest first): keyword arguments, environment variables
 ``FEDBROKER_<FIELD>`` (nested with ``__``, e.g. ``FEDBROKER_PLANNER__POLICY=backfill``),
 the YAML file named by ``FEDBROKER_CONFIG`` (or passed to :func:`load_settings`),
-then the defaults below. Unknown keys in the file are errors naming the key.
+then the defaults below. Unknown keys in the file are errors naming the key, and so is a key given twice in
+one mapping (with both lines).
 
 Defaults run everything on one machine: SQLite under ``state_dir``, Redis on
 127.0.0.1:6379, the API on 127.0.0.1:8600, the planner every 2 s.
@@ -73,7 +74,8 @@ def _closest(word: str, choices) -> str | None:
 def _zone_of_region(zone: str, region: str) -> bool:
     """Whether ``zone`` is an availability zone NAME of ``region``: ``us-east-1a``, a Local Zone
     (``us-west-2-lax-1a``) or a Wavelength Zone (``us-east-1-wl1-bos-wlz-1``)."""
-    return re.fullmatch(re.escape(region) + r"([a-z]|-[a-z]+-[0-9]+[a-z]|-wl[0-9]+-[a-z0-9]+-wlz-[0-9]+)", zone) is not None
+    suffix = r"([a-z]|-[a-z]+-[0-9]+[a-z]|-wl[0-9]+-[a-z0-9]+-wlz-[0-9]+)"
+    return re.fullmatch(re.escape(region) + suffix, zone) is not None
 
 
 class AwsRegionSettings(BaseModel):
@@ -113,7 +115,10 @@ class AwsSettings(BaseModel):
     """AWS burst settings: ``regions`` (region -> :class:`AwsRegionSettings`, from ``terraform output -json``),
     ``endpoint_url`` (an EC2-compatible endpoint; ``None`` = AWS), ``key_name`` (SSH key pair, optional),
     ``checkpoint_uri`` (``s3://bucket/prefix``: job checkpoints survive instances there; ``None`` = checkpoints
-    stay on the instance and a requeued job restarts from scratch)."""
+    stay on the instance and a requeued job restarts from scratch).
+
+    Region keys must be regions botocore knows (offline endpoint data, every partition); every key of a
+    region's ``subnet_ids_by_az`` must be a zone name of that region (``us-east-1a``, ``us-west-2-lax-1a``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -146,7 +151,8 @@ class AwsSettings(BaseModel):
                 if _AZ_ID.match(zone):
                     hint = "that is an AZ ID: put it under subnet_ids_by_az_id"
                 else:
-                    hint = f"zone names are the region and a letter, e.g. {region}a, or a Local Zone such as {region}-xyz-1a"
+                    hint = (f"zone names are the region and a letter, e.g. {region}a, or a Local Zone such as "
+                            f"{region}-xyz-1a")
                 raise ValueError(f"regions.{region}.subnet_ids_by_az: {zone!r} is not a zone of {region} ({hint})")
         return self
 

@@ -209,10 +209,11 @@ def test_sweep_dry_run_lists_orphans_and_terminates_nothing(moto_server, tmp_pat
     live = _submit_cloud_job(store)
 
     def launch(tags: dict) -> str:
-        return ec2.run_instances(ImageId=ami, InstanceType="p3.2xlarge", MinCount=1, MaxCount=1,
+        made = ec2.run_instances(ImageId=ami, InstanceType="p3.2xlarge", MinCount=1, MaxCount=1,
                                  SubnetId=subnets["us-east-1a"], TagSpecifications=[{
                                      "ResourceType": "instance",
-                                     "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}])["Instances"][0]["InstanceId"]
+                                     "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}])
+        return made["Instances"][0]["InstanceId"]
 
     keep = launch(instance_tags(live, 1, 0, "ml", broker_id))  # the live attempt: not an orphan
     stale = launch(instance_tags(live, 0, 0, "ml", broker_id))  # an earlier attempt of the live job
@@ -269,7 +270,7 @@ def test_cancel_and_explain_of_a_cloud_job(sqlite_store, monkeypatch):
         r = CliRunner().invoke(app, ["explain", jid], env=env)
         assert r.exit_code == 0, r.output
         rows = [" ".join(line.split()) for line in r.output.splitlines()]
-        assert "│ # │ at │ option │ rank │ result │" in rows
+        assert "┃ # ┃ at ┃ option ┃ rank ┃ result ┃" in rows
         assert ("│ 1 │ 2030-01-01T00:00:00 │ aws:us-east-1a:p3.2xlarge:spot │ - │ NoCapacity: no p3.2xlarge in "
                 "us-east-1a │") in rows
         assert "│ 1 │ 2030-01-01T00:00:05 │ aws:us-east-1b:p3.2xlarge:spot │ 0 │ created │" in rows

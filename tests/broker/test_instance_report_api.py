@@ -54,7 +54,8 @@ def test_a_good_report_reaches_the_cloud_broker(client, cloud):
     assert _post(client).json() == {"outcome": "running"}
     r = _post(client, event="exited", exit_code="-9", rank="1")
     assert r.status_code == 200, r.text
-    assert cloud.reports == [("job-0123456789abcdef", 2, 0, "running", None), ("job-0123456789abcdef", 2, 1, "exited", -9)]
+    assert cloud.reports == [("job-0123456789abcdef", 2, 0, "running", None),
+                             ("job-0123456789abcdef", 2, 1, "exited", -9)]
 
 
 def test_an_unknown_event_is_named_once(client, cloud):

@@ -55,7 +55,8 @@ def test_the_file_otherwise_loads_as_before(tmp_path):
     f.write_text(EAST + "cloud:\n  <<: {poll_interval_s: 10, sweep_interval_s: 20}\n  poll_interval_s: 5\n"
                  "planner: {}\n")
     st = load_settings(f)
-    assert st.cloud_providers == ("aws",) and st.aws.regions["us-east-1"].subnet_ids_by_az == {"us-east-1a": "subnet-0aa"}
+    assert st.cloud_providers == ("aws",)
+    assert st.aws.regions["us-east-1"].subnet_ids_by_az == {"us-east-1a": "subnet-0aa"}
     assert (st.cloud.poll_interval_s, st.cloud.sweep_interval_s) == (5, 20)
     f.write_text("- a list\n")
     with pytest.raises(SettingsError, match="must hold a mapping of settings, got list"):
@@ -83,7 +84,8 @@ def test_a_mistyped_region_is_an_error_with_the_closest_region():
 
 
 def test_regions_of_every_partition_are_known():
-    st = load_settings(aws={"regions": {r: _aws(r)["regions"][r] for r in ("eu-west-1", "us-gov-west-1", "cn-north-1")}})
+    regions = ("eu-west-1", "us-gov-west-1", "cn-north-1")
+    st = load_settings(aws={"regions": {r: _aws(r)["regions"][r] for r in regions}})
     assert sorted(st.aws.regions) == ["cn-north-1", "eu-west-1", "us-gov-west-1"]
 
 
@@ -101,7 +103,8 @@ def test_subnet_zones_must_be_zones_of_their_region():
     with pytest.raises(SettingsError) as e:  # a zone of a region whose name the other starts with
         load_settings(aws=_aws("us-east-1", subnet_ids_by_az={"us-east-11a": "subnet-0aa"}))
     assert "'us-east-11a' is not a zone of us-east-1" in str(e.value)
-    ok = load_settings(aws=_aws("us-west-2", subnet_ids_by_az={"us-west-2b": "subnet-0aa", "us-west-2-lax-1a": "subnet-0bb"},
+    ok = load_settings(aws=_aws("us-west-2",
+                                subnet_ids_by_az={"us-west-2b": "subnet-0aa", "us-west-2-lax-1a": "subnet-0bb"},
                                 subnet_ids_by_az_id={"usw2-az2": "subnet-0aa", "usw2-lax1-az1": "subnet-0bb"}))
     assert sorted(ok.aws.regions["us-west-2"].subnet_ids_by_az) == ["us-west-2-lax-1a", "us-west-2b"]
 
