@@ -64,6 +64,8 @@ LIVE_ROW_STATES = ("intent", "running", "terminating")
 CLOUD_ACTIVE_STATES = (S.provisioning.value, S.starting.value, S.running.value)
 #: bytes of an instance's exit report log tail kept
 LOG_TAIL_MAX = 65536
+#: seconds after its creation during which an instance the provider does not find is not taken as gone
+NOT_FOUND_GRACE_S = 120.0
 
 
 class ReportError(ValueError):
@@ -581,35 +583,42 @@ class CloudBroker:
 
     def watch(self, now: datetime | None = None, force: bool = False) -> dict:
         """One reconciler step for cloud attempts (see the module docstring). ``force`` ignores the poll and
-        sweep intervals. Returns counts: ``cancelled``, ``lost`` (attempts requeued because an instance is gone),
-        ``stale_terminated`` (instances of dead attempts), ``swept`` (orphans), ``changed``."""
+        sweep intervals. Returns counts: ``cancelled``, ``lost`` (attempts requeued because an instance is gone
+        or a rank never reported), ``stale_terminated`` (instances of dead attempts), ``swept`` (orphans),
+        ``changed``, and ``listed`` (provider list calls made to poll the attempts' instances).
+
+        Cost per pass: a few database queries whatever the number of jobs; per provider due for a poll, ONE
+        listing of this broker's instances (``list_managed``: paginated ``DescribeInstances`` with a tag filter,
+        a GCE aggregated list), then a ``describe`` only for an instance missing from it (to tell a spot
+        reclaim from a loss). Polling each instance on its own would make 1000s of calls a minute at scale,
+        and the clouds throttle that."""
         now = now or utcnow()
         c = self.settings.cloud
-        out = {"cancelled": 0, "lost": 0, "stale_terminated": 0, "swept": 0}
+        out = {"cancelled": 0, "lost": 0, "stale_terminated": 0, "swept": 0, "listed": 0}
         mono = time.monotonic()
         with self.store.session() as s:
-            jobs = [(j.id, j.attempt, j.state, j.cancel_requested, dict(j.placement or {})) for j in s.execute(
-                select(Job).where(Job.state.in_([S.starting.value, S.running.value]))).scalars()
-                if (j.placement or {}).get("kind") == "cloud"]
-        for job_id, attempt, state, cancel, pl in jobs:
+            jobs = [(j.id, j.attempt, j.state, j.cancel_requested, dict(j.placement or {}), j.dispatched_at)
+                    for j in s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value])))
+                    .scalars() if (j.placement or {}).get("kind") == "cloud"]
+            silent = self._silent_ranks(s, now)
+        due: list[tuple[str, int, dict, datetime | None]] = []
+        for job_id, attempt, state, cancel, pl, dispatched in jobs:
             if cancel:
-                with self.store.session() as s:
-                    j = s.get(Job, job_id)
-                    if j is not None and j.attempt == attempt and j.state == state:
-                        att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-                                        ).scalar_one_or_none()
-                        if att is not None and att.ended_at is None:
-                            att.ended_at, att.outcome, att.reason = now, "cancelled", "cancelled by user"
-                        out["cancelled"] += JobStore.cas(s, j.id, j.version, state, S.cancelled.value,
-                                                         "cancelled by user; instances terminated", now, finished_at=now)
-                self.teardown(job_id, attempt, "the job was cancelled")
+                out["cancelled"] += self._cancel(job_id, attempt, state, now)
                 continue
-            if state == S.running.value and self._silent_rank(job_id, attempt, now):
+            if (job_id, attempt) in silent:
+                out["lost"] += self._requeue_silent(job_id, attempt, silent[(job_id, attempt)], now)
                 continue
-            if not force and mono - self._last_poll.get(job_id, float("-inf")) < c.poll_interval_s:
-                continue
-            self._last_poll[job_id] = mono
-            gone = self._gone_instance(pl)
+            if force or mono - self._last_poll.get(job_id, float("-inf")) >= c.poll_interval_s:
+                self._last_poll[job_id] = mono
+                due.append((job_id, attempt, pl, dispatched))
+        listings: dict[str, dict[str, InstanceInfo] | None] = {}
+        for job_id, attempt, pl, dispatched in due:
+            provider = pl.get("provider", "")
+            if provider not in listings:
+                listings[provider] = self._listing(provider)
+                out["listed"] += listings[provider] is not None
+            gone = self._gone_instance(pl, listings[provider], now, dispatched)
             if gone is None:
                 continue
             with self.store.session() as s:
@@ -623,6 +632,9 @@ class CloudBroker:
                     out["lost"] += requeue_lost(s, j, now, why, "interrupted",
                                                 max_attempts=None if spot else self.settings.max_attempts)
             self.teardown(job_id, attempt, "another instance of the gang is gone")
+        live = {j[0] for j in jobs}
+        for job_id in [k for k in self._last_poll if k not in live]:
+            del self._last_poll[job_id]
         out["stale_terminated"] = self._terminate_dead_rows()
         if force or mono - self._last_sweep >= c.sweep_interval_s:
             self._last_sweep = mono
@@ -630,57 +642,105 @@ class CloudBroker:
         out["changed"] = out["cancelled"] + out["lost"]
         return out
 
-    def _silent_rank(self, job_id: str, attempt: int, now: datetime) -> bool:
-        """A running gang with a rank that has not reported ``running`` within ``cloud.start_deadline_s`` of the
-        instances' creation is requeued and torn down (its rank never started: the others would wait for it
-        at the rendezvous forever). Returns whether that happened."""
-        c = self.settings.cloud
+    def _cancel(self, job_id: str, attempt: int, state: str, now: datetime) -> int:
+        """A cancel requested on a starting/running cloud job: cancelled, instances terminated."""
+        n = 0
         with self.store.session() as s:
             j = s.get(Job, job_id)
-            if j is None or j.attempt != attempt or j.state != S.running.value or j.dispatched_at is None:
-                return False
-            if (now - j.dispatched_at).total_seconds() <= c.start_deadline_s:
-                return False
-            silent = sorted(r.rank for r in s.execute(select(CloudInstance).where(
-                CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
-                CloudInstance.provider_instance_id.is_not(None), CloudInstance.state == "running",
-                CloudInstance.last_report_at.is_(None))).scalars())
-            if not silent:
-                return False
-            why = (f"rank(s) {silent} never reported running within {c.start_deadline_s:.0f} s "
-                   f"(they report to {self.settings.effective_report_url})")
-            self.mark_attempt(s, job_id, attempt, f"StartTimeout: {why}", now)
-            requeue_lost(s, j, now, why, "timed_out", max_attempts=self.settings.max_attempts)
-        self.teardown(job_id, attempt, "a rank of the gang never started")
-        return True
+            if j is not None and j.attempt == attempt and j.state == state:
+                att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
+                                ).scalar_one_or_none()
+                if att is not None and att.ended_at is None:
+                    att.ended_at, att.outcome, att.reason = now, "cancelled", "cancelled by user"
+                n = JobStore.cas(s, j.id, j.version, state, S.cancelled.value, "cancelled by user; instances terminated",
+                                 now, finished_at=now)
+        self.teardown(job_id, attempt, "the job was cancelled")
+        return n
 
-    def _gone_instance(self, placement: dict) -> tuple[str, bool, str] | None:
+    def _silent_ranks(self, s, now: datetime) -> dict[tuple[str, int], list[int]]:
+        """``(job, attempt) -> ranks`` of running cloud gangs whose instances were created more than
+        ``cloud.start_deadline_s`` ago and that have a rank that never reported (one query)."""
+        cutoff = now - timedelta(seconds=self.settings.cloud.start_deadline_s)
+        out: dict[tuple[str, int], list[int]] = {}
+        rows = s.execute(select(CloudInstance.job_id, CloudInstance.attempt, CloudInstance.rank)
+                         .join(Job, (Job.id == CloudInstance.job_id) & (Job.attempt == CloudInstance.attempt))
+                         .where(Job.state == S.running.value, Job.dispatched_at < cutoff,
+                                CloudInstance.state == "running", CloudInstance.provider_instance_id.is_not(None),
+                                CloudInstance.last_report_at.is_(None)))
+        for job_id, attempt, rank in rows:
+            out.setdefault((job_id, attempt), []).append(rank)
+        return {k: sorted(v) for k, v in out.items()}
+
+    def _requeue_silent(self, job_id: str, attempt: int, ranks: list[int], now: datetime) -> int:
+        """Requeue a gang a rank of which never started (the others would wait at the rendezvous forever)."""
+        c = self.settings.cloud
+        why = (f"rank(s) {ranks} never reported running within {c.start_deadline_s:.0f} s "
+               f"(they report to {self.settings.effective_report_url})")
+        n = 0
+        with self.store.session() as s:
+            j = s.get(Job, job_id)
+            if j is not None and j.attempt == attempt and j.state == S.running.value:
+                self.mark_attempt(s, job_id, attempt, f"StartTimeout: {why}", now)
+                n = requeue_lost(s, j, now, why, "timed_out", max_attempts=self.settings.max_attempts)
+        self.teardown(job_id, attempt, "a rank of the gang never started")
+        return n
+
+    def _listing(self, provider: str) -> dict[str, InstanceInfo] | None:
+        """This broker's live instances on ``provider`` by id (one list call), ``None`` if it failed."""
+        compute = self.computes.get(provider)
+        if compute is None:
+            return None
+        try:
+            return {i.instance_id: i for i in compute.list_managed(self.settings.cloud.broker_id)}
+        except ProviderError as exc:
+            log.warning("listing %s instances failed (%s); describing one by one this pass", provider, exc)
+            return None
+
+    def _gone_instance(self, placement: dict, listing: dict[str, InstanceInfo] | None = None,
+                       now: datetime | None = None, created: datetime | None = None) -> tuple[str, bool, str] | None:
         """The first instance of a placement that is no longer up: ``(instance id, spot reclaimed?, state)``.
 
-        Spot reclaimed: the provider says so where it can (GCE: a ``compute.instances.preempted`` operation,
+        ``listing`` (this broker's live instances, by id) answers for every instance in it; only one missing
+        from it is described. An instance not found within ``NOT_FOUND_GRACE_S`` of its creation is not taken
+        as gone (EC2's describe calls are eventually consistent right after a launch). Spot reclaimed: the
+        provider says so where it can (GCE: a ``compute.instances.preempted`` operation,
         ``GcpCompute.preempted``); otherwise a spot instance that is gone is taken as reclaimed."""
         compute = self.computes.get(placement.get("provider", ""))
         if compute is None:
             return None
         for part in placement.get("nodes", []):
-            try:
-                state = compute.describe(part["instance_id"], part["zone"]).state
-            except ProviderError as exc:
-                if exc.code != "NotFound":
-                    log.warning("describe %s failed: %s", part["instance_id"], exc)
-                    continue
-                state = "not found"
+            seen = listing.get(part["instance_id"]) if listing is not None else None
+            if seen is not None:
+                state = seen.state
+            else:
+                try:
+                    state = compute.describe(part["instance_id"], part["zone"]).state
+                except ProviderError as exc:
+                    if exc.code != "NotFound":
+                        log.warning("describe %s failed: %s", part["instance_id"], exc)
+                        continue
+                    young = now is not None and created is not None and (now - created).total_seconds() < NOT_FOUND_GRACE_S
+                    if young and not self._preempted(compute, placement, part):
+                        continue
+                    state = "not found"
             if state not in ("stopping", "stopped", "terminated", "not found"):
                 continue
             spot = placement.get("market") == "spot"
-            asked = getattr(compute, "preempted", None)
-            if spot and callable(asked):
-                try:
-                    spot = bool(asked(part["instance_id"], part["zone"]))
-                except ProviderError:
-                    pass
+            if spot and callable(getattr(compute, "preempted", None)):
+                spot = self._preempted(compute, placement, part)
             return part["instance_id"], spot, state
         return None
+
+    @staticmethod
+    def _preempted(compute: Compute, placement: dict, part: dict) -> bool:
+        """Whether the provider says it preempted this spot instance (``False`` when it cannot tell)."""
+        asked = getattr(compute, "preempted", None)
+        if placement.get("market") != "spot" or not callable(asked):
+            return False
+        try:
+            return bool(asked(part["instance_id"], part["zone"]))
+        except ProviderError:
+            return False
 
     def _terminate_dead_rows(self) -> int:
         """Terminate instances whose rows are live but whose attempt is not (a lost teardown request)."""

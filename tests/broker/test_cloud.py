@@ -418,7 +418,8 @@ def test_a_rank_that_never_reports_requeues_the_gang_and_cools_the_offer(pg_stor
     cb.provision(jid, 1)
     cb.report(jid, 1, 0, "running")  # rank 1 never says a word (its user data failed before the container)
     later = utcnow() + timedelta(seconds=settings.cloud.start_deadline_s + 1)
-    assert cb.watch(later)["changed"] == 0  # requeued by the silent-rank check, counted there
+    out = cb.watch(later)
+    assert (out["lost"], out["changed"]) == (1, 1)
     j = pg_store.get(jid)
     assert j.state == "queued" and "rank(s) [1] never reported running within 1200 s" in j.reason
     with pg_store.session() as s:
@@ -495,3 +496,39 @@ def test_the_planner_bursts_a_pinned_gang_and_says_why_a_tag_only_one_cannot_go(
     assert t.state == "failed" and t.reason.endswith(
         "; cloud offers were not considered: cloud launches need the image pinned by digest "
         "(image: repo@sha256:<64 hex>), so all ranks of a gang run the same bits")
+
+
+class Counting(AwsCompute):
+    """The real adapter, counting the provider calls the watch makes."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls: dict[str, int] = {"list_managed": 0, "describe": 0}
+
+    def list_managed(self, broker_id):
+        self.calls["list_managed"] += 1
+        return super().list_managed(broker_id)
+
+    def describe(self, instance_id, zone):
+        self.calls["describe"] += 1
+        return super().describe(instance_id, zone)
+
+
+def test_one_listing_polls_every_cloud_attempt(pg_store, settings):
+    compute = adapter(settings, Counting)
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": compute})
+    ids = []
+    for _ in range(5):
+        jid = place(pg_store, spec(), OFFERS[0])
+        cb.provision(jid, 1)
+        cb.report(jid, 1, 0, "running")
+        ids.append(jid)
+    out = cb.watch(force=True)
+    # 5 gangs, 10 instances: one DescribeInstances listing (plus the sweep's), no describe per instance
+    assert (out["listed"], out["lost"], compute.calls["describe"]) == (1, 0, 0)
+    assert compute.calls["list_managed"] == 2  # the poll's listing and the sweep's
+    victim = pg_store.get(ids[2]).placement["nodes"][0]["instance_id"]
+    ec2_of(settings).terminate_instances(InstanceIds=[victim])
+    out = cb.watch(force=True)
+    assert out["lost"] == 1 and compute.calls["describe"] == 1  # only the missing one is described
+    assert [pg_store.get(j).state for j in ids] == ["running", "running", "queued", "running", "running"]
