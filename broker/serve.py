@@ -96,7 +96,8 @@ def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Opti
     wanted = [q.strip() for q in queues.split(",") if q.strip()]
     bad = [q for q in wanted if q not in ("planning", "dispatch", "provisioning")]
     if not wanted or bad:
-        typer.echo(f"error: --queues={queues!r}: {bad or 'empty'}: use planning, dispatch and/or provisioning", err=True)
+        what = f"unknown queue(s) {', '.join(bad)}" if bad else "no queue given"
+        typer.echo(f"error: --queues={queues!r}: {what}; use planning, dispatch and/or provisioning", err=True)
         raise typer.Exit(2)
     from broker.celery_app import get_app
 
