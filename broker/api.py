@@ -98,8 +98,10 @@ def _short(value: Any, limit: int = 200) -> str:
 
 #: the integer form fields of an instance report, digits only (``int()`` would also take " 2", "+2", "2_0");
 #: an exit code may be negative (a signal)
-_UINT = re.compile(r"[0-9]+", re.ASCII)
-_INT = re.compile(r"-?[0-9]+", re.ASCII)
+_UINT = re.compile(r"[0-9]{1,19}", re.ASCII)
+_INT = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+#: exit codes, attempts and ranks are stored as 32-bit integers
+_INT32_MAX = 2**31 - 1
 
 #: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
 _OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
@@ -441,13 +443,13 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise _unprocessable(name, raw, "field required")
             if pattern is None:
                 fields[name] = raw
-            elif not pattern.fullmatch(raw):
-                raise _unprocessable(name, raw, "must be an integer")
+            elif not pattern.fullmatch(raw) or int(raw) > _INT32_MAX:
+                raise _unprocessable(name, raw, f"must be an integer in [0, {_INT32_MAX}]")
             else:
                 fields[name] = int(raw)
         code_raw = form.get("exit_code", "")
-        if code_raw and not _INT.fullmatch(code_raw):
-            raise _unprocessable("exit_code", code_raw, "must be an integer or empty")
+        if code_raw and (not _INT.fullmatch(code_raw) or not -_INT32_MAX - 1 <= int(code_raw) <= _INT32_MAX):
+            raise _unprocessable("exit_code", code_raw, f"must be empty or an integer in [{-_INT32_MAX - 1}, {_INT32_MAX}]")
         code = int(code_raw) if code_raw else None
 
         def take() -> str:

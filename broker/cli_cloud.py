@@ -263,11 +263,14 @@ def sweep_cmd(config: Optional[Path] = ConfigOpt,
         if errors:
             raise typer.Exit(1)
         return
+    import logging
+
+    logging.getLogger("fedbroker.cloud").setLevel(logging.ERROR)  # each orphan is printed below, once
     with _database(st):
         gone = cb.sweep()
     for inst in gone:
-        typer.echo(f"terminated {inst.provider}/{inst.instance_id} (job {inst.tags.get('fedbroker-job')} "
-                   f"attempt {inst.tags.get('fedbroker-attempt')})")
+        typer.echo(f"terminated {inst.provider}/{inst.instance_id} in {inst.zone} (job "
+                   f"{inst.tags.get('fedbroker-job', '-')} attempt {inst.tags.get('fedbroker-attempt', '-')})")
     typer.echo(f"{len(gone)} orphan instance(s) terminated")
 
 

@@ -459,7 +459,6 @@ class CloudBroker:
                     CloudInstance.provider_instance_id.is_not(None)).order_by(CloudInstance.id.desc())).scalars().first()
                 if row is None:
                     raise ReportError(404, f"no instance of job {job_id} attempt {attempt} rank {rank}")
-                row.last_report_at, row.last_event = now, event
                 j = s.get(Job, job_id)
                 att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
                                 .with_for_update()).scalar_one_or_none()
@@ -467,8 +466,12 @@ class CloudBroker:
                     raise ReportError(404, f"no attempt {attempt} of job {job_id}")
                 where = f"rank {rank} on {row.provider}/{row.provider_instance_id}"
                 if j.attempt != attempt or j.state not in (S.starting.value, S.running.value):
-                    ended = True
+                    ended = True  # a stale report changes nothing, but its instance must go
                     out = "stale"
+                    break
+                row.last_report_at, row.last_event = now, event
+                if event == "notice" and (j.placement or {}).get("market") != "spot":
+                    out = "ignored: a notice from an instance that is not spot"
                     break
                 if j.state == S.starting.value and event in ("running", "exited"):
                     if not JobStore.cas(s, j.id, j.version, S.starting.value, S.running.value, f"running ({where})",

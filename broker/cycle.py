@@ -478,8 +478,11 @@ class PlanningCycle:
                 JobStore.bump(s, j.id, j.version, now, committed_pool=d.pool, review_at=review, decision=rec,
                               reason=why)
             elif kind == DecisionKind.reject:
-                JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value,
-                             (d.reason or "no pool or offer can hold it") + self._tag_note(j.id), now, decision=rec,
+                why = d.reason or "no pool or offer can hold it"
+                if self._tag_note(j.id):  # cloud offers were left out, not found wanting
+                    why = why.replace("no on-prem pool and no cloud offer can", "no on-prem pool can") + self._tag_note(j.id)
+                    rec["reason"] = why
+                JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
                              finished_at=now)
         # jobs the planner left without a decision (nothing can hold them now): say why
         decided = {d.job_id for d in decisions}

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from broker.planner import PlannerConfig
 
@@ -54,6 +55,23 @@ def aws_regions() -> tuple[frozenset[str], str]:
     for partition in session.get_available_partitions():
         regions.update(session.get_available_regions("ec2", partition_name=partition))
     return frozenset(regions), botocore.__version__
+
+
+_DIRECTIONS = {"north": "n", "south": "s", "east": "e", "west": "w", "central": "c", "northeast": "ne",
+               "southeast": "se", "northwest": "nw", "southwest": "sw"}
+
+
+def az_id_prefix(region: str) -> str | None:
+    """The prefix of the region's availability zone IDs: ``us-east-1`` -> ``use1``, ``ap-northeast-1`` -> ``apne1``,
+    ``us-gov-west-1`` -> ``usgw1`` (AWS's naming of AZ IDs); ``None`` for a region name it cannot read."""
+    parts = region.split("-")
+    if len(parts) < 3 or not parts[-1].isdigit():
+        return None
+    gov = parts[1] == "gov"
+    words = parts[2:-1] if gov else parts[1:-1]
+    if len(words) != 1 or words[0] not in _DIRECTIONS:
+        return None
+    return parts[0] + ("g" if gov else "") + _DIRECTIONS[words[0]] + parts[-1]
 
 
 def _closest(word: str, choices) -> str | None:
@@ -145,6 +163,11 @@ class AwsSettings(BaseModel):
     @model_validator(mode="after")
     def _zones_of_their_region(self) -> "AwsSettings":
         for region, rs in self.regions.items():
+            prefix = az_id_prefix(region)
+            for az_id in rs.subnet_ids_by_az_id:
+                if prefix is not None and not az_id.startswith(prefix + "-"):
+                    raise ValueError(f"regions.{region}.subnet_ids_by_az_id: {az_id!r} is not an AZ ID of {region} "
+                                     f"(they start with {prefix}-, e.g. {prefix}-az1)")
             for zone in rs.subnet_ids_by_az:
                 if _zone_of_region(zone, region):
                     continue
@@ -433,6 +456,9 @@ def load_settings(config: str | Path | None = None, **overrides) -> BrokerSettin
         if config is not None:
             os.environ["FEDBROKER_CONFIG"] = str(config)
         return BrokerSettings(**overrides)
+    except PydanticSettingsError as e:  # an environment variable that is not valid JSON for a list/mapping field
+        raise SettingsError(f"{e}: a list or mapping setting takes JSON in the environment, "
+                            f"e.g. FEDBROKER_CLOUD_PROVIDERS='[\"aws\"]'") from None
     except ValidationError as e:
         raise SettingsError(validation_message(e)) from None
     finally:

@@ -241,7 +241,7 @@ def test_reports_run_the_job_to_success_and_terminate_its_instances(pg_store, se
     assert r.status_code == 401
     assert _report(api, "x" * 43, job_id=jid, attempt=1, rank=0, event="running").status_code == 401
     r = _report(api, cb.token(jid, 1, 0), job_id=jid, attempt="one", rank=0, event="running")
-    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "attempt='one': must be an integer"
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "attempt='one': must be an integer in [0, 2147483647]"
     r = _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=0, event="rebooted")
     assert r.status_code == 422 and "event='rebooted'" in r.json()["detail"][0]["msg"]
     assert pg_store.get(jid).state == "starting"
@@ -493,7 +493,7 @@ def test_the_planner_bursts_a_pinned_gang_and_says_why_a_tag_only_one_cannot_go(
     assert j.state == "provisioning" and j.placement["provider"] == "aws" and sent == [(pinned, 1)]
     assert offer_allowed(settings, next(o for o in env.offers if o.offer_id == j.placement["offer_id"]))
     t = pg_store.get(tagged)
-    assert t.state == "failed" and t.reason.endswith(
+    assert t.state == "failed" and t.reason.startswith("no on-prem pool can ever hold 2x1 GPUs") and t.reason.endswith(
         "; cloud offers were not considered: cloud launches need the image pinned by digest "
         "(image: repo@sha256:<64 hex>), so all ranks of a gang run the same bits")
 
@@ -532,3 +532,18 @@ def test_one_listing_polls_every_cloud_attempt(pg_store, settings):
     out = cb.watch(force=True)
     assert out["lost"] == 1 and compute.calls["describe"] == 1  # only the missing one is described
     assert [pg_store.get(j).state for j in ids] == ["running", "running", "queued", "running", "running"]
+
+
+def test_a_notice_from_on_demand_is_ignored_and_a_stale_report_changes_nothing(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(nodes=1), OFFERS[4])  # on-demand
+    cb.provision(jid, 1)
+    cb.report(jid, 1, 0, "running")
+    assert cb.report(jid, 1, 0, "notice") == "ignored: a notice from an instance that is not spot"
+    with pg_store.session() as s:
+        assert s.get(Job, jid).stop_reason is None
+    assert cb.report(jid, 1, 0, "exited", 0) == "succeeded"
+    assert cb.report(jid, 1, 0, "running") == "stale"
+    with pg_store.session() as s:
+        row = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalar_one()
+        assert row.last_event == "exited"

@@ -96,19 +96,21 @@ def test_no_token_is_401_saying_which_token(client, cloud):
 
 @pytest.mark.parametrize("field,value", [("attempt", " 2"), ("attempt", "+2"), ("attempt", "2_0"), ("attempt", "-1"),
                                          ("attempt", "2\n"), ("attempt", "٢"), ("rank", "0x1"), ("rank", "1.0"),
-                                         ("rank", "+0")])
+                                         ("rank", "+0"), ("rank", "2147483648"), ("attempt", "9" * 30)])
 def test_attempt_and_rank_are_digits_only(client, cloud, field, value):
     r = _post(client, **{field: value})
     assert r.status_code == 422
-    assert r.json()["detail"][0]["msg"] == f"{field}={value!r}: must be an integer"
+    assert r.json()["detail"][0]["msg"] == f"{field}={value!r}: must be an integer in [0, 2147483647]"
     assert cloud.reports == []
 
 
-@pytest.mark.parametrize("value", [" 1", "+1", "1_0", "--1", "1 ", "0x1", "٣"])
+@pytest.mark.parametrize("value", [" 1", "+1", "1_0", "--1", "1 ", "0x1", "٣", "2147483648", "-2147483649",
+                                   "99999999999999999999"])
 def test_exit_code_is_an_optional_minus_and_digits(client, cloud, value):
     r = _post(client, event="exited", exit_code=value)
     assert r.status_code == 422
-    assert r.json()["detail"][0]["msg"] == f"exit_code={value!r}: must be an integer or empty"
+    assert r.json()["detail"][0]["msg"] == (f"exit_code={value!r}: must be empty or an integer in "
+                                            "[-2147483648, 2147483647]")
     assert cloud.reports == []
 
 

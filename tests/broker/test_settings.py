@@ -130,3 +130,25 @@ def test_other_messages_keep_their_shape():
     with pytest.raises(SettingsError) as e:
         load_settings(cloud_providers=["aws"])
     assert str(e.value).startswith("settings: cloud_providers lists 'aws' but the 'aws' section is missing")
+
+
+def test_az_ids_must_be_of_their_region():
+    from broker.settings import SettingsError, az_id_prefix, load_settings
+
+    assert [az_id_prefix(r) for r in ("us-east-1", "ap-northeast-1", "us-gov-west-1", "eu-central-2")] == [
+        "use1", "apne1", "usgw1", "euc2"]
+    region = {"ami_id": "ami-0123456789abcdef0", "subnet_ids_by_az": {"us-east-1a": "subnet-1"},
+              "subnet_ids_by_az_id": {"usw2-az1": "subnet-2"}}
+    with pytest.raises(SettingsError) as e:
+        load_settings(aws={"regions": {"us-east-1": region}})
+    assert "'usw2-az1' is not an AZ ID of us-east-1 (they start with use1-, e.g. use1-az1)" in str(e.value)
+
+
+def test_a_list_setting_from_the_environment_needs_json(monkeypatch):
+    from broker.settings import SettingsError, load_settings
+
+    monkeypatch.setenv("FEDBROKER_CLOUD_PROVIDERS", "aws")
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert str(e.value).endswith("a list or mapping setting takes JSON in the environment, "
+                                 """e.g. FEDBROKER_CLOUD_PROVIDERS='["aws"]'""")
