@@ -49,7 +49,7 @@ from broker.db import Attempt, CloudInstance, Job, JobEvent, utcnow
 from broker.reconciler import requeue_lost
 from broker.states import JobState
 from broker.store import JobStore
-from providers.base import Compute, FailoverHistory, InstanceInfo, InstanceRequest, ProviderError
+from providers.base import Compute, FailoverHistory, InstanceInfo, InstanceRequest, ProviderError, idempotency_token
 
 __all__ = ["build_computes", "offer_allowed", "failover_options", "CloudBroker", "report_token", "ReportError",
            "REPORT_EVENTS", "CLOUD_ACTIVE_STATES"]
@@ -324,9 +324,16 @@ class CloudBroker:
                               report_token=self.token(job.job_id, attempt, rank), checkpoint_uri=uri,
                               master_addr_at_boot=rank == 0, checkpoint_sync_s=c.checkpoint_sync_s)
 
-        def failed_gang(option, made: list[InstanceInfo]) -> None:
-            self._mark_rows(job.job_id, attempt, {i.instance_id for i in made}, "terminating",
-                            "a later rank of the gang could not be created")
+        def failed_gang(option, made: list[tuple[int, InstanceInfo]]) -> None:
+            # provision_gang terminates them next; a failed terminate is left to the sweep (tagged, not live)
+            with self.store.session() as s:
+                for rank, inst in made:
+                    row = s.execute(select(CloudInstance).where(CloudInstance.idempotency_token == idempotency_token(
+                        job.job_id, attempt, option.offer_id, rank))).scalar_one_or_none()
+                    if row is not None:
+                        row.provider_instance_id, row.private_ip = inst.instance_id, inst.private_ip
+                        row.state, row.updated_at = "terminated", now
+                        row.error = "another rank of the gang could not be created on this option"
 
         try:
             if not options:
@@ -396,20 +403,22 @@ class CloudBroker:
                 row.state, row.updated_at = "intent", now
 
     def _record_failures(self, job_id: str, attempt: int, history: FailoverHistory) -> None:
-        """Intent rows of options that failed get state ``failed`` and the error (the cooldown reads them)."""
-        last: dict[str, object] = {}
+        """Intent rows of (option, rank) tries that failed get state ``failed`` and the error (the cooldown reads
+        them); a try that was retried and then worked (throttling) is not a failure."""
+        last: dict[tuple[str, int | None], object] = {}
         for a in history.attempts:
-            last[a.option] = a
-        failed = {o: a for o, a in last.items() if a.error}
+            last[(a.option, a.rank)] = a
+        failed = {k: a for k, a in last.items() if a.error}
         if not failed:
             return
         now = utcnow()
         with self.store.session() as s:
-            rows = s.execute(select(CloudInstance).where(CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
-                                                         CloudInstance.offer_id.in_(list(failed)))).scalars().all()
+            rows = s.execute(select(CloudInstance).where(
+                CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
+                CloudInstance.offer_id.in_(list({o for o, _ in failed})))).scalars().all()
             for row in rows:
-                if row.state == "intent" and row.provider_instance_id is None:
-                    a = failed[row.offer_id]
+                a = failed.get((row.offer_id, row.rank)) or failed.get((row.offer_id, None))
+                if a is not None and row.state == "intent" and row.provider_instance_id is None:
                     row.state, row.error, row.updated_at = "failed", f"{a.error}: {a.message}"[:2000], now
                     row.history = [*(row.history or []), {"at": a.at, "error": a.error, "message": a.message}]
 
@@ -426,13 +435,6 @@ class CloudBroker:
             att.nodes = nodes
         if ended is not None and att.ended_at is None:
             att.ended_at, att.outcome, att.reason = ended, outcome, reason or ""
-
-    def _mark_rows(self, job_id: str, attempt: int, instance_ids: set[str], state: str, why: str) -> None:
-        with self.store.session() as s:
-            for row in s.execute(select(CloudInstance).where(CloudInstance.job_id == job_id,
-                                                             CloudInstance.attempt == attempt)).scalars():
-                if row.provider_instance_id in instance_ids:
-                    row.state, row.error, row.updated_at = state, why, utcnow()
 
     # ------------------------------------------------------------------ reports
     def check_token(self, job_id: str, attempt: int, rank: int, token: str) -> bool:

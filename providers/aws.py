@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -213,21 +214,23 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
         self.regions = list(regions)
         self.quota_source = quota_source or self._service_quota
         self._clients: dict[str, Any] = {}
+        self._clients_lock = threading.Lock()
         self._vcpus: dict[str, int] = {}
 
     # -- clients ---------------------------------------------------------------------------------
 
     def client(self, region: str) -> Any:
         """The EC2 client of ``region`` (made once)."""
-        c = self._clients.get(region)
-        if c is None:
-            if self._factory is not None:
-                c = self._factory(region)
-            else:
-                c = boto3.client("ec2", region_name=region, endpoint_url=self.endpoint_url,
-                                 config=Config(retries={"mode": "standard", "max_attempts": 3}))
-            self._clients[region] = c
-        return c
+        with self._clients_lock:  # ranks of a gang are created from several threads
+            c = self._clients.get(region)
+            if c is None:
+                if self._factory is not None:
+                    c = self._factory(region)
+                else:
+                    c = boto3.client("ec2", region_name=region, endpoint_url=self.endpoint_url,
+                                     config=Config(retries={"mode": "standard", "max_attempts": 3}))
+                self._clients[region] = c
+            return c
 
     @staticmethod
     def _zone_region(zone: str, known: Iterable[str] = ()) -> str:

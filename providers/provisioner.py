@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -219,17 +220,20 @@ def provision_gang(
     broker_id: str,
     history: FailoverHistory,
     record_intent: Callable[[InstanceRequest], None],
-    on_failed_gang: Callable[[Any, list[InstanceInfo]], None] | None = None,
+    on_failed_gang: Callable[[Any, list[tuple[int, InstanceInfo]]], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    max_parallel: int = 8,
     **kw: Any,
 ) -> tuple[Any, list[InstanceInfo]]:
     """Create all ``nodes`` instances of a gang on ONE option (all or nothing), failing over as a whole.
 
     Rank 0 goes through :func:`provision_with_failover` over ``options``; ranks 1.. are then created on
-    the option rank 0 got (same zone, type and market: NCCL needs the gang together), with
+    the option rank 0 got (same zone, type and market: NCCL needs the gang together), up to
+    ``max_parallel`` at once (``record_intent`` and the adapter must be thread-safe: each call opens its own
+    database session; boto3 clients and google-cloud-compute clients are), with
     ``user_data_for(option, rank, rank0_private_ip)`` (rank 0 gets ``None``: its script finds its own
     address at boot). If a later rank fails, the instances made so far are terminated (and passed to
-    ``on_failed_gang(option, instances)`` first), and the walk goes on with the options after that one.
+    ``on_failed_gang(option, [(rank, instance), ...])`` first), and the walk goes on with the options after that one.
     ``kw`` goes to :func:`provision_with_failover` (throttling limits). Returns ``(option, [instance per
     rank])``. Raises :class:`ProvisioningFailed` with the whole history when no option holds the gang.
     """
@@ -243,17 +247,30 @@ def provision_gang(
         if nodes > 1 and not first.private_ip:
             raise ProvisioningFailed(f"{job_id} attempt {attempt}: rank 0 instance {first.instance_id} has no "
                                      "private address for the rendezvous", history, skipped, code="NoPrivateAddress")
-        try:
-            for rank in range(1, nodes):
-                _, info = provision_with_failover(job_id, attempt, rank, team, [opt], computes,
-                                                  lambda o, r=rank: user_data_for(o, r, first.private_ip), broker_id,
-                                                  history, record_intent, sleep=sleep, gang_size=nodes, **kw)
-                made.append(info)
-        except ProvisioningFailed as exc:
-            skipped.extend(exc.skipped)
+
+        def create(rank: int) -> InstanceInfo:
+            return provision_with_failover(job_id, attempt, rank, team, [opt], computes,
+                                           lambda o: user_data_for(o, rank, first.private_ip), broker_id,
+                                           history, record_intent, sleep=sleep, gang_size=nodes, **kw)[1]
+
+        failed: list[ProvisioningFailed] = []
+        ranks = [0]
+        if nodes > 1:
+            # the other ranks at once (a GCE insert may wait for its operation): at most max_parallel calls in flight
+            with ThreadPoolExecutor(max_workers=min(max_parallel, nodes - 1), thread_name_prefix="provision") as pool:
+                futures = [(rank, pool.submit(create, rank)) for rank in range(1, nodes)]
+                for rank, fut in futures:
+                    try:
+                        made.append(fut.result())
+                        ranks.append(rank)
+                    except ProvisioningFailed as exc:
+                        failed.append(exc)
+        if failed:
+            for exc in failed:
+                skipped.extend(exc.skipped)
             compute = computes[OfferOption.of(opt).provider]
             if on_failed_gang is not None:
-                on_failed_gang(opt, made)
+                on_failed_gang(opt, list(zip(ranks, made)))
             for inst in made:
                 try:
                     compute.terminate(inst.instance_id, inst.zone)
@@ -261,6 +278,6 @@ def provision_gang(
                     log.warning("could not terminate %s of a partial gang: %s", inst.instance_id, err)
             remaining = remaining[[OfferOption.of(o).offer_id for o in remaining].index(OfferOption.of(opt).offer_id) + 1:]
             continue
-        return opt, made
+        return opt, made  # rank order: rank 0, then the futures in rank order
     raise ProvisioningFailed(f"{job_id} attempt {attempt}: no option could hold all {nodes} node(s) "
                              f"({len(history.attempts)} tries)", history, skipped)

@@ -547,3 +547,49 @@ def test_a_notice_from_on_demand_is_ignored_and_a_stale_report_changes_nothing(p
     with pg_store.session() as s:
         row = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalar_one()
         assert row.last_event == "exited"
+
+
+class Gangs(AwsCompute):
+    """The real adapter; each create takes 0.3 s, and rank 2 finds no capacity in ``bad_zone``."""
+
+    def __init__(self, bad_zone, **kw):
+        super().__init__(**kw)
+        import threading
+
+        self.bad_zone, self.lock, self.in_flight, self.most = bad_zone, threading.Lock(), 0, 0
+
+    def launch(self, req):
+        import time
+
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            time.sleep(0.3)
+            if req.rank == 2 and req.zone == self.bad_zone:
+                raise NoCapacity(f"no capacity in {req.zone}", req.offer_id, "InsufficientInstanceCapacity")
+            return super().launch(req)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_a_gang_is_created_in_parallel_and_fails_over_as_a_whole(pg_store, settings):
+    compute = adapter(settings, Gangs, bad_zone="us-east-1a")
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": compute})
+    jid = place(pg_store, spec(nodes=4), OFFERS[0])
+    assert cb.provision(jid, 1) == "starting on aws:us-east-1c:p3.2xlarge:spot (4 instance(s))"
+    assert compute.most == 3  # ranks 1-3 at once, after rank 0
+    j = pg_store.get(jid)
+    assert [n["rank"] for n in j.placement["nodes"]] == [0, 1, 2, 3]
+    with pg_store.session() as s:
+        rows = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalars().all()
+        first = [r for r in rows if r.zone == "us-east-1a"]
+        # the partial gang in us-east-1a (ranks 0, 1, 3) was terminated; rank 2 there never existed
+        assert sorted((r.rank, r.state) for r in first) == [(0, "terminated"), (1, "terminated"), (2, "failed"),
+                                                            (3, "terminated")]
+        assert sorted(r.rank for r in rows if r.zone == "us-east-1c" and r.state == "running") == [0, 1, 2, 3]
+    ec2 = ec2_of(settings)
+    for r in first:
+        if r.provider_instance_id:
+            assert instance(ec2, r.provider_instance_id)["State"]["Name"] in ("shutting-down", "terminated")
