@@ -450,6 +450,7 @@ class CloudBroker:
             raise ReportError(422, f"event={event!r}: must be one of {', '.join(REPORT_EVENTS)}")
         now = now or utcnow()
         ended = False
+        stop_ranks: list[int] = []
         out = "ok"
         if event == "exited" and log_tail:
             self.store.append_log(job_id, attempt, rank, 0, "[fedbroker: the last bytes of the container's log, "
@@ -490,7 +491,8 @@ class CloudBroker:
                         why = (f"spot interruption notice for {where}" + (f" ({reason})" if reason else "")
                                + "; the job checkpoints and stops")
                         version = j.version
-                        if not JobStore.bump(s, j.id, version, now, stop_reason="spot", reason=why):
+                        if not JobStore.bump(s, j.id, version, now, stop_reason="spot", reason=why,
+                                             state_deadline_at=now + self.stop_window):
                             continue
                         s.add(JobEvent(job_id=j.id, at=now, from_state=j.state, to_state=j.state,
                                        version=version + 1, reason=why))
@@ -503,8 +505,25 @@ class CloudBroker:
                 att.rank_exits = exits
                 nranks = len((j.placement or {}).get("nodes", [])) or 1
                 failed = exit_code is None or exit_code != 0
-                if not failed and len(exits) < nranks and not j.cancel_requested and not j.stop_reason:
-                    out = "rank done"
+                if len(exits) < nranks and not j.cancel_requested:
+                    if not failed and not j.stop_reason:
+                        out = "rank done"
+                        break
+                    # all or nothing: stop the other ranks first (their instances are shut down: SIGTERM, they
+                    # checkpoint, push and report), and end the attempt when every rank has ended
+                    if not j.stop_reason and isinstance(exits[str(rank)], int):
+                        att.exit_code = exit_code  # the failing rank's code is the job's
+                    if not j.stop_reason or j.state_deadline_at is None or len(exits) == 1:  # the first to end
+                        why = (f"{where} ended ({exits[str(rank)]}); stopping the other ranks" if not j.stop_reason
+                               else f"{where} ended after the spot notice; stopping the other ranks")
+                        version = j.version
+                        if not JobStore.bump(s, j.id, version, now, stop_reason=j.stop_reason or "peer-ended",
+                                             reason=why, state_deadline_at=j.state_deadline_at or now + self.stop_window):
+                            continue
+                        s.add(JobEvent(job_id=j.id, at=now, from_state=j.state, to_state=j.state,
+                                       version=version + 1, reason=why))
+                    stop_ranks = [r for r in range(nranks) if str(r) not in exits]
+                    out = "stopping the other ranks"
                     break
                 ok, out = self._end_attempt(s, j, att, now, exit_code, exits, where)
                 if ok:
@@ -512,11 +531,23 @@ class CloudBroker:
                     break
         if ended:
             self.request_teardown(job_id, attempt)
+        elif stop_ranks:
+            self.teardown(job_id, attempt, "stopped: another rank of the gang ended", ranks=stop_ranks)
         return out
+
+    @property
+    def stop_window(self) -> timedelta:
+        """How long the other ranks of a stopping gang have to checkpoint and report before the attempt is ended
+        without them: the container's grace plus 3 minutes (an instance's shutdown, the checkpoint upload)."""
+        return timedelta(seconds=self.settings.cloud.notice_grace_s + 180.0)
 
     def _end_attempt(self, s, j: Job, att: Attempt, now: datetime, code: int | None, exits: dict,
                      where: str) -> tuple[bool, str]:
-        """End a running cloud attempt from an exit report: the job's outcome (inside session ``s``)."""
+        """End a running cloud attempt from an exit report: the job's outcome (inside session ``s``). After a
+        failed rank stopped the gang (``peer-ended``) the job fails with that rank's exit code, not with the
+        stopped ranks' 143."""
+        if j.stop_reason == "peer-ended" and att.exit_code is not None:
+            code = att.exit_code
         att.ended_at = now
         att.exit_code = code
         if j.cancel_requested:
@@ -549,13 +580,14 @@ class CloudBroker:
                 log.exception("could not request the teardown of %s attempt %d; terminating here", job_id, attempt)
         self.teardown(job_id, attempt, "the attempt ended")
 
-    def teardown(self, job_id: str, attempt: int, why: str = "the attempt ended") -> int:
-        """Terminate every instance of ``(job_id, attempt)`` that may still exist; returns how many were asked.
-        A provider error leaves the row ``terminating`` (the reconciler tries again)."""
+    def teardown(self, job_id: str, attempt: int, why: str = "the attempt ended", ranks: list[int] | None = None) -> int:
+        """Terminate every instance of ``(job_id, attempt)`` (only those of ``ranks`` if given) that may still
+        exist; returns how many were asked. A provider error leaves the row ``terminating`` (the reconciler tries
+        again once the attempt has ended)."""
         with self.store.session() as s:
             rows = [(r.id, r.provider, r.provider_instance_id, r.zone) for r in s.execute(select(CloudInstance).where(
                 CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
-                CloudInstance.state.in_(LIVE_ROW_STATES))).scalars()]
+                CloudInstance.state.in_(LIVE_ROW_STATES))).scalars() if ranks is None or r.rank in ranks]
         n = 0
         for row_id, provider, instance_id, zone in rows:
             state, err = "terminated", why
@@ -602,17 +634,21 @@ class CloudBroker:
         out = {"cancelled": 0, "lost": 0, "stale_terminated": 0, "swept": 0, "listed": 0}
         mono = time.monotonic()
         with self.store.session() as s:
-            jobs = [(j.id, j.attempt, j.state, j.cancel_requested, dict(j.placement or {}), j.dispatched_at)
+            jobs = [(j.id, j.attempt, j.state, j.cancel_requested, dict(j.placement or {}), j.dispatched_at,
+                     j.state == S.running.value and j.stop_reason is not None)
                     for j in s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value])))
                     .scalars() if (j.placement or {}).get("kind") == "cloud"]
             silent = self._silent_ranks(s, now)
         due: list[tuple[str, int, dict, datetime | None]] = []
-        for job_id, attempt, state, cancel, pl, dispatched in jobs:
+        for job_id, attempt, state, cancel, pl, dispatched, stopping in jobs:
             if cancel:
                 out["cancelled"] += self._cancel(job_id, attempt, state, now)
                 continue
             if (job_id, attempt) in silent:
                 out["lost"] += self._requeue_silent(job_id, attempt, silent[(job_id, attempt)], now)
+                continue
+            if stopping:
+                out["lost"] += self._end_stopping(job_id, attempt, now)
                 continue
             if force or mono - self._last_poll.get(job_id, float("-inf")) >= c.poll_interval_s:
                 self._last_poll[job_id] = mono
@@ -662,6 +698,31 @@ class CloudBroker:
         self.teardown(job_id, attempt, "the job was cancelled")
         return n
 
+    def _end_stopping(self, job_id: str, attempt: int, now: datetime) -> int:
+        """A gang being stopped (a rank ended, or a spot notice) is not polled: its ranks report as they stop.
+        Once ``stop_window`` has passed without every report, the attempt ends with what it has: requeued after
+        a spot notice (from its checkpoint), failed after a failed rank. Returns 1 if it ended here."""
+        n = 0
+        with self.store.session() as s:
+            j = s.get(Job, job_id)
+            if (j is None or j.attempt != attempt or j.state != S.running.value or j.state_deadline_at is None
+                    or j.state_deadline_at > now):
+                return 0
+            att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
+                            .with_for_update()).scalar_one_or_none()
+            if att is None:
+                return 0
+            exits = dict(att.rank_exits or {})
+            nranks = len((j.placement or {}).get("nodes", [])) or 1
+            for r in range(nranks):
+                exits.setdefault(str(r), "lost")
+            att.rank_exits = exits
+            ok, _ = self._end_attempt(s, j, att, now, None if j.stop_reason == "spot" else att.exit_code, exits,
+                                      f"ranks that did not report within {self.stop_window.total_seconds():.0f} s")
+            n = int(ok)
+        self.teardown(job_id, attempt, "the gang's stop window passed")
+        return n
+
     def _silent_ranks(self, s, now: datetime) -> dict[tuple[str, int], list[int]]:
         """``(job, attempt) -> ranks`` of running cloud gangs whose instances were created more than
         ``cloud.start_deadline_s`` ago and that have a rank that never reported (one query)."""
@@ -669,7 +730,7 @@ class CloudBroker:
         out: dict[tuple[str, int], list[int]] = {}
         rows = s.execute(select(CloudInstance.job_id, CloudInstance.attempt, CloudInstance.rank)
                          .join(Job, (Job.id == CloudInstance.job_id) & (Job.attempt == CloudInstance.attempt))
-                         .where(Job.state == S.running.value, Job.dispatched_at < cutoff,
+                         .where(Job.state == S.running.value, Job.dispatched_at < cutoff, Job.stop_reason.is_(None),
                                 CloudInstance.state == "running", CloudInstance.provider_instance_id.is_not(None),
                                 CloudInstance.last_report_at.is_(None)))
         for job_id, attempt, rank in rows:

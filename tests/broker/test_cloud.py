@@ -268,11 +268,17 @@ def test_a_failed_rank_fails_the_job_and_tears_down_every_node(pg_store, setting
     cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
     jid = place(pg_store, spec(), OFFERS[0])
     cb.provision(jid, 1)
-    assert cb.report(jid, 1, 1, "exited", 1) == "failed"
-    j = pg_store.get(jid)
-    assert (j.state, j.reason) == ("failed", f"exit code 1 (rank 1 on aws/{j.placement['nodes'][1]['instance_id']})")
+    nodes = pg_store.get(jid).placement["nodes"]
     ec2 = ec2_of(settings)
-    assert {instance(ec2, n["instance_id"])["State"]["Name"] for n in j.placement["nodes"]} <= {"shutting-down", "terminated"}
+    assert cb.report(jid, 1, 1, "exited", 1) == "stopping the other ranks"
+    j = pg_store.get(jid)
+    assert j.state == "running" and j.reason == f"rank 1 on aws/{nodes[1]['instance_id']} ended (1); stopping the other ranks"
+    assert instance(ec2, nodes[0]["instance_id"])["State"]["Name"] in ("shutting-down", "terminated")  # rank 0 stopped
+    # rank 0 got SIGTERM from its instance's shutdown: 143
+    assert cb.report(jid, 1, 0, "exited", 143) == "failed"
+    j = pg_store.get(jid)
+    assert (j.state, j.exit_code, j.reason) == ("failed", 1, "ranks ended with {'1': 1, '0': 143}")
+    assert {instance(ec2, n["instance_id"])["State"]["Name"] for n in nodes} <= {"shutting-down", "terminated"}
 
 
 def test_spot_notice_requeues_the_job_from_its_checkpoint(pg_store, settings):
@@ -283,8 +289,12 @@ def test_spot_notice_requeues_the_job_from_its_checkpoint(pg_store, settings):
     assert cb.report(jid, 1, 0, "running", now=t0) == "running"
     assert cb.report(jid, 1, 1, "notice", reason="EC2 spot interruption notice", now=t0 + timedelta(seconds=1290)) == "notice"
     assert pg_store.get(jid).state == "running"
-    # the script stopped the container (SIGTERM, it checkpointed): exit 143
-    assert cb.report(jid, 1, 1, "exited", 143, now=t0 + timedelta(seconds=1300)) == "requeued"
+    # the script stopped the container (SIGTERM, it checkpointed): exit 143; rank 0 is stopped the same way
+    assert cb.report(jid, 1, 1, "exited", 143, now=t0 + timedelta(seconds=1295)) == "stopping the other ranks"
+    rank0 = pg_store.get(jid).placement["nodes"][0]["instance_id"]
+    assert instance(ec2_of(settings), rank0)["State"]["Name"] in ("shutting-down", "terminated")
+    assert pg_store.get(jid).state == "running"
+    assert cb.report(jid, 1, 0, "exited", 143, now=t0 + timedelta(seconds=1300)) == "requeued"
     j = pg_store.get(jid)
     with pg_store.session() as s:
         row = s.get(Job, jid)
@@ -593,3 +603,23 @@ def test_a_gang_is_created_in_parallel_and_fails_over_as_a_whole(pg_store, setti
     for r in first:
         if r.provider_instance_id:
             assert instance(ec2, r.provider_instance_id)["State"]["Name"] in ("shutting-down", "terminated")
+
+
+def test_a_stopping_gang_whose_rank_never_reports_ends_after_the_stop_window(pg_store, settings):
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    t0 = utcnow()
+    cb.report(jid, 1, 0, "running", now=t0)
+    cb.report(jid, 1, 1, "notice", now=t0 + timedelta(seconds=650))
+    assert cb.report(jid, 1, 1, "exited", 143, now=t0 + timedelta(seconds=660)) == "stopping the other ranks"
+    # rank 0's instance died with its report: nothing happens within the window (90 s grace + 180 s from the
+    # notice)...
+    assert cb.watch(t0 + timedelta(seconds=650 + 269), force=True)["lost"] == 0
+    assert pg_store.get(jid).state == "running"
+    # ...then the attempt ends without it: requeued from its checkpoint (a spot notice started it)
+    assert cb.watch(t0 + timedelta(seconds=650 + 271), force=True)["lost"] == 1
+    with pg_store.session() as s:
+        j = s.get(Job, jid)
+        assert (j.state, j.work_done_s) == ("queued", 600.0)
+        assert s.execute(select(Attempt).where(Attempt.job_id == jid)).scalar_one().rank_exits == {"1": 143, "0": "lost"}

@@ -119,12 +119,16 @@ def test_spot_notice_requeues_the_gang_which_resumes_from_its_checkpoint_on_new_
     events = [e.reason for e in client.explain(job.id).events]
     assert any(r.startswith("spot interruption notice for rank 1") for r in events), events
     assert any("requeued after interruption (spot interruption)" in r for r in events), events
-    # attempt 2: rank 1 resumed exactly where its notice stopped it (pushed before its exit report); rank 0
-    # from whatever it last pushed (every checkpoint_sync_s, and when its instance was shut down); both finished
-    for rank in (0, 1):
-        assert f"rank {rank} done at step {STEPS}" in client.logs(job.id, attempt=2, rank=rank)
-    assert int(re.search(r"rank 1 of 2 resumed at step (\d+)", client.logs(job.id, attempt=2, rank=1))
-               .group(1)) == stopped_at
+    # rank 0 was stopped by its instance's shutdown: SIGTERM, it checkpointed, pushed and reported before the
+    # broker requeued the gang
+    log0 = client.logs(job.id, attempt=1, rank=0)
+    stopped0 = int(re.search(r"rank 0 got SIGTERM: checkpointed at step (\d+)", log0).group(1))
+    assert any("stopping the other ranks" in r for r in events), events
+    # attempt 2: each rank resumed exactly where it was stopped, and finished
+    for rank, step in ((0, stopped0), (1, stopped_at)):
+        log2 = client.logs(job.id, attempt=2, rank=rank)
+        assert int(re.search(rf"rank {rank} of 2 resumed at step (\d+)", log2).group(1)) == step, log2
+        assert f"rank {rank} done at step {STEPS}" in log2
     # no instance is left: the broker terminated both gangs
     live = wait_for(lambda: not ec2.describe_instances(Filters=[
         {"Name": "tag:fedbroker-broker", "Values": [broker_id]},
