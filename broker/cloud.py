@@ -13,6 +13,9 @@ Flow of a cloud attempt (DESIGN.md §2 and §5)::
     instance user data (providers.launch.cloud_init) reports to POST /v1/instances/report:
         running -> job running; notice (spot/preemption) -> stop_reason "spot";
         exited(code) -> succeeded / failed / requeued from its checkpoint        CloudBroker.report
+        (all or nothing: a rank that fails or is stopped by a notice stops the others by shutting their
+        instances down - SIGTERM, checkpoint, upload, report - and the attempt ends when every rank has
+        reported, or ``stop_window`` after the first stop)
     reconciler (CloudBroker.watch, every pass):
         cancel requested -> instances terminated, job cancelled;
         an instance of an active attempt gone (spot reclaimed, lost) -> every instance of the attempt
