@@ -112,6 +112,7 @@ def test_spot_notice_requeues_the_gang_which_resumes_from_its_checkpoint_on_new_
     attempts = client.explain(job.id).attempts
     assert [(a.number, a.kind, a.outcome) for a in attempts] == [(1, "cloud", "interrupted"), (2, "cloud", "succeeded")]
     assert [f["error"] for f in attempts[0].failover] == [None, None]  # both ranks created on the first option
+    assert attempts[1].offer_id != attempts[0].offer_id  # the reclaimed offer cools down: another zone or type
     # attempt 1: the notice reached rank 1's process, which checkpointed; the broker says why it requeued
     log1 = client.logs(job.id, attempt=1, rank=1)
     stopped_at = int(re.search(r"rank 1 got SIGTERM: checkpointed at step (\d+)", log1).group(1))
