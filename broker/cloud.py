@@ -236,6 +236,7 @@ class CloudBroker:
     # ------------------------------------------------------------------ tokens
     @property
     def secret(self) -> bytes:
+        """The key of the report tokens (32 bytes, from the database; read once per process)."""
         if self._secret is None:
             self._secret = self.store.instance_secret()
         return self._secret
