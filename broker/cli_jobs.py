@@ -327,6 +327,9 @@ def register(app: typer.Typer) -> None:
             _err.print(f"{job_id}: no attempt yet (no logs)")
         elif view.truncated:
             _err.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
+        elif not view.text:
+            hint = f"; earlier attempts: --attempt 1..{view.attempt - 1}" if view.attempt > 1 else ""
+            _err.print(f"{job_id}: attempt {view.attempt} rank {view.rank} has no log yet{hint}")
 
     @app.command()
     def explain(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),

@@ -174,6 +174,8 @@ def test_explain_and_logs(run, store):
     assert ex["decision"]["option"]["target"] == "toronto"
     r = run("logs", j.id)
     assert r.exit_code == 0 and r.stdout == "step 1\nstep 2\n"
+    r = run("logs", j.id, "--rank", "1")  # a rank with nothing yet says so, on stderr
+    assert r.exit_code == 0 and r.stdout == "" and f"{j.id}: attempt 1 rank 1 has no log yet" in r.stderr
 
 
 def test_tokens_create(tmp_path):
