@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 
 from broker.db import Attempt, CloudInstance, Job, JobEvent, utcnow
+from broker.planner import smallest_fit
 from broker.reconciler import requeue_lost
 from broker.states import JobState
 from broker.store import JobStore
@@ -143,7 +144,7 @@ def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Call
 
     ``offers``: every ``CloudOffer``; ``spec``: the job spec (dict). An option must hold the job the way
     the planner's ``compatible_offers`` does (GPU type in ``gpu_types``, ``gpu_count == gpus_per_node`` for a
-    gang else ``>=``, memory, spot only if ``spot_allowed``, ``allowed_regions``, ``max_price_usd_per_hour``
+    gang, else between ``gpus_per_node`` and :func:`broker.planner.smallest_fit` of it; memory, spot only if ``spot_allowed``, ``allowed_regions``, ``max_price_usd_per_hour``
     for all nodes), be ``allowed`` and not ``cooling`` (the chosen offer is always first when allowed).
     At most ``limit`` options."""
     offers = list(offers)
@@ -158,7 +159,7 @@ def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Call
         market = getattr(o.market, "value", o.market)
         if types and canon(o.gpu_type) not in types:
             return False
-        if (o.gpu_count != gpn) if nodes > 1 else (o.gpu_count < gpn or o.gpu_count > 2 * gpn):
+        if (o.gpu_count != gpn) if nodes > 1 else not gpn <= o.gpu_count <= smallest_fit(gpn):
             return False
         if o.gpu_memory_gb < float(spec.get("min_gpu_memory_gb") or 0.0):
             return False
@@ -203,26 +204,21 @@ class CloudBroker:
         computes: provider name -> adapter; default :func:`build_computes` (settings).
         teardown: ``teardown(job_id, attempt)`` asks for an attempt's instances to be terminated soon
             (a Celery task in the broker); default: terminate here and now.
-        canon: canonical GPU type names (``pricing.power.canonical_gpu_type``).
+        canon: canonical GPU type names (default ``pricing.power.canonical_or_same``).
         sleep: for throttling back-off (tests pass a recorder).
     """
 
     def __init__(self, store: JobStore, settings, offers: Iterable = (), computes: dict[str, Compute] | None = None,
-                 teardown: Callable[[str, int], None] | None = None, canon: Callable[[str], str] = str,
+                 teardown: Callable[[str, int], None] | None = None, canon: Callable[[str], str] | None = None,
                  sleep: Callable[[float], None] = time.sleep):
         self.store = store
         self.settings = settings
         self.offers = list(offers)
         self.computes = build_computes(settings) if computes is None else computes
         self._teardown_cb = teardown
+        from pricing.power import canonical_or_same
 
-        def safe_canon(t: str) -> str:
-            try:
-                return canon(t)
-            except ValueError:  # an unknown GPU type name stays as given
-                return t
-
-        self.canon = safe_canon
+        self.canon = canon or canonical_or_same
         self.sleep = sleep
         self._secret: bytes | None = None
         self._last_poll: dict[str, float] = {}
@@ -301,8 +297,7 @@ class CloudBroker:
                              "cancelled by user before its instances were created", now, finished_at=now)
                 return "cancelled"
             job = _Launch(j.id, attempt, j.team, dict(j.spec), (j.placement or {}).get("offer_id", ""))
-            if s.execute(select(Attempt).where(Attempt.job_id == j.id, Attempt.number == attempt)
-                         ).scalar_one_or_none() is None:
+            if JobStore.attempt_row(s, j.id, attempt) is None:
                 s.add(Attempt(job_id=j.id, number=attempt, kind="cloud", pool=None, offer_id=job.offer_id, nodes=[],
                               gpu_type=(j.placement or {}).get("gpu_type"),
                               gpus=int(j.spec["gpus_per_node"]) * int(j.spec["nodes"]), created_at=now,
@@ -429,7 +424,7 @@ class CloudBroker:
     def _save_history(self, s, job_id: str, attempt: int, history: FailoverHistory, ended: datetime | None = None,
                       outcome: str | None = None, reason: str | None = None, offer_id: str | None = None,
                       nodes: list | None = None) -> None:
-        att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)).scalar_one_or_none()
+        att = JobStore.attempt_row(s, job_id, attempt)
         if att is None:
             return
         att.failover = [*(att.failover or []), *history.to_json()]
@@ -467,8 +462,7 @@ class CloudBroker:
                 if row is None:
                     raise ReportError(404, f"no instance of job {job_id} attempt {attempt} rank {rank}")
                 j = s.get(Job, job_id)
-                att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-                                .with_for_update()).scalar_one_or_none()
+                att = JobStore.attempt_row(s, job_id, attempt, lock=True)
                 if j is None or att is None:
                     raise ReportError(404, f"no attempt {attempt} of job {job_id}")
                 where = f"rank {rank} on {row.provider}/{row.provider_instance_id}"
@@ -693,8 +687,7 @@ class CloudBroker:
         with self.store.session() as s:
             j = s.get(Job, job_id)
             if j is not None and j.attempt == attempt and j.state == state:
-                att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-                                ).scalar_one_or_none()
+                att = JobStore.attempt_row(s, job_id, attempt)
                 if att is not None and att.ended_at is None:
                     att.ended_at, att.outcome, att.reason = now, "cancelled", "cancelled by user"
                 n = JobStore.cas(s, j.id, j.version, state, S.cancelled.value, "cancelled by user; instances terminated",
@@ -712,8 +705,7 @@ class CloudBroker:
             if (j is None or j.attempt != attempt or j.state != S.running.value or j.state_deadline_at is None
                     or j.state_deadline_at > now):
                 return 0
-            att = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-                            .with_for_update()).scalar_one_or_none()
+            att = JobStore.attempt_row(s, job_id, attempt, lock=True)
             if att is None:
                 return 0
             exits = dict(att.rank_exits or {})

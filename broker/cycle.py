@@ -149,21 +149,9 @@ class PlanningCycle:
         self.dispatch = dispatch
         self.leader = leader
         self.cloud = cloud
-        from pricing.power import canonical_gpu_type
+        from pricing.power import canonical_or_same
 
-        self._canon_cache: dict[str, str] = {}
-
-        def canon(t: str) -> str:
-            hit = self._canon_cache.get(t)
-            if hit is None:
-                try:
-                    hit = canonical_gpu_type(t)
-                except ValueError:
-                    hit = t
-                self._canon_cache[t] = hit
-            return hit
-
-        self.canon = canon
+        self.canon = canonical_or_same
 
     # ------------------------------------------------------------------ public
     def run(self, now: datetime | None = None) -> CycleResult:

@@ -225,10 +225,12 @@ class CloudInstance(Base):
     market: Mapped[str] = mapped_column(String(16))
     #: derived from (job, attempt, offer, rank); the provider's idempotency token / requestId
     idempotency_token: Mapped[str] = mapped_column(String(64), unique=True)
-    state: Mapped[str] = mapped_column(String(16))  # intent | creating | running | terminating | terminated | failed
+    #: intent | running | terminating | terminated | abandoned | failed (indexed: the watch reads the live ones)
+    state: Mapped[str] = mapped_column(String(16), index=True)
     provider_instance_id: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[datetime]
-    updated_at: Mapped[datetime]
+    #: indexed: every planning cycle reads the records changed within the cooldowns
+    updated_at: Mapped[datetime] = mapped_column(index=True)
     history: Mapped[list[Any]]
     #: rank's private address (rank 0's is the rendezvous endpoint of the others)
     private_ip: Mapped[str | None] = mapped_column(String(64))

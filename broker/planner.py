@@ -489,7 +489,7 @@ class PlannerContext:
         else:
             ok &= self.offer_gpu_count >= job.gpus_per_node
             # smallest instance shape that holds the job, per (type, zone, market): no paying for idle GPUs
-            ok &= self.offer_gpu_count <= _next_pow2(job.gpus_per_node)
+            ok &= self.offer_gpu_count <= smallest_fit(job.gpus_per_node)
         ok &= self.offer_mem >= job.min_mem_gb
         if not job.spot_ok:
             ok &= ~self.offer_spot
@@ -500,7 +500,9 @@ class PlannerContext:
         return res
 
 
-def _next_pow2(n: int) -> int:
+def smallest_fit(n: int) -> int:
+    """The largest instance GPU count a single-node job of ``n`` GPUs may take: the next power of two
+    (instance shapes are 1, 2, 4, 8, 16 GPUs; no paying for idle GPUs beyond the smallest shape that holds it)."""
     p = 1
     while p < n:
         p *= 2

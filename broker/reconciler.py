@@ -27,7 +27,7 @@ from typing import Callable
 
 from sqlalchemy import select, update
 
-from broker.db import Attempt, Job, Node, Schedule, utcnow
+from broker.db import Job, Node, Schedule, utcnow
 from broker.model import JobSpec
 from broker.states import JobState
 from broker.store import JobStore
@@ -53,7 +53,7 @@ def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost", max_
     used ``max_attempts`` attempts fails instead (``None``: no limit). The work kept is counted from
     the attempt's own start; the job's ``started_at`` is cleared (the next attempt sets it again).
     Returns whether applied."""
-    a = s.execute(select(Attempt).where(Attempt.job_id == j.id, Attempt.number == j.attempt)).scalar_one_or_none()
+    a = JobStore.attempt_row(s, j.id, j.attempt)
     if a is not None and a.ended_at is None:
         a.ended_at, a.outcome, a.reason = now, outcome, why
     version, state = j.version, j.state  # the ORM may refresh ``j`` after the first compare-and-set

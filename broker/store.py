@@ -416,6 +416,13 @@ class JobStore:
         return True
 
     @staticmethod
+    def attempt_row(s: Session, job_id: str, number: int, lock: bool = False) -> Attempt | None:
+        """Inside session ``s``: attempt ``number`` of ``job_id`` (``None`` if there is none); ``lock`` takes a row
+        lock (``SELECT ... FOR UPDATE``) so two reporters of one attempt update it one after the other."""
+        q = select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)
+        return s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
+
+    @staticmethod
     def bump(s: Session, job_id: str, version: int, now: datetime | None = None, **fields) -> bool:
         """Compare-and-set fields of a job without a state change (e.g. a wait decision). Returns whether it applied."""
         res = s.execute(update(Job).where(Job.id == job_id, Job.version == version)

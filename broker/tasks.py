@@ -92,10 +92,8 @@ class _Services:
         if not self.settings.cloud_providers:
             return None
         from broker.cloud import CloudBroker
-        from pricing.power import canonical_gpu_type
 
-        return CloudBroker(self.store, self.settings, offers=self.env.offers, teardown=send_teardown,
-                           canon=canonical_gpu_type)
+        return CloudBroker(self.store, self.settings, offers=self.env.offers, teardown=send_teardown)
 
     def reset(self):
         """Forget everything (tests, or after the settings changed)."""

@@ -38,6 +38,7 @@ outside [0, 1].
 from __future__ import annotations
 
 import math
+import functools
 import re
 from types import MappingProxyType
 from typing import NamedTuple
@@ -86,6 +87,16 @@ CLOUD_PUE: MappingProxyType[str, float] = MappingProxyType({"aws": 1.15, "gcp": 
 _BASES = ("K80", "P100", "V100", "T4", "A10G", "L4", "L40S", "A100", "H100", "H200", "B200")
 _ALIASES = {"V100S": "V100", "H100-MEGA": "H100", "H100-SXM": "H100", "H100SXM": "H100"}
 _MEM_RE = re.compile(r"^(\d+)GB?$")
+
+
+@functools.lru_cache(maxsize=4096)
+def canonical_or_same(name: str) -> str:
+    """:func:`canonical_gpu_type` of ``name``, or ``name`` itself when no canonical type matches (a job may ask
+    for a type no catalog knows: it then simply matches nothing). Cached: the planner calls it per job."""
+    try:
+        return canonical_gpu_type(name)
+    except UnknownGpuTypeError:
+        return name
 
 
 def canonical_gpu_type(name: str) -> str:

@@ -23,10 +23,14 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column('last_report_at', sa.DateTime(timezone=True), nullable=True))
         batch_op.add_column(sa.Column('last_event', sa.String(length=16), nullable=True))
         batch_op.add_column(sa.Column('error', sa.Text(), nullable=True))
+        batch_op.create_index('ix_cloud_instances_state', ['state'], unique=False)
+        batch_op.create_index('ix_cloud_instances_updated_at', ['updated_at'], unique=False)
 
 
 def downgrade() -> None:
     with op.batch_alter_table('cloud_instances', schema=None) as batch_op:
+        batch_op.drop_index('ix_cloud_instances_updated_at')
+        batch_op.drop_index('ix_cloud_instances_state')
         for c in ('error', 'last_event', 'last_report_at', 'private_ip'):
             batch_op.drop_column(c)
     with op.batch_alter_table('attempts', schema=None) as batch_op:
