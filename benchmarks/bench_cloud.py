@@ -38,6 +38,7 @@ from benchmarks._machine import code_version, machine_info  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Run the measurements (see the module docstring); print and return the results (seconds, call counts)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=200, help="2-node gangs to provision and watch")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")

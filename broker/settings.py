@@ -342,6 +342,7 @@ class BrokerSettings(BaseSettings):
 
     @property
     def effective_api_url(self) -> str:
+        """``api_url``, or ``http://api_host:api_port``."""
         return self.api_url or f"http://{self.api_host}:{self.api_port}"
 
     @property

@@ -78,6 +78,7 @@ class OfferOption:
 
     @property
     def offer_id(self) -> str:
+        """``provider:zone:instance_type:market``, as ``CloudOffer.offer_id``."""
         return f"{self.provider}:{self.zone}:{self.instance_type}:{self.market}"
 
     @classmethod
