@@ -16,12 +16,20 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     POST   /v1/schedules/{schedule_id}/pause   -> ScheduleView (enabled false: creates no jobs)
     POST   /v1/schedules/{schedule_id}/resume  -> ScheduleView (next fire after now; missed fires skipped)
     DELETE /v1/schedules/{schedule_id} -> 204 (jobs it created stay)
+    GET  /v1/tokens?team=&include_revoked=      -> list[TokenView]     (broker.api_tokens)
+    POST /v1/tokens                    TokenCreateRequest -> 201 CreatedToken (the secret, once)
+    POST /v1/tokens/{token_id}/revoke  -> TokenView
+    POST /v1/tokens/{token_id}/rotate  TokenRotateRequest (optional) -> CreatedToken
+    GET  /v1/audit?since=&action=&limit=        -> list[AuditEventView], newest first (admin)
 
 Who sees what: a team token sees, cancels and reads the logs/explain record of its own
 team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
 another team's job or schedule answers 404 exactly like a missing one (existence is not
-leaked). An admin token (``fedbroker tokens create --admin``, or ``settings.admin_token``)
-sees every team.
+leaked). An admin token (``fedbroker tokens create --admin``, or ``settings.admin_token_sha256``)
+sees every team. Token kinds (:mod:`broker.tokens`): a ``read-only`` token gets 403 on every
+method but GET; a ``node`` token gets 403 on every job and schedule route; only ``admin`` and
+``team-admin`` tokens manage tokens; an expired token answers 401 ``token expired``. Every
+submit, cancel, schedule change and token operation is audited with its actor.
 
 Schedules: the reconciler submits the schedule's spec as a job at every fire of its cron
 (read in the schedule's time zone, DST rules in :mod:`broker.recurring`), with the
@@ -57,7 +65,9 @@ from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView,
 from broker.settings import BrokerSettings
 from broker.states import JobState
 from broker.store import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
-                          ScheduleConflict, ScheduleNotFound)
+                          ScheduleConflict, ScheduleNotFound, hash_token)
+from broker.tokens import InvalidToken, TokenExpired
+from broker.tokens import authenticate as authenticate_token
 
 __all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
 
@@ -67,8 +77,10 @@ log = logging.getLogger(__name__)
 JOB_ID_RE = re.compile(r"^job-[0-9a-f]{16}$")
 #: the format of schedule ids in paths; anything else is answered 404 without a database query
 SCHEDULE_ID_RE = re.compile(r"^sch-[0-9a-f]{16}$")
-#: the team of the ``settings.admin_token`` principal
+#: the team of the ``settings.admin_token`` / ``admin_token_sha256`` principal
 ADMIN_TEAM = "admin"
+#: the actor token id of that principal in the audit log
+SETTINGS_ADMIN_ID = "settings-admin"
 #: how the node agent's last log chunk starts when it stopped shipping at ``log_max_bytes`` (workers/agent.py)
 _TRUNCATED_MARK = "\n[fedbroker: log truncated at "
 
@@ -239,19 +251,35 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     async def _conflict(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    if settings.admin_token:
+        log.warning("settings.admin_token is deprecated: a plaintext admin token in the settings never expires "
+                    "and is readable by every process holding them; set admin_token_sha256 (its SHA-256) or "
+                    "bootstrap a stored admin token (`fedbroker tokens create --team ops --admin`)")
+
     # ------------------------------------------------------------------ dependencies
-    def principal(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
-        """The caller, from ``Authorization: Bearer <token>``; 401 if missing or unknown."""
+    def principal(request: Request,
+                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+        """The caller, from ``Authorization: Bearer <token>``; 401 if missing, unknown, revoked or expired;
+        403 when the token's kind may not use this route (read-only: GET only; node: no job or schedule route)."""
         if creds is None or not creds.credentials:
             raise HTTPException(401, "missing token: send 'Authorization: Bearer <token>' "
                                      "(create one with `fedbroker tokens create --team T`)",
                                 headers={"WWW-Authenticate": "Bearer"})
         token = creds.credentials
         if settings.admin_token and secrets.compare_digest(token.encode(), settings.admin_token.encode()):
-            return Principal(ADMIN_TEAM, admin=True)
-        who = store.authenticate(token)
-        if who is None:
-            raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            return Principal(ADMIN_TEAM, kind="admin", token_id=SETTINGS_ADMIN_ID)
+        if settings.admin_token_sha256 and secrets.compare_digest(hash_token(token), settings.admin_token_sha256):
+            return Principal(ADMIN_TEAM, kind="admin", token_id=SETTINGS_ADMIN_ID)
+        try:
+            who = authenticate_token(store, token)
+        except InvalidToken as e:
+            raise HTTPException(401, "token expired" if isinstance(e, TokenExpired) else "unknown or revoked token",
+                                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+        path = request.url.path
+        if who.kind == "read-only" and request.method not in ("GET", "HEAD"):
+            raise HTTPException(403, f"{request.method} {path}: a read-only token may only read (GET)")
+        if who.kind == "node" and path.startswith(("/v1/jobs", "/v1/schedules")):
+            raise HTTPException(403, f"{path}: a node token (node {who.node!r}) may not use job or schedule routes")
         return who
 
     Caller = Annotated[Principal, Depends(principal)]
@@ -331,7 +359,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise late
             response.status_code = 200
             return existing
-        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after)
+        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who)
         if created:
             response.headers["Location"] = f"/v1/jobs/{job.id}"
             if on_submit is not None:
@@ -371,7 +399,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def cancel_job(job: Job, who: Caller) -> JobView:
         """Cancel a job: a waiting job becomes ``cancelled`` now; a running one gets ``cancel_requested``
         and its agent stops it. Cancelling a cancelled job is a no-op; a finished job answers 409."""
-        return store.request_cancel(job.id, None if who.admin else who.team)
+        return store.request_cancel(job.id, None if who.admin else who.team, actor=who)
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogsView, tags=["jobs"], responses=_ERRORS)
     def job_logs(job: Job,
@@ -487,7 +515,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         """
         team = owner_team(body.spec, who)
         try:
-            sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow())
+            sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),
+                                          actor=who)
         except InvalidSchedule as e:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", *field.split(".")), "input": value,
                                            "msg": msg} for field, value, msg in e.errors]) from None
@@ -515,24 +544,27 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
               responses=_SCHEDULE_ERRORS)
     def pause_schedule(sched: Sched, who: Caller) -> ScheduleView:
         """Pause a schedule: it creates no jobs until resumed (``enabled`` false). Pausing a paused one is a no-op."""
-        return store.set_schedule_enabled(sched.id, False, None if who.admin else who.team, now=_utcnow())
+        return store.set_schedule_enabled(sched.id, False, None if who.admin else who.team, now=_utcnow(), actor=who)
 
     @app.post("/v1/schedules/{schedule_id}/resume", response_model=ScheduleView, tags=["schedules"],
               responses=_SCHEDULE_ERRORS)
     def resume_schedule(sched: Sched, who: Caller) -> ScheduleView:
         """Resume a paused schedule: its next fire is the first one after now; fires missed while
         paused are skipped. Resuming an enabled schedule is a no-op."""
-        return store.set_schedule_enabled(sched.id, True, None if who.admin else who.team, now=_utcnow())
+        return store.set_schedule_enabled(sched.id, True, None if who.admin else who.team, now=_utcnow(), actor=who)
 
     @app.delete("/v1/schedules/{schedule_id}", status_code=204, response_class=Response, tags=["schedules"],
                 responses=_SCHEDULE_ERRORS)
     def delete_schedule(sched: Sched, who: Caller) -> Response:
         """Delete a schedule (204). The jobs it already created stay, with their ``schedule_id``."""
-        if not store.delete_schedule(sched.id, None if who.admin else who.team):
+        if not store.delete_schedule(sched.id, None if who.admin else who.team, actor=who):
             raise ScheduleNotFound(f"schedule_id={sched.id!r}: no such schedule"
                                    + ("" if who.admin else f" for team {who.team!r}"))
         return Response(status_code=204)
 
+    from broker.api_tokens import register as register_token_routes
+
+    register_token_routes(app, store, settings, Caller)
     return app
 
 

@@ -12,7 +12,9 @@ Tables:
 * ``cloud_instances`` — cloud instances with their intent records (a row is written
   *before* the provider's create call; see DESIGN.md §5).
 * ``schedules`` — recurring runs (cron expression + IANA time zone) that create jobs.
-* ``api_tokens`` — per-team API tokens, stored as SHA-256 hashes only.
+* ``api_tokens`` — API tokens (kind, team, expiry, last use), stored as SHA-256 hashes only.
+* ``audit_events`` — who (token id, team, kind) did what (token operations, job submits and
+  cancels, schedule changes) to which target, written in the transaction of the change.
 * ``planner_state`` — one row: the planner fence (``version`` is bumped by every
   applied planning cycle; a cycle planned on an older version is discarded).
 
@@ -32,7 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "Schedule",
-           "ApiToken", "PlannerState", "utcnow"]
+           "ApiToken", "AuditEvent", "PlannerState", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -263,7 +265,13 @@ class Schedule(Base):
 
 
 class ApiToken(Base):
-    """A team's API token, stored as its SHA-256 hex digest only."""
+    """An API token, stored as its SHA-256 hex digest only (:mod:`broker.tokens`).
+
+    ``public_id`` (``tok-`` + 16 hex) names it in lists, revokes and the audit log; ``kind`` is one of
+    :data:`broker.tokens.TOKEN_KINDS` (``admin`` mirrors ``kind == "admin"`` for older readers; ``kind``
+    decides); ``node`` is the node a ``node`` token is scoped to; ``expires_at`` (UTC) ends it;
+    ``last_used_at`` (UTC) is refreshed at most once a minute.
+    """
 
     __tablename__ = "api_tokens"
 
@@ -274,6 +282,28 @@ class ApiToken(Base):
     label: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime]
     revoked: Mapped[bool] = mapped_column(Boolean, default=False)
+    public_id: Mapped[str] = mapped_column(String(20), unique=True)
+    kind: Mapped[str] = mapped_column(String(16), default="member")
+    expires_at: Mapped[datetime]
+    last_used_at: Mapped[datetime | None]
+    node: Mapped[str | None] = mapped_column(String(63))
+
+
+class AuditEvent(Base):
+    """One audited change: when (UTC), the actor (token id, team, kind; ``actor_kind`` ``database`` for
+    direct store access, with no token id), the action (``token.create``, ``job.cancel``, ...), its
+    target (a token, job or schedule id) and a JSON detail."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    actor_token_id: Mapped[str | None] = mapped_column(String(40))
+    actor_team: Mapped[str] = mapped_column(String(63), default="")
+    actor_kind: Mapped[str] = mapped_column(String(16))
+    action: Mapped[str] = mapped_column(String(40))
+    target: Mapped[str] = mapped_column(String(200), default="")
+    detail: Mapped[dict[str, Any]]
 
 
 class PlannerState(Base):

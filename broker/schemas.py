@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker.model import JobSpec
 
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
-           "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE"]
+           "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE", "TOKEN_KINDS", "TOKEN_MAX_TTL_S",
+           "TokenCreateRequest", "TokenRotateRequest", "TokenView", "CreatedToken", "AuditEventView"]
 
 #: a schedule name: 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit
 SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -203,3 +204,82 @@ class ErrorBody(BaseModel):
     ``{"loc": [...], "msg": ..., "type": ...}`` naming the field."""
 
     detail: Any
+
+
+#: token kinds (:mod:`broker.tokens` says what each may do)
+TOKEN_KINDS = ("member", "team-admin", "read-only", "node", "admin")
+TokenKind = Literal["member", "team-admin", "read-only", "node", "admin"]
+#: the longest token lifetime, seconds (3650 days)
+TOKEN_MAX_TTL_S = 3650 * 86400
+
+
+class TokenCreateRequest(BaseModel):
+    """Body of ``POST /v1/tokens``.
+
+    Fields: ``team`` (default: the caller's; 1-63 letters, digits, ``.``, ``_``, ``-``); ``kind`` (one of
+    :data:`TOKEN_KINDS`; a team admin may only create ``member`` and ``read-only``); ``label`` (a note,
+    at most 200 characters); ``ttl_s`` (lifetime in seconds, 60 .. 3650 days; default the broker's
+    ``token_ttl_days``); ``node`` (the node a ``node`` token is scoped to; only for that kind).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    team: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    kind: TokenKind = "member"
+    label: str = Field("", max_length=200)
+    ttl_s: int | None = Field(None, ge=60, le=TOKEN_MAX_TTL_S)
+    node: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class TokenRotateRequest(BaseModel):
+    """Optional body of ``POST /v1/tokens/{id}/rotate``: ``ttl_s``, the new secret's lifetime in seconds
+    (60 .. 3650 days; default the broker's ``token_ttl_days``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: int | None = Field(None, ge=60, le=TOKEN_MAX_TTL_S)
+
+
+class TokenView(BaseModel):
+    """A token as the API lists it (never its secret).
+
+    Fields: ``id`` (``tok-`` + 16 hex, public); ``kind``; ``team``; ``node`` (``node`` tokens);
+    ``created_at``, ``expires_at``, ``last_used_at`` (UTC; ``last_used_at`` is refreshed at most once a
+    minute, ``None`` if never used); ``revoked``; ``expired`` (``expires_at`` had passed when listed).
+    """
+
+    id: str
+    team: str
+    kind: str
+    label: str = ""
+    node: str | None = None
+    created_at: datetime
+    expires_at: datetime
+    last_used_at: datetime | None = None
+    revoked: bool = False
+    expired: bool = False
+
+
+class CreatedToken(TokenView):
+    """A token just created or rotated: :class:`TokenView` plus ``token``, the secret, shown this once
+    (only its SHA-256 is stored); ``rotated_from``: the id of the token it replaces (rotate only)."""
+
+    token: str
+    rotated_from: str | None = None
+
+
+class AuditEventView(BaseModel):
+    """One audit event: ``at`` (UTC), the actor (``actor_token_id``, ``actor_team``, ``actor_kind``:
+    a token kind, or ``database`` for direct store access, which has no token id), ``action``
+    (``token.create``, ``token.bootstrap``, ``token.revoke``, ``token.rotate``, ``job.submit``,
+    ``job.cancel``, ``schedule.create``, ``schedule.pause``, ``schedule.resume``, ``schedule.delete``),
+    ``target`` (a token, job or schedule id) and ``detail``."""
+
+    id: int
+    at: datetime
+    actor_token_id: str | None = None
+    actor_team: str
+    actor_kind: str
+    action: str
+    target: str
+    detail: dict[str, Any]

@@ -270,7 +270,12 @@ class BrokerSettings(BaseSettings):
         cancel_grace_s: seconds between SIGTERM and SIGKILL when a job is cancelled or preempted.
         planner_lock_ttl_s: TTL of the planner's Redis lock (a crashed leader frees it after this).
         log_chunk_bytes, log_max_bytes: log shipping chunk size and cap per attempt and rank, bytes.
-        admin_token: if set, an admin API token that always works (bootstrap); prefer ``fedbroker tokens create``.
+        admin_token: DEPRECATED (a warning is logged at startup): a plaintext admin API token that always works
+            and never expires. Use ``admin_token_sha256`` for a break-glass admin, or a stored admin token
+            (``fedbroker tokens create --team ops --admin``: the bootstrap on a fresh store).
+        admin_token_sha256: SHA-256 hex digest (64 lower-case hex) of a break-glass admin token; the secret itself
+            is never in the settings (``printf %s "$TOKEN" | sha256sum``).
+        token_ttl_days: default lifetime of a new or rotated API token, days (at most 3650).
         max_attempts: a job whose attempts keep ending without an exit code (node lost, start
             timed out, could not be launched) fails after this many attempts.
     """
@@ -302,6 +307,8 @@ class BrokerSettings(BaseSettings):
     log_chunk_bytes: int = Field(64 * 1024, ge=1024)
     log_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     admin_token: str | None = None
+    admin_token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    token_ttl_days: float = Field(90.0, gt=0, le=3650)
     max_attempts: int = Field(5, ge=1)
 
     @field_validator("state_dir")

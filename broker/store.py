@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -86,12 +85,37 @@ class InvalidSchedule(StoreError):
         self.errors = errors
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Principal:
-    """Who calls the API: a team, or an admin (sees every team)."""
+    """Who calls the API: a token's ``kind`` (:data:`broker.schemas.TOKEN_KINDS`), ``team``, ``node`` (node
+    tokens) and public ``token_id`` (``None`` for a principal not made from a stored token).
+
+    ``Principal(team, admin=True)`` still works and means ``kind="admin"``; :attr:`admin` is true for
+    the broker admin kind (sees every team)."""
 
     team: str
-    admin: bool = False
+    kind: str = "member"
+    node: str | None = None
+    token_id: str | None = None
+
+    def __init__(self, team: str, admin: bool = False, *, kind: str | None = None, node: str | None = None,
+                 token_id: str | None = None):
+        object.__setattr__(self, "team", team)
+        object.__setattr__(self, "kind", kind or ("admin" if admin else "member"))
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "token_id", token_id)
+
+    @property
+    def admin(self) -> bool:
+        """Whether this is the broker admin (every team)."""
+        return self.kind == "admin"
+
+
+def _audit(s: Session, actor: Principal, action: str, target: str, detail: dict, now: datetime | None = None) -> None:
+    """Write an audit event inside session ``s`` (:func:`broker.tokens.audit`)."""
+    from broker.tokens import audit
+
+    audit(s, actor, action, target, detail, now)
 
 
 def new_job_id() -> str:
@@ -283,29 +307,36 @@ class JobStore:
             yield s
 
     # ------------------------------------------------------------------ tokens
-    def create_token(self, team: str, admin: bool = False, label: str = "") -> str:
-        """Create an API token for ``team`` and return it (only its hash is stored)."""
-        from broker.model import _NAME_RE
+    def create_token(self, team: str, admin: bool = False, label: str = "", *, kind: str | None = None,
+                     ttl: Any = None, node: str | None = None) -> str:
+        """Create an API token for ``team`` and return its secret (only its hash is stored); audited
+        ``token.create`` with actor kind ``database`` (direct store access, no permission check).
 
-        if not _NAME_RE.match(team):
-            raise StoreError(f"team={team!r}: 1-63 letters, digits, '.', '_' or '-'")
-        token = "fbk_" + secrets.token_urlsafe(32)
-        with self.session() as s:
-            s.add(ApiToken(team=team, token_hash=hash_token(token), admin=admin, label=label, created_at=utcnow()))
-        return token
+        ``kind`` (default ``admin`` if ``admin`` else ``member``), ``ttl`` (seconds, ``"30d"``, a timedelta;
+        default 90 days) and ``node`` as in :func:`broker.tokens.create_token`.
+        Raises :class:`StoreError` (:class:`broker.tokens.InvalidTokenRequest`) naming a bad field."""
+        from broker.tokens import create_token
 
-    def authenticate(self, token: str) -> Principal | None:
-        """The principal of a valid, unrevoked token, else ``None``."""
-        with self.session() as s:
-            row = s.execute(select(ApiToken.team, ApiToken.admin).where(
-                ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False))).first()
-        return Principal(row.team, bool(row.admin)) if row else None
+        return create_token(self, team, kind or ("admin" if admin else "member"), label=label, ttl=ttl,
+                            node=node).token
+
+    def authenticate(self, token: str, now: datetime | None = None) -> Principal | None:
+        """The principal of a valid (unrevoked, unexpired) token, else ``None``
+        (:func:`broker.tokens.authenticate` tells expired from unknown)."""
+        from broker.tokens import InvalidToken, authenticate
+
+        try:
+            return authenticate(self, token, now)
+        except InvalidToken:
+            return None
 
     # ------------------------------------------------------------------ submit / read
     def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
                now: datetime | None = None, not_after: datetime | None = None,
-               schedule_id: str | None = None) -> tuple[JobView, bool]:
+               schedule_id: str | None = None, actor: Principal | None = None) -> tuple[JobView, bool]:
         """Store a new job in state ``submitted``; returns ``(job, created)``.
+
+        With ``actor`` (the API's caller) a ``job.submit`` audit event is written in the same transaction.
 
         With an ``idempotency_key`` already used by ``team`` for the same spec, returns the
         existing job and ``created=False``; with a different spec raises :class:`IdempotencyConflict`.
@@ -328,6 +359,8 @@ class JobStore:
                 s.execute(insert(Job).values(**row))
                 s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
                                                   to_state=JobState.submitted.value, version=1, reason="submitted"))
+                if actor is not None:
+                    _audit(s, actor, "job.submit", job_id, {"team": team, "name": spec.name}, now)
         except IntegrityError:
             if idempotency_key is None:
                 raise
@@ -446,10 +479,12 @@ class JobStore:
                 return False
             return self.cas(s, job_id, j.version, j.state, to_state, reason, **fields)
 
-    def request_cancel(self, job_id: str, team: str | None = None, reason: str = "cancelled by user") -> JobView:
+    def request_cancel(self, job_id: str, team: str | None = None, reason: str = "cancelled by user",
+                       actor: Principal | None = None) -> JobView:
         """Cancel a job: a waiting job becomes ``cancelled`` at once; a job on a node is marked
         ``cancel_requested`` and its agent stops it (SIGTERM, grace period, SIGKILL).
-        Cancelling a cancelled job again is a no-op. Raises :class:`JobNotFound`, :class:`NotCancellable`.
+        Cancelling a cancelled job again is a no-op. With ``actor``, the change (not a no-op) is audited
+        ``job.cancel`` in its transaction. Raises :class:`JobNotFound`, :class:`NotCancellable`.
         """
         for _ in range(20):  # retry lost compare-and-set races
             j = self.get(job_id, team)
@@ -464,10 +499,16 @@ class JobStore:
                     if self.bump(s, job_id, j.version, cancel_requested=True, reason=f"cancel requested: {reason}"):
                         s.add(JobEvent(job_id=job_id, at=utcnow(), from_state=j.state, to_state=j.state,
                                        version=j.version + 1, reason=f"cancel requested: {reason}"))
+                        if actor is not None:
+                            _audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
+                                                                   "to_state": j.state, "cancel_requested": True})
                         break
                 else:
                     if self.cas(s, job_id, j.version, j.state, JobState.cancelled.value, reason,
                                 finished_at=utcnow(), cancel_requested=True):
+                        if actor is not None:
+                            _audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
+                                                                   "to_state": JobState.cancelled.value})
                         break
         return self.get(job_id, team)
 
@@ -550,7 +591,7 @@ class JobStore:
 
     # ------------------------------------------------------------------ schedules
     def create_schedule(self, team: str, name: str, cron: str, timezone: str, spec: JobSpec,
-                        now: datetime | None = None) -> ScheduleView:
+                        now: datetime | None = None, actor: Principal | None = None) -> ScheduleView:
         """Store a recurring run: every fire of ``cron`` (read in ``timezone``'s local wall-clock
         time, DST rules of :mod:`broker.recurring`) submits ``spec`` as a job of ``team`` (the
         reconciler does it, with the idempotency key ``schedule:<id>:<fire instant>``).
@@ -565,6 +606,7 @@ class JobStore:
                 instant + ``estimated_duration_s`` + ``slack_s`` (12 h or the duration if no slack).
             now: aware creation instant (default: the current time); the first fire is the first
                 one strictly after it.
+            actor: the API's caller; a ``schedule.create`` audit event is written in the same transaction.
 
         Returns:
             ScheduleView: enabled, ``next_fire_at = next_fire(cron, timezone, now)`` (UTC), never fired.
@@ -589,6 +631,9 @@ class JobStore:
             with self.session() as s:
                 s.add(row)
                 s.flush()
+                if actor is not None:
+                    _audit(s, actor, "schedule.create", row.id, {"team": team, "name": name, "cron": cron,
+                                                                 "timezone": tz}, now)
         except IntegrityError:
             with self.session() as s:
                 other = s.execute(select(Schedule.id).where(Schedule.team == team, Schedule.name == name)).scalar()
@@ -609,13 +654,14 @@ class JobStore:
             return _schedule_view(r)
 
     def set_schedule_enabled(self, schedule_id: str, enabled: bool, team: str | None = None,
-                             now: datetime | None = None) -> ScheduleView:
+                             now: datetime | None = None, actor: Principal | None = None) -> ScheduleView:
         """Pause (``enabled=False``) or resume (``True``) a schedule; with ``team``, only that team's.
 
         A paused schedule creates no jobs. Resuming a paused schedule sets ``next_fire_at`` to
         the first fire strictly after ``now`` (default: the current time): fires missed while
         paused are skipped, not caught up. Pausing a paused or resuming an enabled schedule
-        changes nothing. Returns the schedule. Raises :class:`ScheduleNotFound`.
+        changes nothing. With ``actor``, a change is audited (``schedule.pause`` / ``schedule.resume``) in
+        its transaction. Returns the schedule. Raises :class:`ScheduleNotFound`.
         """
         from broker.recurring import next_fire
 
@@ -631,6 +677,8 @@ class JobStore:
             if enabled and not r.enabled:
                 r.next_fire_at = next_fire(r.cron, r.timezone, now)
                 r.last_error = None
+            if actor is not None and bool(enabled) != r.enabled:
+                _audit(s, actor, "schedule.resume" if enabled else "schedule.pause", r.id, {"team": r.team}, now)
             r.enabled = bool(enabled)
             s.flush()
             return _schedule_view(r)
@@ -643,11 +691,17 @@ class JobStore:
                 q = q.where(Schedule.team == team)
             return [_schedule_view(r) for r in s.execute(q).scalars()]
 
-    def delete_schedule(self, schedule_id: str, team: str | None = None) -> bool:
+    def delete_schedule(self, schedule_id: str, team: str | None = None, actor: Principal | None = None) -> bool:
         """Delete a schedule (with ``team``, only that team's). Jobs it already created stay, with
-        their ``schedule_id``. Returns whether a schedule was deleted."""
+        their ``schedule_id``. With ``actor``, a deletion is audited ``schedule.delete`` in its
+        transaction. Returns whether a schedule was deleted."""
         with self.session() as s:
             q = delete(Schedule).where(Schedule.id == schedule_id)
             if team is not None:
                 q = q.where(Schedule.team == team)
-            return s.execute(q).rowcount == 1
+            owner = (s.execute(select(Schedule.team).where(Schedule.id == schedule_id)).scalar_one_or_none()
+                     if actor is not None else None)
+            deleted = s.execute(q).rowcount == 1
+            if deleted and actor is not None:
+                _audit(s, actor, "schedule.delete", schedule_id, {"team": owner})
+            return deleted
