@@ -14,7 +14,14 @@ Commands::
     fedbroker schedule pause SCHEDULE_ID [--json]
     fedbroker schedule resume SCHEDULE_ID [--json]
     fedbroker schedule delete SCHEDULE_ID
-    fedbroker tokens create --team T [--admin] [--label L]    (store access via the settings)
+    fedbroker tokens create --team T [--kind K | --admin] [--label L] [--ttl 30d] [--node N] [--json]
+    fedbroker tokens list [--team T] [--all] [--json]
+    fedbroker tokens revoke TOKEN_ID [--json]
+    fedbroker tokens rotate TOKEN_ID [--ttl 30d] [--json]
+    fedbroker audit [--since T] [--action A] [--limit N] [--json]     (admin tokens)
+
+``tokens create`` without a token writes to the job store directly (settings' database): only the
+bootstrap on a fresh store (no admin token yet); with ``--token`` every token command uses the API.
 
 Each API command takes ``--url`` (``$FEDBROKER_API_URL``, else the settings' ``api_url``) and
 ``--token`` (``$FEDBROKER_TOKEN``). Exit status: 0 ok; 1 the broker refused the request or
@@ -450,41 +457,154 @@ def register(app: typer.Typer) -> None:
         _call(c, c.delete_schedule, schedule_id)
         _console().print(f"{schedule_id} deleted", highlight=False)
 
-    tokens = typer.Typer(no_args_is_help=True, help="API tokens (talks to the job store directly).")
+    tokens = typer.Typer(no_args_is_help=True, help="API tokens: kinds, lifetimes, list, revoke, rotate "
+                                                    "(over the API with --token; without one, only the bootstrap).")
     app.add_typer(tokens, name="tokens")
 
     @tokens.command("create")
     def tokens_create(team: str = typer.Option(..., help="The team the token acts for."),
-                      admin: bool = typer.Option(False, "--admin", help="An admin token (sees every team)."),
+                      kind: str = typer.Option("member", "--kind",
+                                               help="member | team-admin | read-only | node | admin."),
+                      admin: bool = typer.Option(False, "--admin", help="Same as --kind admin (sees every team)."),
                       label: str = typer.Option("", help="A note stored with the token."),
-                      config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG).")) -> None:
-        """Create an API token and print it (once: only its hash is stored)."""
-        from broker.settings import SettingsError, load_settings
-        from broker.store import JobStore, StoreError
+                      ttl: Optional[str] = typer.Option(None, "--ttl", help="Lifetime: 30d, 12h, 90m or seconds "
+                                                                           "(default: settings' token_ttl_days)."),
+                      node: Optional[str] = typer.Option(None, "--node", help="The node of a node token."),
+                      config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG)."),
+                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Create an API token and print its secret (once: only its hash is stored).
+
+        With --token (or FEDBROKER_TOKEN) it asks the API: an admin token creates any kind for any team, a
+        team-admin token member and read-only tokens of its own team. Without a token it writes to the job
+        store directly, which works only while the store has no admin token (a fresh install: the bootstrap);
+        afterwards use an admin token."""
+        from broker.tokens import TOKEN_KINDS, InvalidTokenRequest, parse_ttl
+
+        if admin:
+            if kind not in ("member", "admin"):
+                _fail(f"--admin with --kind={kind!r}: give one of them", 2)
+            kind = "admin"
+        if kind not in TOKEN_KINDS:
+            _fail(f"--kind={kind!r}: one of {', '.join(TOKEN_KINDS)}", 2)
+        try:
+            ttl_s = parse_ttl(ttl) if ttl is not None else None
+        except InvalidTokenRequest as e:
+            _fail(str(e).replace("ttl=", "--ttl=", 1), 2)
+        if token:
+            c = _client(url, token)
+            made = _call(c, c.create_token, team=team, kind=kind, label=label,
+                         ttl_s=int(ttl_s) if ttl_s is not None else None, node=node)
+        else:
+            made = _bootstrap_token(config, team, kind, label, ttl_s, node)
+        _print_created(made, as_json)
+
+    @tokens.command("list")
+    def tokens_list(team: Optional[str] = typer.Option(None, help="Only this team (admins)."),
+                    include_revoked: bool = typer.Option(False, "--all", help="Also revoked tokens."),
+                    url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """List tokens (never their secrets): an admin token sees every team's, a team-admin token its own team's."""
+        c = _client(url, token)
+        rows = _call(c, c.tokens, team=team, include_revoked=include_revoked)
+
+        def human(rows) -> None:
+            tab = Table(show_edge=False)
+            for col in ("id", "team", "kind", "label", "created", "expires", "last used", "state"):
+                tab.add_column(col)
+            for t in rows:
+                state = "revoked" if t.revoked else "expired" if t.expired else "active"
+                tab.add_row(t.id, escape(t.team), t.kind + (f" ({escape(t.node)})" if t.node else ""), escape(t.label),
+                            _t(t.created_at), _t(t.expires_at), _t(t.last_used_at), state)
+            _console().print(tab)
+
+        _show(rows, as_json, human)
+
+    @tokens.command("revoke")
+    def tokens_revoke(token_id: str = typer.Argument(..., help="tok-0123456789abcdef"),
+                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Revoke a token: it answers 401 from now on."""
+        c = _client(url, token)
+        t = _call(c, c.revoke_token, token_id)
+        _show(t, as_json, lambda t: _console().print(f"{t.id} revoked ({t.kind} of {t.team})", highlight=False))
+
+    @tokens.command("rotate")
+    def tokens_rotate(token_id: str = typer.Argument(..., help="tok-0123456789abcdef"),
+                      ttl: Optional[str] = typer.Option(None, "--ttl", help="Lifetime of the new secret "
+                                                                           "(default: settings' token_ttl_days)."),
+                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """Replace a token by a new one (same kind, team and label, new expiry) and revoke the old one;
+        prints the new secret (once)."""
+        from broker.tokens import InvalidTokenRequest, parse_ttl
 
         try:
-            settings = load_settings(config)
-        except SettingsError as e:
-            _fail(str(e), 2)
-        store = JobStore.from_settings(settings)
-        try:
-            store.migrate()
-            tok = store.create_token(team, admin=admin, label=label)
-        except StoreError as e:
-            _fail(str(e), 2)
-        except Exception as e:  # database unreachable, permissions ...
-            _fail(f"cannot use the job store at {_safe_url(settings.effective_database_url)}: {type(e).__name__}: {e}")
-        finally:
-            store.engine.dispose()
-        typer.echo(tok)
-        _err.print(f"token for team {team!r}{' (admin)' if admin else ''}: store it now, it is not shown again")
+            ttl_s = parse_ttl(ttl) if ttl is not None else None
+        except InvalidTokenRequest as e:
+            _fail(str(e).replace("ttl=", "--ttl=", 1), 2)
+        c = _client(url, token)
+        _print_created(_call(c, c.rotate_token, token_id, ttl_s=int(ttl_s) if ttl_s is not None else None), as_json)
+
+    @app.command("audit")
+    def audit(since: Optional[str] = typer.Option(None, help="Only events at or after this instant (ISO 8601; "
+                                                             "UTC if no offset)."),
+              action: Optional[str] = typer.Option(None, help="Only this action, e.g. token.revoke, job.cancel."),
+              limit: int = typer.Option(100, min=1, max=1000),
+              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+        """The broker's audit log, newest first (needs an admin token): token operations, submits, cancels
+        and schedule changes, each with the acting token."""
+        when = None
+        if since is not None:
+            try:
+                when = datetime.fromisoformat(since.replace("Z", "+00:00"))
+            except ValueError:
+                _fail(f"--since={since!r}: not an ISO 8601 instant (e.g. 2026-12-01T12:00:00Z)", 2)
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+        c = _client(url, token)
+        rows = _call(c, c.audit, since=when, action=action, limit=limit)
+
+        def human(rows) -> None:
+            for e in rows:
+                actor = f"{e.actor_kind}:{e.actor_team or '-'}:{e.actor_token_id or '-'}"
+                _console().print(escape(f"{_t(e.at)}  {e.action:<16} {e.target:<22} by {actor}  "
+                                        f"{json.dumps(e.detail, sort_keys=True)}"), highlight=False)
+
+        _show(rows, as_json, human)
 
 
-def _safe_url(url: str) -> str:
-    """``url`` without a password."""
-    from sqlalchemy.engine import make_url
+def _bootstrap_token(config: Path | None, team: str, kind: str, label: str, ttl_s: float | None, node: str | None):
+    """Mint a token directly in the job store (:func:`broker.tokens.bootstrap`); exit 1 when refused, 2 for a bad
+    field or settings file."""
+    from broker.redact import mask_text, mask_url, settings_secrets
+    from broker.settings import SettingsError, load_settings
+    from broker.store import JobStore
+    from broker.tokens import BootstrapRefused, InvalidTokenRequest, bootstrap
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<database url>"
+        settings = load_settings(config)
+    except SettingsError as e:
+        _fail(str(e), 2)
+    store = JobStore.from_settings(settings)
+    try:
+        store.migrate()
+        return bootstrap(store, team, kind, label=label, node=node,
+                         ttl=ttl_s if ttl_s is not None else settings.token_ttl_days * 86400.0)
+    except InvalidTokenRequest as e:
+        _fail(str(e), 2)
+    except BootstrapRefused as e:
+        _fail(str(e), 1)
+    except Exception as e:  # database unreachable, permissions ...
+        _fail(mask_text(f"cannot use the job store at {mask_url(settings.effective_database_url)}: "
+                        f"{type(e).__name__}: {e}", settings_secrets(settings)))
+    finally:
+        store.engine.dispose()
+
+
+def _print_created(made, as_json: bool) -> None:
+    """Print a just-created token: its secret alone on stdout (or the JSON), what it is on stderr."""
+    if as_json:
+        _echo_json(made)
+        return
+    typer.echo(made.token)
+    what = f"{made.kind} token {made.id} for team {made.team!r}" + (f" (node {made.node})" if made.node else "")
+    _err.print(escape(f"{what}, expires {_t(made.expires_at)}"
+                      + (f", replaces {made.rotated_from} (now revoked)" if made.rotated_from else "")
+                      + ": store it now, it is not shown again"), highlight=False)

@@ -20,7 +20,8 @@ team instead: a :meth:`Client.create_schedule` whose answer was lost answers
 Exceptions::
 
     BrokerError                 status (HTTP status or None), detail (the server's "detail")
-     +-- AuthError              401 missing/unknown token, 403 another team's resources
+     +-- AuthError              401 missing/unknown/revoked/expired token, 403 another team's resources
+                                    or a token kind that may not (read-only writing, member managing tokens)
      +-- NotFound               404 no such job or schedule (or another team's)
      +-- ValidationFailed       422 bad input; .errors = [{"loc", "msg", "type", ...}]
      +-- Conflict               409 finished job cancelled, idempotency key reused with another spec,
@@ -45,7 +46,8 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from broker.model import JobSpec
-from broker.schemas import ExplainView, JobView, LogsView, NodeView, ScheduleView
+from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, LogsView, NodeView, ScheduleView,
+                            TokenView)
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
            "WaitTimeout"]
@@ -141,6 +143,14 @@ class Client:
         self.session.headers["User-Agent"] = "fedbroker-sdk/1"
         if self.token:
             self.session.headers["Authorization"] = f"Bearer {self.token}"
+        # calls that must not be sent twice (a token create or rotate: the first answer holds the only copy of
+        # the secret) retry only connection errors, where the request never left
+        self._once = requests.Session()
+        once = HTTPAdapter(max_retries=Retry(total=retries, connect=retries, read=0, status=0, other=0,
+                                             allowed_methods=None, raise_on_status=False))
+        self._once.mount("http://", once)
+        self._once.mount("https://", once)
+        self._once.headers.update(self.session.headers)
 
     def __repr__(self) -> str:
         return f"Client(url={self.url!r})"
@@ -154,15 +164,16 @@ class Client:
     def close(self) -> None:
         """Close the pooled connections."""
         self.session.close()
+        self._once.close()
 
     # ------------------------------------------------------------------ transport
     def _request(self, method: str, path: str, *, params: Any = None, json: Any = None,
-                 headers: dict | None = None) -> Any:
-        """Send one request (with retries) and return the decoded JSON body (``None`` for 204 or an
-        empty body); raise the typed error otherwise."""
+                 headers: dict | None = None, once: bool = False) -> Any:
+        """Send one request (with retries; ``once``: only connection errors are retried) and return the
+        decoded JSON body (``None`` for 204 or an empty body); raise the typed error otherwise."""
         try:
-            r = self.session.request(method, self.url + path, params=params, json=json, headers=headers,
-                                     timeout=self.timeout)
+            r = (self._once if once else self.session).request(method, self.url + path, params=params, json=json,
+                                                               headers=headers, timeout=self.timeout)
         except requests.exceptions.Timeout as e:
             raise BrokerUnavailable(f"the broker at {self.url} did not answer {method} {path} "
                                     f"within {self.timeout:g} s ({e})") from e
@@ -288,6 +299,54 @@ class Client:
         """Delete a schedule; the jobs it already created stay. Raises :class:`NotFound`
         (also when a retry follows a lost answer: the first try deleted it)."""
         self._request("DELETE", f"/v1/schedules/{schedule_id}")
+
+    # ------------------------------------------------------------------ tokens and audit
+    def create_token(self, team: str | None = None, kind: str = "member", label: str = "",
+                     ttl_s: int | None = None, node: str | None = None) -> CreatedToken:
+        """Create an API token (needs an admin token, or a team-admin token for ``member``/``read-only``
+        tokens of its own team). ``ttl_s``: lifetime in seconds (60 .. 3650 days; default the broker's
+        ``token_ttl_days``); ``node``: the node of a ``node`` token. Returns it with its secret
+        (``.token``), shown this once; not retried after the request was sent (a lost answer loses the
+        secret: revoke that token and create another).
+
+        Raises: :class:`AuthError` (403: your token kind may not), :class:`ValidationFailed` (bad team,
+        kind, node, label or ttl), :class:`BrokerUnavailable`."""
+        body: dict[str, Any] = {"kind": kind, "label": label}
+        for k, v in (("team", team), ("ttl_s", ttl_s), ("node", node)):
+            if v is not None:
+                body[k] = v
+        return CreatedToken.model_validate(self._request("POST", "/v1/tokens", json=body, once=True))
+
+    def tokens(self, team: str | None = None, include_revoked: bool = False) -> list[TokenView]:
+        """Tokens (never their secrets): an admin sees every team's (or ``team``'s), a team admin its own
+        team's. Raises :class:`AuthError` (403 for other kinds)."""
+        params: dict[str, Any] = {"include_revoked": str(include_revoked).lower()}
+        if team is not None:
+            params["team"] = team
+        return [TokenView.model_validate(t) for t in self._request("GET", "/v1/tokens", params=params)]
+
+    def revoke_token(self, token_id: str) -> TokenView:
+        """Revoke a token (``tok-...``): it answers 401 from now on; a no-op if already revoked.
+        Raises :class:`NotFound`, :class:`AuthError`."""
+        return TokenView.model_validate(self._request("POST", f"/v1/tokens/{token_id}/revoke"))
+
+    def rotate_token(self, token_id: str, ttl_s: int | None = None) -> CreatedToken:
+        """Replace a token: a new id and secret (``.token``, shown once) with the same kind, team and label,
+        a new expiry; the old token is revoked. Not retried after the request was sent. Raises
+        :class:`NotFound`, :class:`AuthError`, :class:`Conflict` (already revoked), :class:`ValidationFailed`."""
+        body = {"ttl_s": ttl_s} if ttl_s is not None else None
+        return CreatedToken.model_validate(self._request("POST", f"/v1/tokens/{token_id}/rotate", json=body,
+                                                         once=True))
+
+    def audit(self, since: Any = None, action: str | None = None, limit: int = 100) -> list[AuditEventView]:
+        """The audit log, newest first (admin tokens): events at or after ``since`` (an aware datetime or
+        ISO 8601 string), of one ``action`` (e.g. ``"token.revoke"``), at most ``limit`` (1-1000)."""
+        params: dict[str, Any] = {"limit": limit}
+        if since is not None:
+            params["since"] = since.isoformat() if hasattr(since, "isoformat") else since
+        if action is not None:
+            params["action"] = action
+        return [AuditEventView.model_validate(e) for e in self._request("GET", "/v1/audit", params=params)]
 
     def health(self) -> dict:
         """``GET /healthz``: ``{"status": "ok", "database": "ok"}``.

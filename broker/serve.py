@@ -26,6 +26,7 @@ from typing import Optional
 
 import typer
 
+from broker.redact import mask_url
 from broker.settings import BrokerSettings, SettingsError, load_settings
 
 __all__ = ["register"]
@@ -37,11 +38,17 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="YAML settings file (else 
 
 
 def _settings(config: Optional[Path]) -> BrokerSettings:
+    """The settings; also masks their secrets (database and Redis passwords, admin token) in every log
+    line from here on (:func:`broker.redact.install_secret_filter`; call it after :func:`_logging`)."""
+    from broker.redact import install_secret_filter
+
     try:
-        return load_settings(config)
+        st = load_settings(config)
     except SettingsError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+    install_secret_filter(st)
+    return st
 
 
 def _logging(level: str) -> None:
@@ -77,7 +84,10 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
 
         cloud = CloudBroker(store, st, teardown=send_teardown)
     app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud)
-    uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False)
+    log.info("api on %s:%s; database %s; Redis %s", st.api_host, st.api_port, mask_url(st.effective_database_url),
+             mask_url(st.redis_url))
+    uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False,
+                log_config=None)  # uvicorn logs through the root handlers, so the secret filter sees them
 
 
 @serve_app.command("worker")
@@ -180,8 +190,8 @@ def serve_all(config: Optional[Path] = ConfigOpt,
         + (["--name", agent_name] if agent_name else []),
     }
     procs = {k: subprocess.Popen(v) for k, v in cmds.items()}
-    typer.echo(f"fedbroker: API on {st.effective_api_url}, database {st.effective_database_url}, "
-               f"Redis {st.redis_url}; Ctrl-C stops")
+    typer.echo(f"fedbroker: API on {st.effective_api_url}, database {mask_url(st.effective_database_url)}, "
+               f"Redis {mask_url(st.redis_url)}; Ctrl-C stops")
     stopping = False
 
     def _stop(signum=None, frame=None):

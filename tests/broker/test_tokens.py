@@ -1,0 +1,337 @@
+"""Token kinds, lifetimes, revoke/rotate, the bootstrap rule and the audit log (broker.tokens, broker.api_tokens).
+
+API tests run on the module's PostgreSQL schema through FastAPI's TestClient; store-level rules run on
+PostgreSQL and SQLite (``any_store``).
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select, update
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from broker.api import create_app
+from broker.db import ApiToken, AuditEvent
+from broker.settings import BrokerSettings
+from broker.store import hash_token
+from broker import tokens as T
+from tests.conftest import auth
+
+UTC = timezone.utc
+ADMIN = "admin-secret-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def store(module_pg_store):
+    return module_pg_store
+
+
+@pytest.fixture(scope="module")
+def client(store):
+    with TestClient(create_app(store, BrokerSettings(admin_token=ADMIN))) as c:
+        yield c
+
+
+def fresh_team() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def mint(store, team: str, kind: str, **kw) -> tuple[str, str]:
+    """(secret, public id) of a new token made directly in the store."""
+    made = T.create_token(store, team, kind, **kw)
+    return made.token, made.id
+
+
+def job_body() -> dict:
+    return {"spec": {"command": ["true"], "name": "x"}}
+
+
+# ----------------------------------------------------------------------------- kinds over the API
+def test_read_only_token_reads_but_cannot_write(client, store):
+    team = fresh_team()
+    member, _ = mint(store, team, "member")
+    ro, _ = mint(store, team, "read-only")
+    job = client.post("/v1/jobs", json=job_body(), headers=auth(member)).json()
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth(ro)).json()["id"] == job["id"]
+    assert [j["id"] for j in client.get("/v1/jobs", headers=auth(ro)).json()] == [job["id"]]
+    r = client.post("/v1/jobs", json=job_body(), headers=auth(ro))
+    assert r.status_code == 403 and r.json()["detail"] == "POST /v1/jobs: a read-only token may only read (GET)"
+    r = client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(ro))
+    assert r.status_code == 403
+    assert client.get(f"/v1/jobs/{job['id']}", headers=auth(member)).json()["state"] == "submitted"
+    r = client.post("/v1/schedules", json={"name": "n", "cron": "@daily", "spec": {"command": ["true"]}},
+                    headers=auth(ro))
+    assert r.status_code == 403
+    # its own team only, like a member
+    other, _ = mint(store, fresh_team(), "member")
+    theirs = client.post("/v1/jobs", json=job_body(), headers=auth(other)).json()
+    assert client.get(f"/v1/jobs/{theirs['id']}", headers=auth(ro)).status_code == 404
+
+
+def test_node_token_may_not_use_job_or_schedule_routes(client, store):
+    tok, tid = mint(store, "ops", "node", node="gpu-01")
+    p = store.authenticate(tok)
+    assert (p.kind, p.team, p.node, p.token_id, p.admin) == ("node", "ops", "gpu-01", tid, False)
+    for method, path in [("get", "/v1/jobs"), ("post", "/v1/jobs"), ("get", "/v1/jobs/job-0123456789abcdef"),
+                         ("get", "/v1/schedules"), ("get", "/v1/tokens"), ("get", "/v1/audit")]:
+        kw = {"json": job_body()} if method == "post" else {}
+        r = getattr(client, method)(path, headers=auth(tok), **kw)
+        assert r.status_code == 403, (path, r.text)
+
+
+def test_member_cannot_manage_tokens(client, store):
+    team = fresh_team()
+    member, _ = mint(store, team, "member")
+    _, other_id = mint(store, team, "member")
+    r = client.get("/v1/tokens", headers=auth(member))
+    assert r.status_code == 403
+    assert r.json()["detail"] == "a member token cannot manage tokens (needs a team-admin or admin token)"
+    assert client.post("/v1/tokens", json={"kind": "member"}, headers=auth(member)).status_code == 403
+    assert client.post(f"/v1/tokens/{other_id}/revoke", headers=auth(member)).status_code == 403
+    assert client.post(f"/v1/tokens/{other_id}/rotate", headers=auth(member)).status_code == 403
+
+
+def test_team_admin_manages_own_team_only(client, store):
+    team, other = fresh_team(), fresh_team()
+    ta, ta_id = mint(store, team, "team-admin")
+    _, m_id = mint(store, team, "member")
+    _, other_id = mint(store, other, "member")
+    # creates member and read-only tokens of its own team (team defaults to the caller's)
+    r = client.post("/v1/tokens", json={"kind": "read-only", "label": "finance", "ttl_s": 7 * 86400}, headers=auth(ta))
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert (made["team"], made["kind"], made["label"]) == (team, "read-only", "finance")
+    assert T.TOKEN_ID_RE.match(made["id"]) and made["token"].startswith("fbk_")
+    created = datetime.fromisoformat(made["created_at"])
+    assert datetime.fromisoformat(made["expires_at"]) - created == timedelta(days=7)
+    # never admin, team-admin or node tokens, nor another team's
+    for body in ({"kind": "admin"}, {"kind": "team-admin"}, {"kind": "node", "node": "n1"},
+                 {"kind": "member", "team": other}):
+        r = client.post("/v1/tokens", json=body, headers=auth(ta))
+        assert r.status_code == 403, (body, r.text)
+    r = client.post("/v1/tokens", json={"kind": "admin"}, headers=auth(ta))
+    assert r.json()["detail"] == ("kind='admin': a team admin may create only member, read-only tokens; "
+                                  "ask a broker admin")
+    # lists its own team's tokens (no secrets); another team's list is 403, another team's token 404
+    listed = client.get("/v1/tokens", headers=auth(ta)).json()
+    assert {t["id"] for t in listed} == {ta_id, m_id, made["id"]}
+    assert all("token" not in t and t["team"] == team for t in listed)
+    assert client.get("/v1/tokens", params={"team": other}, headers=auth(ta)).status_code == 403
+    r = client.post(f"/v1/tokens/{other_id}/revoke", headers=auth(ta))
+    assert r.status_code == 404 and r.json()["detail"] == f"token_id={other_id!r}: no such token for team {team!r}"
+    assert client.post(f"/v1/tokens/{m_id}/revoke", headers=auth(ta)).json()["revoked"] is True
+
+
+def test_admin_creates_any_kind_and_validation_names_the_field(client, store):
+    team = fresh_team()
+    r = client.post("/v1/tokens", json={"team": team, "kind": "node", "node": "gpu-7"}, headers=auth(ADMIN))
+    assert r.status_code == 201 and (r.json()["kind"], r.json()["node"]) == ("node", "gpu-7")
+    r = client.post("/v1/tokens", json={"team": team, "kind": "node"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("node=None: a node token needs")
+    r = client.post("/v1/tokens", json={"team": team, "kind": "member", "node": "gpu-7"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "node"]
+    r = client.post("/v1/tokens", json={"team": team, "ttl_s": 10}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ttl_s"]
+    r = client.post("/v1/tokens", json={"team": team, "kind": "root"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "kind"]
+    # the default lifetime is the setting (90 days)
+    made = client.post("/v1/tokens", json={"team": team, "kind": "admin"}, headers=auth(ADMIN)).json()
+    life = datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"])
+    assert life == timedelta(days=90)
+    assert client.get("/v1/jobs", headers=auth(made["token"])).status_code == 200
+
+
+# ----------------------------------------------------------------------------- expiry, revoke, rotate
+def test_expired_token_is_401_token_expired(client, store):
+    tok, tid = mint(store, fresh_team(), "member")
+    assert client.get("/v1/jobs", headers=auth(tok)).status_code == 200
+    with store.session() as s:
+        s.execute(update(ApiToken).where(ApiToken.public_id == tid)
+                  .values(expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+    r = client.get("/v1/jobs", headers=auth(tok))
+    assert r.status_code == 401 and r.json()["detail"] == "token expired"
+    r = client.get("/v1/jobs", headers=auth("fbk_unknown"))
+    assert r.status_code == 401 and r.json()["detail"] == "unknown or revoked token"
+    assert store.authenticate(tok) is None
+
+
+def test_revoke_and_rotate_over_the_api(client, store):
+    team = fresh_team()
+    old, old_id = mint(store, team, "member", label="ci")
+    assert client.get("/v1/jobs", headers=auth(old)).status_code == 200
+    r = client.post(f"/v1/tokens/{old_id}/rotate", json={"ttl_s": 3600}, headers=auth(ADMIN))
+    assert r.status_code == 201, r.text
+    new = r.json()
+    assert new["id"] != old_id and new["rotated_from"] == old_id
+    assert (new["team"], new["kind"], new["label"]) == (team, "member", "ci")
+    assert datetime.fromisoformat(new["expires_at"]) - datetime.fromisoformat(new["created_at"]) == timedelta(hours=1)
+    assert client.get("/v1/jobs", headers=auth(old)).status_code == 401  # right after
+    assert client.get("/v1/jobs", headers=auth(new["token"])).status_code == 200
+    r = client.post(f"/v1/tokens/{old_id}/rotate", headers=auth(ADMIN))
+    assert r.status_code == 409
+    r = client.post(f"/v1/tokens/{new['id']}/revoke", headers=auth(ADMIN))
+    assert r.status_code == 200 and r.json()["revoked"] is True
+    assert client.get("/v1/jobs", headers=auth(new["token"])).status_code == 401
+    assert client.post("/v1/tokens/tok-nope/revoke", headers=auth(ADMIN)).status_code == 404
+    listed = client.get("/v1/tokens", params={"team": team, "include_revoked": True}, headers=auth(ADMIN)).json()
+    assert [(t["id"], t["revoked"]) for t in listed] == [(old_id, True), (new["id"], True)]
+    assert client.get("/v1/tokens", params={"team": team}, headers=auth(ADMIN)).json() == []
+
+
+# ----------------------------------------------------------------------------- audit
+def test_audit_rows_for_submit_cancel_revoke(client, store):
+    team = fresh_team()
+    ta, ta_id = mint(store, team, "team-admin")
+    member, member_id = mint(store, team, "member")
+    since = datetime.now(UTC)
+    job = client.post("/v1/jobs", json=job_body(), headers=auth(member)).json()
+    assert client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(member)).json()["state"] == "cancelled"
+    client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(member))  # a no-op: no second event
+    assert client.post(f"/v1/tokens/{member_id}/revoke", headers=auth(ta)).status_code == 200
+    client.post(f"/v1/tokens/{member_id}/revoke", headers=auth(ta))  # a no-op: no second event
+    rows = client.get("/v1/audit", params={"since": since.isoformat()}, headers=auth(ADMIN)).json()
+    mine = [(e["action"], e["target"], e["actor_token_id"], e["actor_team"], e["actor_kind"])
+            for e in reversed(rows) if e["actor_team"] == team]
+    assert mine == [("job.submit", job["id"], member_id, team, "member"),
+                    ("job.cancel", job["id"], member_id, team, "member"),
+                    ("token.revoke", member_id, ta_id, team, "team-admin")]
+    cancel = next(e for e in rows if e["action"] == "job.cancel" and e["target"] == job["id"])
+    assert cancel["detail"] == {"team": team, "from_state": "submitted", "to_state": "cancelled"}
+    # admin only; limit and action filters
+    assert client.get("/v1/audit", headers=auth(ta)).status_code == 403
+    one = client.get("/v1/audit", params={"action": "token.revoke", "limit": 1}, headers=auth(ADMIN)).json()
+    assert len(one) == 1 and one[0]["target"] == member_id
+    r = client.get("/v1/audit", params={"since": "2026-01-01T00:00:00"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "since"]
+
+
+def test_schedule_changes_are_audited_with_the_settings_admin(client, store):
+    since = datetime.now(UTC)
+    team = fresh_team()
+    r = client.post("/v1/schedules", json={"name": "nightly", "cron": "0 2 * * *",
+                                           "spec": {"command": ["true"], "team": team}}, headers=auth(ADMIN))
+    sid = r.json()["id"]
+    client.post(f"/v1/schedules/{sid}/pause", headers=auth(ADMIN))
+    client.post(f"/v1/schedules/{sid}/pause", headers=auth(ADMIN))  # no change, no event
+    client.post(f"/v1/schedules/{sid}/resume", headers=auth(ADMIN))
+    assert client.delete(f"/v1/schedules/{sid}", headers=auth(ADMIN)).status_code == 204
+    rows = [e for e in client.get("/v1/audit", params={"since": since.isoformat()}, headers=auth(ADMIN)).json()
+            if e["target"] == sid]
+    assert [(e["action"], e["actor_token_id"], e["actor_kind"], e["detail"]["team"]) for e in reversed(rows)] == [
+        ("schedule.create", "settings-admin", "admin", team), ("schedule.pause", "settings-admin", "admin", team),
+        ("schedule.resume", "settings-admin", "admin", team), ("schedule.delete", "settings-admin", "admin", team)]
+
+
+def test_token_operation_and_its_audit_row_share_a_transaction(any_store, monkeypatch):
+    """When the audit row cannot be written, the token operation is not stored either (and the reverse)."""
+    made = T.create_token(any_store, "solo", "member")
+
+    def broken(*a, **kw):
+        raise RuntimeError("audit table unavailable")
+
+    monkeypatch.setattr(T, "audit", broken)
+    with pytest.raises(RuntimeError):
+        T.create_token(any_store, "solo", "read-only")
+    with pytest.raises(RuntimeError):
+        T.revoke(any_store, made.id)
+    with pytest.raises(RuntimeError):
+        T.rotate(any_store, made.id)
+    monkeypatch.undo()
+    assert [(t.id, t.kind, t.revoked) for t in T.list_tokens(any_store, team="solo", include_revoked=True)] == [
+        (made.id, "member", False)]
+    assert [(e.action, e.target) for e in T.audit_events(any_store)] == [("token.create", made.id)]
+
+
+# ----------------------------------------------------------------------------- store-level rules (PG and SQLite)
+def test_bootstrap_only_on_a_fresh_store(any_store):
+    first = T.bootstrap(any_store, "vision")  # the README's first token: member, no admin yet
+    assert (first.kind, first.team) == ("member", "vision")
+    admin = T.bootstrap(any_store, "ops", "admin", label="root")
+    assert any_store.authenticate(admin.token).admin
+    with pytest.raises(T.BootstrapRefused, match="already has an admin token"):
+        T.bootstrap(any_store, "ops", "admin")
+    with pytest.raises(T.BootstrapRefused):
+        T.bootstrap(any_store, "vision")
+    # a revoked (or expired) admin token opens it again
+    T.revoke(any_store, admin.id)
+    again = T.bootstrap(any_store, "ops", "admin")
+    with any_store.session() as s:
+        s.execute(update(ApiToken).where(ApiToken.public_id == again.id)
+                  .values(expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+    T.bootstrap(any_store, "ops", "admin")
+    events = T.audit_events(any_store, action="token.bootstrap")
+    assert [(e.target, e.actor_kind, e.actor_token_id, e.detail["kind"]) for e in reversed(events)][:3] == [
+        (first.id, "database", None, "member"), (admin.id, "database", None, "admin"),
+        (again.id, "database", None, "admin")]
+
+
+def test_last_used_is_written_at_most_once_a_minute(any_store):
+    tok, tid = mint(any_store, "solo", "member")
+    t0 = datetime.now(UTC) + timedelta(hours=1)
+
+    def last_used():
+        with any_store.session() as s:
+            return s.execute(select(ApiToken.last_used_at).where(ApiToken.public_id == tid)).scalar_one()
+
+    assert last_used() is None
+    for dt in (0, 1, 30, 59):
+        assert T.authenticate(any_store, tok, now=t0 + timedelta(seconds=dt)).token_id == tid
+        assert last_used() == t0
+    T.authenticate(any_store, tok, now=t0 + timedelta(seconds=60))
+    assert last_used() == t0 + timedelta(seconds=60)
+    T.authenticate(any_store, tok, now=t0 + timedelta(seconds=119))
+    assert last_used() == t0 + timedelta(seconds=60)
+
+
+def test_expiry_and_kinds_at_the_store(any_store):
+    t0 = datetime.now(UTC)
+    made = T.create_token(any_store, "solo", "read-only", ttl="12h", now=t0)
+    assert made.expires_at == t0 + timedelta(hours=12)
+    assert T.authenticate(any_store, made.token, now=t0 + timedelta(hours=11, minutes=59)).kind == "read-only"
+    with pytest.raises(T.TokenExpired, match="token expired at"):
+        T.authenticate(any_store, made.token, now=t0 + timedelta(hours=12))
+    with pytest.raises(T.InvalidToken):
+        T.authenticate(any_store, "fbk_nothing")
+    # the old signature still works: admin flag, label, default lifetime 90 days
+    legacy = any_store.create_token("solo", admin=True, label="x")
+    p = any_store.authenticate(legacy)
+    assert (p.kind, p.admin, p.team) == ("admin", True, "solo")
+    with any_store.session() as s:
+        r = s.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(legacy))).scalar_one()
+        assert (r.admin, r.kind, r.label) == (True, "admin", "x")
+        assert timedelta(days=90) - timedelta(seconds=5) < r.expires_at - r.created_at <= timedelta(days=90)
+    tok = any_store.create_token("solo", kind="team-admin", ttl=3600)
+    assert any_store.authenticate(tok).kind == "team-admin"
+
+
+@pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("45s", None),
+                                           ("3600", 3600), ("2w", 14 * 86400), (" 1.5h ", 5400), (7200, 7200),
+                                           (timedelta(days=1), 86400), ("3650d", 3650 * 86400)])
+def test_parse_ttl(text, seconds):
+    if seconds is None:
+        with pytest.raises(T.InvalidTokenRequest, match=r"ttl='45s': must be between 60 s and 3650 days"):
+            T.parse_ttl(text)
+    else:
+        assert T.parse_ttl(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "d", "10y", "-5d", "3651d", "1e9", True])
+def test_parse_ttl_refuses(bad):
+    with pytest.raises(T.InvalidTokenRequest) as e:
+        T.parse_ttl(bad)
+    assert e.value.field == "ttl" and str(e.value).startswith(f"ttl={bad!r}: ")
+
+
+def test_principal_keeps_the_admin_flag():
+    from broker.store import Principal
+
+    assert Principal("a", admin=True).kind == "admin" and Principal("a", True).admin
+    assert Principal("a").kind == "member" and not Principal("a").admin
+    assert Principal("a", kind="node", node="n").node == "n"
