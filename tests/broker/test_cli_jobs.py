@@ -213,3 +213,66 @@ def test_unreadable_or_non_finite_job_file_exits_2(tmp_path, content, message):
     f.write_bytes(content)
     r = CliRunner().invoke(cli.app, ["submit", str(f), "--url", "http://127.0.0.1:9", "--token", "abc"])
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_tokens_bootstrap_rule_direct_database(tmp_path):
+    """Without --token, `tokens create` writes to the store only while it has no admin token (a fresh install)."""
+    env = {"FEDBROKER_DATABASE_URL": f"sqlite:///{tmp_path / 'fb.db'}", "FEDBROKER_CONFIG": None, "FEDBROKER_TOKEN": None}
+
+    def create(*args):
+        return CliRunner().invoke(cli.app, ["tokens", "create", *args], env=env)
+
+    member = create("--team", "vision")  # the README's one-machine flow, on a fresh store
+    assert member.exit_code == 0, member.output
+    admin = create("--team", "ops", "--admin", "--ttl", "30d", "--label", "root")
+    assert admin.exit_code == 0, admin.output
+    st = JobStore(f"sqlite:///{tmp_path / 'fb.db'}")
+    p = st.authenticate(admin.stdout.strip())
+    assert (p.kind, p.team) == ("admin", "ops")
+    assert st.authenticate(member.stdout.strip()).kind == "member"
+    st.engine.dispose()
+    assert "admin token tok-" in admin.stderr and "for team 'ops', expires " in admin.stderr
+    for args in (("--team", "ops", "--admin"), ("--team", "vision")):
+        r = create(*args)
+        assert r.exit_code == 1 and r.stdout == ""
+        assert "this store already has an admin token" in r.stderr and "--token" in r.stderr
+    r = create("--team", "vision", "--ttl", "10y")
+    assert r.exit_code == 2 and "--ttl='10y': a lifetime such as 30d" in r.stderr
+    r = create("--team", "vision", "--kind", "root")
+    assert r.exit_code == 2 and "--kind='root': one of member, team-admin, read-only, node, admin" in r.stderr
+
+
+def test_tokens_over_the_api(server, store):
+    team = "t" + uuid.uuid4().hex[:10]
+    admin = store.create_token("ops", admin=True)
+    runner = CliRunner()
+
+    def run(*args, token=admin):
+        return runner.invoke(cli.app, list(args), env={"FEDBROKER_API_URL": server.url, "FEDBROKER_TOKEN": token,
+                                                       "FEDBROKER_CONFIG": None})
+
+    r = run("tokens", "create", "--team", team, "--kind", "read-only", "--ttl", "7d", "--label", "finance", "--json")
+    assert r.exit_code == 0, r.output
+    made = json.loads(r.stdout)
+    assert (made["team"], made["kind"], made["label"]) == (team, "read-only", "finance")
+    r = run("tokens", "list", "--team", team)
+    assert r.exit_code == 0 and made["id"] in r.stdout and "read-only" in r.stdout and "active" in r.stdout
+    r = run("tokens", "rotate", made["id"])
+    assert r.exit_code == 0, r.output
+    new_secret = r.stdout.strip()
+    assert new_secret.startswith("fbk_") and f"replaces {made['id']} (now revoked)" in r.stderr
+    new = store.authenticate(new_secret)
+    assert (new.kind, new.team) == ("read-only", team) and store.authenticate(made["token"]) is None
+    r = run("tokens", "revoke", new.token_id)
+    assert r.exit_code == 0 and r.stdout.strip() == f"{new.token_id} revoked (read-only of {team})"
+    assert store.authenticate(new_secret) is None
+    r = run("audit", "--action", "token.revoke", "--limit", "1", "--json")
+    assert r.exit_code == 0
+    [ev] = json.loads(r.stdout)
+    assert (ev["action"], ev["target"], ev["actor_kind"], ev["actor_team"]) == ("token.revoke", new.token_id, "admin", "ops")
+    # a member token may not manage tokens: the API's 403, exit 1
+    member = store.create_token(team)
+    r = run("tokens", "list", token=member)
+    assert r.exit_code == 1 and "403 a member token cannot manage tokens" in r.stderr
+    r = run("tokens", "create", "--team", team, token=member)
+    assert r.exit_code == 1 and "403" in r.stderr

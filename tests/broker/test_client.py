@@ -363,3 +363,41 @@ def test_retried_submit_creates_one_job(team_client, server, store):
     assert job.id.encode() in proxy.dropped  # the lost answer named the same job
     assert job.name == "retried"
     assert count_jobs(store, team) == 1
+
+
+# ----------------------------------------------------------------------------- tokens and audit
+def test_token_methods_and_their_errors(store, server):
+    team = "t" + uuid.uuid4().hex[:10]
+    with Client(server.url, ADMIN) as admin:
+        ta = admin.create_token(team=team, kind="team-admin", label="lead", ttl_s=86400)
+        assert (ta.team, ta.kind, ta.label) == (team, "team-admin", "lead") and ta.token.startswith("fbk_")
+        assert ta.expires_at - ta.created_at == timedelta(days=1)
+        with pytest.raises(ValidationFailed) as e:
+            admin.create_token(team=team, kind="node")
+        assert e.value.errors[0]["loc"] == ["body", "node"]
+        with pytest.raises(NotFound):
+            admin.revoke_token("tok-0000000000000000")
+    with Client(server.url, ta.token) as lead:
+        ro = lead.create_token(kind="read-only")
+        assert (ro.team, ro.kind) == (team, "read-only")
+        with pytest.raises(AuthError) as e:
+            lead.create_token(kind="admin")
+        assert e.value.status == 403
+        assert [t.id for t in lead.tokens()] == [ta.id, ro.id]
+        rotated = lead.rotate_token(ro.id, ttl_s=3600)
+        assert rotated.rotated_from == ro.id and rotated.kind == "read-only"
+        with pytest.raises(Conflict):
+            lead.rotate_token(ro.id)
+        assert lead.revoke_token(rotated.id).revoked is True
+        assert [t.id for t in lead.tokens(include_revoked=True)] == [ta.id, ro.id, rotated.id]
+        with pytest.raises(AuthError) as e:
+            lead.audit()
+        assert e.value.status == 403
+    with Client(server.url, ADMIN) as admin:
+        events = admin.audit(action="token.rotate", limit=5)
+        assert (events[0].target, events[0].actor_token_id, events[0].detail["new_token_id"]) == (ro.id, ta.id,
+                                                                                                  rotated.id)
+    with Client(server.url, rotated.token) as gone:
+        with pytest.raises(AuthError) as e:
+            gone.list()
+        assert e.value.status == 401 and e.value.detail == "unknown or revoked token"

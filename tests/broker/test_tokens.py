@@ -335,3 +335,58 @@ def test_principal_keeps_the_admin_flag():
     assert Principal("a", admin=True).kind == "admin" and Principal("a", True).admin
     assert Principal("a").kind == "member" and not Principal("a").admin
     assert Principal("a", kind="node", node="n").node == "n"
+
+
+# ----------------------------------------------------------------------------- migration 0004
+@pytest.fixture(params=["postgresql", "sqlite"])
+def bare_store(request, tmp_path):
+    """A store with no tables yet (PostgreSQL: a fresh schema; SQLite: a new file)."""
+    from broker.store import JobStore
+    from tests.conftest import PG_URL
+
+    if request.param == "postgresql":
+        st = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+    else:
+        st = JobStore(f"sqlite:///{tmp_path / 'old.db'}")
+    yield st
+    st.drop_schema()
+
+
+def test_migration_0004_maps_existing_tokens(bare_store):
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import text
+
+    from broker.store import MIGRATIONS_DIR
+
+    def upgrade(rev: str) -> None:
+        if bare_store.schema:
+            with bare_store.engine.begin() as c:
+                c.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{bare_store.schema}"'))
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        with bare_store.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, rev)
+
+    upgrade("0003")
+    made = datetime.now(UTC)
+    with bare_store.engine.begin() as c:
+        for team, admin, secret in (("ops", True, "fbk_old-admin"), ("vision", False, "fbk_old-member")):
+            c.execute(text("INSERT INTO api_tokens (team, token_hash, admin, label, created_at, revoked) "
+                           "VALUES (:t, :h, :a, '', :c, :r)"),
+                      {"t": team, "h": hash_token(secret), "a": admin, "c": made.replace(tzinfo=None)
+                       if bare_store.url.startswith("sqlite") else made, "r": False})
+    upgrade("head")
+    a, m = bare_store.authenticate("fbk_old-admin"), bare_store.authenticate("fbk_old-member")
+    assert (a.kind, a.team, a.admin) == ("admin", "ops", True)
+    assert (m.kind, m.team, m.admin) == ("member", "vision", False)
+    assert T.TOKEN_ID_RE.match(a.token_id) and T.TOKEN_ID_RE.match(m.token_id) and a.token_id != m.token_id
+    views = {t.team: t for t in T.list_tokens(bare_store)}
+    for v in views.values():  # every legacy token now expires 90 days after the migration
+        assert timedelta(days=90) - timedelta(minutes=5) < v.expires_at - made <= timedelta(days=90, minutes=5)
+        assert v.last_used_at is not None and v.node is None  # authenticate above stamped it
+    assert T.audit_events(bare_store) == []
+    # the bootstrap rule sees the legacy admin
+    with pytest.raises(T.BootstrapRefused):
+        T.bootstrap(bare_store, "x", "admin")
