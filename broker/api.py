@@ -85,9 +85,11 @@ SETTINGS_ADMIN_ID = "settings-admin"
 _TRUNCATED_MARK = "\n[fedbroker: log truncated at "
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `fedbroker tokens create --team T`.")
-_ERRORS = {401: {"model": ErrorBody, "description": "missing or unknown token"},
+_ERRORS = {401: {"model": ErrorBody, "description": "missing, unknown, revoked or expired token"},
+           403: {"model": ErrorBody, "description": "this token's kind may not use this route (read-only: GET only; "
+                                                    "node: no job or schedule route)"},
            404: {"model": ErrorBody, "description": "no such job visible to the caller"}}
-_SCHEDULE_ERRORS = {401: _ERRORS[401],
+_SCHEDULE_ERRORS = {401: _ERRORS[401], 403: _ERRORS[403],
                     404: {"model": ErrorBody, "description": "no such schedule visible to the caller"}}
 
 

@@ -390,3 +390,17 @@ def test_migration_0004_maps_existing_tokens(bare_store):
     # the bootstrap rule sees the legacy admin
     with pytest.raises(T.BootstrapRefused):
         T.bootstrap(bare_store, "x", "admin")
+
+
+def test_admin_token_sha256_setting(store):
+    secret = "break-glass-" + uuid.uuid4().hex
+    with TestClient(create_app(store, BrokerSettings(admin_token_sha256=hash_token(secret)))) as c:
+        assert c.get("/v1/audit", params={"limit": 1}, headers=auth(secret)).status_code == 200
+        r = c.post("/v1/tokens", json={"team": "ops", "kind": "admin"}, headers=auth(secret))
+        assert r.status_code == 201
+        [ev] = c.get("/v1/audit", params={"limit": 1}, headers=auth(secret)).json()
+        assert (ev["action"], ev["target"], ev["actor_token_id"], ev["actor_kind"]) == (
+            "token.create", r.json()["id"], "settings-admin", "admin")
+        assert c.get("/v1/jobs", headers=auth(hash_token(secret))).status_code == 401  # the digest is no token
+    with pytest.raises(Exception, match="admin_token_sha256"):
+        BrokerSettings(admin_token_sha256="not-hex")
