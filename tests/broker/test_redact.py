@@ -86,6 +86,9 @@ def test_serve_api_and_worker_never_log_secrets(tmp_path):
            "FEDBROKER_REDIS_URL": _with_password(REDIS_URL, "", redis_pw), "FEDBROKER_ADMIN_TOKEN": admin,
            "FEDBROKER_API_PORT": str(port), "FEDBROKER_STATE_DIR": str(tmp_path / "state")}
     env.pop("FEDBROKER_CONFIG")
+    from broker.store import JobStore
+
+    JobStore(PG_URL, schema=schema).migrate()  # as `serve all` does: two processes migrating one fresh schema race
     logs = {k: open(tmp_path / f"{k}.log", "w+") for k in ("api", "worker")}
     procs = {k: subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", k], cwd=tmp_path, env=env,
                                  stdout=logs[k], stderr=subprocess.STDOUT) for k in logs}
@@ -120,8 +123,6 @@ def test_serve_api_and_worker_never_log_secrets(tmp_path):
                 p.kill()
         for f in logs.values():
             f.close()
-        from broker.store import JobStore
-
         JobStore(PG_URL, schema=schema).drop_schema()
     api_log, worker_log = (tmp_path / "api.log").read_text(), (tmp_path / "worker.log").read_text()
     for name, text in (("api", api_log), ("worker", worker_log)):
