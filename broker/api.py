@@ -224,9 +224,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     Args:
         store: the job store (migrated).
-        settings: ``admin_token`` (an always-valid admin token, team ``"admin"``) and
-            ``log_max_bytes`` (a log at the cap is reported ``truncated``) are read from it;
-            ``None`` = the field defaults (no admin token; the environment is not read).
+        settings: ``admin_token_sha256`` (the digest of an always-valid admin token, team ``"admin"``;
+            the deprecated plaintext ``admin_token`` too, with a warning), ``token_ttl_days`` (default
+            lifetime of tokens made over the API) and ``log_max_bytes`` (a log at the cap is reported
+            ``truncated``) are read from it; ``None`` = the field defaults (no admin token; the
+            environment is not read).
         on_submit: called with the new job's id after a job is stored (the live broker wakes
             the planner with it); an exception from it is logged and never fails the request.
             Also called after an instance report that ended a cloud attempt.

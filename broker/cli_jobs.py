@@ -229,7 +229,7 @@ def _schedule_action(method: str, schedule_id: str, url, token, as_json: bool) -
 
 
 def register(app: typer.Typer) -> None:
-    """Add the job commands (submit, status, list, cancel, logs, explain, schedule, tokens) to ``app``
+    """Add the job commands (submit, status, list, cancel, logs, explain, schedule, tokens, audit) to ``app``
     (``nodes`` is in :mod:`broker.cli_nodes`)."""
 
     @app.command()
