@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from hypothesis import given
+from hypothesis import strategies as hs
 
 from broker.redact import SecretFilter, install_secret_filter, mask_url, settings_secrets
 from broker.settings import BrokerSettings
@@ -36,6 +38,30 @@ ROOT = Path(__file__).resolve().parents[2]
 ])
 def test_mask_url(url, masked):
     assert mask_url(url) == masked
+
+
+_PW = hs.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.~%!$&'()+,;=",
+               min_size=1, max_size=40).map(lambda p: "Pw" + p)
+
+
+@given(pw=_PW, user=hs.sampled_from(["", "broker", "postgres"]),
+       scheme=hs.sampled_from(["postgresql+psycopg", "redis", "rediss", "https"]),
+       tail=hs.sampled_from(["/0", "/fedbroker", "/db?sslmode=require", ""]))
+def test_mask_url_never_shows_the_password(pw, user, scheme, tail):
+    url = f"{scheme}://{user}:{pw}@host.example:5432{tail}"
+    masked = mask_url(url)
+    assert masked == f"{scheme}://{user}:***@host.example:5432{tail}"
+    assert pw not in masked
+
+
+@given(secret=hs.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789", min_size=4, max_size=30),
+       before=hs.text(max_size=30), after=hs.text(max_size=30), as_arg=hs.booleans())
+def test_secret_filter_masks_any_message(secret, before, after, as_arg):
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "%s" if as_arg else before + secret + after,
+                               (before + secret + after,) if as_arg else (), None)
+    assert SecretFilter([secret]).filter(record) is True
+    assert secret not in record.getMessage()
+    assert record.getMessage().count("***") >= 1
 
 
 def test_settings_secrets_and_filter():

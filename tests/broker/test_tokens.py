@@ -11,6 +11,8 @@ import warnings
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as hs
 from sqlalchemy import select, update
 
 with warnings.catch_warnings():
@@ -320,6 +322,16 @@ def test_parse_ttl(text, seconds):
             T.parse_ttl(text)
     else:
         assert T.parse_ttl(text) == seconds
+
+
+@given(n=hs.integers(min_value=0, max_value=10**7), unit=hs.sampled_from(["", "s", "m", "h", "d", "w"]))
+def test_parse_ttl_units(n, unit):
+    seconds = n * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    if 60 <= seconds <= 3650 * 86400:
+        assert T.parse_ttl(f"{n}{unit}") == seconds == T.parse_ttl(f"{n}{unit.upper()}")
+    else:
+        with pytest.raises(T.InvalidTokenRequest, match=r"must be between 60 s and 3650 days"):
+            T.parse_ttl(f"{n}{unit}")
 
 
 @pytest.mark.parametrize("bad", ["", "d", "10y", "-5d", "3651d", "1e9", True])
