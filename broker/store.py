@@ -15,6 +15,7 @@ Exceptions::
      +-- ScheduleNotFound   no such schedule, or not visible to the asking team
      +-- ScheduleConflict   the team already has a schedule of that name
      +-- InvalidSchedule    bad schedule name, cron, time zone, or an absolute instant in its spec
+     +-- broker.tokens.TokenError  token operations (unknown, expired, forbidden, bootstrap refused, ...)
     broker.states.InvalidTransition (ValueError)
 """
 
@@ -35,7 +36,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.db import ApiToken, Attempt, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
+from broker.db import Attempt, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
 from broker.model import JobSpec
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
 from broker.states import JobState, check_transition
