@@ -162,17 +162,9 @@ def _database(st):
         why = str(getattr(e, "orig", None) or e)
         if "no such table" in why or ("relation" in why and "does not exist" in why) or "UndefinedTable" in why:
             _fail(NO_TABLES, code=2)
-        _fail(f"cannot query the broker's database ({_masked(st.effective_database_url)}): {why.strip()}")
+        from broker.redact import mask_url
 
-
-def _masked(url: str) -> str:
-    """A database URL with its password hidden."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - only for a message
-        return url.split("@")[-1]
+        _fail(f"cannot query the broker's database ({mask_url(st.effective_database_url)}): {why.strip()}")
 
 
 def _attempt_key(inst) -> tuple[str, int] | None:
