@@ -179,9 +179,10 @@ class NodeAgent:
                                  max_attempts=self.settings.max_attempts)
             try:
                 self.runtime.forget(key)
-            except Exception:  # noqa: BLE001 - nothing claimed, or already gone
-                pass
-            self._remove_workdir(key)
+                self._remove_workdir(key)
+            except Exception:  # noqa: BLE001 - nothing claimed, or already gone (or still running: keep its directory)
+                if not self.runtime.attempt_dir(key).exists():
+                    self._remove_workdir(key)
             return f"launch failed: {e}"
         self._mark_running(job_id, attempt)
         return "started"

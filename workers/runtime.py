@@ -47,11 +47,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from providers.launch import RUNTIME_OWNED_ENV, SAFE_PATH, base_environment
 from workers import shim as _shim
 from workers.shim import EXIT, LOG, META, PID, SHIM, STOP, proc_stat, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from workers.isolation import JobUser
 
 __all__ = [
     "AttemptKey", "LocalAttempt", "ProcessRuntime", "ProcessRuntimeError", "RuntimeError_",
@@ -227,7 +230,7 @@ class ProcessRuntime:
         env: dict[str, str] | None = None,
         gpus: Sequence[int] = (),
         workdir: Path | None = None,
-        user=None,
+        user: "JobUser | None" = None,
     ) -> LocalAttempt:
         """Start ``argv`` (no shell) as attempt ``key`` under a detached shim; return it ``"running"``
         (or already ``"exited"`` if it could not be executed: exit code 127, message in the log).
