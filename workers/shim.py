@@ -34,7 +34,8 @@ groups (``setgroups([])``, ``setgid``, ``setuid`` in the child just before
 ``exec``; the working directory is entered before, so it may sit below directories
 the user cannot list). The attempt directory stays owned by the shim's user (mode
 0700): the job writes its log only through its stdout/stderr file descriptor and
-cannot touch the control files. When the job process
+cannot touch the control files (through that descriptor it can still truncate its own
+log; the agent tolerates that). When the job process
 exits the shim SIGKILLs whatever is left in its process group (stray
 grandchildren that would keep holding GPUs) before it reaps it, then writes
 ``exit.json`` and exits 0. SIGTERM sent to the shim is forwarded to the job's

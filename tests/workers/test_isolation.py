@@ -220,3 +220,15 @@ def test_agent_refuses_an_unknown_job_user_at_start(pg_store, tmp_path):
               else "jobs.user='no-such-user-x': no such user")
     with pytest.raises(ValueError, match=re.escape(expect)):
         NodeAgent(pg_store, st, "n1", "local", FakeNvmlBackend(gpu_count=1))
+
+
+def test_a_job_that_truncates_its_own_log_does_not_stop_supervision(pg_store, env, tmp_path):
+    # the job's stdout is the log file: it can ftruncate it (not rewrite the file by path); the agent must cope
+    rig = Rig(pg_store, env, tmp_path, {"n1": 2})
+    jid = pg_store.submit("ml", sh("echo first line; sleep 1.5; perl -e 'truncate(STDOUT, 0) or die'; "
+                                   "echo after; sleep 0.5"))[0].id
+    rig.until(lambda: pg_store.log_chunks(jid, 1), what="the first line to be shipped")
+    other = pg_store.submit("ml", sh("echo other"))[0].id
+    rig.until(lambda: rig.state(jid) == "succeeded" and rig.state(other) == "succeeded", what="both jobs to end")
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)).startswith("first line\n")
+    assert "".join(t for _, t in pg_store.log_chunks(other, 1)) == "other\n"
