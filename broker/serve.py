@@ -160,7 +160,11 @@ def serve_agent(config: Optional[Path] = ConfigOpt,
         typer.echo(f"error: --nvml={nvml!r}: {e}", err=True)
         raise typer.Exit(2)
     store = JobStore.from_settings(st)
-    agent = NodeAgent(store, st, name, pool, backend, on_change=kick_planner)
+    try:
+        agent = NodeAgent(store, st, name, pool, backend, on_change=kick_planner)
+    except (ValueError, OSError) as e:  # jobs.user / jobs.root (workers.isolation)
+        typer.echo(f"error: node agent {name!r}: {e}", err=True)
+        raise typer.Exit(2)
     set_current_agent(agent)
     agent.start()
     log.info("agent %s (pool %s, %s NVML) consuming %s", name, pool, type(backend).__name__, node_queue(name))

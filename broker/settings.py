@@ -26,7 +26,8 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from broker.planner import PlannerConfig
 
-__all__ = ["BrokerSettings", "AwsSettings", "AwsRegionSettings", "GcpSettings", "CloudSettings", "load_settings",
+__all__ = ["BrokerSettings", "AwsSettings", "AwsRegionSettings", "GcpSettings", "CloudSettings", "JobsSettings",
+           "load_settings",
            "SettingsError", "DuplicateKeyError", "UniqueKeyLoader", "load_yaml", "aws_regions", "validation_message"]
 
 _S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
@@ -240,6 +241,63 @@ class CloudSettings(BaseModel):
     checkpoint_sync_s: int = Field(300, ge=10)
 
 
+_USER_RE = re.compile(r"^(?:[0-9]{1,10}|[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?)$")
+
+
+def _check_job_user(field: str, v: str) -> str:
+    if not isinstance(v, str) or not _USER_RE.match(v):
+        raise ValueError(f"{field}={v!r}: not a user name or numeric uid")
+    if v == "root" or (v.isdigit() and int(v) == 0):
+        raise ValueError(f"{field}={v!r}: jobs never run as root (uid 0); name an unprivileged user")
+    return v
+
+
+class JobsSettings(BaseModel):
+    """How node agents isolate the jobs they run (see :mod:`workers.isolation`).
+
+    Fields:
+        user: the user (name or numeric uid) jobs run as when the agent runs as root; ``None`` =
+            ``nobody``. ``root`` and uid 0 are refused (a name that resolves to uid 0 is refused when the
+            agent starts). When the agent does not run as root it cannot switch users: jobs run as the
+            agent's own user (weaker: a job can then read what the agent can), and a ``user`` naming
+            anyone else is an error at agent start.
+        pool_users: ``{pool: user}``, overrides ``user`` for the agents of that pool.
+        team_users: ``{team: user}``, overrides both for that team's jobs (one user per team keeps
+            teams' working and checkpoint directories apart).
+        root: directory holding the jobs' working directories (``work/<node>/<job>/<attempt>-<rank>``,
+            one per attempt and rank, mode 0700, owned by the job's user) and checkpoint directories
+            (``checkpoints/<team>/<job>``); every directory above it must be traversable by the job
+            users. ``None`` = ``/var/lib/fedbroker/jobs`` when the agent runs as root, else
+            ``state_dir/jobs``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str | None = None
+    pool_users: dict[str, str] = Field(default_factory=dict)
+    team_users: dict[str, str] = Field(default_factory=dict)
+    root: Path | None = None
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return None if v is None else _check_job_user("jobs.user", v)
+
+    @field_validator("pool_users", "team_users")
+    @classmethod
+    def _users(cls, v: dict[str, str], info) -> dict[str, str]:
+        for k, u in v.items():
+            _check_job_user(f"jobs.{info.field_name}[{k!r}]", u)
+        return v
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_absolute():
+            raise ValueError(f"jobs.root={str(v)!r}: must be an absolute path")
+        return v
+
+
 class BrokerSettings(BaseSettings):
     """Everything the API, Celery workers, beat and node agents read.
 
@@ -278,6 +336,7 @@ class BrokerSettings(BaseSettings):
         token_ttl_days: default lifetime of a new or rotated API token, days (at most 3650).
         max_attempts: a job whose attempts keep ending without an exit code (node lost, start
             timed out, could not be launched) fails after this many attempts.
+        jobs: how node agents isolate jobs: their user and directories (:class:`JobsSettings`).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDBROKER_", env_nested_delimiter="__", extra="forbid")
@@ -310,6 +369,7 @@ class BrokerSettings(BaseSettings):
     admin_token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     token_ttl_days: float = Field(90.0, gt=0, le=3650)
     max_attempts: int = Field(5, ge=1)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
 
     @field_validator("state_dir")
     @classmethod

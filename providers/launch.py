@@ -45,6 +45,13 @@ The job's environment (``job_environment``), with the source each variable follo
 ``CUDA_VISIBLE_DEVICES`` is not part of it: the process runtime sets it from the GPUs it was
 given, and a container sees only the GPUs of ``--gpus`` (numbered from 0).
 
+Nothing else reaches a job: no runtime passes on the environment of the process that launches
+it (a node agent holds the broker's database URL and tokens). The process runtime starts the job
+with exactly :func:`base_environment` (``PATH``, ``HOME`` = the attempt's working directory,
+``LANG``, ``TZ``), then :func:`process_environment`, then its own ``CUDA_VISIBLE_DEVICES`` and
+``FEDBROKER_JOB_ID``/``ATTEMPT``/``RANK``; a container gets the image's environment plus
+:func:`job_environment` (``-e`` words only).
+
 Cloud launches need the image pinned by digest (:func:`pin_image`): a tag can move between
 rank 0's boot and rank 1's, and two ranks must run the same bits.
 
@@ -61,7 +68,7 @@ from typing import Callable, Iterable
 
 __all__ = ["LaunchSpec", "launch_spec", "job_environment", "process_environment", "docker_argv", "container_name",
            "cloud_init", "pin_image", "default_route_interface", "RENDEZVOUS_PORT", "CONTAINER_CHECKPOINT_DIR",
-           "DEFAULT_CHECKPOINT_ROOT", "PROVIDERS", "RUNTIME_OWNED_ENV"]
+           "DEFAULT_CHECKPOINT_ROOT", "PROVIDERS", "RUNTIME_OWNED_ENV", "SAFE_PATH", "base_environment"]
 
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default); the same as ``workers.agent.RENDEZVOUS_PORT``
 RENDEZVOUS_PORT = 29500
@@ -72,6 +79,9 @@ DEFAULT_CHECKPOINT_ROOT = "/var/lib/fedbroker/checkpoints"
 PROVIDERS = ("aws", "gcp")
 #: keys the process runtime (:mod:`workers.runtime`) sets itself and refuses in ``env``
 RUNTIME_OWNED_ENV = ("CUDA_VISIBLE_DEVICES", "FEDBROKER_JOB_ID", "FEDBROKER_ATTEMPT", "FEDBROKER_RANK")
+
+#: ``PATH`` of a job started by the process runtime (not the agent's own ``PATH``)
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # the shell snippet of the brief: the interface of the IPv4 default route
 _IFNAME_SNIPPET = "ip -o -4 route show to default | awk '{print $5}' | head -n 1"
@@ -85,6 +95,7 @@ _DIGEST_RE = DIGEST_RE = re.compile(r"@sha256:[a-f0-9]{64}$")  # an image refere
 _JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a valid docker container name part
 _TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # broker.model's team names
 _ADDR_RE = re.compile(r"^[A-Za-z0-9._:\[\]-]{1,255}$")  # host name, IPv4 or IPv6 address
+_DOCKER_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,31})?$")
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:@=^,-]{1,255}$")  # NCCL_SOCKET_IFNAME syntax (prefix list, ^ = exclude)
 
 
@@ -240,17 +251,32 @@ def process_environment(ls: LaunchSpec) -> dict[str, str]:
     return env
 
 
+def base_environment(home: str) -> dict[str, str]:
+    """The minimal environment under every process-runtime job: ``PATH`` = :data:`SAFE_PATH`,
+    ``HOME`` = ``home`` (the attempt's working directory), ``LANG=C.UTF-8``, ``TZ=UTC``.
+
+    Raises ``ValueError`` naming ``home`` unless it is an absolute path without NUL.
+    """
+    if not isinstance(home, str) or not home.startswith("/") or "\x00" in home:
+        raise ValueError(f"home={home!r}: must be an absolute path without NUL")
+    return {"PATH": SAFE_PATH, "HOME": home, "LANG": "C.UTF-8", "TZ": "UTC"}
+
+
 def container_name(ls: LaunchSpec) -> str:
     """``fedbroker-<job_id>-<attempt>-<rank>``: unique per rank of an attempt on a host."""
     return f"fedbroker-{ls.job_id}-{ls.attempt}-{ls.rank}"
 
 
-def docker_argv(ls: LaunchSpec, passthrough: Iterable[str] = ()) -> list[str]:
+def docker_argv(ls: LaunchSpec, passthrough: Iterable[str] = (), *, user: str | None = None,
+                read_only: bool = True) -> list[str]:
     """The ``docker run`` argv (a list, never a shell string) that runs rank ``ls.rank``.
 
     ``passthrough``: environment keys whose value the launching shell provides (a bare ``-e KEY``
     instead of ``-e KEY=value``); cloud-init uses it for ``MASTER_ADDR``/``PET_MASTER_ADDR`` on
     rank 0, whose own address is only known at boot. Unknown keys raise ``ValueError``.
+    ``user``: ``--user`` value (``name``, ``uid`` or ``uid:gid``; root and uid 0 are refused);
+    ``None`` = the image's user. ``read_only``: ``--read-only`` root filesystem (default); pass
+    ``False`` for an image that must write outside ``/tmp`` and ``/checkpoints``.
 
     Flags:
 
@@ -262,8 +288,15 @@ def docker_argv(ls: LaunchSpec, passthrough: Iterable[str] = ()) -> list[str]:
       PID 1 itself and installs no handler would ignore SIGTERM and only die by SIGKILL;
     * ``--gpus '"device=0,1"'`` (the listed host GPUs; the inner quotes keep docker from reading
       the comma as a field separator) or ``--gpus all`` (every GPU of a cloud instance);
-    * ``--network host``: the container uses the host's interfaces and address, so NCCL reaches
-      the other ranks and rank 0's ``MASTER_ADDR:MASTER_PORT`` is the host's;
+    * ``--network host`` only for a multi-node gang (``nnodes > 1``): the container uses the
+      host's interfaces and address, so NCCL reaches the other ranks and rank 0's
+      ``MASTER_ADDR:MASTER_PORT`` is the host's; a single-node job keeps docker's own network;
+    * ``--cap-drop ALL --security-opt no-new-privileges``: no Linux capabilities, and no setuid
+      binary can regain any;
+    * ``--read-only --tmpfs /tmp:rw,nosuid,nodev`` (unless ``read_only=False``): the image's
+      files cannot be changed; ``/tmp`` (in memory) and the checkpoint volume are the only
+      writable places;
+    * ``--user <user>`` when ``user`` is given;
     * ``--ipc host``: shared memory for NCCL's intra-node transport and PyTorch DataLoader workers
       (docker's default ``/dev/shm`` is 64 MB);
     * ``--ulimit memlock=-1``: unlimited locked memory (pinned buffers, InfiniBand/EFA registration);
@@ -281,9 +314,20 @@ def docker_argv(ls: LaunchSpec, passthrough: Iterable[str] = ()) -> list[str]:
     if ":" in ls.checkpoint_dir:
         raise ValueError(f"checkpoint_dir={ls.checkpoint_dir!r}: docker -v cannot mount a path with ':'")
     gpus = f'"device={",".join(str(g) for g in ls.gpu_devices)}"' if ls.gpu_devices else "all"
-    argv = ["docker", "run", "--rm", "--name", container_name(ls), "--init", "--gpus", gpus,
-            "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-            "--stop-timeout", str(ls.grace_s), "-v", f"{ls.checkpoint_dir}:{CONTAINER_CHECKPOINT_DIR}"]
+    if user is not None and (not isinstance(user, str) or not _DOCKER_USER_RE.match(user)):
+        raise ValueError(f"user={user!r}: must be a user name or uid, optionally ':group'")
+    if user is not None and user.split(":")[0] in ("root", "0"):
+        raise ValueError(f"user={user!r}: jobs never run as root (uid 0)")
+    argv = ["docker", "run", "--rm", "--name", container_name(ls), "--init", "--gpus", gpus]
+    if ls.nnodes > 1:
+        argv += ["--network", "host"]
+    argv += ["--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+             "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+    if read_only:
+        argv += ["--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev"]
+    if user is not None:
+        argv += ["--user", user]
+    argv += ["--stop-timeout", str(ls.grace_s), "-v", f"{ls.checkpoint_dir}:{CONTAINER_CHECKPOINT_DIR}"]
     env = job_environment(ls)
     bare = set(passthrough)
     if bare - set(env):

@@ -22,6 +22,12 @@ directory and reports the ones that ended meanwhile. A duplicate dispatch (a
 message delivered twice, or re-sent by the reconciler) never starts a second
 process: the attempt directory is claimed atomically.
 
+Isolation (:mod:`workers.isolation`): a job gets a clean environment (the launch spec's
+variables, nothing of the agent's), runs as the unprivileged user of ``settings.jobs``
+(never root), in its own working directory per attempt and rank, with a checkpoint
+directory per job, both under the jobs root and owned by that user; the agent's state
+directory is mode 0700.
+
 Exactly-once: a job's process is started only by the agent of the node its
 current attempt was placed on, only while the job is ``starting`` with that
 attempt, and only once per (job, attempt, rank).
@@ -46,6 +52,7 @@ from broker.states import JobState
 from broker.store import JobStore
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
+from workers.isolation import private_dir, resolve_job_user
 
 __all__ = ["NodeAgent", "run_attempt", "current_agent", "set_current_agent", "RENDEZVOUS_PORT"]
 
@@ -83,10 +90,15 @@ class NodeAgent:
         backend: an NVML backend (``providers.nvml.open_backend(...)``).
         runtime: the process runtime (default: under ``settings.state_dir / "agents" / name``).
         gpu_type: override of the canonical GPU type read from NVML.
+
+    Raises ``ValueError`` naming the setting when ``settings.jobs`` names a user that does not
+    exist, is root, or cannot be taken by a non-root agent, or a jobs root the job user cannot
+    reach (:mod:`workers.isolation`).
     """
 
     def __init__(self, store: JobStore, settings, name: str, pool: str, backend, runtime=None,
                  gpu_type: str | None = None, on_change=None):
+        from workers.isolation import jobs_root, prepare_jobs_root, resolve_job_user
         from workers.runtime import ProcessRuntime
 
         self.store = store
@@ -94,7 +106,12 @@ class NodeAgent:
         self.name = name
         self.pool = pool
         self.backend = backend
-        self.runtime = runtime or ProcessRuntime(Path(settings.state_dir) / "agents" / name)
+        state_dir = Path(settings.state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(state_dir, 0o700)  # the embedded database and every attempt's control files
+        users = [resolve_job_user(settings.jobs, team, pool) for team in settings.jobs.team_users]
+        self.jobs_root = prepare_jobs_root(jobs_root(settings), [resolve_job_user(settings.jobs, None, pool), *users])
+        self.runtime = runtime or ProcessRuntime(state_dir / "agents" / name)
         self.gpu_type = gpu_type
         self.agent_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.on_change = on_change  # called after a job ended (e.g. kick the planner)
@@ -143,10 +160,12 @@ class NodeAgent:
         key = AttemptKey(job_id, attempt, rank)
         try:
             ls = self._launch_spec(job_id, attempt, rank, spec, parts, part)
-            # the runtime sets CUDA_VISIBLE_DEVICES and FEDBROKER_JOB_ID/ATTEMPT/RANK itself
+            # the runtime adds the base (PATH, HOME, ...), CUDA_VISIBLE_DEVICES and FEDBROKER_JOB_ID/ATTEMPT/RANK
             env = process_environment(ls)
-            Path(ls.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            self.runtime.launch(key, list(ls.command), env=env, gpus=part["gpus"])
+            user = resolve_job_user(self.settings.jobs, ls.team, self.pool)
+            private_dir(Path(ls.checkpoint_dir), user)
+            workdir = private_dir(self._workdir(key), user)
+            self.runtime.launch(key, list(ls.command), env=env, gpus=part["gpus"], workdir=workdir, user=user)
         except AlreadyLaunched:
             self._mark_running(job_id, attempt)
             return "duplicate"
@@ -160,17 +179,34 @@ class NodeAgent:
                                  max_attempts=self.settings.max_attempts)
             try:
                 self.runtime.forget(key)
-            except Exception:  # noqa: BLE001 - nothing claimed, or already gone
-                pass
+                self._remove_workdir(key)
+            except Exception:  # noqa: BLE001 - nothing claimed, or already gone (or still running: keep its directory)
+                if not self.runtime.attempt_dir(key).exists():
+                    self._remove_workdir(key)
             return f"launch failed: {e}"
         self._mark_running(job_id, attempt)
         return "started"
+
+    def _workdir(self, key) -> Path:
+        """The attempt's working directory (and ``HOME``): ``<jobs root>/work/<node>/<job>/<attempt>-<rank>``."""
+        return self.jobs_root / "work" / self.name / key.job_id / f"{key.attempt}-{key.rank}"
+
+    def _remove_workdir(self, key) -> None:
+        """Delete the attempt's working directory (its end was reported; checkpoints stay)."""
+        import shutil
+
+        wd = self._workdir(key)
+        shutil.rmtree(wd, ignore_errors=True)  # fd-based on Linux: never follows the job's symlinks
+        try:
+            wd.parent.rmdir()
+        except OSError:
+            pass
 
     def _launch_spec(self, job_id: str, attempt: int, rank: int, spec: dict, parts: list, part: dict):
         """The :class:`providers.launch.LaunchSpec` of this rank: the same environment as a container
         or a cloud instance would get (:func:`providers.launch.job_environment`). Rank 0's node name
         is the rendezvous address (``127.0.0.1`` for a single node); checkpoints live under
-        ``state_dir/checkpoints/<team>/<job_id>``; the NCCL interface is the agent's
+        ``<jobs root>/checkpoints/<team>/<job_id>``; the NCCL interface is the agent's
         ``$NCCL_SOCKET_IFNAME`` if set, else the interface of the default route."""
         from broker.model import JobSpec
 
@@ -178,7 +214,7 @@ class NodeAgent:
             JobSpec.model_validate(spec), job_id, attempt, rank, nnodes=len(parts),
             master_addr=parts[0]["node"] if len(parts) > 1 else "127.0.0.1",
             gpu_devices=tuple(part["gpus"]),
-            checkpoint_root=str(Path(self.settings.state_dir).resolve() / "checkpoints"),
+            checkpoint_root=str(self.jobs_root / "checkpoints"),
             grace_s=self.settings.cancel_grace_s,
             nccl_socket_ifname=os.environ.get("NCCL_SOCKET_IFNAME") or default_route_interface(),
         )
@@ -243,6 +279,7 @@ class NodeAgent:
             with self._launch_lock:  # see run_attempt
                 if self._report_end(a):
                     self.runtime.forget(a.key)
+                    self._remove_workdir(a.key)
                     changed = True
         # jobs the store showed running here, with no process and no exit code on this node
         for job_id, attempt, pl in mine_running:
@@ -274,7 +311,10 @@ class NodeAgent:
         chunk = self.settings.log_chunk_bytes
         moved = False
         while state["offset"] < limit:
-            data, new_off = self.runtime.read_log(a.key, state["offset"], min(chunk, limit - state["offset"]))
+            try:
+                data, new_off = self.runtime.read_log(a.key, state["offset"], min(chunk, limit - state["offset"]))
+            except ValueError:  # the job truncated its own log (ftruncate on its stdout): ship nothing more
+                break
             if not data:
                 break
             if not final and len(data) < chunk and b"\n" in data:  # ship whole lines while running

@@ -47,10 +47,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from providers.launch import RUNTIME_OWNED_ENV, SAFE_PATH, base_environment
 from workers import shim as _shim
 from workers.shim import EXIT, LOG, META, PID, SHIM, STOP, proc_stat, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from workers.isolation import JobUser
 
 __all__ = [
     "AttemptKey", "LocalAttempt", "ProcessRuntime", "ProcessRuntimeError", "RuntimeError_",
@@ -60,7 +64,9 @@ __all__ = [
 LAUNCH_TIMEOUT_S = 10.0
 """Seconds :meth:`ProcessRuntime.launch` waits for the shim to report the job's pid."""
 
-_RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "FEDBROKER_JOB_ID", "FEDBROKER_ATTEMPT", "FEDBROKER_RANK")
+_RESERVED_ENV = RUNTIME_OWNED_ENV
+#: the shim's own environment: not the agent's (which holds the broker's secrets)
+_SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the ``workers`` package
 
 
@@ -207,6 +213,7 @@ class ProcessRuntime:
         self.state_dir = Path(state_dir).resolve()  # the detached shim runs with cwd "/"
         self.attempts_dir = self.state_dir / "attempts"
         self.attempts_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)  # control files and logs: no job user may read or write them
 
     # ---------------------------------------------------------------- paths
     def attempt_dir(self, key: AttemptKey) -> Path:
@@ -223,14 +230,23 @@ class ProcessRuntime:
         env: dict[str, str] | None = None,
         gpus: Sequence[int] = (),
         workdir: Path | None = None,
+        user: "JobUser | None" = None,
     ) -> LocalAttempt:
         """Start ``argv`` (no shell) as attempt ``key`` under a detached shim; return it ``"running"``
         (or already ``"exited"`` if it could not be executed: exit code 127, message in the log).
 
-        The job's environment is the agent's ``os.environ`` updated by ``env``, then
+        The job's environment is exactly :func:`providers.launch.base_environment`
+        (``PATH``, ``HOME`` = ``workdir``, ``LANG``, ``TZ``) updated by ``env``, then
         ``CUDA_VISIBLE_DEVICES=",".join(gpus)`` (``""`` for no GPUs),
-        ``FEDBROKER_JOB_ID``, ``FEDBROKER_ATTEMPT``, ``FEDBROKER_RANK``. Its working
+        ``FEDBROKER_JOB_ID``, ``FEDBROKER_ATTEMPT``, ``FEDBROKER_RANK``: nothing of the
+        caller's ``os.environ`` (an agent holds the broker's secrets). Its working
         directory is ``workdir`` (default: the caller's current directory).
+        ``user`` (a :class:`workers.isolation.JobUser`): the job runs as that uid and
+        primary gid with no supplementary groups (the shim drops privileges just before
+        ``exec``); ``None`` = the caller's own user (the node agent always passes one).
+        The attempt directory (control files and log) is mode 0700 and owned by the
+        caller, so the job can neither read nor rewrite it; it writes its log only
+        through its stdout and stderr.
         Returns once the job's pid is on disk.
 
         The attempt directory is claimed with ``os.mkdir`` before anything starts,
@@ -239,8 +255,9 @@ class ProcessRuntime:
         Raises ``ValueError`` naming the field for an empty ``argv``/non-str
         element, a non-str ``env`` key/value or a key containing ``=``, an ``env``
         key the runtime sets itself (``CUDA_VISIBLE_DEVICES``, ``FEDBROKER_*``),
-        a GPU index that is not an int >= 0 or is repeated, or a ``workdir`` that
-        is not a directory; :class:`AlreadyLaunched` if the key was launched
+        a GPU index that is not an int >= 0 or is repeated, a ``workdir`` that
+        is not a directory, a ``user`` with uid 0 or (caller not root) another uid
+        than the caller's; :class:`AlreadyLaunched` if the key was launched
         before (and not forgotten); :class:`LaunchFailed` if the shim did not
         report the job's pid within :data:`LAUNCH_TIMEOUT_S` seconds.
         """
@@ -252,7 +269,19 @@ class ProcessRuntime:
             workdir = Path.cwd()
         if not Path(workdir).is_dir():
             raise ValueError(f"workdir must be an existing directory, got {str(workdir)!r}")
-        overrides = dict(env)
+        user_d = None
+        if user is not None:
+            uid, gid = getattr(user, "uid", None), getattr(user, "gid", None)
+            for f, v in (("user.uid", uid), ("user.gid", gid)):
+                _check_int(f, v)
+            if uid == 0:
+                raise ValueError(f"user={user!r}: jobs never run as root (uid 0)")
+            if os.geteuid() != 0 and uid != os.geteuid():
+                raise ValueError(f"user={user!r}: only a root caller can run a job as another user "
+                                 f"(this process is uid {os.geteuid()})")
+            user_d = {"name": str(getattr(user, "name", uid)), "uid": uid, "gid": gid}
+        overrides = base_environment(str(Path(workdir).resolve()))
+        overrides.update(env)
         overrides.update({
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_t),
             "FEDBROKER_JOB_ID": key.job_id,
@@ -275,7 +304,7 @@ class ProcessRuntime:
         write_json_atomic(adir / META, {
             "job_id": key.job_id, "attempt": key.attempt, "rank": key.rank, "argv": argv,
             "env": overrides, "gpus": list(gpu_t), "workdir": str(Path(workdir).resolve()),
-            "started_at": started_at,
+            "user": user_d, "started_at": started_at,
         }, mode=0o600)
         os.close(os.open(adir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
 
@@ -283,7 +312,7 @@ class ProcessRuntime:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "workers.shim", str(adir)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True, cwd=_PACKAGE_ROOT,
+                start_new_session=True, close_fds=True, cwd=_PACKAGE_ROOT, env=_SHIM_ENV,
             )
         except OSError as exc:
             with open(adir / LOG, "a", encoding="utf-8") as f:

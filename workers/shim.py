@@ -11,8 +11,8 @@ temporary file + ``os.replace``, or ``os.link`` where it must not already exist)
 
 ``meta.json``   written by the launcher before the shim starts:
                 ``{"job_id", "attempt", "rank", "argv": [str], "env": {str: str}
-                (every variable the runtime adds to the agent's environment),
-                "gpus": [int], "workdir": str, "started_at": POSIX s}``; mode 0600.
+                (the job's whole environment), "gpus": [int], "workdir": str,
+                "user": {"name", "uid", "gid"} or null, "started_at": POSIX s}``; mode 0600.
 ``log``         the job's stdout and stderr, appended (``O_APPEND``) in order written;
                 the shim itself writes only the one line explaining a failed exec.
 ``shim.json``   ``{"pid", "start_ticks"}`` of the shim process (``start_ticks``:
@@ -27,8 +27,15 @@ temporary file + ``os.replace``, or ``os.link`` where it must not already exist)
                 ``{"reason", "requested_at", "grace_s", "kill_deadline"}`` (POSIX s).
 
 Behaviour: the job is spawned without a shell, in a new session (its pid is its
-process group id), stdin from ``/dev/null``, with the environment of the shim
-(= the launching agent's) updated by ``meta.json["env"]``. When the job process
+process group id), stdin from ``/dev/null``, umask 077, with exactly the environment
+``meta.json["env"]`` (nothing of the shim's own), and, when ``meta.json["user"]`` is
+set and the shim runs as root, as that uid and primary gid with no supplementary
+groups (``setgroups([])``, ``setgid``, ``setuid`` in the child just before
+``exec``; the working directory is entered before, so it may sit below directories
+the user cannot list). The attempt directory stays owned by the shim's user (mode
+0700): the job writes its log only through its stdout/stderr file descriptor and
+cannot touch the control files (through that descriptor it can still truncate its own
+log; the agent tolerates that). When the job process
 exits the shim SIGKILLs whatever is left in its process group (stray
 grandchildren that would keep holding GPUs) before it reaps it, then writes
 ``exit.json`` and exits 0. SIGTERM sent to the shim is forwarded to the job's
@@ -166,11 +173,14 @@ def _run(attempt_dir: Path) -> None:
         if meta is None:
             raise FileNotFoundError(f"{attempt_dir / META} is missing")
         argv = list(meta["argv"])
-        env = dict(os.environ)
-        env.update(meta.get("env") or {})
+        env = {str(k): str(v) for k, v in (meta.get("env") or {}).items()}
+        drop: dict = {}
+        user = meta.get("user")
+        if user is not None and os.geteuid() == 0:
+            drop = {"user": int(user["uid"]), "group": int(user["gid"]), "extra_groups": []}
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env,
-            cwd=meta.get("workdir"), start_new_session=True, close_fds=True,
+            cwd=meta.get("workdir"), start_new_session=True, close_fds=True, umask=0o077, **drop,
         )
     except Exception as exc:  # noqa: BLE001 - anything before the spawn is "cannot execute"
         _append_log(log_fd, f"fedbroker-shim: cannot execute {argv[0]!r}: {exc}\n")

@@ -83,9 +83,9 @@ def die(msg, code):
 
 # ------------------------------------------------------------------------------------------- docker
 
-RUN_FLAGS_NOARG = {"--rm", "--init"}
+RUN_FLAGS_NOARG = {"--rm", "--init", "--read-only"}
 RUN_FLAGS_ARG = {"--name", "--gpus", "--network", "--net", "--ipc", "--ulimit", "--stop-timeout",
-                 "-v", "--volume", "-e", "--env"}
+                 "-v", "--volume", "-e", "--env", "--cap-drop", "--security-opt", "--tmpfs", "--user"}
 
 
 def state_dir():
@@ -390,7 +390,9 @@ def write_fake_tools(bin_dir: Path) -> None:
     Each is a ``#!<this Python>`` script (standard library only) configured by environment variables:
 
     * ``docker info`` exits 0. ``docker run [--rm] [--name N] [--init] [--gpus X] [--network X]
-      [--ipc X] [--ulimit X]... [--stop-timeout N] [-v HOST:CTR]... [-e K=V | -e K]... IMAGE CMD...``
+      [--ipc X] [--ulimit X]... [--cap-drop X] [--security-opt X] [--read-only] [--tmpfs X] [--user X]
+      [--stop-timeout N] [-v HOST:CTR]... [-e K=V | -e K]... IMAGE CMD...`` (the isolation flags are
+      accepted and not enforced)
       runs ``CMD`` (an argv list, no shell; the image is ignored) as a child process, its environment
       the caller's overlaid with the ``-e`` values (a bare ``-e K`` copies ``K`` from the caller, or
       unsets it); a ``CHECKPOINT_DIR`` equal to the container side of a mount becomes the host side.

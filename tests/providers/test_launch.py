@@ -93,6 +93,7 @@ def test_docker_argv_is_exact():
     assert docker_argv(ls) == [
         "docker", "run", "--rm", "--name", f"fedbroker-{JOB}-2-1", "--init", "--gpus", '"device=2,3"',
         "--network", "host", "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev",
         "--stop-timeout", "45", "-v", f"/var/lib/fedbroker/checkpoints/ml/{JOB}:/checkpoints",
         *[w for k, v in env.items() for w in ("-e", f"{k}={v}")],
         "registry.local:5000/team/train:v3", "torchrun", "train.py", "--epochs", "3",
@@ -101,6 +102,31 @@ def test_docker_argv_is_exact():
     cloud = ranks(spec())[1]
     assert docker_argv(cloud)[-len(CMD) - 3:] == ["-e", "NCCL_SOCKET_IFNAME", IMAGE, *CMD]
     assert docker_argv(cloud)[7] == "all"
+
+
+def test_docker_argv_single_node_has_no_host_network_and_never_a_broker_variable(monkeypatch):
+    monkeypatch.setenv("FEDBROKER_TOKEN", "secret-token-value")
+    monkeypatch.setenv("FEDBROKER_DATABASE_URL", "postgresql://u:pw@db/x")
+    ls = launch_spec(spec(nodes=1), JOB, 1, 0, 1, "127.0.0.1", gpu_devices=(0, 1), nccl_socket_ifname="ens5",
+                     grace_s=10)
+    env = job_environment(ls)
+    assert docker_argv(ls, user="1001:1001") == [
+        "docker", "run", "--rm", "--name", f"fedbroker-{JOB}-1-0", "--init", "--gpus", '"device=0,1"',
+        "--ipc", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev",
+        "--user", "1001:1001",
+        "--stop-timeout", "10", "-v", f"/var/lib/fedbroker/checkpoints/ml/{JOB}:/checkpoints",
+        *[w for k, v in env.items() for w in ("-e", f"{k}={v}")],
+        IMAGE, *CMD,
+    ]
+    assert docker_argv(ls, read_only=False) == [
+        w for w in docker_argv(ls) if w not in ("--read-only", "--tmpfs", "/tmp:rw,nosuid,nodev")]
+    e_words = [a for i, a in enumerate(docker_argv(ls)) if i and docker_argv(ls)[i - 1] == "-e"]
+    assert sorted(w.split("=")[0] for w in e_words) == sorted(env)
+    assert [k for k in env if k.startswith("FEDBROKER_")] == ["FEDBROKER_JOB_ID", "FEDBROKER_ATTEMPT", "FEDBROKER_RANK"]
+    for bad in ("root", "0", "0:0", "root:users", "a b", "x;y"):
+        with pytest.raises(ValueError, match="user="):
+            docker_argv(ls, user=bad)
 
 
 @pytest.mark.parametrize("provider", ["aws", "gcp"])

@@ -34,7 +34,9 @@ class Rig:
     def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
         self.store = store
         self.tmp = tmp_path
-        self.settings = BrokerSettings(state_dir=tmp_path, cancel_grace_s=1.0, heartbeat_interval_s=0.2)
+        # jobs run as nobody here (the tests run as root): the agent's state is private, the jobs' root is not
+        self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
+                                       jobs={"root": str(tmp_path / "jobs")})
         self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}
         self.agents = {n: self.new_agent(n) for n in nodes}
         for a in self.agents.values():
@@ -43,7 +45,7 @@ class Rig:
 
     def new_agent(self, name: str) -> NodeAgent:
         return NodeAgent(self.store, self.settings, name, "local", self.backends[name],
-                         runtime=ProcessRuntime(self.tmp / "agents" / name))
+                         runtime=ProcessRuntime(self.tmp / "state" / "agents" / name))
 
     def dispatch(self, job_id: str, attempt: int) -> None:  # what fedbroker.dispatch and node queues do
         for part in self.store.get(job_id).placement["nodes"]:

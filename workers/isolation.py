@@ -1,0 +1,175 @@
+"""Who a job runs as and where: the node agent's side of job isolation.
+
+A job started by the process runtime (:mod:`workers.runtime`) never runs as root and never
+sees the agent's environment:
+
+* **User** (:func:`resolve_job_user`): when the agent runs as root, each job runs as the
+  unprivileged user of ``settings.jobs`` (``team_users[team]``, else ``pool_users[pool]``,
+  else ``user``, else ``nobody``); the shim drops to it (uid, primary gid, no supplementary
+  groups) just before ``exec``. A user that resolves to uid 0 is refused. When the agent does
+  not run as root it cannot switch users, so jobs run as the agent's own user: weaker (a job can
+  read whatever the agent can, e.g. its settings file), documented in the README.
+* **Directories** (:func:`jobs_root`, :func:`prepare_jobs_root`, :func:`private_dir`): under
+  the jobs root (``settings.jobs.root``; default ``/var/lib/fedbroker/jobs`` for a root agent,
+  ``state_dir/jobs`` otherwise), root-owned directories of mode 0711 (traversable, not
+  listable) lead to one working directory per attempt and rank
+  (``work/<node>/<job>/<attempt>-<rank>``, the job's ``HOME`` and ``cwd``) and one checkpoint
+  directory per job (``checkpoints/<team>/<job>``), each mode 0700 and owned by the job's user.
+  The agent's state directory (SQLite database, attempt control files, logs) is made 0700:
+  a job user can neither list nor read it.
+* **Environment**: :func:`providers.launch.base_environment` plus the launch spec's variables,
+  nothing else (built in :meth:`workers.runtime.ProcessRuntime.launch`).
+
+cgroups (CPU, memory, device limits through ``systemd-run --scope``) are not applied by the
+process runtime: the hosts this was built on have no systemd as PID 1. Run the agent inside a
+systemd slice (or use the docker runtime's limits) where they are needed.
+
+Errors: ``ValueError`` naming the setting (``jobs.user``, ``jobs.team_users['vision']``,
+``jobs.root``) and the value.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["JobUser", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
+           "private_dir", "DEFAULT_ROOT_JOBS_DIR"]
+
+#: jobs root of an agent that runs as root (every parent is world-traversable on a standard host)
+DEFAULT_ROOT_JOBS_DIR = Path("/var/lib/fedbroker/jobs")
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """The unprivileged identity a job runs as: user ``name``, ``uid`` and primary ``gid``."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def to_dict(self) -> dict:
+        """``{"name", "uid", "gid"}`` (as stored in the attempt's ``meta.json``)."""
+        return {"name": self.name, "uid": self.uid, "gid": self.gid}
+
+
+def agent_is_root() -> bool:
+    """True when this process runs with effective uid 0 (it can, and must, drop jobs to another user)."""
+    return os.geteuid() == 0
+
+
+def _lookup(field: str, spec: str) -> pwd.struct_passwd:
+    try:
+        return pwd.getpwuid(int(spec)) if spec.isdigit() else pwd.getpwnam(spec)
+    except KeyError:
+        raise ValueError(f"{field}={spec!r}: no such user on this host") from None
+
+
+def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> JobUser:
+    """The user a job of ``team`` on a node of ``pool`` runs as, from ``jobs`` (:class:`broker.settings.JobsSettings`).
+
+    Root agent: ``jobs.team_users[team]``, else ``jobs.pool_users[pool]``, else ``jobs.user``,
+    else ``nobody``. Non-root agent: the agent's own user (it cannot switch).
+
+    Raises ``ValueError`` naming the setting when the user does not exist on this host, resolves
+    to uid 0, or (non-root agent) names a user other than the agent's own.
+    """
+    if team is not None and team in jobs.team_users:
+        field, spec = f"jobs.team_users[{team!r}]", jobs.team_users[team]
+    elif pool is not None and pool in jobs.pool_users:
+        field, spec = f"jobs.pool_users[{pool!r}]", jobs.pool_users[pool]
+    else:
+        field, spec = "jobs.user", jobs.user
+    euid = os.geteuid()
+    if euid != 0:
+        me = pwd.getpwuid(euid)
+        if spec is not None and _lookup(field, spec).pw_uid != euid:
+            raise ValueError(f"{field}={spec!r}: the agent runs as {me.pw_name!r} (uid {euid}), not root, so it "
+                             "cannot switch users; jobs run as the agent's own user. Unset it or run the agent as root")
+        return JobUser(me.pw_name, euid, os.getegid())
+    pw = _lookup(field, spec or "nobody")
+    if pw.pw_uid == 0:
+        raise ValueError(f"{field}={spec or 'nobody'!r}: is uid 0 (root); jobs never run as root")
+    return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
+
+
+def jobs_root(settings) -> Path:
+    """``settings.jobs.root``, or :data:`DEFAULT_ROOT_JOBS_DIR` for a root agent, or ``state_dir/jobs``."""
+    if settings.jobs.root is not None:
+        return Path(settings.jobs.root)
+    return DEFAULT_ROOT_JOBS_DIR if agent_is_root() else Path(settings.state_dir) / "jobs"
+
+
+def _can_traverse(st: os.stat_result, user: JobUser) -> bool:
+    if user.uid == st.st_uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if user.gid == st.st_gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def check_reachable(path: Path, user: JobUser, field: str = "jobs.root") -> None:
+    """Raise ``ValueError`` naming ``field`` unless ``user`` can traverse ``path`` and every directory above it
+    (owner, primary group or other execute bit; jobs have no supplementary groups)."""
+    p = Path(path).resolve()
+    for d in [p, *p.parents]:
+        st = os.stat(d)
+        if not _can_traverse(st, user):
+            raise ValueError(f"{field}={str(path)!r}: the job user {user.name!r} (uid {user.uid}) cannot reach it: "
+                             f"{d} is mode {stat.S_IMODE(st.st_mode):04o} owned by uid {st.st_uid}; choose a "
+                             "directory every job user can traverse (e.g. /var/lib/fedbroker/jobs)")
+
+
+def _mkdir_traversable(path: Path) -> None:
+    """Create ``path`` and missing parents; directories this creates get mode 0711 (root: owned by root)."""
+    missing = []
+    p = Path(path)
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o711)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o711)  # not narrowed by the umask
+
+
+def prepare_jobs_root(root: Path, users: list[JobUser]) -> Path:
+    """Create the jobs root (and ``work``, ``checkpoints`` in it) as traverse-only (0711) directories and check
+    that each of ``users`` can reach it. Returns the resolved root.
+
+    Raises ``ValueError`` naming ``jobs.root`` when it is writable by group or others (a job user could swap the
+    directories the agent creates in it for links) or a job user cannot reach it (see :func:`check_reachable`).
+    """
+    root = Path(root)
+    _mkdir_traversable(root)
+    st = os.stat(root)
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise ValueError(f"jobs.root={str(root)!r}: is mode {stat.S_IMODE(st.st_mode):04o}, writable by group or "
+                         "others; give a directory only its owner can write (the agent creates 0711 ones)")
+    for sub in (root / "work", root / "checkpoints"):
+        _mkdir_traversable(sub)
+        os.chmod(sub, 0o711)
+    for u in users:
+        check_reachable(root, u)
+    return root.resolve()
+
+
+def private_dir(path: Path, user: JobUser) -> Path:
+    """Create ``path`` (mode 0700, owned by ``user`` when the agent is root) below traverse-only parents; an
+    existing one is kept and (re)owned. Returns ``path``. Raises ``OSError``; ``ValueError`` if ``path`` is a symlink."""
+    path = Path(path)
+    _mkdir_traversable(path.parent)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if path.is_symlink() or not path.is_dir():
+            raise ValueError(f"{path}: exists and is not a directory") from None
+    if agent_is_root():
+        os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    os.chmod(path, 0o700)
+    return path
