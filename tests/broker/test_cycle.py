@@ -11,7 +11,7 @@ from sqlalchemy import select
 from broker.cycle import PlanningCycle, decayed_usage
 from broker.db import Attempt, Job, utcnow
 from broker.live import LiveEnvironment, replay_offset_s
-from broker.model import JobSpec
+from broker.model import LATEST_INSTANT, JobSpec
 from broker.reconciler import Reconciler, checkpointed_work_s
 from broker.settings import BrokerSettings
 from broker.store import JobStore
@@ -453,3 +453,85 @@ def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
     cyc.run(now + timedelta(seconds=2))  # a later cycle takes anything skipped; cancelled jobs stay cancelled
     assert {store.get(j).state for j in cancelled} == {"cancelled"}
     assert store.count_by_state().get("submitted", 0) == 0
+
+
+# ---------------------------------------------------------------- hypothesis: random valid specs never stop the cycle
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+_NOW = utcnow().replace(microsecond=0)
+_LAST = LATEST_INSTANT - timedelta(seconds=1)
+#: instants from an hour ago to the last one JobSpec accepts (2199-12-31T23:59:59Z), dense near now
+_instants = hst.one_of(
+    hst.floats(-3600.0, 30 * 86400.0).map(lambda s: _NOW + timedelta(seconds=s)),
+    hst.datetimes(min_value=_NOW.replace(tzinfo=None), max_value=_LAST.replace(tzinfo=None)).map(
+        lambda d: d.replace(tzinfo=_NOW.tzinfo)),
+)
+
+
+@hst.composite
+def _valid_spec(draw):
+    """A JobSpec dict that JobSpec's own validation accepts (rejected draws are filtered out)."""
+    d = {"command": ["true"],
+         "gpus_per_node": draw(hst.integers(1, 16)),
+         "nodes": draw(hst.sampled_from([1, 1, 2, 3, 1024])),
+         "gpu_types": draw(hst.lists(hst.sampled_from(["V100", "A100", "H100", "T4", "TPUv9", "MI300X"]),
+                                     max_size=3, unique=True)),
+         "min_gpu_memory_gb": draw(hst.sampled_from([0.0, 16.0, 80.0, 4096.0])),
+         "priority_class": draw(hst.sampled_from(["low", "normal", "high", "critical"])),
+         "estimated_duration_s": draw(hst.sampled_from([1e-3, 1.0, 600.0, 3600.0, 86400.0, 366 * 86400.0])),
+         "window": draw(hst.sampled_from(["planner", "cheapest", "cleanest"])),
+         "preemptible": draw(hst.booleans()), "checkpointable": draw(hst.booleans()),
+         "spot_allowed": draw(hst.booleans()), "deferrable": draw(hst.booleans())}
+    for key in ("deadline", "not_before", "not_after"):
+        if draw(hst.booleans()):
+            d[key] = draw(_instants).isoformat()
+    if draw(hst.booleans()):
+        d["slack_s"] = draw(hst.sampled_from([0.0, 60.0, 86400.0, 366 * 86400.0]))
+    if draw(hst.booleans()):
+        d["max_price_usd_per_hour"] = draw(hst.sampled_from([1e-3, 2.0, 1e6]))
+    try:
+        return JobSpec.model_validate(d)
+    except ValueError:
+        from hypothesis import reject
+
+        reject()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(specs=hst.lists(_valid_spec(), min_size=1, max_size=6), later=hst.sampled_from([2.0, 3600.0, 40 * 86400.0]))
+def test_random_valid_specs_never_stop_the_cycle(pg_store, env, specs, later):
+    """Any spec the API accepts goes through intake and plan(): every cycle completes (no exception), every
+    job ends in a legal state (a failed one with its reason), every event is a legal move, and no GPU is
+    given twice."""
+    from sqlalchemy import delete
+
+    from broker.states import ALLOWED_TRANSITIONS, JobState
+
+    store = pg_store
+    with store.session() as s:
+        s.execute(delete(Job))
+    store.heartbeat("n1", "local", "V100", 4, 16.0, [0, 1, 2, 3], "agent-1", now=_NOW)
+    ids = [store.submit(f"team{k % 2}", sp, now=_NOW)[0].id for k, sp in enumerate(specs)]
+    cyc, sent, _ = _cycle(store, env)
+    for t in (_NOW, _NOW + timedelta(seconds=later)):
+        store.heartbeat("n1", "local", "V100", 4, 16.0, [0, 1, 2, 3], "agent-1", now=t)
+        cyc.run(t)  # must not raise
+    held = []
+    for jid in ids:
+        j = store.get(jid)
+        assert j.state in ("queued", "deferred", "starting", "failed"), (j.state, j.reason)
+        assert j.reason
+        if j.state == "failed":
+            assert j.finished_at is not None
+            assert "step failed" not in j.reason, j.reason  # valid input never needs the per-job defence
+        if j.state == "starting":
+            held += [(p["node"], g) for p in j.placement["nodes"] for g in p["gpus"]]
+        ev = store.events(jid)
+        assert ev[0].to_state == "submitted"
+        for a, b in zip(ev, ev[1:]):
+            if a.to_state != b.to_state:
+                assert JobState(b.to_state) in ALLOWED_TRANSITIONS[JobState(a.to_state)]
+    assert len(held) == len(set(held)) and all(g in range(4) for _, g in held)
+    assert sorted(jid for jid, _ in sent) == sorted(jid for jid in ids if store.get(jid).state == "starting")
