@@ -395,8 +395,8 @@ class PlanningCycle:
         mid = len(waiting) // 2
         for half in (waiting[:mid], waiting[mid:]):
             self._bisect(snapshot, ctx, half, blamed)
-        for jid, e in blamed.items():
-            self._bad.append((jobs[jid], "planning", e))
+        for jid, e in blamed.items():  # failed after planning; no decision or explanation is written for them
+            self._bad.append((jobs.pop(jid), "planning", e))
         if blamed:
             try:
                 return plan(self._subset(snapshot, [pj for pj in waiting if pj.job_id not in blamed]), ctx)
