@@ -18,6 +18,10 @@
    twice), nothing is applied. Each decision is a compare-and-set on the job's
    version, so a job cancelled meanwhile is left alone.
 5. **Dispatch** (after commit): ``dispatch(job_id, attempt)`` for every job placed.
+6. **Notes** (after commit, only if applied): decisions that hold nothing — ``wait`` (the
+   pool, review time, record and reason) and the reason of a job given no decision — are
+   written in batches of ``settings.intake_batch``, one bulk ``UPDATE`` each, skipping rows
+   another writer holds or that changed since the snapshot (:meth:`PlanningCycle._write_notes`).
 
 No job can stop the cycle: every per-job step is isolated. Intake works in batches of
 ``settings.intake_batch`` jobs, one short transaction each, skipping rows a cancel holds
@@ -186,6 +190,7 @@ class PlanningCycle:
         res.decisions = len(decisions)
         for isolate in (False, True):  # fast path: one transaction; on an error, again decision by decision
             kinds: dict[str, int] = {}
+            notes: list[tuple[Job, dict]] = []
             held = defaultdict(set, {k: set(v) for k, v in used.items()})
             try:
                 with self.store.session() as s:
@@ -193,7 +198,7 @@ class PlanningCycle:
                         res.stale = True
                         log.info("planning cycle dropped: another cycle applied since fence version %d", version)
                         break
-                    dispatched = self._apply(s, now, decisions, jobs, ctx, nodes_by_pool, held, kinds, isolate)
+                    dispatched = self._apply(s, now, decisions, jobs, ctx, nodes_by_pool, held, kinds, isolate, notes)
             except Exception as e:
                 if isolate:
                     raise
@@ -208,6 +213,8 @@ class PlanningCycle:
                     self.dispatch(job_id, attempt)
                 except Exception:  # the reconciler re-dispatches starting jobs
                     log.exception("dispatch of %s attempt %d failed; the reconciler will retry", job_id, attempt)
+        if res.applied:
+            self._write_notes(notes, now)
         res.total_s = time.perf_counter() - t0
         return res
 
@@ -316,6 +323,9 @@ class PlanningCycle:
     # ------------------------------------------------------------------ per-job failures
     @staticmethod
     def _failure_reason(step: str, e: BaseException) -> str:
+        """The failed job's reason: the step and the error (a database error's driver message, without the
+        SQL statement and its parameters), at most 2,000 characters."""
+        e = getattr(e, "orig", None) or e
         return f"the planning cycle's {step} step failed for this job: {type(e).__name__}: {e}"[:2000]
 
     def _log_failure(self, job_id: str, step: str, e: BaseException, failed: bool = True) -> None:
@@ -327,6 +337,7 @@ class PlanningCycle:
         if len(seen) > 10_000:
             seen.clear()
         seen.add(job_id)
+        e = getattr(e, "orig", None) or e
         log.error("job %s: the planning cycle's %s step failed (%s: %s); %s, the cycle goes on",
                   job_id, step, type(e).__name__, e, "the job is failed" if failed else "the job is left as it is",
                   exc_info=log.isEnabledFor(logging.DEBUG))
@@ -379,6 +390,41 @@ class PlanningCycle:
                             prefer=spec.window, slot_s=self.env.planner.slot_s)
         return _dt(choice.start_s), (f"{spec.window} window on pool {pool.name}: {choice.reason} "
                                      f"(electricity ${choice.cost_usd:.4f}, {choice.carbon_kg:.4f} kgCO2e over the run)")
+
+    def _write_notes(self, notes: Sequence[tuple[Job, dict]], now: datetime) -> int:
+        """Write decisions that hold nothing (``(job, fields)``: a wait's pool, review time, record and reason)
+        after the fenced apply, in batches of ``settings.intake_batch``, one short transaction each: rows
+        another writer holds (``FOR UPDATE SKIP LOCKED``) or that changed since the snapshot (version) are
+        left alone; the rest get one bulk ``UPDATE`` per set of fields. If a batch raises, it is written again
+        job by job, and a job whose write raises is failed. Returns how many were written."""
+        size = int(self.settings.intake_batch)
+        n = 0
+        for k in range(0, len(notes), size):
+            chunk = notes[k:k + size]
+            try:
+                with self.store.session() as s:
+                    held = {r.id: r.version for r in s.execute(select(Job.id, Job.version).where(
+                        Job.id.in_([j.id for j, _ in chunk])).with_for_update(skip_locked=True))}
+                    groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
+                    for j, fields in chunk:
+                        if held.get(j.id) == j.version:
+                            groups[tuple(sorted(fields))].append(
+                                dict(id=j.id, version=j.version + 1, updated_at=now, **fields))
+                    for rows in groups.values():
+                        s.execute(update(Job), rows)
+                        n += len(rows)
+                continue
+            except Exception as e:
+                log.warning("writing %d wait decisions failed (%s: %s); writing them again one by one",
+                            len(chunk), type(e).__name__, e)
+            with self.store.session() as s:
+                for j, fields in chunk:
+                    try:
+                        with s.begin_nested():
+                            n += JobStore.bump(s, j.id, j.version, now, **fields)
+                    except Exception as e:
+                        self._fail_in(s, j, "apply", e, now)
+        return n
 
     # ------------------------------------------------------------------ planning, isolated per job
     def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
@@ -575,21 +621,24 @@ class PlanningCycle:
 
     # ------------------------------------------------------------------ apply
     def _apply(self, s, now: datetime, decisions, jobs: dict[str, Job], ctx, nodes_by_pool, used, kinds,
-               isolate: bool = False) -> list:
+               isolate: bool = False, notes: list | None = None) -> list:
         """Step 4 inside session ``s`` (the fence already advanced). With ``isolate``, each decision runs in
         its own savepoint and a decision that raises fails its job (:meth:`_fail_in`); the others apply.
-        Returns ``[(job_id, attempt)]`` to dispatch."""
+        Decisions that hold nothing (``wait``, and the reason of a job given no decision) are appended to
+        ``notes`` as ``(job, fields)`` for :meth:`_write_notes`, after this transaction: a burst's thousands
+        of them never hold row locks in the fenced transaction. Returns ``[(job_id, attempt)]`` to dispatch."""
+        notes = [] if notes is None else notes
         dispatched: list[tuple[str, int]] = []
         for d in decisions:
             j = jobs.get(d.job_id)
             if j is None:
                 continue
             if not isolate:
-                self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched)
+                self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched, notes)
                 continue
             try:
                 with s.begin_nested():
-                    self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched)
+                    self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched, notes)
             except Exception as e:
                 self._fail_in(s, j, "apply", e, now)
         # jobs the planner left without a decision (nothing can hold them now): say why
@@ -598,17 +647,19 @@ class PlanningCycle:
             if jid in decided or j.committed_pool is not None:
                 continue
             if not isolate:
-                self._explain_undecided(s, now, j)
+                self._explain_undecided(j, notes)
                 continue
             try:
                 with s.begin_nested():
-                    self._explain_undecided(s, now, j)
+                    self._explain_undecided(j, notes)
             except Exception as e:
                 self._fail_in(s, j, "apply", e, now)
         return dispatched
 
-    def _apply_one(self, s, now: datetime, d, j: Job, ctx, nodes_by_pool, used, kinds, dispatched: list) -> None:
-        """One decision ``d`` for job ``j`` inside session ``s``; placed jobs are appended to ``dispatched``."""
+    def _apply_one(self, s, now: datetime, d, j: Job, ctx, nodes_by_pool, used, kinds, dispatched: list,
+                   notes: list) -> None:
+        """One decision ``d`` for job ``j`` inside session ``s``; placed jobs are appended to ``dispatched``,
+        a ``wait`` to ``notes``."""
         st = self.settings
         pending_by_id = self._pending_by_id
         kind = d.kind
@@ -681,8 +732,7 @@ class PlanningCycle:
             why = (f"waiting for {j.spec['gpus_per_node'] * j.spec['nodes']} GPU(s) in pool {d.pool}"
                    + (f"; expected wait {o.wait_s / 60:.0f} min" if o is not None else "")
                    + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
-            JobStore.bump(s, j.id, j.version, now, committed_pool=d.pool, review_at=review, decision=rec,
-                          reason=why)
+            notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
         elif kind == DecisionKind.reject:
             why = d.reason or "no pool or offer can hold it"
             if self._tag_note(j.id):  # cloud offers were left out, not found wanting
@@ -691,8 +741,8 @@ class PlanningCycle:
             JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
                          finished_at=now)
 
-    def _explain_undecided(self, s, now: datetime, j: Job) -> None:
-        """A job the planner gave no decision (nothing can hold it now): store why, inside session ``s``."""
+    def _explain_undecided(self, j: Job, notes: list) -> None:
+        """A job the planner gave no decision (nothing can hold it now): note why (for :meth:`_write_notes`)."""
         jid = j.id
         why = ("no live pool can hold it now and no cloud provider is configured; "
                "waiting for a node that fits (gpus_per_node, nodes, gpu_types, min_gpu_memory_gb)")
@@ -700,4 +750,4 @@ class PlanningCycle:
             why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
                    "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
         if j.reason != why:
-            JobStore.bump(s, j.id, j.version, now, reason=why)
+            notes.append((j, {"reason": why}))

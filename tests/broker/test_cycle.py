@@ -535,3 +535,54 @@ def test_random_valid_specs_never_stop_the_cycle(pg_store, env, specs, later):
                 assert JobState(b.to_state) in ALLOWED_TRANSITIONS[JobState(a.to_state)]
     assert len(held) == len(set(held)) and all(g in range(4) for _, g in held)
     assert sorted(jid for jid, _ in sent) == sorted(jid for jid in ids if store.get(jid).state == "starting")
+
+
+def test_a_wait_decision_the_store_rejects_fails_that_job_only(pg_store, env, monkeypatch):
+    """Wait decisions and reasons are written after the fenced apply in bulk; one the database refuses
+    (here a NUL byte, which PostgreSQL text cannot hold) fails its job, and the others are written."""
+    store = pg_store
+    now = utcnow()  # no node: both jobs get no decision, only a reason
+    poison, ordinary = store.submit("mallory", _spec(), now=now)[0].id, store.submit("ml", _spec(), now=now)[0].id
+    real = PlanningCycle._explain_undecided
+
+    def explain(self, j, notes):
+        if j.id == poison:
+            notes.append((j, {"reason": "bad\x00reason"}))
+        else:
+            real(self, j, notes)
+
+    monkeypatch.setattr(PlanningCycle, "_explain_undecided", explain)
+    cyc, _, _ = _cycle(store, env)
+    assert cyc.run(now).applied
+    assert store.get(ordinary).state == "queued"
+    assert store.get(ordinary).reason.startswith("no live pool can hold it now")
+    p = store.get(poison)
+    assert p.state == "failed"
+    assert p.reason == ("the planning cycle's apply step failed for this job: "
+                        "DataError: PostgreSQL text fields cannot contain NUL (0x00) bytes")
+
+
+def test_a_job_cancelled_while_the_planner_thinks_gets_no_wait_decision(pg_store, env, monkeypatch):
+    import broker.cycle as cycle_mod
+
+    store = pg_store
+    store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")
+    first = store.submit("ml", _spec())[0].id
+    second = store.submit("ml", _spec())[0].id
+    real_plan = cycle_mod.plan
+
+    def plan_then_cancel(snapshot, ctx):
+        out = real_plan(snapshot, ctx)
+        waiting = [d.job_id for d in out if d.kind.value == "wait"]
+        assert len(waiting) == 1
+        store.request_cancel(waiting[0], "ml", "changed my mind")
+        return out
+
+    monkeypatch.setattr(cycle_mod, "plan", plan_then_cancel)
+    cyc, sent, _ = _cycle(store, env)
+    res = cyc.run()
+    assert res.applied and res.kinds == {"start": 1, "wait": 1} and len(sent) == 1
+    waited = second if sent[0][0] == first else first
+    j = store.get(waited)
+    assert (j.state, j.reason) == ("cancelled", "changed my mind")
+    assert store.decision(waited) is None
