@@ -415,7 +415,7 @@ class PlanningCycle:
                         n += len(rows)
                 continue
             except Exception as e:
-                log.warning("writing %d wait decisions failed (%s: %s); writing them again one by one",
+                log.warning("writing %d wait decisions or reasons failed (%s: %s); writing them again one by one",
                             len(chunk), type(e).__name__, e)
             with self.store.session() as s:
                 for j, fields in chunk:
@@ -514,7 +514,7 @@ class PlanningCycle:
         for j in active:
             try:
                 self._running_job(j, now_s, ctx, pools, pool_index, node_pos, used, running)
-            except Exception as e:  # a job holding GPUs is not failed for it; its GPUs stay counted as used
+            except Exception as e:  # a job holding GPUs is not failed for this (logged once); the others go on
                 self._log_failure(j.id, "snapshot (running job)", e, failed=False)
         free = []
         for p in pools:
