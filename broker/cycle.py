@@ -18,6 +18,18 @@
    twice), nothing is applied. Each decision is a compare-and-set on the job's
    version, so a job cancelled meanwhile is left alone.
 5. **Dispatch** (after commit): ``dispatch(job_id, attempt)`` for every job placed.
+6. **Notes** (after commit, only if applied): decisions that hold nothing — ``wait`` (the
+   pool, review time, record and reason) and the reason of a job given no decision — are
+   written in batches of ``settings.intake_batch``, one bulk ``UPDATE`` each, skipping rows
+   another writer holds or that changed since the snapshot (:meth:`PlanningCycle._write_notes`).
+
+No job can stop the cycle: every per-job step is isolated. Intake works in batches of
+``settings.intake_batch`` jobs, one short transaction each, skipping rows a cancel holds
+(``FOR UPDATE SKIP LOCKED``); a job whose intake (window search), planner view, planning
+(found by bisection when ``plan()`` raises) or apply step raises is moved to ``failed``
+with the step and the error as its reason and event, logged once with its id, and the
+cycle goes on for every other job. An apply that raises is retried decision by decision,
+each in a savepoint. Only store-wide errors (the database unreachable) end a cycle.
 """
 
 from __future__ import annotations
@@ -26,18 +38,18 @@ import logging
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
 import numpy as np
-from sqlalchemy import or_, select
+from sqlalchemy import and_, insert, or_, select, update
 
 from broker.db import Attempt, Job, JobEvent, Node, utcnow
 from broker.live import LiveEnvironment, LiveNode
 from broker.model import DecisionKind, JobSpec
 from broker.planner import PendingJob, RunningJob, Snapshot, plan
-from broker.states import JobState
+from broker.states import JobState, check_transition
 from broker.store import JobStore
 from providers.launch import DIGEST_RE as _DIGEST_RE
 
@@ -152,6 +164,8 @@ class PlanningCycle:
         from pricing.power import canonical_or_same
 
         self.canon = canonical_or_same
+        self._failed_logged: set[str] = set()  # jobs whose per-job failure was logged
+        self._bad: list[tuple[Job, str, Exception]] = []  # (job, step, error) to fail after the read / plan
 
     # ------------------------------------------------------------------ public
     def run(self, now: datetime | None = None) -> CycleResult:
@@ -161,55 +175,137 @@ class PlanningCycle:
         res = CycleResult()
         res.intake = self.intake(now)
         version = self.store.planner_version()
+        self._bad = []
         with self.store.session() as s:
             snap_parts = self._read(s, now)
+        self._fail_bad(now)
         if snap_parts is None:
             res.total_s = time.perf_counter() - t0
             return res
         snapshot, ctx, jobs, nodes_by_pool, used = snap_parts
         t1 = time.perf_counter()
-        decisions = plan(snapshot, ctx) if snapshot.pending or snapshot.queued else []
+        decisions = self._plan_isolated(snapshot, ctx, jobs) if snapshot.pending or snapshot.queued else []
         res.plan_s = time.perf_counter() - t1
+        self._fail_bad(now)
         res.decisions = len(decisions)
-        with self.store.session() as s:
-            if not JobStore.advance_fence(s, version, self.leader, now):
-                res.stale = True
-                log.info("planning cycle dropped: another cycle applied since fence version %d", version)
-            else:
-                res.dispatched = self._apply(s, now, decisions, jobs, ctx, nodes_by_pool, used, res.kinds)
-                res.applied = True
+        for isolate in (False, True):  # fast path: one transaction; on an error, again decision by decision
+            kinds: dict[str, int] = {}
+            notes: list[tuple[Job, dict]] = []
+            held = defaultdict(set, {k: set(v) for k, v in used.items()})
+            try:
+                with self.store.session() as s:
+                    if not JobStore.advance_fence(s, version, self.leader, now):
+                        res.stale = True
+                        log.info("planning cycle dropped: another cycle applied since fence version %d", version)
+                        break
+                    dispatched = self._apply(s, now, decisions, jobs, ctx, nodes_by_pool, held, kinds, isolate, notes)
+            except Exception as e:
+                if isolate:
+                    raise
+                log.warning("applying %d decisions failed (%s: %s); applying them again one by one",
+                            len(decisions), type(e).__name__, e)
+                continue
+            res.dispatched, res.kinds, res.applied = dispatched, kinds, True
+            break
         if res.applied and self.dispatch is not None:
             for job_id, attempt in res.dispatched:
                 try:
                     self.dispatch(job_id, attempt)
                 except Exception:  # the reconciler re-dispatches starting jobs
                     log.exception("dispatch of %s attempt %d failed; the reconciler will retry", job_id, attempt)
+        if res.applied:
+            self._write_notes(notes, now)
         res.total_s = time.perf_counter() - t0
         return res
 
     # ------------------------------------------------------------------ intake
     def intake(self, now: datetime) -> int:
-        """Step 1 (see module docstring). Returns how many jobs changed state."""
+        """Step 1 (see module docstring). Returns how many jobs changed state.
+
+        Jobs are read in batches of ``settings.intake_batch`` (oldest first, keyset-paged by
+        ``(created_at, id)``); each batch's moves are worked out outside any transaction and
+        applied in one short transaction that first locks the batch's rows with
+        ``FOR UPDATE SKIP LOCKED`` (PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` serialises writers):
+        a row a cancel holds is skipped, left for the next cycle, and a cancel waits at most for
+        one batch. A job whose step raises is moved to ``failed`` with the reason
+        (:meth:`_fail_in`); the other jobs go on.
+        """
         n = 0
-        with self.store.session() as s:
-            rows = s.execute(select(Job).where(or_(
+        size = int(self.settings.intake_batch)
+        after: tuple[datetime, str] | None = None  # (created_at, id) of the last job read
+        while True:
+            q = (select(Job).where(or_(
                 Job.state == S.submitted.value,
                 (Job.state == S.deferred.value) & (Job.not_before <= now),
                 (Job.state.in_([S.queued.value, S.deferred.value])) & (Job.not_after < now),
-            ))).scalars().all()
-            for j in rows:
-                if j.state in (S.queued.value, S.deferred.value) and j.not_after is not None and j.not_after < now:
-                    n += JobStore.cas(s, j.id, j.version, j.state, S.failed.value,
-                                      f"start window closed at {j.not_after.isoformat()} before the job could start",
-                                      now, finished_at=now)
-                elif j.state == S.deferred.value:
-                    n += JobStore.cas(s, j.id, j.version, j.state, S.queued.value,
-                                      f"window opened at {j.not_before.isoformat()}", now)
-                else:
-                    n += self._accept(s, j, now)
+            )).order_by(Job.created_at, Job.id).limit(size))
+            if after is not None:
+                q = q.where(or_(Job.created_at > after[0], and_(Job.created_at == after[0], Job.id > after[1])))
+            with self.store.session() as s:
+                rows = s.execute(q).scalars().all()
+            if not rows:
+                return n
+            after = (rows[-1].created_at, rows[-1].id)
+            n += self._intake_batch(rows, now)
+            if len(rows) < size:
+                return n
+
+    def _intake_batch(self, rows: Sequence[Job], now: datetime) -> int:
+        moves: list[tuple[Job, str, str, dict]] = []
+        for j in rows:
+            try:
+                moves.append((j, *self._intake_move(j, now)))
+            except Exception as e:  # a window search (or a stored spec) that raises fails this job only
+                moves.append((j, S.failed.value, self._failure_reason("intake", e), {"finished_at": now}))
+                self._log_failure(j.id, "intake", e)
+        try:
+            with self.store.session() as s:
+                return self._apply_moves(s, moves, now, isolate=False)
+        except Exception as e:
+            log.warning("intake batch of %d jobs failed (%s: %s); applying it again job by job",
+                        len(moves), type(e).__name__, e)
+        with self.store.session() as s:
+            return self._apply_moves(s, moves, now, isolate=True)
+
+    def _apply_moves(self, s, moves, now: datetime, isolate: bool) -> int:
+        """Apply intake ``moves`` inside session ``s``: lock the rows not held by another writer, keep the
+        moves whose job still has the version read, and write them with one bulk ``UPDATE`` (by primary
+        key, under the locks) and one bulk event ``INSERT``. With ``isolate``, job by job instead, each
+        a compare-and-set in a savepoint; a job whose move raises is failed. Returns the moves applied."""
+        ids = [j.id for j, *_ in moves]
+        held = {r.id: (r.version, r.state) for r in s.execute(
+            select(Job.id, Job.version, Job.state).where(Job.id.in_(ids)).with_for_update(skip_locked=True))}
+        if not isolate:
+            todo = [m for m in moves if held.get(m[0].id) == (m[0].version, m[0].state)]
+            for j, to_state, _, _ in todo:
+                check_transition(j.id, j.state, to_state)
+            if todo:
+                s.execute(update(Job), [
+                    dict(id=j.id, state=to_state, version=j.version + 1, updated_at=now, reason=why,
+                         not_before=fields.get("not_before", j.not_before), finished_at=fields.get("finished_at"))
+                    for j, to_state, why, fields in todo])
+                s.execute(insert(JobEvent), [
+                    dict(job_id=j.id, at=now, from_state=j.state, to_state=to_state, version=j.version + 1, reason=why)
+                    for j, to_state, why, _ in todo])
+            return len(todo)
+        n = 0
+        for j, to_state, why, fields in moves:
+            if j.id not in held:  # a cancel (or another writer) holds it: next cycle
+                continue
+            try:
+                with s.begin_nested():
+                    n += JobStore.cas(s, j.id, j.version, j.state, to_state, why, now, **fields)
+            except Exception as e:
+                n += self._fail_in(s, j, "intake", e, now)
         return n
 
-    def _accept(self, s, j: Job, now: datetime) -> bool:
+    def _intake_move(self, j: Job, now: datetime) -> tuple[str, str, dict]:
+        """``(to_state, reason, fields)`` for one job found by intake; pure (no store access)."""
+        if j.state in (S.queued.value, S.deferred.value) and j.not_after is not None and j.not_after < now:
+            return (S.failed.value, f"start window closed at {j.not_after.isoformat()} before the job could start",
+                    {"finished_at": now})
+        if j.state == S.deferred.value:
+            return S.queued.value, f"window opened at {j.not_before.isoformat()}", {}
         spec = j.spec
         start = j.not_before
         reason = "accepted"
@@ -219,10 +315,46 @@ class PlanningCycle:
                 start = chosen
                 reason = why
         if start is not None and start > now:
-            return JobStore.cas(s, j.id, j.version, j.state, S.deferred.value,
-                                reason if reason != "accepted" else f"waiting for its window to open at {start.isoformat()}",
-                                now, not_before=start)
-        return JobStore.cas(s, j.id, j.version, j.state, S.queued.value, reason, now)
+            return (S.deferred.value,
+                    reason if reason != "accepted" else f"waiting for its window to open at {start.isoformat()}",
+                    {"not_before": start})
+        return S.queued.value, reason, {}
+
+    # ------------------------------------------------------------------ per-job failures
+    @staticmethod
+    def _failure_reason(step: str, e: BaseException) -> str:
+        """The failed job's reason: the step and the error (a database error's driver message, without the
+        SQL statement and its parameters), at most 2,000 characters."""
+        e = getattr(e, "orig", None) or e
+        return f"the planning cycle's {step} step failed for this job: {type(e).__name__}: {e}"[:2000]
+
+    def _log_failure(self, job_id: str, step: str, e: BaseException, failed: bool = True) -> None:
+        """Log a job's per-job failure once, one line with the job id (the traceback only at DEBUG):
+        a failed job is not seen again, and the set keeps a job that is not failed from repeating it."""
+        seen = self._failed_logged
+        if job_id in seen:
+            return
+        if len(seen) > 10_000:
+            seen.clear()
+        seen.add(job_id)
+        e = getattr(e, "orig", None) or e
+        log.error("job %s: the planning cycle's %s step failed (%s: %s); %s, the cycle goes on",
+                  job_id, step, type(e).__name__, e, "the job is failed" if failed else "the job is left as it is",
+                  exc_info=log.isEnabledFor(logging.DEBUG))
+
+    def _fail_in(self, s, j: Job, step: str, e: BaseException, now: datetime) -> bool:
+        """Inside session ``s`` (in a savepoint): move waiting job ``j`` to ``failed`` because ``step``
+        raised ``e`` for it; the event records the reason. Returns whether applied (False if the job
+        changed meanwhile, e.g. was cancelled)."""
+        self._log_failure(j.id, step, e)
+        try:
+            with s.begin_nested():
+                return JobStore.cas(s, j.id, j.version, j.state, S.failed.value, self._failure_reason(step, e), now,
+                                    finished_at=now)
+        except Exception as e2:
+            log.error("job %s: could not be failed after its %s step failed (%s: %s)", j.id, step,
+                      type(e2).__name__, e2)
+            return False
 
     def _best_window(self, j: Job, now: datetime) -> tuple[datetime | None, str]:
         """Cheapest/cleanest start in the job's window on the first pool that can hold it."""
@@ -259,6 +391,98 @@ class PlanningCycle:
         return _dt(choice.start_s), (f"{spec.window} window on pool {pool.name}: {choice.reason} "
                                      f"(electricity ${choice.cost_usd:.4f}, {choice.carbon_kg:.4f} kgCO2e over the run)")
 
+    def _write_notes(self, notes: Sequence[tuple[Job, dict]], now: datetime) -> int:
+        """Write decisions that hold nothing (``(job, fields)``: a wait's pool, review time, record and reason)
+        after the fenced apply, in batches of ``settings.intake_batch``, one short transaction each: rows
+        another writer holds (``FOR UPDATE SKIP LOCKED``) or that changed since the snapshot (version) are
+        left alone; the rest get one bulk ``UPDATE`` per set of fields. If a batch raises, it is written again
+        job by job, and a job whose write raises is failed. Returns how many were written."""
+        size = int(self.settings.intake_batch)
+        n = 0
+        for k in range(0, len(notes), size):
+            chunk = notes[k:k + size]
+            try:
+                with self.store.session() as s:
+                    held = {r.id: r.version for r in s.execute(select(Job.id, Job.version).where(
+                        Job.id.in_([j.id for j, _ in chunk])).with_for_update(skip_locked=True))}
+                    groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
+                    for j, fields in chunk:
+                        if held.get(j.id) == j.version:
+                            groups[tuple(sorted(fields))].append(
+                                dict(id=j.id, version=j.version + 1, updated_at=now, **fields))
+                    for rows in groups.values():
+                        s.execute(update(Job), rows)
+                        n += len(rows)
+                continue
+            except Exception as e:
+                log.warning("writing %d wait decisions or reasons failed (%s: %s); writing them again one by one",
+                            len(chunk), type(e).__name__, e)
+            with self.store.session() as s:
+                for j, fields in chunk:
+                    try:
+                        with s.begin_nested():
+                            n += JobStore.bump(s, j.id, j.version, now, **fields)
+                    except Exception as e:
+                        self._fail_in(s, j, "apply", e, now)
+        return n
+
+    # ------------------------------------------------------------------ planning, isolated per job
+    def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
+        """``plan(snapshot, ctx)``; if it raises, find the jobs that make it raise by bisection
+        (O(k log n) calls of ``plan`` on sub-snapshots for k such jobs), queue them in ``self._bad``
+        to be failed with the reason, and plan the others. If no single job is to blame, this cycle
+        places nothing (logged) and the next one tries again."""
+        try:
+            return plan(snapshot, ctx)
+        except Exception as e:
+            first = e
+        waiting = list(snapshot.pending) + [pj for g in (snapshot.queued or {}).values() for pj in g]
+        blamed: dict[str, Exception] = {}
+        mid = len(waiting) // 2
+        for half in (waiting[:mid], waiting[mid:]):
+            self._bisect(snapshot, ctx, half, blamed)
+        for jid, e in blamed.items():  # failed after planning; no decision or explanation is written for them
+            self._bad.append((jobs.pop(jid), "planning", e))
+        if blamed:
+            try:
+                return plan(self._subset(snapshot, [pj for pj in waiting if pj.job_id not in blamed]), ctx)
+            except Exception as e:
+                first = e
+        log.error("planning failed and no single job is to blame (%s: %s); nothing placed this cycle",
+                  type(first).__name__, first, exc_info=log.isEnabledFor(logging.DEBUG))
+        return []
+
+    def _bisect(self, snapshot: Snapshot, ctx, sub: list[PendingJob], blamed: dict[str, Exception]) -> None:
+        if not sub:
+            return
+        try:
+            plan(self._subset(snapshot, sub), ctx)
+            return
+        except Exception as e:
+            if len(sub) == 1:
+                blamed[sub[0].job_id] = e
+                return
+        mid = len(sub) // 2
+        self._bisect(snapshot, ctx, sub[:mid], blamed)
+        self._bisect(snapshot, ctx, sub[mid:], blamed)
+
+    @staticmethod
+    def _subset(snapshot: Snapshot, keep: Sequence[PendingJob]) -> Snapshot:
+        """``snapshot`` with only the waiting jobs in ``keep`` (pending and queued alike)."""
+        ids = {pj.job_id for pj in keep}
+        queued = {k: [pj for pj in g if pj.job_id in ids] for k, g in (snapshot.queued or {}).items()}
+        return replace(snapshot, pending=[pj for pj in snapshot.pending if pj.job_id in ids],
+                       queued={k: g for k, g in queued.items() if g}, queued_demand=None)
+
+    def _fail_bad(self, now: datetime) -> None:
+        """Fail the jobs queued in ``self._bad`` (one short transaction, each in a savepoint)."""
+        if not self._bad:
+            return
+        bad, self._bad = self._bad, []
+        with self.store.session() as s:
+            for j, step, e in bad:
+                self._fail_in(s, j, step, e, now)
+
     # ------------------------------------------------------------------ snapshot
     def live_nodes(self, s, now: datetime) -> list[LiveNode]:
         """Nodes that heartbeated within ``node_lost_after_s`` and are not marked lost."""
@@ -288,28 +512,10 @@ class PlanningCycle:
         active = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value, S.provisioning.value]))
                            ).scalars().all()
         for j in active:
-            pl = j.placement or {}
-            if pl.get("kind") != "onprem":
-                continue
-            alloc = []
-            for part in pl.get("nodes", []):
-                used[part["node"]].update(part["gpus"])
-                k = node_pos.get((pl.get("pool"), part["node"]))
-                if k is not None:
-                    alloc.append((k, len(part["gpus"])))
-            p = pool_index.get(pl.get("pool"))
-            if p is None or not alloc:
-                continue
-            gtype = pools[p].nodes[alloc[0][0]].gpu_type
-            started = _ts(j.started_at) or _ts(j.dispatched_at) or now_s
-            work = max(float(j.spec["estimated_duration_s"]) - float(j.work_done_s or 0.0), 1.0)
-            running.append(RunningJob(
-                job_id=j.id, pool=p, allocation=alloc,
-                expected_end_s=max(started + work / ctx.gpus.throughput.get(gtype, 1.0), now_s + 1.0),
-                started_s=started, priority=j.priority,
-                preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
-                team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or 1800.0),
-                checkpointable=bool(j.spec.get("checkpointable", True))))
+            try:
+                self._running_job(j, now_s, ctx, pools, pool_index, node_pos, used, running)
+            except Exception as e:  # a job holding GPUs is not failed for this (logged once); the others go on
+                self._log_failure(j.id, "snapshot (running job)", e, failed=False)
         free = []
         for p in pools:
             arr = np.zeros(len(p.nodes), dtype=np.int64)
@@ -321,7 +527,11 @@ class PlanningCycle:
         jobs: dict[str, Job] = {}
         self._tag_only = tag_only = set()
         for j in waiting:
-            pj = pending_job(j, pool_index, self.canon)
+            try:
+                pj = pending_job(j, pool_index, self.canon)
+            except Exception as e:  # a stored spec the planner cannot read fails this job only
+                self._bad.append((j, "planning", e))
+                continue
             if self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", ""))):
                 pj.regions = frozenset()  # cloud launches need the image pinned by digest: no cloud offer fits
                 tag_only.add(j.id)
@@ -352,6 +562,31 @@ class PlanningCycle:
                         healthy=[None] * len(pools))
         nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
         return snap, ctx, jobs, nodes_by_pool, used
+
+    def _running_job(self, j: Job, now_s: float, ctx, pools, pool_index, node_pos, used, running: list) -> None:
+        """Adds active job ``j``'s GPUs to ``used`` and, when on-prem, its :class:`RunningJob` to ``running``."""
+        pl = j.placement or {}
+        if pl.get("kind") != "onprem":
+            return
+        alloc = []
+        for part in pl.get("nodes", []):
+            used[part["node"]].update(part["gpus"])
+            k = node_pos.get((pl.get("pool"), part["node"]))
+            if k is not None:
+                alloc.append((k, len(part["gpus"])))
+        p = pool_index.get(pl.get("pool"))
+        if p is None or not alloc:
+            return
+        gtype = pools[p].nodes[alloc[0][0]].gpu_type
+        started = _ts(j.started_at) or _ts(j.dispatched_at) or now_s
+        work = max(float(j.spec["estimated_duration_s"]) - float(j.work_done_s or 0.0), 1.0)
+        running.append(RunningJob(
+            job_id=j.id, pool=p, allocation=alloc,
+            expected_end_s=max(started + work / ctx.gpus.throughput.get(gtype, 1.0), now_s + 1.0),
+            started_s=started, priority=j.priority,
+            preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
+            team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or 1800.0),
+            checkpointable=bool(j.spec.get("checkpointable", True))))
 
     def _tag_note(self, job_id: str) -> str:
         """Why a job got no cloud offer, when its image is not pinned by digest."""
@@ -385,103 +620,134 @@ class PlanningCycle:
         return out
 
     # ------------------------------------------------------------------ apply
-    def _apply(self, s, now: datetime, decisions, jobs: dict[str, Job], ctx, nodes_by_pool, used, kinds) -> list:
-        st = self.settings
-        dispatched = []
-        pending_by_id = self._pending_by_id
+    def _apply(self, s, now: datetime, decisions, jobs: dict[str, Job], ctx, nodes_by_pool, used, kinds,
+               isolate: bool = False, notes: list | None = None) -> list:
+        """Step 4 inside session ``s`` (the fence already advanced). With ``isolate``, each decision runs in
+        its own savepoint and a decision that raises fails its job (:meth:`_fail_in`); the others apply.
+        Decisions that hold nothing (``wait``, and the reason of a job given no decision) are appended to
+        ``notes`` as ``(job, fields)`` for :meth:`_write_notes`, after this transaction: a burst's thousands
+        of them never hold row locks in the fenced transaction. Returns ``[(job_id, attempt)]`` to dispatch."""
+        notes = [] if notes is None else notes
+        dispatched: list[tuple[str, int]] = []
         for d in decisions:
             j = jobs.get(d.job_id)
             if j is None:
                 continue
-            kind = d.kind
-            kinds[kind.value] = kinds.get(kind.value, 0) + 1
-            rec = d.record()
-            if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
-                rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
-            rec = json_safe(rec)
-            if kind == DecisionKind.preempt:
-                for vid in d.victims:
-                    v = s.get(Job, vid)
-                    if v is not None and v.state in (S.starting.value, S.running.value) and v.stop_reason is None:
-                        JobStore.bump(s, v.id, v.version, now, stop_reason="preempt",
-                                      reason=f"preemption requested for higher-priority job {d.job_id}")
-                        s.add(JobEvent(job_id=v.id, at=now, from_state=v.state, to_state=v.state, version=v.version + 1,
-                                       reason=f"preemption requested for {d.job_id}"))
-                review = now + timedelta(seconds=st.cancel_grace_s + 30.0)
-                JobStore.bump(s, j.id, j.version, now, decision=rec, committed_pool=d.pool, review_at=review,
-                              reason=f"preempting {', '.join(d.victims)}; starts when their GPUs are free")
-            elif kind == DecisionKind.start:
-                nodes = nodes_by_pool[d.pool]
-                parts = []
-                ok = True
-                for rank, (k, g) in enumerate(d.allocation):
-                    name, ln = nodes[k]
-                    freeg = sorted(set(ln.healthy) - used[name])
-                    if len(freeg) < g:
-                        ok = False
-                        break
-                    pick = freeg[:g]
-                    used[name].update(pick)
-                    parts.append({"node": name, "gpus": pick, "rank": rank})
-                if not ok:
-                    log.error("planner placed %s on more GPUs than free; left queued", d.job_id)
-                    continue
-                attempt = j.attempt + 1
-                gtype = nodes[d.allocation[0][0]][1].gpu_type
-                placement = {"kind": "onprem", "pool": d.pool, "gpu_type": gtype, "nodes": parts}
-                where = ", ".join(f"{p['node']} GPUs {p['gpus']}" for p in parts)
-                if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value,
-                                f"placed on pool {d.pool}: {where} (attempt {attempt})", now,
-                                placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
-                                state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
-                                committed_pool=None, review_at=None):
-                    s.add(Attempt(job_id=j.id, number=attempt, kind="onprem", pool=d.pool, offer_id=None, nodes=parts,
-                                  gpu_type=gtype, gpus=sum(len(p["gpus"]) for p in parts), created_at=now,
-                                  rank_exits={}, reason=""))
-                    dispatched.append((j.id, attempt))
-            elif kind == DecisionKind.provision:
-                offer = ctx.offers[d.offer_index]
-                attempt = j.attempt + 1
-                if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
-                                f"provisioning {offer.offer_id} (attempt {attempt})", now,
-                                placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
-                                           "region": offer.region, "zone": offer.zone, "gpu_type": offer.gpu_type,
-                                           "instance_type": offer.instance_type, "market": offer.market.value},
-                                attempt=attempt, decision=rec, dispatched_at=now, committed_pool=None, review_at=None,
-                                state_deadline_at=now + timedelta(seconds=st.provisioning_deadline_s)):
-                    dispatched.append((j.id, attempt))  # the dispatch task hands it to provisioning
-            elif kind == DecisionKind.defer:
-                o = d.option
-                why = (f"deferred to a cheaper/cleaner window on pool {d.pool} starting {_dt(d.not_before).isoformat()}"
-                       + (f" (${o.dollars_usd:.4f}, {o.carbon_kg:.4f} kgCO2e)" if o is not None else ""))
-                JobStore.cas(s, j.id, j.version, S.queued.value, S.deferred.value, why, now,
-                             not_before=_dt(d.not_before), deferred_once=True, decision=rec, committed_pool=None,
-                             review_at=None)
-            elif kind == DecisionKind.wait:
-                review = _dt(d.not_before) if d.not_before is not None and math.isfinite(d.not_before) else None
-                o = d.option
-                why = (f"waiting for {j.spec['gpus_per_node'] * j.spec['nodes']} GPU(s) in pool {d.pool}"
-                       + (f"; expected wait {o.wait_s / 60:.0f} min" if o is not None else "")
-                       + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
-                JobStore.bump(s, j.id, j.version, now, committed_pool=d.pool, review_at=review, decision=rec,
-                              reason=why)
-            elif kind == DecisionKind.reject:
-                why = d.reason or "no pool or offer can hold it"
-                if self._tag_note(j.id):  # cloud offers were left out, not found wanting
-                    why = why.replace("no on-prem pool and no cloud offer can", "no on-prem pool can") + self._tag_note(j.id)
-                    rec["reason"] = why
-                JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
-                             finished_at=now)
+            if not isolate:
+                self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched, notes)
+                continue
+            try:
+                with s.begin_nested():
+                    self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched, notes)
+            except Exception as e:
+                self._fail_in(s, j, "apply", e, now)
         # jobs the planner left without a decision (nothing can hold them now): say why
         decided = {d.job_id for d in decisions}
         for jid, j in jobs.items():
             if jid in decided or j.committed_pool is not None:
                 continue
-            why = ("no live pool can hold it now and no cloud provider is configured; "
-                   "waiting for a node that fits (gpus_per_node, nodes, gpu_types, min_gpu_memory_gb)")
-            if self.cloud is not None:
-                why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
-                       "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
-            if j.reason != why:
-                JobStore.bump(s, j.id, j.version, now, reason=why)
+            if not isolate:
+                self._explain_undecided(j, notes)
+                continue
+            try:
+                with s.begin_nested():
+                    self._explain_undecided(j, notes)
+            except Exception as e:
+                self._fail_in(s, j, "apply", e, now)
         return dispatched
+
+    def _apply_one(self, s, now: datetime, d, j: Job, ctx, nodes_by_pool, used, kinds, dispatched: list,
+                   notes: list) -> None:
+        """One decision ``d`` for job ``j`` inside session ``s``; placed jobs are appended to ``dispatched``,
+        a ``wait`` to ``notes``."""
+        st = self.settings
+        pending_by_id = self._pending_by_id
+        kind = d.kind
+        kinds[kind.value] = kinds.get(kind.value, 0) + 1
+        rec = d.record()
+        if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
+            rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
+        rec = json_safe(rec)
+        if kind == DecisionKind.preempt:
+            for vid in d.victims:
+                v = s.get(Job, vid)
+                if v is not None and v.state in (S.starting.value, S.running.value) and v.stop_reason is None:
+                    JobStore.bump(s, v.id, v.version, now, stop_reason="preempt",
+                                  reason=f"preemption requested for higher-priority job {d.job_id}")
+                    s.add(JobEvent(job_id=v.id, at=now, from_state=v.state, to_state=v.state, version=v.version + 1,
+                                   reason=f"preemption requested for {d.job_id}"))
+            review = now + timedelta(seconds=st.cancel_grace_s + 30.0)
+            JobStore.bump(s, j.id, j.version, now, decision=rec, committed_pool=d.pool, review_at=review,
+                          reason=f"preempting {', '.join(d.victims)}; starts when their GPUs are free")
+        elif kind == DecisionKind.start:
+            nodes = nodes_by_pool[d.pool]
+            parts = []
+            ok = True
+            for rank, (k, g) in enumerate(d.allocation):
+                name, ln = nodes[k]
+                freeg = sorted(set(ln.healthy) - used[name])
+                if len(freeg) < g:
+                    ok = False
+                    break
+                pick = freeg[:g]
+                used[name].update(pick)
+                parts.append({"node": name, "gpus": pick, "rank": rank})
+            if not ok:
+                log.error("planner placed %s on more GPUs than free; left queued", d.job_id)
+                return
+            attempt = j.attempt + 1
+            gtype = nodes[d.allocation[0][0]][1].gpu_type
+            placement = {"kind": "onprem", "pool": d.pool, "gpu_type": gtype, "nodes": parts}
+            where = ", ".join(f"{p['node']} GPUs {p['gpus']}" for p in parts)
+            if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value,
+                            f"placed on pool {d.pool}: {where} (attempt {attempt})", now,
+                            placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
+                            state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
+                            committed_pool=None, review_at=None):
+                s.add(Attempt(job_id=j.id, number=attempt, kind="onprem", pool=d.pool, offer_id=None, nodes=parts,
+                              gpu_type=gtype, gpus=sum(len(p["gpus"]) for p in parts), created_at=now,
+                              rank_exits={}, reason=""))
+                dispatched.append((j.id, attempt))
+        elif kind == DecisionKind.provision:
+            offer = ctx.offers[d.offer_index]
+            attempt = j.attempt + 1
+            if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
+                            f"provisioning {offer.offer_id} (attempt {attempt})", now,
+                            placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
+                                       "region": offer.region, "zone": offer.zone, "gpu_type": offer.gpu_type,
+                                       "instance_type": offer.instance_type, "market": offer.market.value},
+                            attempt=attempt, decision=rec, dispatched_at=now, committed_pool=None, review_at=None,
+                            state_deadline_at=now + timedelta(seconds=st.provisioning_deadline_s)):
+                dispatched.append((j.id, attempt))  # the dispatch task hands it to provisioning
+        elif kind == DecisionKind.defer:
+            o = d.option
+            why = (f"deferred to a cheaper/cleaner window on pool {d.pool} starting {_dt(d.not_before).isoformat()}"
+                   + (f" (${o.dollars_usd:.4f}, {o.carbon_kg:.4f} kgCO2e)" if o is not None else ""))
+            JobStore.cas(s, j.id, j.version, S.queued.value, S.deferred.value, why, now,
+                         not_before=_dt(d.not_before), deferred_once=True, decision=rec, committed_pool=None,
+                         review_at=None)
+        elif kind == DecisionKind.wait:
+            review = _dt(d.not_before) if d.not_before is not None and math.isfinite(d.not_before) else None
+            o = d.option
+            why = (f"waiting for {j.spec['gpus_per_node'] * j.spec['nodes']} GPU(s) in pool {d.pool}"
+                   + (f"; expected wait {o.wait_s / 60:.0f} min" if o is not None else "")
+                   + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
+            notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
+        elif kind == DecisionKind.reject:
+            why = d.reason or "no pool or offer can hold it"
+            if self._tag_note(j.id):  # cloud offers were left out, not found wanting
+                why = why.replace("no on-prem pool and no cloud offer can", "no on-prem pool can") + self._tag_note(j.id)
+                rec["reason"] = why
+            JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
+                         finished_at=now)
+
+    def _explain_undecided(self, j: Job, notes: list) -> None:
+        """A job the planner gave no decision (nothing can hold it now): note why (for :meth:`_write_notes`)."""
+        jid = j.id
+        why = ("no live pool can hold it now and no cloud provider is configured; "
+               "waiting for a node that fits (gpus_per_node, nodes, gpu_types, min_gpu_memory_gb)")
+        if self.cloud is not None:
+            why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
+                   "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
+        if j.reason != why:
+            notes.append((j, {"reason": why}))

@@ -121,7 +121,8 @@ class Job(Base):
     #: "preempt" when the planner asked the agent to stop the job for a higher-priority one
     stop_reason: Mapped[str | None] = mapped_column(String(32))
     started_at: Mapped[datetime | None]
-    finished_at: Mapped[datetime | None]
+    #: indexed: the reconciler's retention pass reads the jobs finished before a cutoff
+    finished_at: Mapped[datetime | None] = mapped_column(index=True)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     #: reference-GPU seconds of work already done and checkpointed (restarts resume from it)
     work_done_s: Mapped[float] = mapped_column(Float, default=0.0)

@@ -16,6 +16,11 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    (spot reclaimed), instances of dead attempts, the orphan sweep (:meth:`CloudBroker.watch`).
 4. **Recurring runs**: every due schedule creates its job, with the idempotency key
    ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once.
+5. **Retention** (``retention_days`` > 0): jobs finished (succeeded, failed, cancelled) more than
+   ``retention_days`` ago are deleted with their events, logs, attempts and cloud-instance records,
+   oldest first, at most ``retention_batch`` jobs per pass in one short transaction (rows another
+   writer holds are skipped, ``FOR UPDATE SKIP LOCKED``); a job with a cloud instance not yet
+   terminated is kept until it is. Nothing is archived (see ``BrokerSettings.retention_days``).
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ import math
 from datetime import datetime, timedelta
 from typing import Callable
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
-from broker.db import Job, Node, Schedule, utcnow
+from broker.db import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule, utcnow
 from broker.model import JobSpec
 from broker.states import JobState
 from broker.store import JobStore
@@ -95,7 +100,9 @@ class Reconciler:
 
     def run(self, now: datetime | None = None) -> dict:
         """One pass at ``now``. Returns counts: ``lost_nodes``, ``requeued``, ``redispatched``,
-        ``timed_out``, ``scheduled``, and ``changed`` (their sum less re-dispatches)."""
+        ``timed_out``, ``scheduled``, and ``changed`` (their sum less re-dispatches); with retention on,
+        ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
+        ``cloud_instances``)."""
         now = now or utcnow()
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0}
         self._lost_nodes(now, out)
@@ -109,9 +116,40 @@ class Reconciler:
                 out["cloud"] = got
                 out["requeued"] += got.get("changed", 0)
         self._schedules(now, out)
+        if self.settings.retention_days > 0:
+            out["purged"] = self.purge_finished(now)
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
-        if out["changed"] or out["redispatched"]:
+        if out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs"):
             log.info("reconciler: %s", out)
+        return out
+
+    # ------------------------------------------------------------------ 5. retention
+    def purge_finished(self, now: datetime | None = None) -> dict[str, int]:
+        """Delete up to ``settings.retention_batch`` jobs that finished (``finished_at``) more than
+        ``settings.retention_days`` days before ``now``, oldest first, with their events, logs, attempts
+        and cloud-instance records, in one transaction. Jobs with a cloud instance still live (``intent``,
+        ``running``, ``terminating``) and rows locked by another writer are skipped. A no-op when
+        ``retention_days`` is 0. Returns the rows deleted per table: ``jobs``, ``events``, ``logs``,
+        ``attempts``, ``cloud_instances``."""
+        from broker.cloud import LIVE_ROW_STATES
+
+        out = {"jobs": 0, "events": 0, "logs": 0, "attempts": 0, "cloud_instances": 0}
+        days = float(self.settings.retention_days)
+        if days <= 0:
+            return out
+        cutoff = (now or utcnow()) - timedelta(days=days)
+        live_cloud = select(CloudInstance.job_id).where(CloudInstance.state.in_(LIVE_ROW_STATES))
+        with self.store.session() as s:
+            ids = s.execute(select(Job.id).where(
+                Job.state.in_([S.succeeded.value, S.failed.value, S.cancelled.value]), Job.finished_at < cutoff,
+                Job.id.not_in(live_cloud)).order_by(Job.finished_at, Job.id).limit(int(self.settings.retention_batch))
+                .with_for_update(skip_locked=True)).scalars().all()
+            if not ids:
+                return out
+            for key, table in (("events", JobEvent), ("logs", JobLog), ("attempts", Attempt),
+                               ("cloud_instances", CloudInstance)):
+                out[key] = s.execute(delete(table).where(table.job_id.in_(ids))).rowcount
+            out["jobs"] = s.execute(delete(Job).where(Job.id.in_(ids))).rowcount
         return out
 
     # ------------------------------------------------------------------ 1. lost nodes

@@ -337,6 +337,16 @@ class BrokerSettings(BaseSettings):
         max_attempts: a job whose attempts keep ending without an exit code (node lost, start
             timed out, could not be launched) fails after this many attempts.
         jobs: how node agents isolate jobs: their user and directories (:class:`JobsSettings`).
+        intake_batch: jobs per intake transaction of a planning cycle (a burst is taken in
+            several short transactions, so a cancel never waits behind one long one).
+        retention_days: days a finished (succeeded, failed, cancelled) job is kept after it
+            finished; then the reconciler deletes the job row and its events, logs, attempts and
+            cloud-instance records (a job with a cloud instance not yet terminated is kept until it
+            is). Nothing is archived; ``fedbroker jobs``/the API no longer know the job, and its
+            idempotency key may be used again. Fair share counts attempts of the last 56 days
+            (8 half-lives), so with less than that the oldest usage (weight < 5 % at 30 days) is
+            forgotten early. ``0`` keeps everything forever. Default 30.
+        retention_batch: most jobs one reconciler pass deletes (one short transaction).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDBROKER_", env_nested_delimiter="__", extra="forbid")
@@ -370,6 +380,9 @@ class BrokerSettings(BaseSettings):
     token_ttl_days: float = Field(90.0, gt=0, le=3650)
     max_attempts: int = Field(5, ge=1)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
+    intake_batch: int = Field(500, ge=1, le=100_000)
+    retention_days: float = Field(30.0, ge=0, le=36_500)
+    retention_batch: int = Field(500, ge=1, le=100_000)
 
     @field_validator("state_dir")
     @classmethod

@@ -105,7 +105,12 @@ def best_start(
 
     Candidate starts: ``earliest_s``, then every slot boundary (multiple of
     ``slot_s`` in UTC POSIX seconds) after it up to ``latest_start_s``
-    inclusive. The job draws a constant ``power_kw`` for ``runtime_s`` from
+    inclusive, clamped to the horizon of the series being ranked: the latest
+    start considered is ``min(latest_start_s, series.end_s - runtime_s)`` (but at
+    least ``earliest_s``), since a run ending past the series has no data. Any
+    far-away ``latest_start_s`` (a deadline in 2199) is therefore accepted; the
+    ``reason`` says when the window was clamped. The job draws a constant
+    ``power_kw`` for ``runtime_s`` from
     each candidate start; window integrals come from
     :meth:`HourlySeries.integrals` (value x hours, fractional hours interpolated).
 
@@ -163,6 +168,15 @@ def best_start(
     if prefer == "cheapest" and price is None:
         raise ValueError("price=None: prefer='cheapest' needs a price series (USD/MWh)")
 
+    # The search ends where the ranked series ends: a start whose run would end after the last
+    # interval has no data and would be skipped anyway, so a deadline years away (2199) costs
+    # nothing and never exceeds MAX_CANDIDATES; the reason says when the window was clamped.
+    ranked = price if prefer == "cheapest" else carbon
+    clamp_note = ""
+    horizon = ranked.end_s - runtime
+    if latest > horizon:
+        latest = max(earliest, horizon)
+        clamp_note = f"; window clamped to the {'price' if prefer == 'cheapest' else 'carbon'} series' end {_iso(ranked.end_s)}"
     starts = candidate_starts(earliest, latest, slot)
     k = int(starts.size)
     carbon_kg = kw * carbon.integrals(starts, runtime) / 1000.0
@@ -181,7 +195,7 @@ def best_start(
             candidates=k,
             reason=(
                 f"{what} data missing for all {k} candidate windows; "
-                f"starting at earliest_s {_iso(earliest)}"
+                f"starting at earliest_s {_iso(earliest)}{clamp_note}"
             ),
         )
     best = float(np.min(obj[ok]))
@@ -197,6 +211,6 @@ def best_start(
         candidates=k,
         reason=(
             f"{prefer} of {k} candidate starts{note}: {_iso(float(starts[i]))} "
-            f"at {float(obj[i]):.6g} {unit}"
+            f"at {float(obj[i]):.6g} {unit}{clamp_note}"
         ),
     )

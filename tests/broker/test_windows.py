@@ -101,11 +101,29 @@ def test_missing_hours_are_skipped_never_zero():
     assert w.cost_usd == pytest.approx(0.50)
     assert w.candidates == 5
     assert "2 skipped" in w.reason
-    # a window running past the series' end is missing too: 6 h series, latest start 5 h -> [5 h, 7 h) skipped
+    # a window running past the series' end has no data: 6 h series, latest start 5 h -> the search is
+    # clamped to the last start whose run fits (4 h): candidates 3 h and 4 h, and the reason says so
     w = best_start(earliest_s=T0 + 3 * H, latest_start_s=T0 + 5 * H, runtime_s=2 * H, power_kw=10.0,
                    price=p, carbon=FLAT_CI, prefer="cheapest")
-    assert (w.start_s, w.candidates) == (T0 + 3 * H, 3)
-    assert "1 skipped" in w.reason
+    assert (w.start_s, w.candidates) == (T0 + 3 * H, 2)
+    assert "skipped" not in w.reason
+    assert w.reason.endswith("window clamped to the price series' end 2023-01-01T06:00:00Z")
+
+
+def test_a_deadline_centuries_away_is_clamped_to_the_series():
+    # latest start in 2199 with 1 h slots would be ~1.5 million candidates (over MAX_CANDIDATES); the search
+    # stops at the ranked series' end instead: carbon [300, 100, 200, 50] -> 1 h runs at 00..03 h, 03 h wins
+    far = datetime(2199, 12, 31, tzinfo=UTC).timestamp()
+    w = best_start(earliest_s=T0, latest_start_s=far, runtime_s=H, power_kw=2.0, price=None,
+                   carbon=carbon([300, 100, 200, 50]), prefer="cleanest")
+    assert (w.start_s, w.candidates) == (T0 + 3 * H, 4)
+    assert w.carbon_kg == pytest.approx(0.1)  # 2 kW x 50 g/kWh x 1 h / 1000
+    assert "window clamped to the carbon series' end 2023-01-01T04:00:00Z" in w.reason
+    # earliest start already past the series: one candidate (earliest), data missing, no error
+    w = best_start(earliest_s=T0 + 10 * H, latest_start_s=far, runtime_s=H, power_kw=2.0, price=price([1, 2]),
+                   carbon=FLAT_CI, prefer="cheapest")
+    assert (w.start_s, w.candidates) == (T0 + 10 * H, 1)
+    assert math.isnan(w.cost_usd) and "price data missing" in w.reason
 
 
 def test_missing_carbon_hour_is_not_the_cleanest():
