@@ -16,6 +16,7 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     POST   /v1/schedules/{schedule_id}/pause   -> ScheduleView (enabled false: creates no jobs)
     POST   /v1/schedules/{schedule_id}/resume  -> ScheduleView (next fire after now; missed fires skipped)
     DELETE /v1/schedules/{schedule_id} -> 204 (jobs it created stay)
+    /v1/node/...                       node agents only, with a node token (:mod:`broker.node_api`)
 
 Who sees what: a team token sees, cancels and reads the logs/explain record of its own
 team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
@@ -52,6 +53,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
 from broker.model import JobSpec
+from broker.node_api import node_router
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
 from broker.settings import BrokerSettings
@@ -215,7 +217,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             ``None`` = the field defaults (no admin token; the environment is not read).
         on_submit: called with the new job's id after a job is stored (the live broker wakes
             the planner with it); an exception from it is logged and never fails the request.
-            Also called after an instance report that ended a cloud attempt.
+            Also called after an instance report that ended a cloud attempt, and after a node
+            agent's report moved a job out of ``starting``/``running`` (:mod:`broker.node_api`).
         cloud: a :class:`broker.cloud.CloudBroker` to take cloud instances' reports
             (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
     """
@@ -252,6 +255,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         who = store.authenticate(token)
         if who is None:
             raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        if who.team.startswith("node:"):  # TEMPORARY until token kinds: a node token is for /v1/node only
+            raise HTTPException(403, "a node token may only call the node API (/v1/node/...)")
         return who
 
     Caller = Annotated[Principal, Depends(principal)]
@@ -281,6 +286,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         if spec.team not in ("default", who.team):
             raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
         return who.team
+
+    app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.node_api)
 
     # ------------------------------------------------------------------ health
     @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "database down"}})

@@ -301,6 +301,29 @@ class JobStore:
                 ApiToken.token_hash == hash_token(token), ApiToken.revoked.is_(False))).first()
         return Principal(row.team, bool(row.admin)) if row else None
 
+    # Node credentials. TEMPORARY: a node token is an api_tokens row with team "node:<node>" and
+    # admin False; the lead re-points these two methods to the token kind "node" at merge.
+    def create_node_token(self, node: str, label: str = "") -> str:
+        """Create a credential for the agent of node ``node`` and return it (only its hash is stored).
+
+        Raises :class:`StoreError` for a node name that is not 1-58 letters, digits, '.', '_' or '-'."""
+        from broker.model import _NAME_RE
+
+        if not _NAME_RE.match(node) or len(node) > 58:
+            raise StoreError(f"node={node!r}: 1-58 letters, digits, '.', '_' or '-'")
+        token = "fbn_" + secrets.token_urlsafe(32)
+        with self.session() as s:
+            s.add(ApiToken(team=f"node:{node}", token_hash=hash_token(token), admin=False, label=label,
+                           created_at=utcnow()))
+        return token
+
+    def node_of_token(self, token: str) -> str | None:
+        """The node a valid, unrevoked node token names, else ``None`` (team tokens included)."""
+        who = self.authenticate(token)
+        if who is None or who.admin or not who.team.startswith("node:"):
+            return None
+        return who.team[len("node:"):]
+
     # ------------------------------------------------------------------ submit / read
     def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
                now: datetime | None = None, not_after: datetime | None = None,
