@@ -456,7 +456,10 @@ def test_openapi_lists_paths(client):
     assert set(doc["paths"]) == {"/healthz", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
                                  "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/explain", "/v1/nodes",
                                  "/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}/pause",
-                                 "/v1/schedules/{schedule_id}/resume", "/v1/instances/report"}
+                                 "/v1/schedules/{schedule_id}/resume", "/v1/instances/report",
+                                 "/v1/node/config", "/v1/node/heartbeat", "/v1/node/work",
+                                 *(f"/v1/node/attempts/{{job_id}}/{{attempt}}/{{rank}}/{r}"
+                                   for r in ("running", "ended", "launch-failed", "gone", "logs"))}
     assert set(doc["paths"]["/v1/jobs"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/schedules"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/schedules/{schedule_id}"]) == {"get", "delete"}

@@ -277,3 +277,46 @@ def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, rig, tmp_path
         time.sleep(0.05)
     assert sorted(out.read_text().splitlines()) == ["0 stopped", "1 stopped"]
     assert pg_store.attempts(jid)[0].outcome == "lost"
+
+
+def test_agent_survives_an_api_outage_and_reports_after(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
+    out = tmp_path / "ran"
+    jid = pg_store.submit("ml", sh(f"echo before; sleep 1.5; echo after; echo done >> {out}"))[0].id
+    rig.until(lambda: rig.state(jid) == "running" and pg_store.log_chunks(jid, 1), what="the job to run")
+    rig.api.stop()  # the API is down: the agent must neither stop the job nor lose its end
+    agent = rig.agents["n1"]
+    end = time.monotonic() + 4.0
+    while time.monotonic() < end:
+        agent.supervise_once()  # never raises for an outage
+        time.sleep(0.05)
+    [local] = agent.runtime.list()
+    assert (local.status, local.exit_code) == ("exited", 0)  # it ran to its end meanwhile
+    assert out.read_text() == "done\n" and rig.state(jid) == "running"  # nothing reported yet
+    rig.api.start()  # same port: reports are delivered after the back-off
+    rig.until(lambda: rig.state(jid) == "succeeded", timeout=30, what="the end to be reported")
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "before\nafter\n"
+    assert [a.outcome for a in pg_store.attempts(jid)] == ["succeeded"]
+    assert agent.runtime.list() == []
+
+
+def test_workers_import_nothing_that_holds_broker_secrets():
+    forbidden = ("broker.store", "broker.db", "broker.settings", "broker.tasks", "broker.celery_app",
+                 "broker.reconciler", "broker.attempts", "sqlalchemy", "redis", "celery", "kombu")
+    found = []
+    for f in sorted((REPO / "workers").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [(f.name, n) for n in names if n.split(".")[0] in forbidden or n in forbidden
+                      or any(n.startswith(x + ".") for x in forbidden)]
+    assert found == []
+    # and at run time: the agent's whole import graph loads none of them
+    import subprocess
+    import sys
+
+    code = ("import sys, workers.agent, workers.node_client, providers.nvml, broker.model; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {('sqlalchemy', 'redis', 'celery', 'kombu')!r} "
+            "or m in ('broker.store', 'broker.db', 'broker.settings')))")
+    got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "[]"
