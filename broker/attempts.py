@@ -51,16 +51,20 @@ def node_work(store: JobStore, node: str) -> list[dict]:
     end is already recorded. Each: ``job_id``, ``attempt``, ``rank``, ``state``,
     ``cancel_requested``, ``stop_reason``, ``spec`` (the job spec as stored), ``nnodes``,
     ``master_node`` (the first part's node: the rendezvous host) and ``gpus`` (this part's GPU
-    indices). One indexed query on ``jobs.state``; the placement filter runs in Python."""
+    indices). One indexed query on ``jobs.state`` (no specs), the placement filter in Python, then
+    the specs and attempt records of this node's jobs only."""
     out = []
     with store.session() as s:
-        jobs = s.execute(select(Job).where(Job.state.in_(_ACTIVE))).scalars().all()
-        mine = [j for j in jobs if (j.placement or {}).get("kind", "onprem") == "onprem"
+        rows = s.execute(select(Job.id, Job.attempt, Job.state, Job.placement, Job.cancel_requested,
+                                Job.stop_reason).where(Job.state.in_(_ACTIVE))).all()
+        mine = [j for j in rows if (j.placement or {}).get("kind", "onprem") == "onprem"
                 and any(p.get("node") == node for p in (j.placement or {}).get("nodes", []))]
-        ended: dict[tuple[str, int], dict] = {}
-        if mine:
-            for a in s.execute(select(Attempt).where(Attempt.job_id.in_([j.id for j in mine]))).scalars():
-                ended[(a.job_id, a.number)] = dict(a.rank_exits or {})
+        if not mine:
+            return out
+        ids = [j.id for j in mine]
+        specs = dict(s.execute(select(Job.id, Job.spec).where(Job.id.in_(ids))).all())
+        ended = {(a.job_id, a.number): dict(a.rank_exits or {}) for a in s.execute(
+            select(Attempt.job_id, Attempt.number, Attempt.rank_exits).where(Attempt.job_id.in_(ids))).all()}
         for j in mine:
             parts = j.placement["nodes"]
             done = ended.get((j.id, j.attempt), {})
@@ -69,7 +73,7 @@ def node_work(store: JobStore, node: str) -> list[dict]:
                     continue
                 out.append({"job_id": j.id, "attempt": j.attempt, "rank": p["rank"], "state": j.state,
                             "cancel_requested": bool(j.cancel_requested), "stop_reason": j.stop_reason,
-                            "spec": dict(j.spec), "nnodes": len(parts), "master_node": parts[0]["node"],
+                            "spec": dict(specs[j.id]), "nnodes": len(parts), "master_node": parts[0]["node"],
                             "gpus": list(p["gpus"])})
     return out
 
