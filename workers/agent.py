@@ -188,7 +188,7 @@ class NodeAgent:
 
     def _supervise(self) -> None:
         cfg = self.config
-        if time.monotonic() - self._last_hb >= cfg["heartbeat_interval_s"]:
+        if self._last_hb == 0.0:  # register before asking for work
             self.heartbeat()
         grace = cfg["cancel_grace_s"]
         # Ask for the work BEFORE listing local attempts: a rank the API shows running here was
@@ -234,6 +234,8 @@ class NodeAgent:
         for key, w in work.items():
             if w["state"] == "running" and key not in local and w["nnodes"] == 1:
                 self._tell(self.api.gone, *key)
+        if time.monotonic() - self._last_hb >= cfg["heartbeat_interval_s"]:
+            self.heartbeat()
 
     def _ship_logs(self, a, final: bool = False) -> None:
         """Ship the attempt's new log bytes to the API in chunks (resumable; duplicates ignored)."""
@@ -276,11 +278,13 @@ class NodeAgent:
 
     def _loop(self) -> None:
         while True:
+            t0 = time.monotonic()
             try:
                 self.supervise_once()
             except Exception:
                 log.exception("supervision step failed")
-            if self._stop.wait(SUPERVISE_S):
+            # one step every SUPERVISE_S (a slow step is followed at once, after a short pause)
+            if self._stop.wait(max(SUPERVISE_S - (time.monotonic() - t0), 0.05)):
                 return
 
     def stop(self) -> None:
