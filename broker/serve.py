@@ -179,6 +179,7 @@ def serve_agent(api_url: str = typer.Option(..., "--api-url", envvar="FEDBROKER_
     _logging(log_level)
     name = name or socket.gethostname().split(".")[0]
     token = _node_token(token_file)
+    os.environ.pop("FEDBROKER_NODE_TOKEN", None)  # jobs inherit what the agent's environment still holds
     try:
         backend = open_backend(nvml, fake_gpus=fake_gpus, fake_gpu_name=fake_gpu_name)
     except ValueError as e:
