@@ -94,9 +94,13 @@ class NodeAgent:
 
     @property
     def config(self) -> dict:
-        """The agent-side settings (asked from the API once). Raises :class:`NodeApiError`."""
+        """The agent-side settings (asked from the API once). Raises :class:`NodeApiError`, also
+        (status 403) when the token names another node than ``name``."""
         if self._config is None:
-            self._config = self.api.config()
+            cfg = self.api.config()
+            if cfg.get("node", self.name) != self.name:
+                raise NodeApiError(f"the node token names node {cfg['node']!r}, not --name={self.name!r}", 403)
+            self._config = cfg
         return self._config
 
     # ------------------------------------------------------------------ heartbeat

@@ -320,3 +320,12 @@ def test_workers_import_nothing_that_holds_broker_secrets():
             "or m in ('broker.store', 'broker.db', 'broker.settings')))")
     got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert got.stdout.strip() == "[]"
+
+
+def test_an_agent_with_another_nodes_token_does_nothing(pg_store, rig, caplog):
+    rig = rig({"n1": 1})
+    wrong = NodeAgent(NodeClient(rig.api.url, rig.tokens["n1"]), "n9", "local", FakeNvmlBackend(gpu_count=1),
+                      state_dir=rig.tmp, runtime=ProcessRuntime(rig.tmp / "agents" / "n9"))
+    wrong.supervise_once()
+    assert "the node token names node 'n1', not --name='n9'" in caplog.text
+    assert [n.name for n in pg_store.nodes()] == ["n1"]
