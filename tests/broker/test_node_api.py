@@ -142,3 +142,20 @@ def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp
         "AWS_SECRET_ACCESS_KEY": "k"})
     assert env == {"PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0", "FEDBROKER_NODE_TOKEN": "fbn_x",
                    "FEDBROKER_API_URL": "http://127.0.0.1:8000"}
+
+
+def test_serve_agent_needs_a_node_token_kept_private(tmp_path, monkeypatch):
+    from broker.cli import app
+
+    monkeypatch.delenv("FEDBROKER_NODE_TOKEN", raising=False)
+    r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "http://127.0.0.1:9", "--nvml", "fake"])
+    assert r.exit_code == 2 and "no node token: set FEDBROKER_NODE_TOKEN or give --token-file" in r.output
+    f = tmp_path / "node.token"
+    f.write_text("fbn_x\n")
+    f.chmod(0o644)
+    r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "http://127.0.0.1:9", "--token-file", str(f)])
+    assert r.exit_code == 2 and "mode 644 lets others read it; chmod 600 it" in r.output
+    f.chmod(0o600)
+    monkeypatch.setenv("FEDBROKER_NODE_TOKEN", "fbn_x")
+    r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "ftp://broker", "--nvml", "fake"])
+    assert r.exit_code == 2 and "api_url='ftp://broker': must start with http:// or https://" in r.output
