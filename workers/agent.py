@@ -54,6 +54,8 @@ MAX_BACKOFF_S = 10.0
 LOST_CONFIRM_S = 2.0
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default)
 RENDEZVOUS_PORT = _LAUNCH_PORT  # 29500, defined once in providers.launch
+#: how many reported ends the agent remembers (a rank it ended is never started again on a stale answer)
+ENDED_MEMORY = 10_000
 #: answers that say "this report will never be taken" (the attempt is not this node's, or gone)
 _REFUSED = (404, 409, 422)
 
@@ -91,6 +93,8 @@ class NodeAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost_seen: dict = {}
+        #: ranks whose end this agent reported (never started again here, whatever a stale answer says)
+        self._ended: dict[tuple[str, int, int], float] = {}
 
     @property
     def config(self) -> dict:
@@ -206,6 +210,8 @@ class NodeAgent:
             if not due or w["cancel_requested"] or w["stop_reason"]:
                 continue
             a = local.get(key)
+            if a is None and key in self._ended:
+                continue
             if a is None:
                 self._launch(w)
                 launched = True
@@ -234,6 +240,10 @@ class NodeAgent:
             if self._tell(self.api.ended, *key, code):
                 self.runtime.forget(a.key)
                 self._lost_seen.pop(a.key, None)
+                self._ended[key] = time.monotonic()
+        if len(self._ended) > ENDED_MEMORY:  # forget the oldest half
+            for k in sorted(self._ended, key=self._ended.get)[:len(self._ended) // 2]:
+                del self._ended[k]
         # ranks the API shows running here, with no process and no exit code on this node
         for key, w in work.items():
             if w["state"] == "running" and key not in local and w["nnodes"] == 1:
