@@ -15,7 +15,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import requests
 import uvicorn
 
 from broker.api import create_app
