@@ -21,6 +21,7 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     POST /v1/tokens/{token_id}/revoke  -> TokenView
     POST /v1/tokens/{token_id}/rotate  TokenRotateRequest (optional) -> CreatedToken
     GET  /v1/audit?since=&action=&limit=        -> list[AuditEventView], newest first (admin)
+    /v1/node/...                       node agents only, with a node token (:mod:`broker.node_api`)
 
 Who sees what: a team token sees, cancels and reads the logs/explain record of its own
 team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
@@ -60,6 +61,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
 from broker.model import JobSpec
+from broker.node_api import node_router
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
 from broker.settings import BrokerSettings
@@ -231,7 +233,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             environment is not read).
         on_submit: called with the new job's id after a job is stored (the live broker wakes
             the planner with it); an exception from it is logged and never fails the request.
-            Also called after an instance report that ended a cloud attempt.
+            Also called after an instance report that ended a cloud attempt, and after a node
+            agent's report moved a job out of ``starting``/``running`` (:mod:`broker.node_api`).
         cloud: a :class:`broker.cloud.CloudBroker` to take cloud instances' reports
             (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
     """
@@ -282,8 +285,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         path = request.url.path
         if who.kind == "read-only" and request.method not in ("GET", "HEAD"):
             raise HTTPException(403, f"{request.method} {path}: a read-only token may only read (GET)")
-        if who.kind == "node" and path.startswith(("/v1/jobs", "/v1/schedules")):
-            raise HTTPException(403, f"{path}: a node token (node {who.node!r}) may not use job or schedule routes")
+        if who.kind == "node":
+            raise HTTPException(403, f"{path}: a node token (node {who.node!r}) may only call the node API (/v1/node/...)")
         return who
 
     Caller = Annotated[Principal, Depends(principal)]
@@ -313,6 +316,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         if spec.team not in ("default", who.team):
             raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
         return who.team
+
+    app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.node_api)
 
     # ------------------------------------------------------------------ health
     @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "database down"}})

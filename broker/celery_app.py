@@ -4,9 +4,8 @@ Queues:
 
 * ``planning`` — ``fedbroker.plan`` (one planning cycle, under the leader lock) and
   ``fedbroker.reconcile`` (lost nodes, state deadlines, re-dispatch, recurring runs);
-* ``dispatch`` — ``fedbroker.dispatch``: "advance this placed job": forwards it to the agents of its nodes;
-* ``node.<name>`` — one per on-prem host, consumed only by that host's agent
-  (``fedbroker.agent.run_attempt``);
+* ``dispatch`` — ``fedbroker.dispatch``: "advance this placed cloud job": hands it to provisioning
+  (on-prem jobs need no message: node agents poll the node API, :mod:`broker.node_api`);
 * ``provisioning`` — ``fedbroker.provision`` and ``fedbroker.teardown`` (cloud instances: create calls take
   seconds, a GCE operation up to ``gcp.operation_timeout_s``; run a worker of its own on this queue in production).
 
@@ -28,19 +27,14 @@ from kombu import Queue
 
 from broker.settings import BrokerSettings, load_settings
 
-__all__ = ["make_celery", "get_app", "node_queue"]
+__all__ = ["make_celery", "get_app"]
 
 _APP: Celery | None = None
 
 
-def node_queue(node: str) -> str:
-    """The Celery queue of one on-prem host's agent."""
-    return f"node.{node}"
-
-
 def make_celery(settings: BrokerSettings) -> Celery:
-    """A configured Celery app for ``settings`` (tasks from :mod:`broker.tasks` and :mod:`workers.agent`)."""
-    app = Celery("fedbroker", broker=settings.redis_url, include=["broker.tasks", "workers.agent"])
+    """A configured Celery app for ``settings`` (tasks from :mod:`broker.tasks`)."""
+    app = Celery("fedbroker", broker=settings.redis_url, include=["broker.tasks"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

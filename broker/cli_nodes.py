@@ -4,6 +4,8 @@ Commands::
 
     fedbroker nodes [--json]                      the nodes the broker knows (API), as ``nodes list``
     fedbroker nodes list [--json]                 GPUs, health, last heartbeat of every node (API)
+    fedbroker nodes token HOST [--label L]        mint HOST's agent credential (store access via the settings;
+                                                  printed once)
     fedbroker nodes probe [--nvml auto|nvml|fake] [--fake-gpus N] [--json]
                                                   this host's GPU inventory and telemetry, read the way the
                                                   node agent reads it (``providers.nvml.open_backend(...).read()``)
@@ -15,6 +17,7 @@ NVML cannot be used; ``--nvml auto`` falls back to the fake backend (the ``backe
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -122,6 +125,35 @@ def probe(nvml: str = typer.Option("auto", "--nvml", help="auto (NVML, else a fa
     con.print(tab)
 
 
+@nodes_app.command("token")
+def node_token(node: str = typer.Argument(..., help="The node (host) name the token is for."),
+               label: str = typer.Option("", help="A note stored with the token."),
+               config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG).")) -> None:
+    """Mint a node token for HOST's agent and print it once (only its hash is stored). Talks to the
+    job store directly (run it where the broker's settings are, never on the agent host); the agent
+    takes it as ``FEDBROKER_NODE_TOKEN`` or ``--token-file`` (mode 0600)."""
+    from broker.redact import mask_url
+    from broker.settings import SettingsError, load_settings
+    from broker.store import JobStore, StoreError
+
+    try:
+        settings = load_settings(config)
+    except SettingsError as e:
+        _fail(str(e), 2)
+    store = JobStore.from_settings(settings)
+    try:
+        store.migrate()
+        tok = store.create_node_token(node, label=label)
+    except StoreError as e:
+        _fail(str(e), 2)
+    except Exception as e:  # database unreachable, permissions ...
+        _fail(f"cannot use the job store at {mask_url(settings.effective_database_url)}: {type(e).__name__}")
+    finally:
+        store.engine.dispose()
+    typer.echo(tok)
+    typer.echo(f"node token for {node!r}: store it now (chmod 600), it is not shown again", err=True)
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``nodes`` (``list``, ``probe``) to the ``fedbroker`` CLI."""
+    """Add ``nodes`` (``list``, ``token``, ``probe``) to the ``fedbroker`` CLI."""
     app.add_typer(nodes_app, name="nodes")

@@ -17,7 +17,8 @@
    applied meanwhile (two planners after a lost Redis lock, a task delivered
    twice), nothing is applied. Each decision is a compare-and-set on the job's
    version, so a job cancelled meanwhile is left alone.
-5. **Dispatch** (after commit): ``dispatch(job_id, attempt)`` for every job placed.
+5. **Dispatch** (after commit): ``dispatch(job_id, attempt)`` for every job sent to a cloud
+   (``provisioning``). On-prem placements need none: node agents poll the node API.
 6. **Notes** (after commit, only if applied): decisions that hold nothing — ``wait`` (the
    pool, review time, record and reason) and the reason of a job given no decision — are
    written in batches of ``settings.intake_batch``, one bulk ``UPDATE`` each, skipping rows
@@ -149,7 +150,7 @@ class PlanningCycle:
         store: the job store.
         env: static planning inputs (:class:`LiveEnvironment`).
         settings: :class:`broker.settings.BrokerSettings` (deadlines, heartbeat timeouts).
-        dispatch: called after commit with ``(job_id, attempt)`` for each placed job.
+        dispatch: called after commit with ``(job_id, attempt)`` for each job sent to provisioning.
         leader: a name for this planner, recorded with the fence.
     """
 
@@ -707,7 +708,6 @@ class PlanningCycle:
                 s.add(Attempt(job_id=j.id, number=attempt, kind="onprem", pool=d.pool, offer_id=None, nodes=parts,
                               gpu_type=gtype, gpus=sum(len(p["gpus"]) for p in parts), created_at=now,
                               rank_exits={}, reason=""))
-                dispatched.append((j.id, attempt))
         elif kind == DecisionKind.provision:
             offer = ctx.offers[d.offer_index]
             attempt = j.attempt + 1

@@ -6,9 +6,9 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    ``running`` jobs become ``interrupted`` then ``queued`` (keeping checkpointed work),
    its ``starting`` jobs go back to ``queued``. If the node comes back, its agent
    stops the stale processes (their attempt is no longer the job's current one).
-2. **Re-dispatch**: a ``starting`` job not running ``dispatch_retry_s`` after its
-   dispatch is dispatched again (a message lost with a Redis restart or a killed
-   worker); agents ignore duplicates.
+2. **Re-dispatch**: a ``provisioning`` job whose provision message was lost (Redis
+   restarted, worker killed) is sent again. On-prem ``starting`` jobs need no message:
+   node agents poll the node API for their work.
 3. **State deadlines**: ``starting`` past ``starting_deadline_s`` (cloud: ``cloud.start_deadline_s``)
    and ``provisioning`` past ``provisioning_deadline_s`` go back to ``queued`` with the reason;
    a ``provisioning`` job whose provision message was lost is sent again after 5 minutes.
@@ -89,7 +89,7 @@ class Reconciler:
     Args:
         store: the job store.
         settings: :class:`broker.settings.BrokerSettings` (timeouts).
-        dispatch: ``dispatch(job_id, attempt)`` to re-send a placed job to its agents.
+        dispatch: ``dispatch(job_id, attempt)`` to re-send a provisioning job's message.
     """
 
     def __init__(self, store: JobStore, settings, dispatch: Callable[[str, int], None] | None = None, cloud=None):
@@ -177,7 +177,6 @@ class Reconciler:
 
     # ------------------------------------------------------------------ 2-3. dispatch and state deadlines
     def _deadlines(self, now: datetime, out: dict) -> None:
-        retry_before = now - timedelta(seconds=self.settings.dispatch_retry_s)
         # provisioning takes minutes (and the provision task holds a per-job lock): re-send only after 5 min
         provision_before = now - timedelta(seconds=max(self.settings.dispatch_retry_s, 300.0))
         resend = []
@@ -195,10 +194,9 @@ class Reconciler:
                         self.cloud.mark_attempt(s, j.id, j.attempt, f"StartTimeout: no running report in {limit:.0f} s", now)
                     out["timed_out"] += requeue_lost(s, j, now, f"still {j.state} after {limit:.0f} s without "
                                                      f"{what}", "timed_out", max_attempts=self.settings.max_attempts)
-                elif j.dispatched_at is not None and (
-                        (j.state == S.starting.value and not cloud and j.dispatched_at < retry_before)
-                        or (j.state == S.provisioning.value and j.dispatched_at < provision_before)):
-                    # a lost dispatch/provision message (Redis restarted, worker killed): send it again
+                elif (j.dispatched_at is not None and j.state == S.provisioning.value
+                      and j.dispatched_at < provision_before):
+                    # a lost provision message (Redis restarted, worker killed): send it again
                     if JobStore.bump(s, j.id, j.version, now, dispatched_at=now):
                         resend.append((j.id, j.attempt))
         if self.dispatch is not None:

@@ -4,11 +4,15 @@
 * ``worker`` — a Celery worker on the ``planning``, ``dispatch`` and ``provisioning`` queues;
 * ``beat`` — Celery beat: a planning cycle every ``plan_interval_s``, a reconciler pass every
   ``reconcile_interval_s`` (safe to run twice);
-* ``agent`` — the node agent of this host (:mod:`workers.agent`) on queue ``node.<name>``;
+* ``agent`` — the node agent of this host (:mod:`workers.agent`): polls the node API with a
+  node token (``--api-url``, ``FEDBROKER_NODE_TOKEN`` or ``--token-file``); holds no database
+  or Redis URL and reads no settings file;
 * ``all`` — the four above as child processes of one command, for a single-machine
-  trial (agent: this host, fake NVML GPUs unless real ones are found). Ctrl-C stops them.
+  trial (agent: this host, fake NVML GPUs unless real ones are found). It mints the local
+  agent's node token itself and gives the agent an environment without the broker's
+  settings (:func:`agent_environment`). Ctrl-C stops them.
 
-Each ``serve`` command reads :class:`broker.settings.BrokerSettings` (``--config FILE``,
+Each ``serve`` command but ``agent`` reads :class:`broker.settings.BrokerSettings` (``--config FILE``,
 ``FEDBROKER_*`` variables).
 """
 
@@ -29,7 +33,7 @@ import typer
 from broker.redact import mask_url
 from broker.settings import BrokerSettings, SettingsError, load_settings
 
-__all__ = ["register"]
+__all__ = ["register", "agent_environment"]
 
 log = logging.getLogger("fedbroker.serve")
 serve_app = typer.Typer(no_args_is_help=True, help="Run the live broker's processes (API, Celery worker, beat, node agent).")
@@ -135,42 +139,94 @@ def serve_beat(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option
          quiet=True).run()
 
 
+def _node_token(token_file: Optional[Path]) -> str:
+    """The node token: from ``--token-file`` (must not be readable by group or others), else
+    ``$FEDBROKER_NODE_TOKEN``. Exits 2 naming what is missing or wrong."""
+    if token_file is not None:
+        try:
+            mode = token_file.stat().st_mode
+            text = token_file.read_text().strip()
+        except OSError as e:
+            typer.echo(f"error: --token-file={str(token_file)!r}: {e.strerror}", err=True)
+            raise typer.Exit(2)
+        if mode & 0o077:
+            typer.echo(f"error: --token-file={str(token_file)!r}: mode {mode & 0o777:o} lets others read it; "
+                       "chmod 600 it", err=True)
+            raise typer.Exit(2)
+        return text
+    token = os.environ.get("FEDBROKER_NODE_TOKEN", "").strip()
+    if not token:
+        typer.echo("error: no node token: set FEDBROKER_NODE_TOKEN or give --token-file "
+                   "(mint one with `fedbroker nodes token HOST`)", err=True)
+        raise typer.Exit(2)
+    return token
+
+
 @serve_app.command("agent")
-def serve_agent(config: Optional[Path] = ConfigOpt,
-                name: str = typer.Option(None, "--name", help="Node name (default: this host's name)."),
+def serve_agent(api_url: str = typer.Option(..., "--api-url", envvar="FEDBROKER_API_URL",
+                                            help="The broker API's URL (the agent talks to nothing else)."),
+                token_file: Optional[Path] = typer.Option(None, "--token-file",
+                                                          help="File holding the node token (mode 0600); "
+                                                               "else $FEDBROKER_NODE_TOKEN."),
+                name: str = typer.Option(None, "--name", help="Node name (default: this host's name); "
+                                                              "must be the node the token names."),
                 pool: str = typer.Option("local", "--pool", help="On-prem pool of this node (in the cluster file)."),
+                state_dir: Path = typer.Option(Path(".fedbroker"), "--state-dir",
+                                               help="Where the jobs' directories, logs and checkpoints live."),
                 nvml: str = typer.Option("auto", "--nvml", help="auto | nvml | fake"),
                 fake_gpus: int = typer.Option(4, "--fake-gpus", min=1, max=16, help="GPUs of the fake NVML backend."),
                 fake_gpu_name: str = typer.Option("Tesla V100-SXM2-16GB", "--fake-gpu-name"),
                 log_level: str = typer.Option("info", "--log-level")) -> None:
-    """The node agent of this host: heartbeats with NVML telemetry and runs placed jobs as processes."""
-    from broker.celery_app import get_app, node_queue
-    from broker.store import JobStore
-    from broker.tasks import kick_planner
+    """The node agent of this host: heartbeats with NVML telemetry and runs the jobs placed here.
+
+    It reads no settings file and holds no database or Redis URL: only ``--api-url`` and a node
+    token (``FEDBROKER_NODE_TOKEN`` or ``--token-file``). The heartbeat interval, cancel grace
+    and log chunking come from the API (``GET /v1/node/config``)."""
     from providers.nvml import open_backend
-    from workers.agent import NodeAgent, set_current_agent
+    from workers.agent import NodeAgent
+    from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
     _logging(log_level)
-    st = _settings(config)
-    app = get_app(st)
     name = name or socket.gethostname().split(".")[0]
+    token = _node_token(token_file)
+    os.environ.pop("FEDBROKER_NODE_TOKEN", None)  # jobs inherit what the agent's environment still holds
     try:
         backend = open_backend(nvml, fake_gpus=fake_gpus, fake_gpu_name=fake_gpu_name)
     except ValueError as e:
         typer.echo(f"error: --nvml={nvml!r}: {e}", err=True)
         raise typer.Exit(2)
-    store = JobStore.from_settings(st)
     try:
-        agent = NodeAgent(store, st, name, pool, backend, on_change=kick_planner)
-    except (ValueError, OSError) as e:  # jobs.user / jobs.root (workers.isolation)
-        typer.echo(f"error: node agent {name!r}: {e}", err=True)
+        client = NodeClient(api_url, token)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
-    set_current_agent(agent)
+    agent = NodeAgent(client, name, pool, backend, state_dir=state_dir)
+    stopping = False
+
+    def _stop(signum=None, frame=None):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stopping:  # the jobs' user and directories, from the API's settings (it may still be starting)
+        try:
+            agent.prepare()
+            break
+        except NodeApiUnavailable as e:
+            log.warning("node API: %s; trying again in 1 s", e)
+            time.sleep(1.0)
+        except NodeApiError as e:
+            typer.echo(f"error: node agent {name!r}: {e}", err=True)
+            raise typer.Exit(2)
+        except (ValueError, OSError) as e:  # jobs.user / jobs.root (workers.isolation)
+            typer.echo(f"error: node agent {name!r}: {e}", err=True)
+            raise typer.Exit(2)
     agent.start()
-    log.info("agent %s (pool %s, %s NVML) consuming %s", name, pool, type(backend).__name__, node_queue(name))
+    log.info("agent %s (pool %s, %s NVML) polling %s", name, pool, type(backend).__name__, api_url)
     try:
-        app.worker_main(["worker", "-Q", node_queue(name), "--pool", "solo", "-n", f"agent-{name}@{socket.gethostname()}",
-                         "--loglevel", log_level.upper(), "--without-gossip", "--without-mingle"])
+        while not stopping:
+            time.sleep(0.2)
     finally:
         agent.stop()
 
@@ -183,17 +239,21 @@ def serve_all(config: Optional[Path] = ConfigOpt,
     """API + worker + beat + this host's agent, as child processes (single-machine trial)."""
     _logging(log_level)
     st = _settings(config)
-    _migrate(st)
+    store = _migrate(st)
     base = [sys.executable, "-m", "broker.cli", "serve"]
     extra = ["--config", str(config)] if config else []
+    node = agent_name or socket.gethostname().split(".")[0]
     cmds = {
         "api": base + ["api", *extra, "--log-level", log_level],
         "worker": base + ["worker", *extra, "--log-level", log_level],
         "beat": base + ["beat", *extra, "--log-level", log_level],
-        "agent": base + ["agent", *extra, "--log-level", log_level, "--fake-gpus", str(fake_gpus)]
-        + (["--name", agent_name] if agent_name else []),
+        "agent": base + ["agent", "--log-level", log_level, "--fake-gpus", str(fake_gpus), "--name", node,
+                         "--api-url", st.effective_api_url, "--state-dir", str(st.state_dir.resolve())],
     }
-    procs = {k: subprocess.Popen(v) for k, v in cmds.items()}
+    # this command is the composition root: it holds the database credentials and mints the local
+    # agent's node token; the agent gets that token and the API URL only (no config, no database URL)
+    agent_env = agent_environment(store.create_node_token(node, label="serve all"), st.effective_api_url)
+    procs = {k: subprocess.Popen(v, env=agent_env if k == "agent" else None) for k, v in cmds.items()}
     typer.echo(f"fedbroker: API on {st.effective_api_url}, database {mask_url(st.effective_database_url)}, "
                f"Redis {mask_url(st.redis_url)}; Ctrl-C stops")
     stopping = False
@@ -223,6 +283,21 @@ def serve_all(config: Optional[Path] = ConfigOpt,
         except subprocess.TimeoutExpired:
             p.kill()
     raise typer.Exit(code)
+
+
+def agent_environment(token: str, api_url: str, base: dict | None = None) -> dict:
+    """The environment of a node agent child process, built explicitly from ``base`` (default
+    ``os.environ``): ``PATH``, locale, ``HOME``, ``PYTHONPATH`` and NCCL/CUDA host settings pass;
+    every ``FEDBROKER_*`` variable (config file, database URL, admin token, team token) is dropped;
+    ``FEDBROKER_NODE_TOKEN`` and ``FEDBROKER_API_URL`` are set."""
+    base = os.environ if base is None else base
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED",
+            "VIRTUAL_ENV", "USER", "LOGNAME")
+    env = {k: v for k, v in base.items()
+           if k in keep or k.startswith(("NCCL_", "CUDA_", "NVIDIA_"))}
+    env["FEDBROKER_NODE_TOKEN"] = token
+    env["FEDBROKER_API_URL"] = api_url
+    return env
 
 
 def register(app: typer.Typer) -> None:

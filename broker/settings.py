@@ -322,7 +322,8 @@ class BrokerSettings(BaseSettings):
         reconcile_interval_s: seconds between reconciler passes (beat).
         heartbeat_interval_s: seconds between node-agent heartbeats.
         node_lost_after_s: a node silent this long is lost; its jobs are requeued.
-        dispatch_retry_s: a ``starting`` job not yet running is re-dispatched after this many seconds.
+        dispatch_retry_s: a ``provisioning`` job whose provision message was lost is sent again after
+            max(this, 300) seconds (on-prem agents poll; nothing to re-send).
         starting_deadline_s: a job still ``starting`` after this long goes back to the queue.
         provisioning_deadline_s: a job still ``provisioning`` after this long goes back to the queue.
         cancel_grace_s: seconds between SIGTERM and SIGKILL when a job is cancelled or preempted.

@@ -331,6 +331,19 @@ class JobStore:
         except InvalidToken:
             return None
 
+    def create_node_token(self, node: str, label: str = "", ttl: Any = None) -> str:
+        """Create the credential of node ``node``'s agent (a token of kind ``node``, team
+        :data:`broker.tokens.NODE_TEAM`) and return its secret; audited like every token.
+        Raises :class:`broker.tokens.InvalidTokenRequest` for a bad node name or lifetime."""
+        from broker.tokens import NODE_TEAM
+
+        return self.create_token(NODE_TEAM, kind="node", label=label, ttl=ttl, node=node)
+
+    def node_of_token(self, token: str) -> str | None:
+        """The node a valid (unrevoked, unexpired) node token names, else ``None`` (other kinds included)."""
+        who = self.authenticate(token)
+        return who.node if who is not None and who.kind == "node" else None
+
     # ------------------------------------------------------------------ submit / read
     def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
                now: datetime | None = None, not_after: datetime | None = None,

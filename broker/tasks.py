@@ -4,8 +4,8 @@
   planner's Redis lock (TTL ``planner_lock_ttl_s``); the database fence makes a second
   planner harmless even if the lock is lost (Redis restarted).
 * ``fedbroker.reconcile`` — one reconciler pass (:class:`broker.reconciler.Reconciler`).
-* ``fedbroker.dispatch(job_id, attempt)`` — send a placed job's attempt to its nodes' agents;
-  a no-op unless the job is still ``starting`` with that attempt.
+* ``fedbroker.dispatch(job_id, attempt)`` — hand a ``provisioning`` cloud job to the provisioning
+  queue; a no-op otherwise (on-prem jobs need no message: node agents poll ``GET /v1/node/work``).
 * ``fedbroker.provision(job_id, attempt)`` — create a ``provisioning`` job's cloud instances
   (:meth:`broker.cloud.CloudBroker.provision`, under a per-job Redis lock); without a configured
   provider adapter the job goes back to the queue with the reason.
@@ -25,7 +25,7 @@ import threading
 import redis
 from celery import shared_task
 
-from broker.celery_app import get_app, node_queue
+from broker.celery_app import get_app
 
 __all__ = ["services", "kick_planner", "send_dispatch", "send_teardown", "plan", "reconcile", "dispatch", "provision",
            "teardown"]
@@ -118,7 +118,7 @@ def kick_planner(debounce_ms: int = 200) -> bool:
 
 
 def send_dispatch(job_id: str, attempt: int) -> None:
-    """Queue ``fedbroker.dispatch`` for a placed job (on-prem: to its agents; cloud: to provisioning)."""
+    """Queue ``fedbroker.dispatch`` for a placed cloud job (it goes on to provisioning)."""
     get_app().send_task("fedbroker.dispatch", args=[job_id, attempt], queue="dispatch")
 
 
@@ -161,7 +161,7 @@ def reconcile() -> dict:
 
 @shared_task(name="fedbroker.dispatch", ignore_result=True)
 def dispatch(job_id: str, attempt: int) -> str:
-    """Forward a ``starting`` job's attempt to the agents of its nodes (idempotent)."""
+    """Forward a ``provisioning`` job's attempt to the provisioning queue (idempotent)."""
     from broker.db import Job
 
     with services.store.session() as s:
@@ -169,13 +169,7 @@ def dispatch(job_id: str, attempt: int) -> str:
         if j is not None and j.state == "provisioning" and j.attempt == attempt:
             get_app().send_task("fedbroker.provision", args=[job_id, attempt], queue="provisioning")
             return "sent to provisioning"
-        if j is None or j.state != "starting" or j.attempt != attempt or (j.placement or {}).get("kind") != "onprem":
-            return "stale"
-        parts = list(j.placement["nodes"])
-    for part in parts:
-        get_app().send_task("fedbroker.agent.run_attempt", args=[job_id, attempt, part["rank"]],
-                            queue=node_queue(part["node"]))
-    return f"sent to {len(parts)} node(s)"
+    return "stale"
 
 
 @shared_task(name="fedbroker.provision", ignore_result=True)

@@ -49,7 +49,7 @@ from broker.db import ApiToken, AuditEvent, utcnow
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.store import JobStore, Principal, StoreError, hash_token
 
-__all__ = ["TOKEN_KINDS", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
+__all__ = ["TOKEN_KINDS", "NODE_TEAM", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
            "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",
            "TokenConflict", "BootstrapRefused", "InvalidTokenRequest", "parse_ttl", "new_token_id", "audit",
            "create_token", "bootstrap", "authenticate", "list_tokens", "revoke", "rotate", "audit_events",
@@ -106,6 +106,10 @@ class InvalidTokenRequest(TokenError):
     def __init__(self, field: str, value: Any, why: str):
         super().__init__(f"{field}={value!r}: {why}")
         self.field, self.value = field, value
+
+
+#: the team recorded on node tokens (kind ``node``): they belong to a node, not a team, and no team route takes them
+NODE_TEAM = "nodes"
 
 
 def new_token_id() -> str:

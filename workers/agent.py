@@ -1,40 +1,43 @@
 """The node agent: one per on-prem host (``fedbroker serve agent``).
 
-It is a Celery worker consuming only its own queue ``node.<name>``
-(``fedbroker.agent.run_attempt``) plus a supervisor thread that, every
-``SUPERVISE_S`` seconds:
+It holds no broker secret: only the API's URL and a token scoped to its own node
+(:class:`workers.node_client.NodeClient`, the node API of :mod:`broker.node_api`). Every
+``SUPERVISE_S`` seconds it:
 
 * heartbeats every ``heartbeat_interval_s``: inventory and NVML telemetry from
-  :mod:`providers.nvml` (a fake backend where there is no GPU) into ``nodes``;
-  unhealthy or lost GPUs are left out of ``healthy_gpus`` and receive no work;
-* ships new log bytes of every local attempt into ``job_logs``;
-* stops attempts whose job was cancelled (``cancel_requested``), preempted
-  (``stop_reason``) or moved on (the job's current attempt is another one: the
-  node was declared lost and the job requeued) — SIGTERM, then SIGKILL after
-  ``cancel_grace_s``;
-* reports attempts that ended (exit code) and requeues jobs whose process is
-  gone without one.
+  :mod:`providers.nvml` (a fake backend where there is no GPU); unhealthy or lost GPUs are
+  left out of ``healthy_gpus`` and receive no work;
+* asks the API for the ranks placed on this node (``GET /v1/node/work``) and starts the
+  ones that are not here yet, of ``starting`` jobs and of gangs already ``running`` on another
+  node (reporting ``running`` once the process is up);
+* ships new log bytes of every local attempt;
+* stops attempts whose job was cancelled (``cancel_requested``), preempted (``stop_reason``)
+  or moved on (no longer in this node's work: the node was declared lost and the job
+  requeued) — SIGTERM, then SIGKILL after ``cancel_grace_s``;
+* reports attempts that ended (exit code, or lost without one) and single-node attempts the
+  API shows running here that have no process (the API requeues them).
 
-Jobs run through :class:`workers.runtime.ProcessRuntime`: each attempt under a
-detached shim that outlives the agent, so an agent killed with ``kill -9``
-loses nothing — restarted, it re-adopts the running attempts from its state
-directory and reports the ones that ended meanwhile. A duplicate dispatch (a
-message delivered twice, or re-sent by the reconciler) never starts a second
-process: the attempt directory is claimed atomically.
+What those reports do to the job (all-or-nothing gangs, requeues, outcomes) is decided by the
+API (:mod:`broker.attempts`). If the API cannot be reached the agent keeps its jobs running
+and tries again with back-off (``SUPERVISE_S`` doubling to ``MAX_BACKOFF_S``); it never stops
+a job because it cannot reach the API, and the reports wait until it can.
+
+Jobs run through :class:`workers.runtime.ProcessRuntime`: each attempt under a detached shim
+that outlives the agent, so an agent killed with ``kill -9`` loses nothing — restarted, it
+re-adopts the running attempts from its state directory and reports the ones that ended
+meanwhile. A rank is started only once per (job, attempt, rank): the attempt directory is
+claimed atomically.
 
 Isolation (:mod:`workers.isolation`): a job gets a clean environment (the launch spec's
-variables, nothing of the agent's), runs as the unprivileged user of ``settings.jobs``
-(never root), in its own working directory per attempt and rank, with a checkpoint
-directory per job, both under the jobs root and owned by that user; the agent's state
-directory is mode 0700.
-
-Exactly-once: a job's process is started only by the agent of the node its
-current attempt was placed on, only while the job is ``starting`` with that
-attempt, and only once per (job, attempt, rank).
+variables, nothing of the agent's), runs as the unprivileged user of the broker's ``jobs``
+settings (served by ``GET /v1/node/config``; never root), in its own working directory per
+attempt and rank, with a checkpoint directory per job, both under the jobs root and owned by
+that user; the agent's state directory is mode 0700.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -43,148 +46,135 @@ import time
 import uuid
 from pathlib import Path
 
-from celery import shared_task
-from sqlalchemy import select
-
-from broker.db import Attempt, Job, utcnow
-from broker.reconciler import requeue_lost
-from broker.states import JobState
-from broker.store import JobStore
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
-from workers.isolation import private_dir, resolve_job_user
+from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, resolve_job_user
+from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
-__all__ = ["NodeAgent", "run_attempt", "current_agent", "set_current_agent", "RENDEZVOUS_PORT"]
+__all__ = ["NodeAgent", "RENDEZVOUS_PORT", "SUPERVISE_S", "MAX_BACKOFF_S"]
 
 log = logging.getLogger("fedbroker.agent")
-S = JobState
 SUPERVISE_S = 0.5
-#: an attempt must look lost (shim gone, no exit code) this long before its job is requeued, seconds
+#: longest wait between tries while the API cannot be reached, seconds
+MAX_BACKOFF_S = 10.0
+#: an attempt must look lost (shim gone, no exit code) this long before it is reported lost, seconds
 LOST_CONFIRM_S = 2.0
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default)
 RENDEZVOUS_PORT = _LAUNCH_PORT  # 29500, defined once in providers.launch
-
-_AGENT: "NodeAgent | None" = None
-
-
-def current_agent() -> "NodeAgent":
-    """The agent of this process (set by ``fedbroker serve agent``). Raises ``RuntimeError`` if none."""
-    if _AGENT is None:
-        raise RuntimeError("no node agent runs in this process")
-    return _AGENT
-
-
-def set_current_agent(agent: "NodeAgent | None") -> None:
-    global _AGENT
-    _AGENT = agent
+#: how many reported ends the agent remembers (a rank it ended is never started again on a stale answer)
+ENDED_MEMORY = 10_000
+#: answers that say "this report will never be taken" (the attempt is not this node's, or gone)
+_REFUSED = (404, 409, 422)
 
 
 class NodeAgent:
-    """Runs and supervises the jobs placed on one host.
+    """Runs and supervises the jobs placed on one host, through the node API.
 
     Args:
-        store: the job store.
-        settings: :class:`broker.settings.BrokerSettings`.
-        name: node name (unique in the broker).
-        pool: on-prem pool the node belongs to (must be in the cluster file).
+        api: a :class:`workers.node_client.NodeClient` (API URL + this node's token).
+        name: node name; must be the node the token names (the API answers for that node only).
+        pool: on-prem pool the node belongs to (must be in the broker's cluster file).
         backend: an NVML backend (``providers.nvml.open_backend(...)``).
-        runtime: the process runtime (default: under ``settings.state_dir / "agents" / name``).
+        state_dir: where the attempts' directories (``agents/<name>``) and checkpoints live.
+        runtime: the process runtime (default: under ``state_dir / "agents" / name``).
         gpu_type: override of the canonical GPU type read from NVML.
+        config: the agent-side settings (``GET /v1/node/config``); ``None`` = asked from the API.
 
-    Raises ``ValueError`` naming the setting when ``settings.jobs`` names a user that does not
-    exist, is root, or cannot be taken by a non-root agent, or a jobs root the job user cannot
-    reach (:mod:`workers.isolation`).
+    The jobs' user and directories are prepared on first use of :attr:`config` (in :meth:`start`'s
+    first step, or :meth:`prepare`); ``ValueError`` names the setting when ``jobs`` names a user that
+    does not exist, is root, or cannot be taken by a non-root agent, or a jobs root the job user
+    cannot reach (:mod:`workers.isolation`).
     """
 
-    def __init__(self, store: JobStore, settings, name: str, pool: str, backend, runtime=None,
-                 gpu_type: str | None = None, on_change=None):
-        from workers.isolation import jobs_root, prepare_jobs_root, resolve_job_user
+    def __init__(self, api: NodeClient, name: str, pool: str, backend, state_dir: Path | str = ".fedbroker",
+                 runtime=None, gpu_type: str | None = None, config: dict | None = None):
         from workers.runtime import ProcessRuntime
 
-        self.store = store
-        self.settings = settings
+        self.api = api
         self.name = name
         self.pool = pool
         self.backend = backend
-        state_dir = Path(settings.state_dir)
-        state_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(state_dir, 0o700)  # the embedded database and every attempt's control files
-        users = [resolve_job_user(settings.jobs, team, pool) for team in settings.jobs.team_users]
-        self.jobs_root = prepare_jobs_root(jobs_root(settings), [resolve_job_user(settings.jobs, None, pool), *users])
-        self.runtime = runtime or ProcessRuntime(state_dir / "agents" / name)
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)  # every attempt's control files and logs
+        self.runtime = runtime or ProcessRuntime(self.state_dir / "agents" / name)
+        self.jobs: JobsPolicy | None = None
+        self.jobs_root: Path | None = None
         self.gpu_type = gpu_type
         self.agent_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.on_change = on_change  # called after a job ended (e.g. kick the planner)
+        self._config = config
         self._last_hb = 0.0
+        self._backoff = 0.0
+        self._retry_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._launch_lock = threading.Lock()
         self._lost_seen: dict = {}
+        #: ranks whose end this agent reported (never started again here, whatever a stale answer says)
+        self._ended: dict[tuple[str, int, int], float] = {}
+
+    @property
+    def config(self) -> dict:
+        """The agent-side settings (asked from the API once). Raises :class:`NodeApiError`, also
+        (status 403) when the token names another node than ``name``."""
+        if self._config is None:
+            cfg = self.api.config()
+            if cfg.get("node", self.name) != self.name:
+                raise NodeApiError(f"the node token names node {cfg['node']!r}, not --name={self.name!r}", 403)
+            self._config = cfg
+        if self.jobs is None:
+            self.prepare()
+        return self._config
+
+    def prepare(self) -> None:
+        """Resolve the job users of this node's pool (and of every team mapping) and create the jobs
+        root. Raises ``ValueError`` naming the ``jobs`` setting (:mod:`workers.isolation`)."""
+        cfg = self._config if self._config is not None else self.config
+        jobs = JobsPolicy.from_dict(cfg.get("jobs") or {})
+        users = [resolve_job_user(jobs, team, self.pool) for team in jobs.team_users]
+        self.jobs_root = prepare_jobs_root(jobs_root(jobs.root, self.state_dir),
+                                           [resolve_job_user(jobs, None, self.pool), *users])
+        self.jobs = jobs
 
     # ------------------------------------------------------------------ heartbeat
     def heartbeat(self) -> None:
-        """Read NVML and upsert this node with its healthy GPUs and telemetry."""
+        """Read NVML and send this node's healthy GPUs and telemetry. Raises :class:`NodeApiError`."""
         inv = self.backend.read()
         gtype = self.gpu_type or inv.gpu_type or "unknown"
-        self.store.heartbeat(self.name, self.pool, gtype, len(inv.gpus), inv.gpu_memory_gb or 0.0,
-                             inv.healthy_indices, self.agent_id, telemetry=inv.to_dict())
+        self.api.heartbeat(pool=self.pool, gpu_type=gtype, gpu_count=len(inv.gpus),
+                           gpu_memory_gb=inv.gpu_memory_gb or 0.0, healthy_gpus=list(inv.healthy_indices),
+                           agent_id=self.agent_id, telemetry=inv.to_dict())
         self._last_hb = time.monotonic()
 
-    # ------------------------------------------------------------------ dispatch
-    def run_attempt(self, job_id: str, attempt: int, rank: int = 0) -> str:
-        """Start rank ``rank`` of ``attempt`` of ``job_id`` here if it is due; returns what happened.
-
-        Idempotent: returns ``"stale: ..."`` when the job is not ``starting`` with that attempt on
-        this node, ``"duplicate"`` when this (job, attempt, rank) was launched already.
-        """
-        with self._launch_lock:  # a concurrent report-and-forget of the same attempt cannot interleave
-            return self._run_attempt_locked(job_id, attempt, rank)
-
-    def _run_attempt_locked(self, job_id: str, attempt: int, rank: int) -> str:
+    # ------------------------------------------------------------------ launch
+    def _launch(self, w: dict) -> str:
+        """Start the rank of work item ``w`` here; returns what happened (``started``, ``duplicate``,
+        ``launch failed: ...``)."""
         from workers.runtime import AlreadyLaunched, AttemptKey, LaunchFailed
 
-        with self.store.session() as s:
-            j = s.get(Job, job_id)
-            if j is None:
-                return "stale: no such job"
-            if j.attempt != attempt or j.state not in (S.starting.value, S.running.value):
-                return f"stale: job is {j.state} at attempt {j.attempt}"
-            if j.cancel_requested or j.stop_reason:
-                return "stale: stop requested"
-            parts = (j.placement or {}).get("nodes", [])
-            mine = [p for p in parts if p["node"] == self.name and p["rank"] == rank]
-            if not mine:
-                return f"stale: rank {rank} is not placed on {self.name}"
-            part = mine[0]
-            spec = dict(j.spec)
-        key = AttemptKey(job_id, attempt, rank)
+        key = AttemptKey(w["job_id"], w["attempt"], w["rank"])
         try:
-            ls = self._launch_spec(job_id, attempt, rank, spec, parts, part)
+            ls = self._launch_spec(w)
             # the runtime adds the base (PATH, HOME, ...), CUDA_VISIBLE_DEVICES and FEDBROKER_JOB_ID/ATTEMPT/RANK
             env = process_environment(ls)
-            user = resolve_job_user(self.settings.jobs, ls.team, self.pool)
+            user = resolve_job_user(self.jobs, ls.team, self.pool)
             private_dir(Path(ls.checkpoint_dir), user)
             workdir = private_dir(self._workdir(key), user)
-            self.runtime.launch(key, list(ls.command), env=env, gpus=part["gpus"], workdir=workdir, user=user)
+            self.runtime.launch(key, list(ls.command), env=env, gpus=w["gpus"], workdir=workdir, user=user)
         except AlreadyLaunched:
-            self._mark_running(job_id, attempt)
+            self._tell(self.api.running, key.job_id, key.attempt, key.rank)
             return "duplicate"
         except (LaunchFailed, OSError, ValueError) as e:
-            # this node could not start it: end the attempt, requeue (or fail after max_attempts)
-            log.error("could not launch %s attempt %d rank %d: %s", job_id, attempt, rank, e)
-            with self.store.session() as s:
-                j = s.get(Job, job_id)
-                if j is not None and j.attempt == attempt and j.state in (S.starting.value, S.running.value):
-                    requeue_lost(s, j, utcnow(), f"could not start on {self.name}: {e}", "launch_failed",
-                                 max_attempts=self.settings.max_attempts)
+            # this node could not start it: the API ends the attempt and requeues the job
+            log.error("could not launch %s attempt %d rank %d: %s", key.job_id, key.attempt, key.rank, e)
             try:
                 self.runtime.forget(key)
                 self._remove_workdir(key)
             except Exception:  # noqa: BLE001 - nothing claimed, or already gone (or still running: keep its directory)
                 if not self.runtime.attempt_dir(key).exists():
                     self._remove_workdir(key)
+            self._tell(self.api.launch_failed, key.job_id, key.attempt, key.rank, str(e))
             return f"launch failed: {e}"
-        self._mark_running(job_id, attempt)
+        self._tell(self.api.running, key.job_id, key.attempt, key.rank)
         return "started"
 
     def _workdir(self, key) -> Path:
@@ -202,113 +192,122 @@ class NodeAgent:
         except OSError:
             pass
 
-    def _launch_spec(self, job_id: str, attempt: int, rank: int, spec: dict, parts: list, part: dict):
-        """The :class:`providers.launch.LaunchSpec` of this rank: the same environment as a container
-        or a cloud instance would get (:func:`providers.launch.job_environment`). Rank 0's node name
-        is the rendezvous address (``127.0.0.1`` for a single node); checkpoints live under
+    def _launch_spec(self, w: dict):
+        """The :class:`providers.launch.LaunchSpec` of work item ``w``: the same environment as a
+        container or a cloud instance would get (:func:`providers.launch.job_environment`). Rank 0's
+        node name is the rendezvous address (``127.0.0.1`` for a single node); checkpoints live under
         ``<jobs root>/checkpoints/<team>/<job_id>``; the NCCL interface is the agent's
         ``$NCCL_SOCKET_IFNAME`` if set, else the interface of the default route."""
         from broker.model import JobSpec
 
         return launch_spec(
-            JobSpec.model_validate(spec), job_id, attempt, rank, nnodes=len(parts),
-            master_addr=parts[0]["node"] if len(parts) > 1 else "127.0.0.1",
-            gpu_devices=tuple(part["gpus"]),
+            JobSpec.model_validate(w["spec"]), w["job_id"], w["attempt"], w["rank"], nnodes=w["nnodes"],
+            master_addr=w["master_node"] if w["nnodes"] > 1 else "127.0.0.1",
+            gpu_devices=tuple(w["gpus"]),
             checkpoint_root=str(self.jobs_root / "checkpoints"),
-            grace_s=self.settings.cancel_grace_s,
+            grace_s=self.config["cancel_grace_s"],
             nccl_socket_ifname=os.environ.get("NCCL_SOCKET_IFNAME") or default_route_interface(),
         )
 
-    def _mark_running(self, job_id: str, attempt: int) -> None:
-        for _ in range(10):
-            with self.store.session() as s:
-                j = s.get(Job, job_id)
-                if j is None or j.attempt != attempt or j.state != S.starting.value:
-                    return
-                now = utcnow()
-                if JobStore.cas(s, job_id, j.version, S.starting.value, S.running.value,
-                                f"running on {self.name}", now, started_at=j.started_at or now, state_deadline_at=None):
-                    a = s.execute(select(Attempt).where(Attempt.job_id == job_id, Attempt.number == attempt)
-                                  ).scalar_one_or_none()
-                    if a is not None and a.started_at is None:
-                        a.started_at = now
-                    return
+    @staticmethod
+    def _tell(call, *args, default=True):
+        """Make a report; an answer that refuses it for good (404/409/422) is logged and gives
+        ``default``. Unreachable API, 401/403: raised (the step backs off and tries again)."""
+        try:
+            return call(*args)
+        except NodeApiUnavailable:
+            raise
+        except NodeApiError as e:
+            if e.status in _REFUSED:
+                log.warning("report %s%s refused: %s", call.__name__, args[:3], e.detail)
+                return default
+            raise
 
     # ------------------------------------------------------------------ supervision
     def supervise_once(self) -> None:
-        """One supervision step (see the module docstring)."""
-        if time.monotonic() - self._last_hb >= self.settings.heartbeat_interval_s:
-            try:
-                self.heartbeat()
-            except Exception:
-                log.exception("heartbeat failed")
+        """One supervision step (see the module docstring). Never raises for an API outage: the
+        step is skipped and tried again after a back-off; local jobs keep running."""
         self.runtime.poll()
-        # Read the store BEFORE listing local attempts: a job the store shows running here was
-        # launched before this read (launch precedes the move to running), so the listing below
-        # includes it; the other order races with a dispatch and requeues a job that runs.
-        with self.store.session() as s:
-            mine_running = [(j.id, j.attempt, j.placement) for j in s.execute(
-                select(Job).where(Job.state == S.running.value)).scalars()
-                if any(p["node"] == self.name for p in (j.placement or {}).get("nodes", []))]
-        local = self.runtime.list()
-        ids = {a.key.job_id for a in local}
-        with self.store.session() as s:
-            jobs = {j.id: (j.state, j.attempt, j.cancel_requested, j.stop_reason)
-                    for j in s.execute(select(Job).where(Job.id.in_(ids))).scalars()} if ids else {}
-        local_keys = {(a.key.job_id, a.key.attempt, a.key.rank) for a in local}
-        changed = False
-        for a in local:
-            info = jobs.get(a.key.job_id)
-            current = info is not None and info[1] == a.key.attempt and info[0] in (S.starting.value, S.running.value)
+        if time.monotonic() < self._retry_at:
+            return
+        try:
+            self._supervise()
+        except NodeApiError as e:
+            self._backoff = min(max(self._backoff * 2, SUPERVISE_S), MAX_BACKOFF_S)
+            self._retry_at = time.monotonic() + self._backoff
+            log.warning("node API: %s; local jobs keep running; next try in %.1f s", e, self._backoff)
+            return
+        if self._backoff:
+            log.info("node API reachable again")
+            self._backoff, self._retry_at = 0.0, 0.0
+
+    def _supervise(self) -> None:
+        cfg = self.config
+        if self._last_hb == 0.0:  # register before asking for work
+            self.heartbeat()
+        grace = cfg["cancel_grace_s"]
+        # Ask for the work BEFORE listing local attempts: a rank the API shows running here was
+        # launched before this answer (launch precedes the report), so the listing below includes it.
+        work = {(w["job_id"], w["attempt"], w["rank"]): w for w in self.api.work()}
+        local = {(a.key.job_id, a.key.attempt, a.key.rank): a for a in self.runtime.list()}
+        launched = False
+        for key, w in work.items():
+            # a gang is running as soon as one rank is: its other ranks start then too
+            due = w["state"] == "starting" or (w["state"] == "running" and w["nnodes"] > 1)
+            if not due or w["cancel_requested"] or w["stop_reason"]:
+                continue
+            a = local.get(key)
+            if a is None and key in self._ended:
+                continue
+            if a is None:
+                self._launch(w)
+                launched = True
+            elif a.status == "running":  # launched by an agent that died before its report
+                self._tell(self.api.running, *key)
+        if launched:
+            local = {(a.key.job_id, a.key.attempt, a.key.rank): a for a in self.runtime.list()}
+        for key, a in local.items():
+            w = work.get(key)
             if a.status == "running":
-                if not current:
-                    self.runtime.terminate(a.key, self.settings.cancel_grace_s, "stale")
-                elif info[2]:
-                    self.runtime.terminate(a.key, self.settings.cancel_grace_s, "cancel")
-                elif info[3]:
-                    self.runtime.terminate(a.key, self.settings.cancel_grace_s, info[3])
+                if w is None:
+                    self.runtime.terminate(a.key, grace, "stale")
+                elif w["cancel_requested"]:
+                    self.runtime.terminate(a.key, grace, "cancel")
+                elif w["stop_reason"]:
+                    self.runtime.terminate(a.key, grace, w["stop_reason"])
                 self._ship_logs(a)
                 continue
             if a.status == "lost":
-                # confirm over LOST_CONFIRM_S: never requeue a job on one odd reading
+                # confirm over LOST_CONFIRM_S: never report a lost process on one odd reading
                 first = self._lost_seen.setdefault(a.key, time.monotonic())
                 if time.monotonic() - first < LOST_CONFIRM_S:
                     continue
-            self._lost_seen.pop(a.key, None)
             self._ship_logs(a, final=True)
-            with self._launch_lock:  # see run_attempt
-                if self._report_end(a):
-                    self.runtime.forget(a.key)
-                    self._remove_workdir(a.key)
-                    changed = True
-        # jobs the store showed running here, with no process and no exit code on this node
-        for job_id, attempt, pl in mine_running:
-            for part in pl.get("nodes", []):
-                if part["node"] == self.name and (job_id, attempt, part["rank"]) not in local_keys:
-                    if len(pl["nodes"]) == 1:
-                        with self.store.session() as s:
-                            j = s.get(Job, job_id)
-                            if j is not None and j.attempt == attempt and j.state == S.running.value:
-                                changed |= requeue_lost(s, j, utcnow(), f"process of rank {part['rank']} is gone "
-                                                        f"from {self.name} without an exit code",
-                                                        max_attempts=self.settings.max_attempts)
-        if changed and self.on_change is not None:
-            try:
-                self.on_change()
-            except Exception:
-                log.exception("on_change callback failed")
+            code = a.exit_code if a.status == "exited" else None
+            if self._tell(self.api.ended, *key, code):
+                self.runtime.forget(a.key)
+                self._remove_workdir(a.key)
+                self._lost_seen.pop(a.key, None)
+                self._ended[key] = time.monotonic()
+        if len(self._ended) > ENDED_MEMORY:  # forget the oldest half
+            for k in sorted(self._ended, key=self._ended.get)[:len(self._ended) // 2]:
+                del self._ended[k]
+        # ranks the API shows running here, with no process and no exit code on this node
+        for key, w in work.items():
+            if w["state"] == "running" and key not in local and w["nnodes"] == 1:
+                self._tell(self.api.gone, *key)
+        if time.monotonic() - self._last_hb >= cfg["heartbeat_interval_s"]:
+            self.heartbeat()
 
     def _ship_logs(self, a, final: bool = False) -> None:
-        """Append the attempt's new log bytes to the store in chunks (resumable; duplicates ignored)."""
-        import json
-
+        """Ship the attempt's new log bytes to the API in chunks (resumable; duplicates ignored)."""
         meta = a.log_path.parent / "shipped.json"
         try:
             state = json.loads(meta.read_text()) if meta.exists() else {"offset": 0, "seq": 0, "truncated": False}
         except (OSError, ValueError):
             state = {"offset": 0, "seq": 0, "truncated": False}
-        limit = self.settings.log_max_bytes
-        chunk = self.settings.log_chunk_bytes
+        limit = self.config["log_max_bytes"]
+        chunk = self.config["log_chunk_bytes"]
         moved = False
         while state["offset"] < limit:
             try:
@@ -322,13 +321,13 @@ class NodeAgent:
                 data, new_off = data[:cut], state["offset"] + cut
             elif not final and len(data) < chunk:
                 break
-            self.store.append_log(a.key.job_id, a.key.attempt, a.key.rank, state["seq"],
-                                  data.decode("utf-8", errors="replace"))
+            self._tell(self.api.log, a.key.job_id, a.key.attempt, a.key.rank, state["seq"],
+                       data.decode("utf-8", errors="replace"))
             state["offset"], state["seq"] = new_off, state["seq"] + 1
             moved = True
         if final and state["offset"] >= limit and not state["truncated"]:
-            self.store.append_log(a.key.job_id, a.key.attempt, a.key.rank, state["seq"],
-                                  f"\n[fedbroker: log truncated at {limit} bytes]\n")
+            self._tell(self.api.log, a.key.job_id, a.key.attempt, a.key.rank, state["seq"],
+                       f"\n[fedbroker: log truncated at {limit} bytes]\n")
             state["seq"] += 1
             state["truncated"] = moved = True
         if moved:
@@ -336,94 +335,25 @@ class NodeAgent:
             tmp.write_text(json.dumps(state))
             os.replace(tmp, meta)
 
-    def _report_end(self, a) -> bool:
-        """Record the end of a local attempt's rank and, when every rank has ended, the job's outcome.
-
-        Returns True once recorded (or when the attempt is no longer the job's), False if the
-        store could not be updated (the attempt is kept and reported again next step)."""
-        now = utcnow()
-        key = a.key
-        code = a.exit_code if a.status == "exited" else None
-        for _ in range(10):
-            with self.store.session() as s:
-                j = s.get(Job, key.job_id)
-                att = s.execute(select(Attempt).where(Attempt.job_id == key.job_id, Attempt.number == key.attempt)
-                                .with_for_update()).scalar_one_or_none()
-                if j is None or att is None:
-                    return True
-                exits = dict(att.rank_exits or {})
-                exits[str(key.rank)] = code if code is not None else "lost"
-                att.rank_exits = exits
-                if j.attempt != key.attempt or j.state not in (S.starting.value, S.running.value):
-                    if att.ended_at is None:
-                        att.ended_at, att.outcome = now, att.outcome or "stale"
-                    return True
-                nranks = len((j.placement or {}).get("nodes", [])) or 1
-                if j.state == S.starting.value:  # ended before the dispatch marked it running
-                    if not JobStore.cas(s, j.id, j.version, S.starting.value, S.running.value,
-                                        f"running on {self.name}", now, started_at=j.started_at or now):
-                        continue
-                    j = s.get(Job, key.job_id)
-                    s.refresh(j)
-                if att.started_at is None:
-                    att.started_at = now
-                failed = code is None or code != 0
-                if len(exits) < nranks:
-                    if failed and not j.stop_reason and not j.cancel_requested:
-                        # all or nothing: stop the other ranks
-                        JobStore.bump(s, j.id, j.version, now, stop_reason="peer-ended",
-                                      reason=f"rank {key.rank} on {self.name} ended ({exits[str(key.rank)]}); "
-                                             "stopping the other ranks")
-                    return True
-                att.ended_at = now
-                att.exit_code = code
-                if j.cancel_requested:
-                    att.outcome = "cancelled"
-                    ok = JobStore.cas(s, j.id, j.version, S.running.value, S.cancelled.value,
-                                      "cancelled by user; process stopped", now, finished_at=now, exit_code=code)
-                elif j.stop_reason == "preempt" or code is None:
-                    att.outcome = "interrupted"
-                    why = ("preempted by a higher-priority job" if j.stop_reason == "preempt"
-                           else f"process lost on {self.name}")
-                    ok = requeue_lost(s, j, now, why, "interrupted",
-                                      max_attempts=None if j.stop_reason == "preempt" else self.settings.max_attempts)
-                elif all(v == 0 for v in exits.values()):
-                    att.outcome = "succeeded"
-                    ok = JobStore.cas(s, j.id, j.version, S.running.value, S.succeeded.value,
-                                      "exit code 0", now, finished_at=now, exit_code=0)
-                else:
-                    att.outcome = "failed"
-                    bad = {r: c for r, c in exits.items() if c != 0}
-                    ok = JobStore.cas(s, j.id, j.version, S.running.value, S.failed.value,
-                                      f"exit code {code} on {self.name}" if nranks == 1
-                                      else f"ranks ended with {bad}", now, finished_at=now, exit_code=code)
-                if ok:
-                    return True
-        log.error("could not record the end of %s attempt %d rank %d; retrying", key.job_id, key.attempt, key.rank)
-        return False
-
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Heartbeat once, then supervise in a background thread until :meth:`stop`."""
-        self.heartbeat()
+        """Supervise in a background thread until :meth:`stop` (the first step heartbeats)."""
         self._thread = threading.Thread(target=self._loop, name=f"agent-{self.name}", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(SUPERVISE_S):
+        while True:
+            t0 = time.monotonic()
             try:
                 self.supervise_once()
             except Exception:
                 log.exception("supervision step failed")
+            # one step every SUPERVISE_S (a slow step is followed at once, after a short pause)
+            if self._stop.wait(max(SUPERVISE_S - (time.monotonic() - t0), 0.05)):
+                return
 
     def stop(self) -> None:
         """Stop supervising (running jobs keep running under their shims)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-
-
-@shared_task(name="fedbroker.agent.run_attempt", ignore_result=True, acks_late=True)
-def run_attempt(job_id: str, attempt: int, rank: int = 0) -> str:
-    """Celery entry point on ``node.<name>``: start the attempt on this process's agent."""
-    return current_agent().run_attempt(job_id, attempt, rank)

@@ -33,14 +33,32 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["JobUser", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
+__all__ = ["JobUser", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
            "private_dir", "DEFAULT_ROOT_JOBS_DIR"]
 
 #: jobs root of an agent that runs as root (every parent is world-traversable on a standard host)
 DEFAULT_ROOT_JOBS_DIR = Path("/var/lib/fedbroker/jobs")
+
+
+@dataclass(frozen=True)
+class JobsPolicy:
+    """The broker's ``jobs`` settings as an agent receives them (``GET /v1/node/config``): ``user``,
+    ``pool_users``, ``team_users`` (user names or uids) and ``root`` (see
+    :class:`broker.settings.JobsSettings`, where they are validated)."""
+
+    user: str | None = None
+    pool_users: dict = field(default_factory=dict)
+    team_users: dict = field(default_factory=dict)
+    root: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JobsPolicy":
+        """From the ``jobs`` object of the node config (missing keys: the defaults)."""
+        return cls(user=d.get("user"), pool_users=dict(d.get("pool_users") or {}),
+                   team_users=dict(d.get("team_users") or {}), root=d.get("root"))
 
 
 @dataclass(frozen=True)
@@ -69,7 +87,7 @@ def _lookup(field: str, spec: str) -> pwd.struct_passwd:
 
 
 def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> JobUser:
-    """The user a job of ``team`` on a node of ``pool`` runs as, from ``jobs`` (:class:`broker.settings.JobsSettings`).
+    """The user a job of ``team`` on a node of ``pool`` runs as, from ``jobs`` (:class:`JobsPolicy`, or :class:`broker.settings.JobsSettings`).
 
     Root agent: ``jobs.team_users[team]``, else ``jobs.pool_users[pool]``, else ``jobs.user``,
     else ``nobody``. Non-root agent: the agent's own user (it cannot switch).
@@ -96,11 +114,12 @@ def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> 
     return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
 
 
-def jobs_root(settings) -> Path:
-    """``settings.jobs.root``, or :data:`DEFAULT_ROOT_JOBS_DIR` for a root agent, or ``state_dir/jobs``."""
-    if settings.jobs.root is not None:
-        return Path(settings.jobs.root)
-    return DEFAULT_ROOT_JOBS_DIR if agent_is_root() else Path(settings.state_dir) / "jobs"
+def jobs_root(root: str | Path | None, state_dir: str | Path) -> Path:
+    """The jobs root: ``root`` (the ``jobs.root`` setting) if given, else :data:`DEFAULT_ROOT_JOBS_DIR` for a
+    root agent, else ``state_dir/jobs`` (``state_dir``: the agent's own state directory)."""
+    if root is not None:
+        return Path(root)
+    return DEFAULT_ROOT_JOBS_DIR if agent_is_root() else Path(state_dir) / "jobs"
 
 
 def _can_traverse(st: os.stat_result, user: JobUser) -> bool:

@@ -458,7 +458,10 @@ def test_openapi_lists_paths(client):
                                  "/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}/pause",
                                  "/v1/schedules/{schedule_id}/resume", "/v1/instances/report",
                                  "/v1/tokens", "/v1/tokens/{token_id}/revoke", "/v1/tokens/{token_id}/rotate",
-                                 "/v1/audit"}
+                                 "/v1/audit",
+                                 "/v1/node/config", "/v1/node/heartbeat", "/v1/node/work",
+                                 *(f"/v1/node/attempts/{{job_id}}/{{attempt}}/{{rank}}/{r}"
+                                   for r in ("running", "ended", "launch-failed", "gone", "logs"))}
     assert set(doc["paths"]["/v1/jobs"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/schedules"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/schedules/{schedule_id}"]) == {"get", "delete"}

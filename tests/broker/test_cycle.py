@@ -48,7 +48,7 @@ def test_three_one_gpu_jobs_on_a_two_gpu_node(any_store, env):
     waiting = [i for i in ids if jobs[i].state == "queued"]
     assert len(started) == 2 and len(waiting) == 1
     assert sorted(jobs[i].placement["nodes"][0]["gpus"][0] for i in started) == [0, 1]
-    assert sorted(sent) == sorted((i, 1) for i in started)
+    assert sent == []  # on-prem placements need no message: node agents poll GET /v1/node/work
     assert [e.to_state for e in store.events(started[0])] == ["submitted", "queued", "starting"]
     assert store.attempts(started[0])[0].gpus == 1
     assert "waiting for 1 GPU(s) in pool local" in jobs[waiting[0]].reason
@@ -206,7 +206,7 @@ def test_lost_node_requeues_running_job_keeping_checkpoints(pg_store, env):
     assert checkpointed_work_s({"checkpointable": False}, 5000.0) == 0.0
 
 
-def test_starting_job_is_redispatched_then_timed_out(pg_store, env):
+def test_starting_job_is_not_redispatched_and_times_out(pg_store, env):
     store = pg_store
     now = utcnow()
     store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=now)
@@ -217,8 +217,8 @@ def test_starting_job_is_redispatched_then_timed_out(pg_store, env):
     rec = Reconciler(store, st, dispatch=lambda j, a: resent.append((j, a)))
     store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=now + timedelta(seconds=15))
     assert rec.run(now + timedelta(seconds=5))["redispatched"] == 0
-    assert rec.run(now + timedelta(seconds=15))["redispatched"] == 1
-    assert resent == [(jid, 1)]
+    assert rec.run(now + timedelta(seconds=15))["redispatched"] == 0  # agents poll: nothing to re-send
+    assert resent == []
     store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=now + timedelta(seconds=61))
     out = rec.run(now + timedelta(seconds=61))
     assert out["timed_out"] == 1
@@ -286,7 +286,7 @@ def test_a_cheapest_window_deadline_in_2199_does_not_stop_the_cycle(any_store, e
     cyc, sent, _ = _cycle(store, env)
     res = cyc.run(now)
     assert res.applied and res.intake == 2
-    assert store.get(ordinary).state == "starting" and sent == [(ordinary, 1)]
+    assert store.get(ordinary).state == "starting" and sent == []  # agents poll: no message
     p = store.get(poison)
     # planned correctly: the search stops at the replayed price series' end, weeks ahead, not in 2199
     assert p.state in ("deferred", "queued", "starting"), p.reason
@@ -313,7 +313,7 @@ def test_a_window_search_that_raises_fails_that_job_only(any_store, env, monkeyp
     with caplog.at_level("ERROR", logger="fedbroker.cycle"):
         res = cyc.run(now)
         cyc.run(now + timedelta(seconds=2))
-    assert res.applied and res.intake == 2 and sent == [(ordinary, 1)]
+    assert res.applied and res.intake == 2 and sent == []
     assert store.get(ordinary).state == "starting"
     p = store.get(poison)
     why = ("the planning cycle's intake step failed for this job: "
@@ -345,7 +345,7 @@ def test_a_job_that_makes_plan_raise_is_found_and_failed(pg_store, env, monkeypa
     monkeypatch.setattr(cycle_mod, "plan", plan)
     cyc, sent, _ = _cycle(store, env)
     res = cyc.run(now)
-    assert res.applied and sorted(sent) == sorted((i, 1) for i in ids)
+    assert res.applied and sent == [] and all(store.get(i).state == "starting" for i in ids)
     p = store.get(poison)
     assert p.state == "failed"
     assert p.reason == "the planning cycle's planning step failed for this job: ZeroDivisionError: division by zero"
@@ -368,7 +368,7 @@ def test_a_decision_that_cannot_be_applied_fails_that_job_only(any_store, env, m
     monkeypatch.setattr(PlanningCycle, "_unprovisionable_cloud", costing)
     cyc, sent, _ = _cycle(store, env)
     res = cyc.run(now)
-    assert res.applied and sent == [(ordinary, 1)]
+    assert res.applied and sent == []
     assert store.get(ordinary).state == "starting" and len(store.attempts(ordinary)) == 1
     p = store.get(poison)
     assert (p.state, p.reason) == ("failed", "the planning cycle's apply step failed for this job: KeyError: 'offer-42'")
@@ -534,7 +534,7 @@ def test_random_valid_specs_never_stop_the_cycle(pg_store, env, specs, later):
             if a.to_state != b.to_state:
                 assert JobState(b.to_state) in ALLOWED_TRANSITIONS[JobState(a.to_state)]
     assert len(held) == len(set(held)) and all(g in range(4) for _, g in held)
-    assert sorted(jid for jid, _ in sent) == sorted(jid for jid in ids if store.get(jid).state == "starting")
+    assert sent == []  # on-prem starts are found by the agents (GET /v1/node/work), never sent
 
 
 def test_a_wait_decision_the_store_rejects_fails_that_job_only(pg_store, env, monkeypatch):
@@ -581,8 +581,8 @@ def test_a_job_cancelled_while_the_planner_thinks_gets_no_wait_decision(pg_store
     monkeypatch.setattr(cycle_mod, "plan", plan_then_cancel)
     cyc, sent, _ = _cycle(store, env)
     res = cyc.run()
-    assert res.applied and res.kinds == {"start": 1, "wait": 1} and len(sent) == 1
-    waited = second if sent[0][0] == first else first
+    assert res.applied and res.kinds == {"start": 1, "wait": 1} and sent == []
+    waited = second if store.get(first).state == "starting" else first
     j = store.get(waited)
     assert (j.state, j.reason) == ("cancelled", "changed my mind")
     assert store.decision(waited) is None

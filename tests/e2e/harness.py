@@ -108,16 +108,20 @@ class LiveBroker:
         time.sleep(down_s)
         self.start_redis()
 
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+    def _spawn(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
         p = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", *args, "--log-level", "info"],
-                             cwd=self.dir, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                             cwd=self.dir, env=env or self.env, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = p
         return p
 
     def start_agent(self, node: str) -> None:
+        """An agent as on a host of its own: the API URL and a node token, no settings file, no database."""
+        from broker.serve import agent_environment
+
+        env = agent_environment(self.store.create_node_token(node), self.url, base=self.env)
         self._spawn(f"agent-{node}", "agent", "--name", node, "--pool", "local", "--nvml", "fake",
-                    "--fake-gpus", str(self.nodes[node]))
+                    "--fake-gpus", str(self.nodes[node]), "--state-dir", str(self.dir / "state"), env=env)
 
     def start_worker(self, name: str = "worker") -> None:
         self._spawn(name, "worker")

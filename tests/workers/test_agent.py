@@ -1,17 +1,23 @@
-"""The node agent in-process: real store (PostgreSQL), real planning cycle, real processes.
+"""The node agent against the real API: real store (PostgreSQL), real planning cycle, real processes.
 
-The Celery hop (``fedbroker.dispatch`` -> ``node.<name>`` queue) is replaced by a direct
-call of :meth:`NodeAgent.run_attempt`; everything else is the production code path.
+Each agent talks only to a live API server (uvicorn in a thread, :func:`broker.api.create_app`)
+with its own node token, exactly as ``fedbroker serve agent`` does; the planning cycle is
+stepped by hand.
 """
 
 from __future__ import annotations
 
+import ast
+import socket
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import uvicorn
 
+from broker.api import create_app
 from broker.cycle import PlanningCycle
 from broker.db import Job, utcnow
 from broker.live import LiveEnvironment
@@ -20,7 +26,10 @@ from broker.reconciler import Reconciler
 from broker.settings import BrokerSettings
 from providers.nvml import FakeNvmlBackend
 from workers.agent import RENDEZVOUS_PORT, NodeAgent
+from workers.node_client import NodeClient
 from workers.runtime import ProcessRuntime
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +37,42 @@ def env():
     return LiveEnvironment(BrokerSettings().planner)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiServer:
+    """The API app served by uvicorn in a thread on 127.0.0.1 (stop and start again on the same port)."""
+
+    def __init__(self, store, settings):
+        self.app = create_app(store, settings)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = None
+        self.thread = None
+
+    def start(self) -> "ApiServer":
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server.install_signal_handlers = lambda: None  # not the main thread
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        end = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < end, "the API server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+            self.thread.join(timeout=10)
+            self.server = None
+
+
 class Rig:
-    """A store, the live planning cycle and one agent per node, stepped by hand."""
+    """A store, an API server, the live planning cycle and one agent per node, stepped by hand."""
 
     def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
         self.store = store
@@ -37,19 +80,17 @@ class Rig:
         # jobs run as nobody here (the tests run as root): the agent's state is private, the jobs' root is not
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
                                        jobs={"root": str(tmp_path / "jobs")})
+        self.api = ApiServer(store, self.settings).start()
+        self.tokens = {n: store.create_node_token(n) for n in nodes}
         self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}
         self.agents = {n: self.new_agent(n) for n in nodes}
         for a in self.agents.values():
             a.heartbeat()
-        self.cycle = PlanningCycle(store, env, self.settings, dispatch=self.dispatch)
+        self.cycle = PlanningCycle(store, env, self.settings)
 
     def new_agent(self, name: str) -> NodeAgent:
-        return NodeAgent(self.store, self.settings, name, "local", self.backends[name],
-                         runtime=ProcessRuntime(self.tmp / "state" / "agents" / name))
-
-    def dispatch(self, job_id: str, attempt: int) -> None:  # what fedbroker.dispatch and node queues do
-        for part in self.store.get(job_id).placement["nodes"]:
-            self.agents[part["node"]].run_attempt(job_id, attempt, part["rank"])
+        return NodeAgent(NodeClient(self.api.url, self.tokens[name]), name, "local", self.backends[name],
+                         state_dir=self.tmp / "state", runtime=ProcessRuntime(self.tmp / "state" / "agents" / name))
 
     def step(self) -> None:
         self.cycle.run()
@@ -70,13 +111,26 @@ class Rig:
         return self.store.get(job_id).state
 
 
+@pytest.fixture
+def rig(pg_store, env, tmp_path):
+    made = []
+
+    def make(nodes: dict[str, int]) -> Rig:
+        made.append(Rig(pg_store, env, tmp_path, nodes))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.api.stop()
+
+
 def sh(script: str, **kw) -> JobSpec:
     kw.setdefault("estimated_duration_s", 60.0)
     return JobSpec(command=["/bin/sh", "-c", script], **kw)
 
 
-def test_job_succeeds_with_its_logs_and_attempt(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 2})
+def test_job_succeeds_with_its_logs_and_attempt(pg_store, rig, tmp_path):
+    rig = rig({"n1": 2})
     jid = pg_store.submit("ml", sh('echo out; echo err >&2; echo "$CUDA_VISIBLE_DEVICES $NODE_RANK $NNODES"'))[0].id
     rig.until(lambda: rig.state(jid) == "succeeded", what="success")
     j = pg_store.get(jid)
@@ -88,8 +142,8 @@ def test_job_succeeds_with_its_logs_and_attempt(pg_store, env, tmp_path):
     assert rig.agents["n1"].runtime.list() == []  # reported and forgotten
 
 
-def test_failing_command_fails_the_job_with_its_exit_code(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+def test_failing_command_fails_the_job_with_its_exit_code(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
     jid = pg_store.submit("ml", sh("exit 3"))[0].id
     rig.until(lambda: rig.state(jid) == "failed", what="failure")
     j = pg_store.get(jid)
@@ -97,8 +151,8 @@ def test_failing_command_fails_the_job_with_its_exit_code(pg_store, env, tmp_pat
     assert pg_store.attempts(jid)[0].outcome == "failed"
 
 
-def test_two_node_gang_gets_the_rendezvous_environment(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 2, "n2": 2})
+def test_two_node_gang_gets_the_rendezvous_environment(pg_store, rig, tmp_path):
+    rig = rig({"n1": 2, "n2": 2})
     out = tmp_path / "ranks"
     script = f'echo "$NODE_RANK $NNODES $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES $GPUS_PER_NODE" >> {out}'
     jid = pg_store.submit("ml", sh(script, gpus_per_node=2, nodes=2))[0].id
@@ -109,8 +163,8 @@ def test_two_node_gang_gets_the_rendezvous_environment(pg_store, env, tmp_path):
                                                     f"1 2 {master} {RENDEZVOUS_PORT} 0,1 2"]
 
 
-def test_a_failed_rank_stops_the_rest_of_the_gang(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1, "n2": 1})
+def test_a_failed_rank_stops_the_rest_of_the_gang(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1, "n2": 1})
     out = tmp_path / "term"
     script = (f'if [ "$NODE_RANK" = 1 ]; then exit 1; fi; trap "echo rank0 TERM >> {out}; exit 143" TERM; '
               'while true; do sleep 0.1; done')
@@ -121,8 +175,8 @@ def test_a_failed_rank_stops_the_rest_of_the_gang(pg_store, env, tmp_path):
         pg_store.get(jid).reason == "ranks ended with {'1': 1, '0': 143}"
 
 
-def test_cancel_reaches_the_process_with_sigterm(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+def test_cancel_reaches_the_process_with_sigterm(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
     jid = pg_store.submit("ml", sh("trap 'echo got TERM; exit 0' TERM; echo up; while true; do sleep 0.1; done"))[0].id
     rig.until(lambda: rig.state(jid) == "running" and pg_store.log_chunks(jid, 1), what="the job to run")
     assert pg_store.request_cancel(jid, "ml").cancel_requested
@@ -133,8 +187,8 @@ def test_cancel_reaches_the_process_with_sigterm(pg_store, env, tmp_path):
     assert pg_store.attempts(jid)[0].outcome == "cancelled"
 
 
-def test_restarted_agent_readopts_a_running_job(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+def test_restarted_agent_readopts_a_running_job(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
     out = tmp_path / "ran"
     jid = pg_store.submit("ml", sh(f"sleep 1.5; echo once >> {out}"))[0].id
     rig.until(lambda: rig.state(jid) == "running", what="running")
@@ -144,8 +198,8 @@ def test_restarted_agent_readopts_a_running_job(pg_store, env, tmp_path):
     assert len(pg_store.attempts(jid)) == 1
 
 
-def test_a_lost_gpu_receives_no_work(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 2})
+def test_a_lost_gpu_receives_no_work(pg_store, rig, tmp_path):
+    rig = rig({"n1": 2})
     rig.backends["n1"].lose_gpu(0)
     rig.agents["n1"].heartbeat()
     [node] = pg_store.nodes()
@@ -157,8 +211,8 @@ def test_a_lost_gpu_receives_no_work(pg_store, env, tmp_path):
     assert [p["nodes"][0]["gpus"] for p in placed if p] == [[1]]
 
 
-def test_stale_attempt_on_a_node_back_from_the_dead_is_stopped(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+def test_stale_attempt_on_a_node_back_from_the_dead_is_stopped(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
     out = tmp_path / "ran"
     jid = pg_store.submit("ml", sh(f'sleep 3; echo "$FEDBROKER_ATTEMPT" >> {out}'))[0].id
     rig.until(lambda: rig.state(jid) == "running", what="running")
@@ -172,8 +226,8 @@ def test_stale_attempt_on_a_node_back_from_the_dead_is_stopped(pg_store, env, tm
     assert outcomes == ["lost", "succeeded"]
 
 
-def test_high_priority_job_preempts_a_preemptible_one(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+def test_high_priority_job_preempts_a_preemptible_one(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
     low = pg_store.submit("ml", sh("trap 'exit 143' TERM; while true; do sleep 0.1; done", preemptible=True,
                                   priority_class="low", estimated_duration_s=7200.0))[0].id
     rig.until(lambda: rig.state(low) == "running", what="the low job to run")
@@ -192,8 +246,8 @@ def test_high_priority_job_preempts_a_preemptible_one(pg_store, env, tmp_path):
     assert pg_store.attempts(low)[0].outcome == "interrupted"
 
 
-def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, env, tmp_path):
-    rig = Rig(pg_store, env, tmp_path, {"n1": 1, "n2": 1})
+def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1, "n2": 1})
     out = tmp_path / "ended"
     script = f'trap "echo $NODE_RANK stopped >> {out}; exit 143" TERM; while true; do sleep 0.1; done'
     jid = pg_store.submit("ml", sh(script, nodes=2, estimated_duration_s=3600.0))[0].id
@@ -224,3 +278,55 @@ def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, env, tmp_path
         time.sleep(0.05)
     assert sorted(out.read_text().splitlines()) == ["0 stopped", "1 stopped"]
     assert pg_store.attempts(jid)[0].outcome == "lost"
+
+
+def test_agent_survives_an_api_outage_and_reports_after(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
+    out = tmp_path / "ran"
+    jid = pg_store.submit("ml", sh(f"echo before; sleep 1.5; echo after; echo done >> {out}"))[0].id
+    rig.until(lambda: rig.state(jid) == "running" and pg_store.log_chunks(jid, 1), what="the job to run")
+    rig.api.stop()  # the API is down: the agent must neither stop the job nor lose its end
+    agent = rig.agents["n1"]
+    end = time.monotonic() + 4.0
+    while time.monotonic() < end:
+        agent.supervise_once()  # never raises for an outage
+        time.sleep(0.05)
+    [local] = agent.runtime.list()
+    assert (local.status, local.exit_code) == ("exited", 0)  # it ran to its end meanwhile
+    assert out.read_text() == "done\n" and rig.state(jid) == "running"  # nothing reported yet
+    rig.api.start()  # same port: reports are delivered after the back-off
+    rig.until(lambda: rig.state(jid) == "succeeded", timeout=30, what="the end to be reported")
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "before\nafter\n"
+    assert [a.outcome for a in pg_store.attempts(jid)] == ["succeeded"]
+    assert agent.runtime.list() == []
+
+
+def test_workers_import_nothing_that_holds_broker_secrets():
+    forbidden = ("broker.store", "broker.db", "broker.settings", "broker.tasks", "broker.celery_app",
+                 "broker.reconciler", "broker.attempts", "sqlalchemy", "redis", "celery", "kombu")
+    found = []
+    for f in sorted((REPO / "workers").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [(f.name, n) for n in names if n.split(".")[0] in forbidden or n in forbidden
+                      or any(n.startswith(x + ".") for x in forbidden)]
+    assert found == []
+    # and at run time: the agent's whole import graph loads none of them
+    import subprocess
+    import sys
+
+    code = ("import sys, workers.agent, workers.node_client, providers.nvml, broker.model; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {('sqlalchemy', 'redis', 'celery', 'kombu')!r} "
+            "or m in ('broker.store', 'broker.db', 'broker.settings')))")
+    got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "[]"
+
+
+def test_an_agent_with_another_nodes_token_does_nothing(pg_store, rig, caplog):
+    rig = rig({"n1": 1})
+    wrong = NodeAgent(NodeClient(rig.api.url, rig.tokens["n1"]), "n9", "local", FakeNvmlBackend(gpu_count=1),
+                      state_dir=rig.tmp / "state", runtime=ProcessRuntime(rig.tmp / "state" / "agents" / "n9"))
+    wrong.supervise_once()
+    assert "the node token names node 'n1', not --name='n9'" in caplog.text
+    assert [n.name for n in pg_store.nodes()] == ["n1"]

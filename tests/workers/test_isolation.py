@@ -113,10 +113,10 @@ def test_a_job_sees_no_agent_secret_runs_as_nobody_and_cannot_read_config_or_sta
 def test_each_team_runs_as_its_own_user(pg_store, env, tmp_path):
     daemon = pwd.getpwnam("daemon")
     rig = Rig(pg_store, env, tmp_path, {"n1": 1})
-    rig.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
-                                  jobs={"root": str(tmp_path / "jobs"), "team_users": {"vision": "daemon"}})
+    # the API serves the agents their jobs settings (GET /v1/node/config); they ask on their first step
+    rig.settings.jobs = JobsSettings(root=str(tmp_path / "jobs"), team_users={"vision": "daemon"})
     for a in rig.agents.values():
-        a.settings = rig.settings
+        a._config, a.jobs = None, None
     a = pg_store.submit("vision", sh("id -u"))[0].id
     rig.until(lambda: rig.state(a) == "succeeded", what="vision's job")
     b = pg_store.submit("ml", sh("id -u"))[0].id
@@ -215,11 +215,16 @@ def test_agent_refuses_an_unknown_job_user_at_start(pg_store, tmp_path):
     from providers.nvml import FakeNvmlBackend
     from workers.agent import NodeAgent
 
-    st = BrokerSettings(state_dir=tmp_path / "state", jobs={"root": str(tmp_path / "jobs"), "user": "no-such-user-x"})
+    from workers.node_client import NodeClient
+
+    config = {"node": "n1", "heartbeat_interval_s": 1.0, "cancel_grace_s": 1.0, "log_chunk_bytes": 65536,
+              "log_max_bytes": 1 << 20, "jobs": {"root": str(tmp_path / "jobs"), "user": "no-such-user-x"}}
+    agent = NodeAgent(NodeClient("http://127.0.0.1:9", "fbk_x"), "n1", "local", FakeNvmlBackend(gpu_count=1),
+                      state_dir=tmp_path / "state", config=config)
     expect = ("jobs.user='no-such-user-x': no such user on this host" if os.geteuid() == 0
               else "jobs.user='no-such-user-x': no such user")
     with pytest.raises(ValueError, match=re.escape(expect)):
-        NodeAgent(pg_store, st, "n1", "local", FakeNvmlBackend(gpu_count=1))
+        agent.prepare()
 
 
 def test_a_job_that_truncates_its_own_log_does_not_stop_supervision(pg_store, env, tmp_path):

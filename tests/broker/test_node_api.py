@@ -1,0 +1,161 @@
+"""The node API (/v1/node): a node token acts on its own node's attempts only; team and node
+tokens never cross over. Real PostgreSQL store, real planning cycle to place the job."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from typer.testing import CliRunner
+
+with warnings.catch_warnings():  # starlette's TestClient warns about httpx on import
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from broker.api import create_app
+from broker.cycle import PlanningCycle
+from broker.live import LiveEnvironment
+from broker.model import JobSpec
+from broker.node_api import authenticate_node
+from broker.serve import agent_environment
+from broker.settings import BrokerSettings
+
+ADMIN = "admin-secret-for-tests"
+
+
+def hb(gpus: int, healthy: list[int], pool: str = "local") -> dict:
+    return {"pool": pool, "gpu_type": "V100", "gpu_count": gpus, "gpu_memory_gb": 16.0, "healthy_gpus": healthy,
+            "agent_id": "test-agent", "telemetry": None}
+
+
+@pytest.fixture
+def rig(pg_store):
+    """Nodes n1 (no healthy GPU) and n2 (1 GPU) heartbeating through the API; one job placed on n2."""
+    settings = BrokerSettings(admin_token=ADMIN, max_attempts=3)
+    changed = []
+    c = TestClient(create_app(pg_store, settings, on_submit=changed.append))
+    tok = {n: {"Authorization": f"Bearer {pg_store.create_node_token(n)}"} for n in ("n1", "n2")}
+    assert c.post("/v1/node/heartbeat", json=hb(1, []), headers=tok["n1"]).json() == {"node": "n1"}
+    assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=tok["n2"]).json() == {"node": "n2"}
+    jid = pg_store.submit("ml", JobSpec(command=["true"], estimated_duration_s=60.0))[0].id
+    PlanningCycle(pg_store, LiveEnvironment(settings.planner), settings).run()
+    assert pg_store.get(jid).state == "starting"
+    return c, tok, jid, changed
+
+
+def test_a_node_sees_and_reports_only_its_own_attempts(pg_store, rig):
+    c, tok, jid, changed = rig
+    [w] = c.get("/v1/node/work", headers=tok["n2"]).json()["work"]
+    assert {k: v for k, v in w.items() if k != "spec"} == {
+        "job_id": jid, "attempt": 1, "rank": 0, "state": "starting", "cancel_requested": False, "stop_reason": None,
+        "nnodes": 1, "master_node": "n2", "gpus": [0]}
+    assert w["spec"]["command"] == ["true"]
+    assert c.get("/v1/node/work", headers=tok["n1"]).json() == {"node": "n1", "work": []}
+    base = f"/v1/node/attempts/{jid}/1/0"
+    for path, body in (("running", None), ("ended", {"exit_code": 0}), ("launch-failed", {"reason": "x"}),
+                       ("gone", None), ("logs", {"seq": 0, "text": "forged\n"})):
+        r = c.post(f"{base}/{path}", json=body, headers=tok["n1"])
+        assert r.status_code == 404, (path, r.text)
+        assert r.json()["detail"] == f"job {jid!r} attempt 1 rank 0: no such attempt on node 'n1'"
+    assert c.post(f"/v1/node/attempts/{jid}/1/1/running", headers=tok["n2"]).status_code == 404  # no rank 1
+    assert c.post(f"/v1/node/attempts/{jid}/2/0/running", headers=tok["n2"]).status_code == 404  # no attempt 2
+    assert pg_store.get(jid).state == "starting" and pg_store.log_chunks(jid, 1) == []
+    # the owner's reports are taken
+    assert c.post(f"{base}/running", headers=tok["n2"]).json() == {"changed": True}
+    assert c.post(f"{base}/running", headers=tok["n2"]).json() == {"changed": False}
+    assert c.post(f"{base}/logs", json={"seq": 0, "text": "hi\n"}, headers=tok["n2"]).json() == {"stored": True}
+    assert c.post(f"{base}/logs", json={"seq": 0, "text": "hi\n"}, headers=tok["n2"]).json() == {"stored": False}
+    assert c.post(f"{base}/ended", json={"exit_code": 0}, headers=tok["n2"]).json() == {"recorded": True,
+                                                                                       "changed": True}
+    j = pg_store.get(jid)
+    assert (j.state, j.exit_code, j.reason) == ("succeeded", 0, "exit code 0")
+    assert pg_store.log_chunks(jid, 1) == [(0, "hi\n")]
+    assert changed == [jid]  # the planner is woken once, by the end
+    assert c.get("/v1/node/work", headers=tok["n2"]).json()["work"] == []
+
+
+def test_a_node_token_is_refused_by_every_team_route(pg_store, rig):
+    c, tok, jid, _ = rig
+    for method, path in (("GET", "/v1/jobs"), ("GET", f"/v1/jobs/{jid}"), ("POST", f"/v1/jobs/{jid}/cancel"),
+                         ("GET", f"/v1/jobs/{jid}/logs"), ("GET", f"/v1/jobs/{jid}/explain"), ("GET", "/v1/nodes"),
+                         ("GET", "/v1/schedules"), ("GET", "/v1/tokens"), ("GET", "/v1/audit")):
+        r = c.request(method, path, headers=tok["n2"])
+        assert r.status_code == 403, (path, r.text)
+        assert r.json()["detail"] == f"{path.split('?')[0]}: a node token (node 'n2') may only call the node API (/v1/node/...)"
+    r = c.post("/v1/jobs", json={"spec": {"command": ["true"]}}, headers=tok["n2"])
+    assert r.status_code == 403
+    assert pg_store.get(jid).cancel_requested is False
+
+
+def test_team_admin_and_missing_tokens_are_refused_by_node_routes(pg_store, rig):
+    c, tok, jid, _ = rig
+    team = {"Authorization": f"Bearer {pg_store.create_token('ml')}"}
+    admin = {"Authorization": f"Bearer {pg_store.create_token('ops', admin=True)}"}
+    for h in (team, admin, {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": "Bearer fbn_nope"}, {}):
+        assert c.get("/v1/node/work", headers=h).status_code == 401
+        assert c.post(f"/v1/node/attempts/{jid}/1/0/running", headers=h).status_code == 401
+        assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=h).status_code == 401
+    assert pg_store.get(jid).state == "starting"
+    assert authenticate_node(pg_store, pg_store.create_token("node-x")) is None  # a team called like a node
+    assert authenticate_node(pg_store, "") is None
+
+
+def test_bad_node_reports_are_422_naming_the_field(pg_store, rig):
+    c, tok, jid, _ = rig
+    r = c.post("/v1/node/heartbeat", json=hb(1, [0], pool="nowhere"), headers=tok["n2"])
+    assert r.status_code == 422 and r.json()["detail"].startswith("pool='nowhere': not an on-prem pool")
+    r = c.post(f"/v1/node/attempts/{jid}/1/0/ended", json={"exit_code": 1, "lost": True}, headers=tok["n2"])
+    assert r.status_code == 422 and "exit_code=1, lost=True" in r.json()["detail"]
+    r = c.post(f"/v1/node/attempts/{jid}/1/0/logs", json={"seq": -1, "text": ""}, headers=tok["n2"])
+    assert r.status_code == 422
+    assert pg_store.get(jid).state == "starting"
+
+
+def test_launch_failed_and_lost_requeue_the_job(pg_store, rig):
+    c, tok, jid, changed = rig
+    base = f"/v1/node/attempts/{jid}/1/0"
+    assert c.post(f"{base}/launch-failed", json={"reason": "no such image"}, headers=tok["n2"]).json() == {
+        "changed": True}
+    j = pg_store.get(jid)
+    assert (j.state, j.reason) == ("queued", "could not start on n2: no such image")
+    assert [(a.outcome, a.reason) for a in pg_store.attempts(jid)] == [("launch_failed", "could not start on n2: "
+                                                                                          "no such image")]
+    assert changed == [jid]
+
+
+def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp_path):
+    from broker.cli import app
+    from broker.store import JobStore
+
+    db = tmp_path / "fb.db"
+    cfg = tmp_path / "fb.yaml"
+    cfg.write_text(f"database_url: sqlite:///{db}\nstate_dir: {tmp_path}\n")
+    r = CliRunner().invoke(app, ["nodes", "token", "gpu-01", "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    token = r.stdout.strip().splitlines()[0]
+    assert JobStore(f"sqlite:///{db}").node_of_token(token) == "gpu-01"
+    r = CliRunner().invoke(app, ["nodes", "token", "bad name", "--config", str(cfg)])
+    assert r.exit_code == 2 and "node='bad name'" in r.output
+    env = agent_environment("fbn_x", "http://127.0.0.1:8000", base={
+        "PATH": "/bin", "FEDBROKER_CONFIG": "/etc/fb.yaml", "FEDBROKER_DATABASE_URL": "postgresql://u:pw@h/db",
+        "FEDBROKER_TOKEN": "fbk_team", "FEDBROKER_ADMIN_TOKEN": "adm", "NCCL_SOCKET_IFNAME": "eth0",
+        "AWS_SECRET_ACCESS_KEY": "k"})
+    assert env == {"PATH": "/bin", "NCCL_SOCKET_IFNAME": "eth0", "FEDBROKER_NODE_TOKEN": "fbn_x",
+                   "FEDBROKER_API_URL": "http://127.0.0.1:8000"}
+
+
+def test_serve_agent_needs_a_node_token_kept_private(tmp_path, monkeypatch):
+    from broker.cli import app
+
+    monkeypatch.delenv("FEDBROKER_NODE_TOKEN", raising=False)
+    r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "http://127.0.0.1:9", "--nvml", "fake"])
+    assert r.exit_code == 2 and "no node token: set FEDBROKER_NODE_TOKEN or give --token-file" in r.output
+    f = tmp_path / "node.token"
+    f.write_text("fbn_x\n")
+    f.chmod(0o644)
+    r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "http://127.0.0.1:9", "--token-file", str(f)])
+    assert r.exit_code == 2 and "mode 644 lets others read it; chmod 600 it" in r.output
+    f.chmod(0o600)
+    monkeypatch.setenv("FEDBROKER_NODE_TOKEN", "fbn_x")
+    r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "ftp://broker", "--nvml", "fake"])
+    assert r.exit_code == 2 and "api_url='ftp://broker': must start with http:// or https://" in r.output
