@@ -51,7 +51,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
-from broker.model import JobSpec
+from broker.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody
+from broker.model import MAX_NODES, TEAM_RE, JobSpec
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
 from broker.settings import BrokerSettings
@@ -103,6 +104,13 @@ _INT = re.compile(r"-?[0-9]{1,19}", re.ASCII)
 #: exit codes, attempts and ranks are stored as 32-bit integers
 _INT32_MAX = 2**31 - 1
 
+#: the largest ``offset`` of ``GET /v1/jobs`` (page with filters beyond it); larger ones overflowed BIGINT (500)
+MAX_OFFSET = 10_000_000
+#: the largest node rank (``JobSpec.nodes`` is at most 1024)
+MAX_RANK = MAX_NODES - 1
+#: the constraints of a ``team`` query parameter: those of ``JobSpec.team``
+_TEAM_QUERY = {"min_length": 1, "max_length": 63, "pattern": TEAM_RE.pattern}
+
 #: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
 _OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
 
@@ -145,50 +153,6 @@ def _describe(err: dict) -> dict:
     return out
 
 
-#: largest request body accepted, bytes (a job spec's argv may hold up to 1 MiB)
-MAX_BODY_BYTES = 2 * 1024 * 1024
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is answered 413 before it is parsed
-    (by its Content-Length, or while it streams in when it has none)."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        too_big = JSONResponse({"detail": f"request body: larger than {self.max_bytes} bytes"}, status_code=413)
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    if int(value) > self.max_bytes:
-                        return await too_big(scope, receive, send)
-                except ValueError:
-                    pass
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLarge()
-            return msg
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await too_big(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
 def _json_scalar(v: Any) -> bool:
     """True for ``None``, bools, ints, finite floats and short valid-UTF-8 strings."""
     if v is None or isinstance(v, (bool, int)):
@@ -222,6 +186,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     settings = settings or BrokerSettings.model_construct()
     app = FastAPI(title="fedbroker", version="1",
                   description="Submit GPU training jobs and see where, when and why they run.")
+    app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
@@ -346,10 +311,14 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     @app.get("/v1/jobs", response_model=list[JobView], tags=["jobs"],
              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs"}})
     def list_jobs(who: Caller,
-                  team: Annotated[str | None, Query(description="Only this team (default: yours; admins: all)")] = None,
-                  state: Annotated[list[str] | None, Query(description="Only these states (repeat the parameter)")] = None,
+                  team: Annotated[str | None, Query(description="Only this team (default: yours; admins: all)",
+                                                    **_TEAM_QUERY)] = None,
+                  state: Annotated[list[str] | None, Query(
+                      description="Only these states (repeat the parameter)", max_length=len(JobState),
+                      json_schema_extra={"items": {"type": "string", "enum": [s.value for s in JobState]}})] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                  offset: Annotated[int, Query(ge=0)] = 0) -> list[JobView]:
+                  offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0
+                  ) -> list[JobView]:
         """Jobs newest first. A team token may only ask for its own team (403 otherwise)."""
         known = [s.value for s in JobState]
         for s in state or ():
@@ -375,8 +344,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogsView, tags=["jobs"], responses=_ERRORS)
     def job_logs(job: Job,
-                 attempt: Annotated[int | None, Query(ge=1, description="Attempt number (default: the latest)")] = None,
-                 rank: Annotated[int, Query(ge=0, description="Node rank of a multi-node job")] = 0) -> LogsView:
+                 attempt: Annotated[int | None, Query(ge=1, le=_INT32_MAX,
+                                                      description="Attempt number (default: the latest)")] = None,
+                 rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="Node rank of a multi-node job")] = 0
+                 ) -> LogsView:
         """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt);
         ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for an attempt that does not exist."""
         if attempt is not None and attempt > job.attempt:
@@ -497,7 +468,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     @app.get("/v1/schedules", response_model=list[ScheduleView], tags=["schedules"],
              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's schedules"}})
     def list_schedules(who: Caller, team: Annotated[str | None, Query(
-            description="Only this team (default: yours; admins: all)")] = None) -> list[ScheduleView]:
+            description="Only this team (default: yours; admins: all)", **_TEAM_QUERY)] = None) -> list[ScheduleView]:
         """Schedules by team, then name. A team token may only ask for its own team (403 otherwise)."""
         if not who.admin:
             if team is not None and team != who.team:

@@ -39,7 +39,9 @@ _IMAGE_RE = re.compile(
     r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+#: a team name (also the pattern of the API's ``team`` query parameters)
+TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME_RE = TEAM_RE
 
 
 class PriorityClass(str, Enum):
@@ -74,6 +76,8 @@ MAX_SPAN_S = 366 * 86400.0
 MAX_ARG_BYTES = 128 * 1024
 MAX_ARGV_BYTES = 1024 * 1024
 MAX_ARGS = 4096
+#: the largest gang, nodes (ranks are 0 .. MAX_NODES - 1)
+MAX_NODES = 1024
 
 
 def _utc(v: datetime | None, field: str) -> datetime | None:
@@ -135,13 +139,15 @@ class JobSpec(BaseModel):
 
     name: str | None = Field(None, max_length=200)
     image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512)
-    command: list[str]
+    # the schema states the rules; the validators below enforce them with messages naming the field
+    command: list[str] = Field(json_schema_extra={"minItems": 1, "maxItems": MAX_ARGS,
+                                                  "prefixItems": [{"type": "string", "minLength": 1}]})
     gpus_per_node: int = Field(1, ge=1, le=16)
-    nodes: int = Field(1, ge=1, le=1024)
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
     gpu_types: tuple[str, ...] = Field((), max_length=32)
     min_gpu_memory_gb: float = Field(0.0, ge=0, le=4096)
     priority_class: PriorityClass = PriorityClass.normal
-    team: str = "default"
+    team: str = Field("default", json_schema_extra={"minLength": 1, "maxLength": 63, "pattern": TEAM_RE.pattern})
     deadline: datetime | None = None
     slack_s: float | None = Field(None, ge=0, le=MAX_SPAN_S)
     earliest_start: datetime | None = Field(None, validation_alias=AliasChoices("earliest_start", "not_before"))
