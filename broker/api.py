@@ -111,6 +111,15 @@ MAX_RANK = MAX_NODES - 1
 #: the constraints of a ``team`` query parameter: those of ``JobSpec.team``
 _TEAM_QUERY = {"min_length": 1, "max_length": 63, "pattern": TEAM_RE.pattern}
 
+
+
+def _state_enum(schema: dict) -> None:
+    """State the job states as the enum of the ``state`` query parameter's items (the endpoint checks them)."""
+    for variant in schema.get("anyOf", [schema]):
+        if variant.get("type") == "array":
+            variant["items"] = {"type": "string", "enum": [s.value for s in JobState]}
+
+
 #: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
 _OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
 
@@ -315,7 +324,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                                                     **_TEAM_QUERY)] = None,
                   state: Annotated[list[str] | None, Query(
                       description="Only these states (repeat the parameter)", max_length=len(JobState),
-                      json_schema_extra={"items": {"type": "string", "enum": [s.value for s in JobState]}})] = None,
+                      json_schema_extra=_state_enum)] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                   offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0
                   ) -> list[JobView]:
