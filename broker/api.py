@@ -2,7 +2,7 @@
 
 Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <token>``)::
 
-    GET  /healthz                      no auth; {"status": "ok", "database": "ok"} or 503
+    GET  /healthz                      no auth; {"status": "ok", "database": "ok", "redis": "ok"} or 503
     POST /v1/jobs                      SubmitRequest -> 201 JobView (200: idempotent replay)
     GET  /v1/jobs?team=&state=&limit=&offset=   -> list[JobView], newest first
     GET  /v1/jobs/{job_id}             -> JobView
@@ -178,7 +178,7 @@ def _json_scalar(v: Any) -> bool:
 
 
 def create_app(store: JobStore, settings: BrokerSettings | None = None,
-               on_submit: Callable[[str], None] | None = None, cloud=None) -> FastAPI:
+               on_submit: Callable[[str], None] | None = None, cloud=None, redis=None) -> FastAPI:
     """The API application over ``store``.
 
     Args:
@@ -191,6 +191,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             Also called after an instance report that ended a cloud attempt.
         cloud: a :class:`broker.cloud.CloudBroker` to take cloud instances' reports
             (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
+        redis: a client with ``ping()`` (``redis.Redis``, short socket timeouts) that ``/healthz`` checks
+            (the planner's queue); ``None`` = ``/healthz`` checks the database only and has no ``redis`` key.
     """
     settings = settings or BrokerSettings.model_construct()
     app = FastAPI(title="fedbroker", version="1",
@@ -257,17 +259,32 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return who.team
 
     # ------------------------------------------------------------------ health
-    @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "database down"}})
+    @app.get("/healthz", tags=["health"],
+             responses={503: {"model": ErrorBody, "description": "the database or Redis is down (named)"}})
     def healthz() -> dict:
-        """Liveness and a database round trip: ``{"status": "ok", "database": "ok"}``; 503 if the database fails."""
+        """Liveness, a database round trip and a Redis ``PING``: ``{"status": "ok", "database": "ok",
+        "redis": "ok"}``; 503 ``{"status": "degraded", "database": ..., "redis": ..., "detail": ...}`` naming
+        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one."""
+        out: dict[str, str] = {"status": "ok", "database": "ok"}
+        down = []
         try:
             with store.engine.connect() as c:
                 c.execute(text("SELECT 1"))
         except Exception as e:  # any driver error means the same thing here
             log.warning("healthz: database check failed: %s", e)
-            return JSONResponse({"status": "degraded", "database": "unavailable",
-                                 "detail": f"database unavailable: {type(e).__name__}"}, status_code=503)
-        return {"status": "ok", "database": "ok"}
+            out["database"] = "unavailable"
+            down.append(f"database unavailable: {type(e).__name__}")
+        if redis is not None:
+            out["redis"] = "ok"
+            try:
+                redis.ping()
+            except Exception as e:  # connection refused, timeout, auth: the queue is unusable
+                log.warning("healthz: redis check failed: %s", type(e).__name__)
+                out["redis"] = "unavailable"
+                down.append(f"redis unavailable: {type(e).__name__}")
+        if down:
+            return JSONResponse({**out, "status": "degraded", "detail": "; ".join(down)}, status_code=503)
+        return out
 
     # ------------------------------------------------------------------ jobs
     @app.post("/v1/jobs", status_code=201, response_model=JobView, tags=["jobs"],
@@ -533,4 +550,11 @@ def app_from_settings() -> FastAPI:
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, settings, teardown=send_teardown)
-    return create_app(store, settings, cloud=cloud)
+    return create_app(store, settings, cloud=cloud, redis=redis_client(settings.redis_url))
+
+
+def redis_client(url: str):
+    """A ``redis.Redis`` for ``url`` with 1 s connect/read timeouts, for ``/healthz``'s ``PING``."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)

@@ -290,7 +290,7 @@ class Client:
         self._request("DELETE", f"/v1/schedules/{schedule_id}")
 
     def health(self) -> dict:
-        """``GET /healthz``: ``{"status": "ok", "database": "ok"}``.
+        """``GET /healthz``: ``{"status": "ok", "database": "ok", "redis": "ok"}``.
 
         Raises :class:`BrokerUnavailable` if the database (or the API) is down."""
         return self._request("GET", "/healthz")

@@ -62,7 +62,7 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
     """HTTP API on ``api_host:api_port`` (OpenAPI at /docs)."""
     import uvicorn
 
-    from broker.api import create_app
+    from broker.api import create_app, redis_client
     from broker.celery_app import get_app
     from broker.tasks import kick_planner
 
@@ -76,7 +76,7 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, st, teardown=send_teardown)
-    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud)
+    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud, redis=redis_client(st.redis_url))
     uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False)
 
 

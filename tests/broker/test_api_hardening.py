@@ -136,3 +136,22 @@ def test_loads_strict():
 def test_job_spec_still_names_the_field_for_an_empty_command():
     with pytest.raises(ValueError, match=r"command=\[\]: needs at least a program name"):
         JobSpec(command=[])
+
+
+def test_healthz_checks_redis(store):
+    from broker.api import redis_client
+    from tests.conftest import REDIS_URL
+
+    with TestClient(create_app(store, redis=redis_client(REDIS_URL))) as c:
+        r = c.get("/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+
+
+def test_healthz_503_names_redis_when_it_is_down(store):
+    from broker.api import redis_client
+
+    with TestClient(create_app(store, redis=redis_client("redis://127.0.0.1:1/0"))) as c:
+        r = c.get("/healthz")
+    assert r.status_code == 503
+    assert r.json() == {"status": "degraded", "database": "ok", "redis": "unavailable",
+                        "detail": "redis unavailable: ConnectionError"}
