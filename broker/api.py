@@ -409,9 +409,12 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         """A cloud instance reports on its rank of an attempt (sent by the instance's user data, see
         ``providers.launch.cloud_init``). Form fields (``application/x-www-form-urlencoded``): ``job_id``,
         ``attempt``, ``rank``, ``event`` (``running`` | ``notice`` | ``exited``), ``exit_code`` (with
-        ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log).
+        ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log),
+        ``seq`` (the rank's report counter, from 1: a report whose ``seq`` is not above the last one taken
+        from the rank is a replay or a retry and answers 200 ``{"outcome": "duplicate"}``, changing nothing;
+        200 rather than 409 so that the instance's retry of a report that was taken ends its retries).
         ``Authorization: Bearer <token>``: the rank's report token (HMAC of job, attempt and rank), not a
-        team token. ``attempt`` and ``rank`` are digits only, ``exit_code`` digits with an optional ``-``.
+        team token. ``attempt``, ``rank`` and ``seq`` are digits only, ``exit_code`` digits with an optional ``-``.
         Returns ``{"outcome": ...}``; 401 without the token, 415 for a body that is not a form (JSON, ...)."""
         from urllib.parse import parse_qs
 
@@ -427,14 +430,14 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media != "application/x-www-form-urlencoded":
             raise HTTPException(415, "body must be application/x-www-form-urlencoded (the form fields job_id, attempt, "
-                                     "rank, event, exit_code, reason, log_tail)")
+                                     "rank, event, seq, exit_code, reason, log_tail)")
         try:
             form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", errors="replace"),
                                                  keep_blank_values=True, max_num_fields=20).items()}
         except ValueError as e:
             raise HTTPException(422, f"body: not a form ({e})") from None
         fields: dict[str, Any] = {}
-        for name, pattern in (("job_id", None), ("attempt", _UINT), ("rank", _UINT), ("event", None)):
+        for name, pattern in (("job_id", None), ("attempt", _UINT), ("rank", _UINT), ("event", None), ("seq", _UINT)):
             raw = form.get(name)
             if raw is None or raw == "":
                 raise _unprocessable(name, raw, "field required")
@@ -454,7 +457,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise HTTPException(401, "not the report token of this job attempt and rank",
                                     headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
             return cloud.report(fields["job_id"], fields["attempt"], fields["rank"], fields["event"], code,
-                                form.get("reason", "")[:2000], form.get("log_tail", ""))
+                                form.get("reason", "")[:2000], form.get("log_tail", ""), seq=fields["seq"])
 
         try:
             outcome = await run_in_threadpool(take)
