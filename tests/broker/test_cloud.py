@@ -61,7 +61,7 @@ def settings(moto_server, net, tmp_path):
                                   "subnet_ids_by_az": {z: subnets[z] for z in ("us-east-1a", "us-east-1b", "us-east-1c")},
                                   # the catalog's zones are AZ IDs (the same zones here: a=az6, b=az1, c=az2)
                                   "subnet_ids_by_az_id": {z: subnets[z] for z in ("use1-az6", "use1-az1", "use1-az2")}}}},
-        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report",
+        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "https://10.0.0.2:8600/v1/instances/report",
                "checkpoint_root": "/var/lib/fedbroker/checkpoints", "poll_interval_s": 1000})
 
 
@@ -417,7 +417,7 @@ def _gcp_settings(tmp_path, endpoint):
         state_dir=tmp_path, cloud_providers=["gcp"],
         gcp={"project": "fedbroker-test", "region": "us-central1", "api_endpoint": endpoint,
              "operation_timeout_s": 5, "checkpoint_uri": "gs://ckpt-bucket/runs"},
-        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report"})
+        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "https://10.0.0.2:8600/v1/instances/report"})
 
 
 GCP_OFFERS = [CloudOffer(provider="gcp", region=z[:-2], zone=z, instance_type="n1-standard-8", gpu_type="V100",
