@@ -162,6 +162,18 @@ def _describe(err: dict) -> dict:
     return out
 
 
+def _report_form_schema(events) -> dict:
+    """The JSON schema of ``POST /v1/instances/report``'s form (what the endpoint checks by hand)."""
+    u32 = {"type": "integer", "minimum": 0, "maximum": _INT32_MAX}
+    return {"type": "object", "required": ["job_id", "attempt", "rank", "event", "seq"], "maxProperties": 20,
+            "properties": {
+                "job_id": {"type": "string", "minLength": 1}, "attempt": u32, "rank": u32, "seq": u32,
+                "event": {"type": "string", "enum": list(events)},
+                "exit_code": {"anyOf": [{"type": "integer", "minimum": -_INT32_MAX - 1, "maximum": _INT32_MAX},
+                                        {"type": "string", "maxLength": 0}]},
+                "reason": {"type": "string"}, "log_tail": {"type": "string"}}}
+
+
 def _json_scalar(v: Any) -> bool:
     """True for ``None``, bools, ints, finite floats and short valid-UTF-8 strings."""
     if v is None or isinstance(v, (bool, int)):
@@ -400,7 +412,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return store.nodes()
 
     # ------------------------------------------------------------------ cloud instances
+    from broker.cloud import REPORT_EVENTS
+
     @app.post("/v1/instances/report", tags=["instances"], include_in_schema=True,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/x-www-form-urlencoded": {"schema": _report_form_schema(REPORT_EVENTS)}}}},
               responses={401: {"model": ErrorBody, "description": "missing report token, or not this rank's"},
                          404: {"model": ErrorBody, "description": "no cloud provider, or no such instance"},
                          415: {"model": ErrorBody, "description": "the body is not a form"},

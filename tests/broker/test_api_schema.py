@@ -10,8 +10,9 @@ Path ids: half of the generated ``job_id``/``schedule_id`` values are replaced b
 schedule of team A, so the valid token reads it and the foreign token gets 404 for something that
 exists (not just for a random id).
 
-``POST /v1/instances/report`` is driven too: with no cloud provider configured it answers 404 (the
-form route's own cases, signed report tokens and replays, are in ``test_instance_report_api.py``).
+``POST /v1/instances/report`` (a form body) is driven through a stand-in cloud broker that takes
+team A's token as the report token, so the form checks run; signed report tokens and replays against
+the real :class:`broker.cloud.CloudBroker` are in ``test_cloud.py`` and ``test_instance_report_api.py``.
 
 Bounded for CI: ``MAX_EXAMPLES`` per operation and phase; the whole module runs in about a minute.
 """
@@ -31,6 +32,7 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
                                                status_code_conformance)
 
 from broker.api import create_app
+from broker.cloud import REPORT_EVENTS, ReportError
 from broker.model import JobSpec
 from broker.settings import BrokerSettings
 
@@ -38,6 +40,21 @@ from broker.settings import BrokerSettings
 MAX_EXAMPLES = 30
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance, negative_data_rejection]
+
+
+class _StandInCloud:
+    """Takes ``token`` as every rank's report token; answers reports as CloudBroker does for a known rank."""
+
+    def __init__(self, token: str):
+        self.token_ = token
+
+    def check_token(self, job_id: str, attempt: int, rank: int, token: str) -> bool:
+        return token == self.token_
+
+    def report(self, job_id, attempt, rank, event, exit_code=None, reason="", log_tail="", seq=None):
+        if event not in REPORT_EVENTS:
+            raise ReportError(422, f"event={event!r}: must be one of {', '.join(REPORT_EVENTS)}")
+        return "running" if event == "running" else "ok"
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +69,7 @@ def world(module_pg_store):
     job, _ = store.submit(team_a, spec, now=now)
     sched = store.create_schedule(team_a, "nightly", "0 2 * * *", "UTC",
                                   JobSpec(command=["python", "train.py"], slack_s=3600), now=now)
-    app = create_app(store, BrokerSettings(admin_token="admin-" + uuid.uuid4().hex))
+    app = create_app(store, BrokerSettings(admin_token="admin-" + uuid.uuid4().hex), cloud=_StandInCloud(tok_a))
     return {"app": app, "job_id": job.id, "schedule_id": sched.id,
             "tokens": {"valid": tok_a, "missing": None, "foreign": tok_b}}
 
@@ -66,7 +83,7 @@ def api_schema(world):
 _PATHS = create_app(None).openapi()["paths"]
 OPERATIONS = [(m.upper(), p) for p, ops in _PATHS.items() for m in ops]
 #: (method, path, mode): negative cases only where the operation declares something to break
-#: (``GET /healthz`` and the form route ``POST /v1/instances/report`` declare no parameters or body)
+#: (``GET /healthz`` declares no parameters or body)
 CASES = [(m, p, mode) for m, p in OPERATIONS for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
          if mode is GenerationMode.POSITIVE or {"parameters", "requestBody"} & set(_PATHS[p][m.lower()])]
 
