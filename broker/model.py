@@ -80,6 +80,19 @@ MAX_ARGS = 4096
 MAX_NODES = 1024
 
 
+#: text without NUL (what :func:`_text` checks), as a JSON-schema pattern
+_NO_NUL = r"^[^\x00]*$"
+#: the schema of a GPU type or region name in a spec
+_SHORT_NAME = {"type": "string", "maxLength": 64, "pattern": _NO_NUL}
+
+
+def _no_nul(schema: dict) -> None:
+    """State "no NUL" on the string variant of an optional text field's schema."""
+    for variant in schema.get("anyOf", [schema]):
+        if variant.get("type") == "string":
+            variant["pattern"] = _NO_NUL
+
+
 def _utc(v: datetime | None, field: str) -> datetime | None:
     if v is None:
         return None
@@ -137,14 +150,16 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str | None = Field(None, max_length=200)
-    image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512)
+    name: str | None = Field(None, max_length=200, json_schema_extra=lambda s: _no_nul(s))
+    image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512,
+                       json_schema_extra={"pattern": _IMAGE_RE.pattern})
     # the schema states the rules; the validators below enforce them with messages naming the field
     command: list[str] = Field(json_schema_extra={"minItems": 1, "maxItems": MAX_ARGS,
-                                                  "prefixItems": [{"type": "string", "minLength": 1}]})
+                                                  "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+                                                  "items": {"type": "string", "pattern": _NO_NUL}})
     gpus_per_node: int = Field(1, ge=1, le=16)
     nodes: int = Field(1, ge=1, le=MAX_NODES)
-    gpu_types: tuple[str, ...] = Field((), max_length=32)
+    gpu_types: tuple[str, ...] = Field((), max_length=32, json_schema_extra={"items": _SHORT_NAME})
     min_gpu_memory_gb: float = Field(0.0, ge=0, le=4096)
     priority_class: PriorityClass = PriorityClass.normal
     team: str = Field("default", json_schema_extra={"minLength": 1, "maxLength": 63, "pattern": TEAM_RE.pattern})
@@ -156,7 +171,7 @@ class JobSpec(BaseModel):
     preemptible: bool = False
     checkpointable: bool = True
     checkpoint_interval_s: float = Field(1800.0, gt=0, le=MAX_SPAN_S)
-    allowed_regions: tuple[str, ...] = Field((), max_length=256)
+    allowed_regions: tuple[str, ...] = Field((), max_length=256, json_schema_extra={"items": _SHORT_NAME})
     max_price_usd_per_hour: float | None = Field(None, gt=0, le=1e6)
     deferrable: bool = True
     not_after: datetime | None = None

@@ -68,7 +68,12 @@ def test_the_schema_states_the_rules_the_server_enforces(client):
     comp = doc["components"]["schemas"]
     spec = comp["JobSpec"]["properties"]
     assert spec["command"]["minItems"] == 1 and spec["command"]["maxItems"] == 4096
-    assert spec["command"]["prefixItems"] == [{"type": "string", "minLength": 1}]
+    no_nul = {"pattern": r"^[^\x00]*$"}
+    assert spec["command"]["prefixItems"] == [{"type": "string", "minLength": 1, **no_nul}]
+    assert spec["command"]["items"] == {"type": "string", **no_nul}
+    assert spec["gpu_types"]["items"] == {"type": "string", "maxLength": 64, **no_nul}
+    assert spec["name"]["anyOf"][0] == {"type": "string", "maxLength": 200, **no_nul}
+    assert spec["image"]["pattern"].startswith("^[a-z0-9]+")
     assert (spec["team"]["minLength"], spec["team"]["maxLength"]) == (1, 63)
     sched = comp["ScheduleRequest"]["properties"]
     assert (sched["name"]["minLength"], sched["name"]["maxLength"]) == (1, 200) and sched["name"]["pattern"]
