@@ -51,7 +51,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
-from broker.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody
+from broker.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
 from broker.model import MAX_NODES, TEAM_RE, JobSpec
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
@@ -447,8 +447,13 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         if media != "application/x-www-form-urlencoded":
             raise HTTPException(415, "body must be application/x-www-form-urlencoded (the form fields job_id, attempt, "
                                      "rank, event, seq, exit_code, reason, log_tail)")
+        raw = await request.body()
+        try:  # the body itself is ASCII (curl percent-encodes); a value's bytes may be cut mid-character (log_tail)
+            body_text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise HTTPException(422, f"body: {utf8_error(raw, e)}") from None
         try:
-            form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", errors="replace"),
+            form = {k: v[-1] for k, v in parse_qs(body_text, errors="replace",
                                                  keep_blank_values=True, max_num_fields=20).items()}
         except ValueError as e:
             raise HTTPException(422, f"body: not a form ({e})") from None

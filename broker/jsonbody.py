@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-__all__ = ["DuplicateJsonKey", "unique_json_object", "loads_strict", "StrictJsonBody", "BodyLimit",
+__all__ = ["DuplicateJsonKey", "unique_json_object", "loads_strict", "utf8_error", "StrictJsonBody", "BodyLimit",
            "MAX_BODY_BYTES"]
 
 #: largest request body accepted, bytes (a job spec's argv may hold up to 1 MiB)
@@ -45,6 +45,11 @@ def loads_strict(raw: bytes | str) -> Any:
     (bytes that are not UTF-8) or :class:`json.JSONDecodeError`."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     return json.loads(text, object_pairs_hook=unique_json_object)
+
+
+def utf8_error(body: bytes, e: UnicodeDecodeError) -> str:
+    """Where ``body`` stops being UTF-8: ``"not valid UTF-8 (byte 0xe9 at offset 26: invalid continuation byte)"``."""
+    return f"not valid UTF-8 (byte {body[e.start]:#04x} at offset {e.start}: {e.reason})"
 
 
 def _error(msg: str, kind: str, status: int = 422) -> JSONResponse:
@@ -125,8 +130,7 @@ class StrictJsonBody:
             try:
                 loads_strict(body)
             except UnicodeDecodeError as e:
-                return await _error(f"body: not valid UTF-8 (byte {body[e.start]:#04x} at offset {e.start}: "
-                                    f"{e.reason})", "utf8_invalid")(scope, receive, send)
+                return await _error(f"body: {utf8_error(body, e)}", "utf8_invalid")(scope, receive, send)
             except DuplicateJsonKey as e:
                 return await _error(f"body: {e}", "duplicate_key")(scope, receive, send)
             except (ValueError, RecursionError):
