@@ -112,7 +112,6 @@ MAX_RANK = MAX_NODES - 1
 _TEAM_QUERY = {"min_length": 1, "max_length": 63, "pattern": TEAM_RE.pattern}
 
 
-
 def _state_enum(schema: dict) -> None:
     """State the job states as the enum of the ``state`` query parameter's items (the endpoint checks them)."""
     for variant in schema.get("anyOf", [schema]):

@@ -214,13 +214,6 @@ def serve_all(config: Optional[Path] = ConfigOpt,
         "agent": base + ["agent", *extra, "--log-level", log_level, "--fake-gpus", str(fake_gpus)]
         + (["--name", agent_name] if agent_name else []),
     }
-    # the API first, the others once it listens: started together, the four children's imports share the
-    # CPUs and the API took 10-15 s to answer (connections refused meanwhile); alone it takes ~3 s
-    procs = {"api": subprocess.Popen(cmds["api"])}
-    _wait_listening(st.api_host, st.api_port, procs["api"], timeout_s=60.0)
-    procs.update({k: subprocess.Popen(v) for k, v in cmds.items() if k != "api"})
-    typer.echo(f"fedbroker: API on {st.effective_api_url}, database {st.effective_database_url}, "
-               f"Redis {st.redis_url}; Ctrl-C stops")
     stopping = False
 
     def _stop(signum=None, frame=None):
@@ -229,6 +222,14 @@ def serve_all(config: Optional[Path] = ConfigOpt,
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # the API first, the others once it listens: started together, the four children's imports share the
+    # CPUs and the API took 10-15 s to answer (connections refused meanwhile); alone it takes ~3 s
+    procs = {"api": subprocess.Popen(cmds["api"])}
+    _wait_listening(st.api_host, st.api_port, procs["api"], timeout_s=60.0, stop=lambda: stopping)
+    if not stopping:
+        procs.update({k: subprocess.Popen(v) for k, v in cmds.items() if k != "api"})
+    typer.echo(f"fedbroker: API on {st.effective_api_url}, database {st.effective_database_url}, "
+               f"Redis {st.redis_url}; Ctrl-C stops")
     code = 0
     while not stopping:
         for k, p in procs.items():
@@ -250,12 +251,13 @@ def serve_all(config: Optional[Path] = ConfigOpt,
     raise typer.Exit(code)
 
 
-def _wait_listening(host: str, port: int, proc: subprocess.Popen, timeout_s: float) -> bool:
+def _wait_listening(host: str, port: int, proc: subprocess.Popen, timeout_s: float,
+                    stop=lambda: False) -> bool:
     """Wait until something accepts TCP connections on ``host:port`` (``0.0.0.0``/``::`` = loopback), ``proc``
-    exits, or ``timeout_s`` seconds pass. True when it listens."""
+    exits, ``stop()`` is true or ``timeout_s`` seconds pass. True when it listens."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.poll() is None and not stop():
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return True
