@@ -4,7 +4,8 @@ What holds a slow client (slow-loris) — uvicorn (0.54) has no header or body r
 own: its keep-alive timer (``timeout_keep_alive``) only runs *between* requests, so a connection
 that sends a few header bytes and then trickles (or nothing) was held forever, and with a
 connection cap (``limit_concurrency``) enough of them would turn every new request into a 503.
-:class:`GuardedH11Protocol` adds the two timeouts to uvicorn's h11 protocol:
+:class:`GuardedHttpToolsProtocol` (and :class:`GuardedH11Protocol` where httptools is not installed)
+add the two timeouts to uvicorn's protocol:
 
 * **header read**: a request's headers must be complete within :data:`HEADER_TIMEOUT_S` of the
   connection opening, or of the first byte after a keep-alive pause (a trickle does not extend it);
@@ -13,9 +14,10 @@ connection cap (``limit_concurrency``) enough of them would turn every new reque
 
 past either the connection is closed. Together with ``limit_concurrency`` (the cap, answered 503
 above it), ``timeout_keep_alive`` (idle keep-alive connections closed after
-:data:`KEEP_ALIVE_S`), ``h11_max_incomplete_event_size`` (headers larger than
-:data:`MAX_HEADER_BYTES` are a 400) and the body limit of :class:`broker.jsonbody.BodyLimit`,
-no single client can hold the server. Connections are cheap (asyncio), so partial-header
+:data:`KEEP_ALIVE_S`), a request head (line and headers) larger than :data:`MAX_HEADER_BYTES`
+answered 400 (counted in the parser callbacks for httptools; h11's ``h11_max_incomplete_event_size``
+bounds only a head still incomplete in its buffer) and the body limit of :class:`broker.jsonbody.BodyLimit`, no single client can hold
+the server. Connections are cheap (asyncio), so partial-header
 connections below the cap do not delay other requests (``tests/broker/test_httpserver.py``).
 
 A reverse proxy in front (nginx ``client_header_timeout``/``client_body_timeout``) is the usual
@@ -29,8 +31,8 @@ import logging
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["GuardedH11Protocol", "server_config", "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S",
-           "MAX_HEADER_BYTES"]
+__all__ = ["GuardedH11Protocol", "GuardedHttpToolsProtocol", "server_config", "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S",
+           "KEEP_ALIVE_S", "MAX_HEADER_BYTES"]
 
 log = logging.getLogger("fedbroker.api.server")
 
@@ -44,16 +46,43 @@ KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 16 * 1024
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with header and body read timeouts (class attributes, seconds; a
-    subclass or ``functools.partial`` may change them): a request not read in time closes the connection."""
+class _ReadDeadlines:
+    """Mixin of a uvicorn HTTP protocol: one timer per read phase of a request (``"headers"``, ``"body"``);
+    a phase keeps the deadline it started with (a trickle does not extend it); past it the connection closes."""
 
     header_timeout_s: float = HEADER_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
+    _phase: str | None = None
+    _guard = None
+
+    def _enter(self, phase: str | None) -> None:
+        if phase == self._phase:
+            return
+        self._cancel()
+        self._phase = phase
+        if phase is not None and not self.transport.is_closing():
+            timeout = self.header_timeout_s if phase == "headers" else self.body_timeout_s
+            self._guard = self.loop.call_later(timeout, self._expire, phase, timeout)
+
+    def _cancel(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
+            self._guard = None
+
+    def _expire(self, phase: str, timeout: float) -> None:
+        self._guard = None
+        if self.transport.is_closing() or self._phase != phase:
+            return
+        client = "%s:%d" % self.client if self.client else "a client"
+        log.info("closing the connection of %s: request %s not received within %.0f s", client, phase, timeout)
+        self.transport.close()
+
+
+class GuardedH11Protocol(_ReadDeadlines, H11Protocol):
+    """uvicorn's h11 protocol with header and body read timeouts (class attributes, seconds; a
+    subclass may change them): a request not read in time closes the connection."""
 
     def connection_made(self, transport) -> None:  # noqa: D102 - asyncio.Protocol
-        self._phase = None
-        self._guard = None
         super().connection_made(transport)
         self._watch()
 
@@ -65,31 +94,60 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel()
         super().connection_lost(exc)
 
-    def _cancel(self) -> None:
-        if self._guard is not None:
-            self._guard.cancel()
-            self._guard = None
-
     def _watch(self) -> None:
-        """Arm the timer of the phase the request is in (reading its headers or its body); a phase keeps
-        the deadline it started with."""
+        """The phase h11 is in: reading a request's headers (IDLE) or its body (SEND_BODY), or neither."""
         state = self.conn.their_state
-        phase = "headers" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
-        if phase == self._phase:
-            return
-        self._cancel()
-        self._phase = phase
-        if phase is not None and not self.transport.is_closing():
-            timeout = self.header_timeout_s if phase == "headers" else self.body_timeout_s
-            self._guard = self.loop.call_later(timeout, self._expire, phase, timeout)
+        self._enter("headers" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None)
 
-    def _expire(self, phase: str, timeout: float) -> None:
-        self._guard = None
-        if self.transport.is_closing() or self._phase != phase:
-            return
-        client = "%s:%d" % self.client if self.client else "a client"
-        log.info("closing the connection of %s: request %s not received within %.0f s", client, phase, timeout)
-        self.transport.close()
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # pragma: no cover - httptools is optional
+    HttpToolsProtocol = None
+
+if HttpToolsProtocol is not None:
+    class GuardedHttpToolsProtocol(_ReadDeadlines, HttpToolsProtocol):
+        """uvicorn's httptools protocol (the faster parser) with the same read timeouts, and a request head
+        over :data:`MAX_HEADER_BYTES` answered 400 (httptools has no limit of its own)."""
+
+        _head_bytes = 0
+
+        def connection_made(self, transport) -> None:  # noqa: D102 - asyncio.Protocol
+            super().connection_made(transport)
+            self._enter("headers")
+
+        def connection_lost(self, exc) -> None:  # noqa: D102 - asyncio.Protocol
+            self._cancel()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:  # noqa: D102 - parser callback
+            super().on_message_begin()
+            self._head_bytes = 0
+            if self._phase is None:  # the first byte of the next request on a keep-alive connection
+                self._enter("headers")
+
+        def _count(self, n: int) -> None:
+            self._head_bytes += n
+            if self._head_bytes > MAX_HEADER_BYTES:  # raised in a callback: uvicorn answers 400 and closes
+                raise ValueError(f"request head over {MAX_HEADER_BYTES} bytes")
+
+        def on_url(self, url: bytes) -> None:  # noqa: D102 - parser callback
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:  # noqa: D102 - parser callback
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:  # noqa: D102 - parser callback
+            self._enter("body")
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:  # noqa: D102 - parser callback
+            self._enter(None)
+            super().on_message_complete()
+else:  # pragma: no cover
+    GuardedHttpToolsProtocol = None
 
 
 def server_config(app, settings, log_level: str = "warning"):
@@ -107,6 +165,6 @@ def server_config(app, settings, log_level: str = "warning"):
             raise ValueError(f"{name}={str(path)!r}: no such file")
     return uvicorn.Config(
         app, host=settings.api_host, port=settings.api_port, log_level=log_level, access_log=False,
-        http=GuardedH11Protocol, timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=settings.api_max_connections,
+        http=GuardedHttpToolsProtocol or GuardedH11Protocol, timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=settings.api_max_connections,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=10,
         ssl_certfile=str(cert) if cert else None, ssl_keyfile=str(key) if key else None)
