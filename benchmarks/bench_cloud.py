@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
                 state_dir=tmp, cloud_providers=["aws"],
                 aws={"endpoint_url": url, "regions": {"us-east-1": {
                     "ami_id": ami, "subnet_ids_by_az": {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}}}},
-                cloud={"broker_id": f"bench-{uuid.uuid4().hex[:8]}", "report_url": "http://10.0.0.2:8600/r"})
+                cloud={"broker_id": f"bench-{uuid.uuid4().hex[:8]}", "report_url": "https://10.0.0.2:8600/r"})
             compute = build_computes(settings)["aws"]
             compute.quota_source = lambda region, code: None  # moto has no Service Quotas defaults
             calls = {"list_managed": 0, "describe": 0}

@@ -2,7 +2,7 @@
 
 Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <token>``)::
 
-    GET  /healthz                      no auth; {"status": "ok", "database": "ok"} or 503
+    GET  /healthz                      no auth; {"status": "ok", "database": "ok", "redis": "ok"} or 503
     POST /v1/jobs                      SubmitRequest -> 201 JobView (200: idempotent replay)
     GET  /v1/jobs?team=&state=&limit=&offset=   -> list[JobView], newest first
     GET  /v1/jobs/{job_id}             -> JobView
@@ -60,7 +60,8 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
-from broker.model import JobSpec
+from broker.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, TEAM_RE, JobSpec
 from broker.node_api import node_router
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
@@ -76,7 +77,7 @@ __all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "SCHEDULE_ID_RE", "AD
 log = logging.getLogger(__name__)
 
 #: the format of job ids in paths; anything else is answered 404 without a database query
-JOB_ID_RE = re.compile(r"^job-[0-9a-f]{16}$")
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 #: the format of schedule ids in paths; anything else is answered 404 without a database query
 SCHEDULE_ID_RE = re.compile(r"^sch-[0-9a-f]{16}$")
 #: the team of the ``settings.admin_token`` / ``admin_token_sha256`` principal
@@ -117,7 +118,22 @@ def _short(value: Any, limit: int = 200) -> str:
 _UINT = re.compile(r"[0-9]{1,19}", re.ASCII)
 _INT = re.compile(r"-?[0-9]{1,19}", re.ASCII)
 #: exit codes, attempts and ranks are stored as 32-bit integers
-_INT32_MAX = 2**31 - 1
+_INT32_MAX = INT32_MAX
+
+#: the largest ``offset`` of ``GET /v1/jobs`` (page with filters beyond it); larger ones overflowed BIGINT (500)
+MAX_OFFSET = 10_000_000
+#: the largest node rank (``JobSpec.nodes`` is at most 1024)
+MAX_RANK = MAX_NODES - 1
+#: the constraints of a ``team`` query parameter: those of ``JobSpec.team``
+_TEAM_QUERY = {"min_length": 1, "max_length": 63, "pattern": TEAM_RE.pattern}
+
+
+def _state_enum(schema: dict) -> None:
+    """State the job states as the enum of the ``state`` query parameter's items (the endpoint checks them)."""
+    for variant in schema.get("anyOf", [schema]):
+        if variant.get("type") == "array":
+            variant["items"] = {"type": "string", "enum": [s.value for s in JobState]}
+
 
 #: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
 _OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
@@ -161,48 +177,16 @@ def _describe(err: dict) -> dict:
     return out
 
 
-#: largest request body accepted, bytes (a job spec's argv may hold up to 1 MiB)
-MAX_BODY_BYTES = 2 * 1024 * 1024
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over ``max_bytes`` is answered 413 before it is parsed
-    (by its Content-Length, or while it streams in when it has none)."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        too_big = JSONResponse({"detail": f"request body: larger than {self.max_bytes} bytes"}, status_code=413)
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    if int(value) > self.max_bytes:
-                        return await too_big(scope, receive, send)
-                except ValueError:
-                    pass
-        seen = 0
-
-        async def limited_receive():
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _BodyTooLarge()
-            return msg
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await too_big(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
+def _report_form_schema(events) -> dict:
+    """The JSON schema of ``POST /v1/instances/report``'s form (what the endpoint checks by hand)."""
+    u32 = {"type": "integer", "minimum": 0, "maximum": _INT32_MAX}
+    return {"type": "object", "required": ["job_id", "attempt", "rank", "event", "seq"], "maxProperties": 20,
+            "properties": {
+                "job_id": {"type": "string", "minLength": 1}, "attempt": u32, "rank": u32, "seq": u32,
+                "event": {"type": "string", "enum": list(events)},
+                "exit_code": {"anyOf": [{"type": "integer", "minimum": -_INT32_MAX - 1, "maximum": _INT32_MAX},
+                                        {"type": "string", "maxLength": 0}]},
+                "reason": {"type": "string"}, "log_tail": {"type": "string"}}}
 
 
 def _json_scalar(v: Any) -> bool:
@@ -221,7 +205,7 @@ def _json_scalar(v: Any) -> bool:
 
 
 def create_app(store: JobStore, settings: BrokerSettings | None = None,
-               on_submit: Callable[[str], None] | None = None, cloud=None) -> FastAPI:
+               on_submit: Callable[[str], None] | None = None, cloud=None, redis=None) -> FastAPI:
     """The API application over ``store``.
 
     Args:
@@ -237,10 +221,13 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             agent's report moved a job out of ``starting``/``running`` (:mod:`broker.node_api`).
         cloud: a :class:`broker.cloud.CloudBroker` to take cloud instances' reports
             (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
+        redis: a client with ``ping()`` (``redis.Redis``, short socket timeouts) that ``/healthz`` checks
+            (the planner's queue); ``None`` = ``/healthz`` checks the database only and has no ``redis`` key.
     """
     settings = settings or BrokerSettings.model_construct()
     app = FastAPI(title="fedbroker", version="1",
                   description="Submit GPU training jobs and see where, when and why they run.")
+    app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.exception_handler(RequestValidationError)
@@ -320,17 +307,32 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.node_api)
 
     # ------------------------------------------------------------------ health
-    @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "database down"}})
+    @app.get("/healthz", tags=["health"],
+             responses={503: {"model": ErrorBody, "description": "the database or Redis is down (named)"}})
     def healthz() -> dict:
-        """Liveness and a database round trip: ``{"status": "ok", "database": "ok"}``; 503 if the database fails."""
+        """Liveness, a database round trip and a Redis ``PING``: ``{"status": "ok", "database": "ok",
+        "redis": "ok"}``; 503 ``{"status": "degraded", "database": ..., "redis": ..., "detail": ...}`` naming
+        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one."""
+        out: dict[str, str] = {"status": "ok", "database": "ok"}
+        down = []
         try:
             with store.engine.connect() as c:
                 c.execute(text("SELECT 1"))
         except Exception as e:  # any driver error means the same thing here
             log.warning("healthz: database check failed: %s", e)
-            return JSONResponse({"status": "degraded", "database": "unavailable",
-                                 "detail": f"database unavailable: {type(e).__name__}"}, status_code=503)
-        return {"status": "ok", "database": "ok"}
+            out["database"] = "unavailable"
+            down.append(f"database unavailable: {type(e).__name__}")
+        if redis is not None:
+            out["redis"] = "ok"
+            try:
+                redis.ping()
+            except Exception as e:  # connection refused, timeout, auth: the queue is unusable
+                log.warning("healthz: redis check failed: %s", type(e).__name__)
+                out["redis"] = "unavailable"
+                down.append(f"redis unavailable: {type(e).__name__}")
+        if down:
+            return JSONResponse({**out, "status": "degraded", "detail": "; ".join(down)}, status_code=503)
+        return out
 
     # ------------------------------------------------------------------ jobs
     @app.post("/v1/jobs", status_code=201, response_model=JobView, tags=["jobs"],
@@ -383,10 +385,14 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     @app.get("/v1/jobs", response_model=list[JobView], tags=["jobs"],
              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs"}})
     def list_jobs(who: Caller,
-                  team: Annotated[str | None, Query(description="Only this team (default: yours; admins: all)")] = None,
-                  state: Annotated[list[str] | None, Query(description="Only these states (repeat the parameter)")] = None,
+                  team: Annotated[str | None, Query(description="Only this team (default: yours; admins: all)",
+                                                    **_TEAM_QUERY)] = None,
+                  state: Annotated[list[str] | None, Query(
+                      description="Only these states (repeat the parameter)", max_length=len(JobState),
+                      json_schema_extra=_state_enum)] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                  offset: Annotated[int, Query(ge=0)] = 0) -> list[JobView]:
+                  offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0
+                  ) -> list[JobView]:
         """Jobs newest first. A team token may only ask for its own team (403 otherwise)."""
         known = [s.value for s in JobState]
         for s in state or ():
@@ -412,8 +418,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogsView, tags=["jobs"], responses=_ERRORS)
     def job_logs(job: Job,
-                 attempt: Annotated[int | None, Query(ge=1, description="Attempt number (default: the latest)")] = None,
-                 rank: Annotated[int, Query(ge=0, description="Node rank of a multi-node job")] = 0) -> LogsView:
+                 attempt: Annotated[int | None, Query(ge=1, le=_INT32_MAX,
+                                                      description="Attempt number (default: the latest)")] = None,
+                 rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="Node rank of a multi-node job")] = 0
+                 ) -> LogsView:
         """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt);
         ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for an attempt that does not exist."""
         if attempt is not None and attempt > job.attempt:
@@ -440,7 +448,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return store.nodes()
 
     # ------------------------------------------------------------------ cloud instances
+    from broker.cloud import REPORT_EVENTS
+
     @app.post("/v1/instances/report", tags=["instances"], include_in_schema=True,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/x-www-form-urlencoded": {"schema": _report_form_schema(REPORT_EVENTS)}}}},
               responses={401: {"model": ErrorBody, "description": "missing report token, or not this rank's"},
                          404: {"model": ErrorBody, "description": "no cloud provider, or no such instance"},
                          415: {"model": ErrorBody, "description": "the body is not a form"},
@@ -449,9 +461,12 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         """A cloud instance reports on its rank of an attempt (sent by the instance's user data, see
         ``providers.launch.cloud_init``). Form fields (``application/x-www-form-urlencoded``): ``job_id``,
         ``attempt``, ``rank``, ``event`` (``running`` | ``notice`` | ``exited``), ``exit_code`` (with
-        ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log).
+        ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log),
+        ``seq`` (the rank's report counter, from 1: a report whose ``seq`` is not above the last one taken
+        from the rank is a replay or a retry and answers 200 ``{"outcome": "duplicate"}``, changing nothing;
+        200 rather than 409 so that the instance's retry of a report that was taken ends its retries).
         ``Authorization: Bearer <token>``: the rank's report token (HMAC of job, attempt and rank), not a
-        team token. ``attempt`` and ``rank`` are digits only, ``exit_code`` digits with an optional ``-``.
+        team token. ``attempt``, ``rank`` and ``seq`` are digits only, ``exit_code`` digits with an optional ``-``.
         Returns ``{"outcome": ...}``; 401 without the token, 415 for a body that is not a form (JSON, ...)."""
         from urllib.parse import parse_qs
 
@@ -467,14 +482,19 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media != "application/x-www-form-urlencoded":
             raise HTTPException(415, "body must be application/x-www-form-urlencoded (the form fields job_id, attempt, "
-                                     "rank, event, exit_code, reason, log_tail)")
+                                     "rank, event, seq, exit_code, reason, log_tail)")
+        raw = await request.body()
+        try:  # the body itself is ASCII (curl percent-encodes); a value's bytes may be cut mid-character (log_tail)
+            body_text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise HTTPException(422, f"body: {utf8_error(raw, e)}") from None
         try:
-            form = {k: v[-1] for k, v in parse_qs((await request.body()).decode("utf-8", errors="replace"),
+            form = {k: v[-1] for k, v in parse_qs(body_text, errors="replace",
                                                  keep_blank_values=True, max_num_fields=20).items()}
         except ValueError as e:
             raise HTTPException(422, f"body: not a form ({e})") from None
         fields: dict[str, Any] = {}
-        for name, pattern in (("job_id", None), ("attempt", _UINT), ("rank", _UINT), ("event", None)):
+        for name, pattern in (("job_id", None), ("attempt", _UINT), ("rank", _UINT), ("event", None), ("seq", _UINT)):
             raw = form.get(name)
             if raw is None or raw == "":
                 raise _unprocessable(name, raw, "field required")
@@ -494,7 +514,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise HTTPException(401, "not the report token of this job attempt and rank",
                                     headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
             return cloud.report(fields["job_id"], fields["attempt"], fields["rank"], fields["event"], code,
-                                form.get("reason", "")[:2000], form.get("log_tail", ""))
+                                form.get("reason", "")[:2000], form.get("log_tail", ""), seq=fields["seq"])
 
         try:
             outcome = await run_in_threadpool(take)
@@ -535,7 +555,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     @app.get("/v1/schedules", response_model=list[ScheduleView], tags=["schedules"],
              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's schedules"}})
     def list_schedules(who: Caller, team: Annotated[str | None, Query(
-            description="Only this team (default: yours; admins: all)")] = None) -> list[ScheduleView]:
+            description="Only this team (default: yours; admins: all)", **_TEAM_QUERY)] = None) -> list[ScheduleView]:
         """Schedules by team, then name. A team token may only ask for its own team (403 otherwise)."""
         if not who.admin:
             if team is not None and team != who.team:
@@ -594,4 +614,11 @@ def app_from_settings() -> FastAPI:
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, settings, teardown=send_teardown)
-    return create_app(store, settings, cloud=cloud)
+    return create_app(store, settings, cloud=cloud, redis=redis_client(settings.redis_url))
+
+
+def redis_client(url: str):
+    """A ``redis.Redis`` for ``url`` with 1 s connect/read timeouts, for ``/healthz``'s ``PING``."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)

@@ -95,7 +95,9 @@ def load_job_file(path: Path):
     import yaml
     from pydantic import ValidationError
 
+    from broker.jsonbody import DuplicateJsonKey, unique_json_object
     from broker.model import JobSpec
+    from broker.settings import DuplicateKeyError, load_yaml
 
     try:
         raw = path.read_text(encoding="utf-8")
@@ -104,7 +106,11 @@ def load_job_file(path: Path):
     except UnicodeDecodeError as e:
         raise JobFileError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     try:
-        data = json.loads(raw) if path.suffix.lower() == ".json" else yaml.safe_load(raw)
+        data = json.loads(raw, object_pairs_hook=unique_json_object) if path.suffix.lower() == ".json" else load_yaml(raw)
+    except DuplicateJsonKey as e:
+        raise JobFileError(f"{path}: {e}") from None
+    except DuplicateKeyError as e:
+        raise JobFileError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
         raise JobFileError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     except yaml.YAMLError as e:

@@ -349,7 +349,7 @@ class Client:
         return [AuditEventView.model_validate(e) for e in self._request("GET", "/v1/audit", params=params)]
 
     def health(self) -> dict:
-        """``GET /healthz``: ``{"status": "ok", "database": "ok"}``.
+        """``GET /healthz``: ``{"status": "ok", "database": "ok", "redis": "ok"}``.
 
         Raises :class:`BrokerUnavailable` if the database (or the API) is down."""
         return self._request("GET", "/healthz")

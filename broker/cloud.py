@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 
 from broker.db import Attempt, CloudInstance, Job, JobEvent, utcnow
 from broker.planner import smallest_fit
@@ -441,19 +441,22 @@ class CloudBroker:
         return hmac.compare_digest(self.token(job_id, attempt, rank).encode(), (token or "").encode())
 
     def report(self, job_id: str, attempt: int, rank: int, event: str, exit_code: int | None = None,
-               reason: str = "", log_tail: str = "", now: datetime | None = None) -> str:
+               reason: str = "", log_tail: str = "", now: datetime | None = None, seq: int | None = None) -> str:
         """Take one instance report (the token was checked by the caller). Returns the outcome; asks for the
         attempt's instances to be torn down when the attempt has ended. Raises :class:`ReportError` (404 for an
-        unknown rank of the attempt, 422 for an unknown event)."""
+        unknown rank of the attempt, 422 for an unknown event).
+
+        ``seq``: the report's sequence number (the instance's user data counts its reports from 1). A report
+        whose ``seq`` is not above the highest one taken from this rank's instance is a replay (or a retry of
+        a report that was taken): it changes nothing, appends no log, and the outcome is ``"duplicate"``.
+        ``None`` (in-process callers) skips the check."""
         if event not in REPORT_EVENTS:
             raise ReportError(422, f"event={event!r}: must be one of {', '.join(REPORT_EVENTS)}")
         now = now or utcnow()
         ended = False
         stop_ranks: list[int] = []
         out = "ok"
-        if event == "exited" and log_tail:
-            self.store.append_log(job_id, attempt, rank, 0, "[fedbroker: the last bytes of the container's log, "
-                                  "sent by the instance when it exited]\n" + log_tail[-LOG_TAIL_MAX:])
+        claimed = seq is None
         for _ in range(10):
             with self.store.session() as s:
                 row = s.execute(select(CloudInstance).where(
@@ -465,6 +468,15 @@ class CloudBroker:
                 att = JobStore.attempt_row(s, job_id, attempt, lock=True)
                 if j is None or att is None:
                     raise ReportError(404, f"no attempt {attempt} of job {job_id}")
+                if not claimed:  # one atomic compare-and-set: two copies of one report cannot both pass
+                    claimed = s.execute(update(CloudInstance).where(
+                        CloudInstance.id == row.id,
+                        or_(CloudInstance.report_seq.is_(None), CloudInstance.report_seq < seq)
+                    ).values(report_seq=seq)).rowcount == 1
+                    if not claimed:
+                        log.warning("instance report of job %s attempt %s rank %s: seq %s already taken; "
+                                    "a replay or a retry, ignored", job_id, attempt, rank, seq)
+                        return "duplicate"
                 where = f"rank {rank} on {row.provider}/{row.provider_instance_id}"
                 if j.attempt != attempt or j.state not in (S.starting.value, S.running.value):
                     ended = True  # a stale report changes nothing, but its instance must go
@@ -527,6 +539,9 @@ class CloudBroker:
                 if ok:
                     ended = True
                     break
+        if event == "exited" and log_tail:  # after the sequence check: a replayed exit appends nothing
+            self.store.append_log(job_id, attempt, rank, 0, "[fedbroker: the last bytes of the container's log, "
+                                  "sent by the instance when it exited]\n" + log_tail[-LOG_TAIL_MAX:])
         if ended:
             self.request_teardown(job_id, attempt)
         elif stop_ranks:

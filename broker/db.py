@@ -240,6 +240,9 @@ class CloudInstance(Base):
     #: last report from the instance (UTC) and its event (running | notice | exited)
     last_report_at: Mapped[datetime | None]
     last_event: Mapped[str | None] = mapped_column(String(16))
+    #: the highest report sequence number taken from this rank's instance (``seq`` form field); a report
+    #: with a sequence number not above it is a replay and changes nothing
+    report_seq: Mapped[int | None]
     #: the provider's error when the create failed, or why the instance was terminated
     error: Mapped[str | None] = mapped_column(Text)
 

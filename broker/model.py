@@ -39,7 +39,9 @@ _IMAGE_RE = re.compile(
     r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+#: a team name (also the pattern of the API's ``team`` query parameters)
+TEAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME_RE = TEAM_RE
 
 
 class PriorityClass(str, Enum):
@@ -74,6 +76,25 @@ MAX_SPAN_S = 366 * 86400.0
 MAX_ARG_BYTES = 128 * 1024
 MAX_ARGV_BYTES = 1024 * 1024
 MAX_ARGS = 4096
+#: the largest gang, nodes (ranks are 0 .. MAX_NODES - 1)
+MAX_NODES = 1024
+#: the format of job ids (``broker.store.new_job_id``): ``job-`` and 16 hex digits
+JOB_ID_PATTERN = r"^job-[0-9a-f]{16}$"
+#: attempt numbers, exit codes and ranks are stored as 32-bit integers
+INT32_MAX = 2**31 - 1
+
+
+#: text without NUL (what :func:`_text` checks), as a JSON-schema pattern
+_NO_NUL = r"^[^\x00]*$"
+#: the schema of a GPU type or region name in a spec
+_SHORT_NAME = {"type": "string", "maxLength": 64, "pattern": _NO_NUL}
+
+
+def _no_nul(schema: dict) -> None:
+    """State "no NUL" on the string variant of an optional text field's schema."""
+    for variant in schema.get("anyOf", [schema]):
+        if variant.get("type") == "string":
+            variant["pattern"] = _NO_NUL
 
 
 def _utc(v: datetime | None, field: str) -> datetime | None:
@@ -133,15 +154,19 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str | None = Field(None, max_length=200)
-    image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512)
-    command: list[str]
+    name: str | None = Field(None, max_length=200, json_schema_extra=lambda s: _no_nul(s))
+    image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512,
+                       json_schema_extra={"pattern": _IMAGE_RE.pattern})
+    # the schema states the rules; the validators below enforce them with messages naming the field
+    command: list[str] = Field(json_schema_extra={"minItems": 1, "maxItems": MAX_ARGS,
+                                                  "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+                                                  "items": {"type": "string", "pattern": _NO_NUL}})
     gpus_per_node: int = Field(1, ge=1, le=16)
-    nodes: int = Field(1, ge=1, le=1024)
-    gpu_types: tuple[str, ...] = Field((), max_length=32)
+    nodes: int = Field(1, ge=1, le=MAX_NODES)
+    gpu_types: tuple[str, ...] = Field((), max_length=32, json_schema_extra={"items": _SHORT_NAME})
     min_gpu_memory_gb: float = Field(0.0, ge=0, le=4096)
     priority_class: PriorityClass = PriorityClass.normal
-    team: str = "default"
+    team: str = Field("default", json_schema_extra={"minLength": 1, "maxLength": 63, "pattern": TEAM_RE.pattern})
     deadline: datetime | None = None
     slack_s: float | None = Field(None, ge=0, le=MAX_SPAN_S)
     earliest_start: datetime | None = Field(None, validation_alias=AliasChoices("earliest_start", "not_before"))
@@ -150,7 +175,7 @@ class JobSpec(BaseModel):
     preemptible: bool = False
     checkpointable: bool = True
     checkpoint_interval_s: float = Field(1800.0, gt=0, le=MAX_SPAN_S)
-    allowed_regions: tuple[str, ...] = Field((), max_length=256)
+    allowed_regions: tuple[str, ...] = Field((), max_length=256, json_schema_extra={"items": _SHORT_NAME})
     max_price_usd_per_hour: float | None = Field(None, gt=0, le=1e6)
     deferrable: bool = True
     not_after: datetime | None = None

@@ -24,11 +24,12 @@ lifecycle); this module only authenticates, checks placement and validates bodie
 import logging
 from typing import Annotated, Any, Callable
 
-from fastapi import APIRouter, Depends, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import attempts
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES
 from broker.store import JobStore
 
 __all__ = ["authenticate_node", "node_router"]
@@ -37,6 +38,12 @@ log = logging.getLogger("fedbroker.node_api")
 _bearer = HTTPBearer(auto_error=False, description="A node token: `fedbroker nodes token HOST`.")
 _ERRORS = {401: {"description": "missing token, or not a node token"},
            404: {"description": "no such attempt on this node"}}
+
+
+#: the path parameters of an attempt's rank, bounded as the store keeps them
+JobIdParam = Annotated[str, Path(pattern=JOB_ID_PATTERN, description="job id (job-<16 hex digits>)")]
+AttemptParam = Annotated[int, Path(ge=1, le=INT32_MAX, description="attempt number")]
+RankParam = Annotated[int, Path(ge=0, le=MAX_NODES - 1, description="node rank")]
 
 
 def authenticate_node(store: JobStore, token: str) -> str | None:
@@ -118,7 +125,7 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
 
     Node = Annotated[str, Depends(caller)]
 
-    def placed(job_id: str, attempt: int, rank: int, node: Node) -> str:
+    def placed(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, node: Node) -> str:
         if not attempts.placed_on(store, job_id, attempt, rank, node):
             raise HTTPException(404, f"job {job_id!r} attempt {attempt} rank {rank}: no such attempt on node {node!r}")
         return node
@@ -163,12 +170,12 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
         return {"node": node, "work": attempts.node_work(store, node)}
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/running", responses=_ERRORS)
-    def running(job_id: str, attempt: int, rank: int, node: Placed) -> dict:
+    def running(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, node: Placed) -> dict:
         """The rank's process started: ``starting -> running`` (idempotent)."""
         return {"changed": attempts.mark_running(store, job_id, attempt, node)}
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/ended", responses=_ERRORS)
-    def ended(job_id: str, attempt: int, rank: int, body: NodeEnded, node: Placed) -> dict:
+    def ended(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, body: NodeEnded, node: Placed) -> dict:
         """The rank ended (exit code) or was lost (``lost: true``); ``recorded`` false: report again."""
         if body.lost == (body.exit_code is not None):
             raise HTTPException(422, f"exit_code={body.exit_code!r}, lost={body.lost!r}: "
@@ -178,21 +185,21 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
         return {"recorded": recorded, "changed": did}
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/launch-failed", responses=_ERRORS)
-    def launch_failed(job_id: str, attempt: int, rank: int, body: NodeReason, node: Placed) -> dict:
+    def launch_failed(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, body: NodeReason, node: Placed) -> dict:
         """The node could not start the rank: the attempt ends and the job is requeued."""
         did = attempts.launch_failed(store, job_id, attempt, node, body.reason, max_attempts)
         changed(job_id, did)
         return {"changed": did}
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/gone", responses=_ERRORS)
-    def gone(job_id: str, attempt: int, rank: int, node: Placed) -> dict:
+    def gone(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, node: Placed) -> dict:
         """The node has no process and no exit code for a rank the store shows running there."""
         did = attempts.process_gone(store, job_id, attempt, rank, node, max_attempts)
         changed(job_id, did)
         return {"changed": did}
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/logs", responses=_ERRORS)
-    def logs(job_id: str, attempt: int, rank: int, body: NodeLogChunk, node: Placed) -> dict:
+    def logs(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, body: NodeLogChunk, node: Placed) -> dict:
         """Store one log chunk (idempotent by ``seq``)."""
         return {"stored": store.append_log(job_id, attempt, rank, body.seq, body.text)}
 

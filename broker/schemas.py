@@ -20,6 +20,9 @@ __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainVi
 
 #: a schedule name: 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit
 SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+#: the shape of a cron the schema states (5 space-separated fields or an ``@`` macro);
+#: :func:`broker.recurring.validate_cron` checks the fields themselves
+CRON_SHAPE_RE = re.compile(r"^\s*(@[A-Za-z]+|\S+(\s+\S+){4})\s*$")
 
 
 class SubmitRequest(BaseModel):
@@ -149,9 +152,11 @@ class ScheduleRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    cron: str
-    timezone: str = "UTC"
+    # the schema states the rules; the validators below enforce them with messages naming the field
+    name: str = Field(json_schema_extra={"minLength": 1, "maxLength": 200, "pattern": SCHEDULE_NAME_RE.pattern})
+    cron: str = Field(description="5 fields (minute hour day-of-month month day-of-week) or a macro such as @daily",
+                      json_schema_extra={"minLength": 1, "maxLength": 200, "pattern": CRON_SHAPE_RE.pattern})
+    timezone: str = Field("UTC", description="an IANA time zone name", json_schema_extra={"minLength": 1})
     spec: JobSpec
 
     @field_validator("name")
@@ -165,6 +170,9 @@ class ScheduleRequest(BaseModel):
     @classmethod
     def _cron(cls, v: str) -> str:
         from broker.recurring import validate_cron
+
+        if len(v) > 200:
+            raise ValueError(f"cron: {len(v)} characters, at most 200")
 
         return validate_cron(v)  # ScheduleError is a ValueError: "cron='...': why"
 

@@ -56,8 +56,18 @@ def _settings(config: Optional[Path]) -> BrokerSettings:
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Log at ``level`` (``--log-level``); Celery's and kombu's loggers at WARNING unless ``level`` is ``debug``:
+    at INFO they wrote two lines every ``plan_interval_s`` (beat sending ``fedbroker.plan``, the worker's
+    ``Task ... succeeded``), 630 KB in 15 minutes of an idle broker."""
+    lvl = getattr(logging, level.upper(), logging.INFO)
+    logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("celery", "kombu"):
+        logging.getLogger(name).setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
+
+
+def _celery_level(level: str) -> str:
+    """The ``--loglevel`` handed to Celery for our ``--log-level`` (see :func:`_logging`)."""
+    return "DEBUG" if level.lower() == "debug" else max(level.upper(), "WARNING", key=logging.getLevelName)
 
 
 def _migrate(st: BrokerSettings):
@@ -69,16 +79,24 @@ def _migrate(st: BrokerSettings):
 
 
 @serve_app.command("api")
-def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level")) -> None:
-    """HTTP API on ``api_host:api_port`` (OpenAPI at /docs)."""
+def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level"),
+              certfile: Optional[Path] = typer.Option(None, "--certfile", help="PEM certificate (chain): serve HTTPS "
+                                                      "(with --keyfile; default: settings api_certfile)."),
+              keyfile: Optional[Path] = typer.Option(None, "--keyfile", help="PEM private key of --certfile "
+                                                     "(default: settings api_keyfile).")) -> None:
+    """HTTP API on ``api_host:api_port`` (OpenAPI at /docs), HTTPS with ``--certfile/--keyfile``. Header and
+    body read timeouts, keep-alive and connection limits: :mod:`broker.httpserver`."""
     import uvicorn
 
-    from broker.api import create_app
+    from broker.api import create_app, redis_client
     from broker.celery_app import get_app
+    from broker.httpserver import server_config
     from broker.tasks import kick_planner
 
     _logging(log_level)
     st = _settings(config)
+    if certfile is not None or keyfile is not None:
+        st = st.model_copy(update={"api_certfile": certfile or st.api_certfile, "api_keyfile": keyfile or st.api_keyfile})
     get_app(st)
     store = _migrate(st)
     cloud = None
@@ -87,11 +105,22 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, st, teardown=send_teardown)
-    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud)
+    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud, redis=redis_client(st.redis_url))
     log.info("api on %s:%s; database %s; Redis %s", st.api_host, st.api_port, mask_url(st.effective_database_url),
              mask_url(st.redis_url))
-    uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False,
-                log_config=None)  # uvicorn logs through the root handlers, so the secret filter sees them
+    try:
+        cfg = server_config(app, st, log_level=log_level)
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the handler that was
+    # there before: with this one the process then exits 0 (a clean stop, not "killed by SIGTERM")
+    def _exit_clean(signum, frame):  # before uvicorn runs: stop now; after its graceful shutdown: exit 0
+        raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_clean)
+    uvicorn.Server(cfg).run()
 
 
 @serve_app.command("worker")
@@ -120,13 +149,17 @@ def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Opti
     app = get_app(st)
     _migrate(st)
     app.worker_main(["worker", "-Q", ",".join(wanted), "--pool", "solo",
-                     "-n", f"broker-{os.getpid()}@{socket.gethostname()}", "--loglevel", log_level.upper(),
+                     "-n", f"broker-{os.getpid()}@{socket.gethostname()}", "--loglevel", _celery_level(log_level),
                      "--without-gossip", "--without-mingle"])
 
 
 @serve_app.command("beat")
 def serve_beat(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level")) -> None:
-    """Celery beat: planning cycles and reconciler passes on a timer."""
+    """Celery beat: planning cycles and reconciler passes on a timer.
+
+    The schedule is kept in memory (``celery.beat:Scheduler``): its two entries are short intervals,
+    so nothing is worth persisting, and the per-process ``beat-schedule-<pid>`` files of earlier
+    versions piled up in ``state_dir`` across restarts (they are removed here)."""
     from celery.apps.beat import Beat
 
     from broker.celery_app import get_app
@@ -134,9 +167,10 @@ def serve_beat(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option
     _logging(log_level)
     st = _settings(config)
     app = get_app(st)
-    st.state_dir.mkdir(parents=True, exist_ok=True)
-    Beat(app=app, schedule=str(st.state_dir / f"beat-schedule-{os.getpid()}"), loglevel=log_level.upper(),
-         quiet=True).run()
+    if st.state_dir.is_dir():
+        for old in st.state_dir.glob("beat-schedule-*"):
+            old.unlink(missing_ok=True)
+    Beat(app=app, scheduler="celery.beat:Scheduler", loglevel=_celery_level(log_level), quiet=True).run()
 
 
 def _node_token(token_file: Optional[Path]) -> str:
@@ -253,9 +287,6 @@ def serve_all(config: Optional[Path] = ConfigOpt,
     # this command is the composition root: it holds the database credentials and mints the local
     # agent's node token; the agent gets that token and the API URL only (no config, no database URL)
     agent_env = agent_environment(store.create_node_token(node, label="serve all"), st.effective_api_url)
-    procs = {k: subprocess.Popen(v, env=agent_env if k == "agent" else None) for k, v in cmds.items()}
-    typer.echo(f"fedbroker: API on {st.effective_api_url}, database {mask_url(st.effective_database_url)}, "
-               f"Redis {mask_url(st.redis_url)}; Ctrl-C stops")
     stopping = False
 
     def _stop(signum=None, frame=None):
@@ -264,6 +295,15 @@ def serve_all(config: Optional[Path] = ConfigOpt,
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # the API first, the others once it listens: started together, the four children's imports share the
+    # CPUs and the API took 10-15 s to answer (connections refused meanwhile); alone it takes ~3 s
+    procs = {"api": subprocess.Popen(cmds["api"])}
+    _wait_listening(st.api_host, st.api_port, procs["api"], timeout_s=60.0, stop=lambda: stopping)
+    if not stopping:
+        procs.update({k: subprocess.Popen(v, env=agent_env if k == "agent" else None)
+                      for k, v in cmds.items() if k != "api"})
+    typer.echo(f"fedbroker: API on {st.effective_api_url}, database {mask_url(st.effective_database_url)}, "
+               f"Redis {mask_url(st.redis_url)}; Ctrl-C stops")
     code = 0
     while not stopping:
         for k, p in procs.items():
@@ -298,6 +338,21 @@ def agent_environment(token: str, api_url: str, base: dict | None = None) -> dic
     env["FEDBROKER_NODE_TOKEN"] = token
     env["FEDBROKER_API_URL"] = api_url
     return env
+
+
+def _wait_listening(host: str, port: int, proc: subprocess.Popen, timeout_s: float,
+                    stop=lambda: False) -> bool:
+    """Wait until something accepts TCP connections on ``host:port`` (``0.0.0.0``/``::`` = loopback), ``proc``
+    exits, ``stop()`` is true or ``timeout_s`` seconds pass. True when it listens."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None and not stop():
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
 
 
 def register(app: typer.Typer) -> None:

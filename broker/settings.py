@@ -208,7 +208,8 @@ class CloudSettings(BaseModel):
         broker_id: value of the ``fedbroker-broker`` tag on every instance; the orphan sweep only touches
             instances with this value, so two brokers in one account must differ.
         report_url: where instances report (``POST .../v1/instances/report``); must be reachable from the
-            instances' subnets. ``None`` = ``api_url`` + ``/v1/instances/report``.
+            instances' subnets, and ``https://`` unless its host is loopback (reports carry a bearer token).
+            ``None`` = ``api_url`` + ``/v1/instances/report``.
         checkpoint_root: instance-local directory of job checkpoints (synced with ``checkpoint_uri``).
         start_deadline_s: seconds from instances created to the container reporting ``running``
             (boot, driver, image pull); past it the attempt is torn down and the job requeued.
@@ -239,6 +240,38 @@ class CloudSettings(BaseModel):
     max_failover_options: int = Field(8, ge=1, le=100)
     notice_grace_s: int = Field(90, ge=0, le=600)
     checkpoint_sync_s: int = Field(300, ge=10)
+
+    @field_validator("report_url")
+    @classmethod
+    def _report_url_https(cls, v: str | None) -> str | None:
+        """Reports carry the rank's bearer token: ``https://`` unless the host is loopback (a trial on one machine)."""
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        try:
+            u = urlsplit(v)
+            host = (u.hostname or "").lower()
+        except ValueError:
+            raise ValueError(f"report_url={v!r}: not a URL") from None
+        if u.scheme == "https" and host:
+            return v
+        if u.scheme == "http" and _is_loopback(host):
+            return v
+        raise ValueError(f"report_url={v!r}: must be an https:// URL (instance reports carry a bearer token); "
+                         f"plain http:// only for a loopback host (127.0.0.1, ::1, localhost)")
+
+
+def _is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _USER_RE = re.compile(r"^(?:[0-9]{1,10}|[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?)$")
@@ -309,6 +342,10 @@ class BrokerSettings(BaseSettings):
         state_dir: where the embedded database, node agents' job directories and logs live.
         api_host, api_port: where ``fedbroker serve api`` listens.
         api_url: where the SDK and CLI reach the API.
+        api_certfile, api_keyfile: PEM certificate (chain) and private key: ``serve api`` speaks HTTPS
+            (give both or neither; ``--certfile/--keyfile`` override them).
+        api_max_connections: open connections ``serve api`` holds at most; a request above it is a 503
+            (read timeouts and keep-alive limits: :mod:`broker.httpserver`).
         cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
             register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
         planner: the planner's settings (policy, carbon price, ...), see :class:`PlannerConfig`.
@@ -359,6 +396,9 @@ class BrokerSettings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8600, ge=1, le=65535)
     api_url: str | None = None
+    api_certfile: Path | None = None
+    api_keyfile: Path | None = None
+    api_max_connections: int = Field(1000, ge=1, le=100_000)
     cluster: Path | None = None
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     cloud_providers: tuple[str, ...] = ()

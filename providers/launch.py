@@ -465,7 +465,8 @@ def cloud_init(ls: LaunchSpec, provider: str, resolve: Callable[[str], str] | No
       ``gcloud storage rsync``).
     * ``report_url`` + ``report_token``: the broker's instance report endpoint
       (``POST /v1/instances/report``, form fields ``job_id``, ``attempt``, ``rank``, ``event``,
-      ``exit_code``, ``reason``, ``log_tail``; ``Authorization: Bearer <token>``). Events:
+      ``exit_code``, ``reason``, ``log_tail``, ``seq``; ``Authorization: Bearer <token>``; ``seq`` counts the
+      rank's reports from 1, kept in a file under ``$TMPDIR``, the same for the retries of one report). Events:
       ``running`` (container started), ``notice`` (spot/preemption notice), ``exited`` (with the
       exit status and the last :data:`LOG_TAIL_BYTES` bytes of the log). Each is retried 5 times.
 
@@ -511,12 +512,22 @@ def cloud_init(ls: LaunchSpec, provider: str, resolve: Callable[[str], str] | No
         f"CKPT_DIR={q(ls.checkpoint_dir)}",
         f"CKPT_URI={q(checkpoint_uri or '')}",
         'log() { echo "fedbroker-launch: $*" >&2; }',
-        "# report EVENT [EXIT_CODE] [REASON] [LOG_FILE]: tell the broker (5 tries)",
+        "# the report counter of this rank, in a file: reports from background subshells (spot_watch) share it;",
+        "# the broker takes a report only if its seq is above the last one it took (replays change nothing)",
+        'SEQ_FILE="${TMPDIR:-/tmp}/fedbroker-report-seq-$JOB_ID-$ATTEMPT-$RANK"',
+        "next_seq() {",
+        "  local n",
+        '  { flock 9 2>/dev/null || true; n=$(( $(cat "$SEQ_FILE" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$SEQ_FILE"; } 9>>"$SEQ_FILE.lock"',
+        '  echo "$n"',
+        "}",
+        "# report EVENT [EXIT_CODE] [REASON] [LOG_FILE]: tell the broker (5 tries, one seq)",
         "report() {",
         '  [ -n "$REPORT_URL" ] || return 0',
-        "  local i args",
+        "  local i args seq",
+        '  seq="$(next_seq)"',
         '  args=(-sf -m 20 -o /dev/null -H "Authorization: Bearer $REPORT_TOKEN"',
         '        --data-urlencode "job_id=$JOB_ID" --data-urlencode "attempt=$ATTEMPT" --data-urlencode "rank=$RANK"',
+        '        --data-urlencode "seq=$seq"',
         '        --data-urlencode "event=$1" --data-urlencode "exit_code=${2:-}" --data-urlencode "reason=${3:-}")',
         '  if [ -n "${4:-}" ] && [ -f "$4" ]; then args+=(--data-urlencode "log_tail@$4"); fi',
         "  for i in 1 2 3 4 5; do",

@@ -127,6 +127,22 @@ def test_bad_job_file_exits_2_and_submits_nothing(run, tmp_path, store, text, ex
     assert count_jobs(store, run.team) == 0
 
 
+@pytest.mark.parametrize("name, text, expected", [
+    ("dup.yaml", "command: [python, train.py]\ngpus_per_node: 1\ngpus_per_node: 4\n",
+     "key 'gpus_per_node' appears twice (lines 2 and 3)"),
+    ("dup.json", '{"command": ["true"], "gpus_per_node": 1, "gpus_per_node": 4}',
+     "key 'gpus_per_node' appears twice in one object"),
+])
+def test_a_duplicate_key_in_a_job_file_exits_2_naming_it(run, tmp_path, store, name, text, expected):
+    """Last-wins made a 4-GPU job of ``gpus_per_node: 1`` then ``4`` (issue #9)."""
+    f = tmp_path / name
+    f.write_text(text)
+    r = run("submit", str(f))
+    assert r.exit_code == 2, r.output
+    assert f"{f}: {expected}" in r.output.replace("\n", ""), r.output
+    assert count_jobs(store, run.team) == 0
+
+
 def test_missing_file_exits_2(run, tmp_path):
     r = run("submit", str(tmp_path / "nope.yaml"))
     assert r.exit_code == 2 and "nope.yaml: cannot read" in r.output

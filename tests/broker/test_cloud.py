@@ -61,7 +61,7 @@ def settings(moto_server, net, tmp_path):
                                   "subnet_ids_by_az": {z: subnets[z] for z in ("us-east-1a", "us-east-1b", "us-east-1c")},
                                   # the catalog's zones are AZ IDs (the same zones here: a=az6, b=az1, c=az2)
                                   "subnet_ids_by_az_id": {z: subnets[z] for z in ("use1-az6", "use1-az1", "use1-az2")}}}},
-        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report",
+        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "https://10.0.0.2:8600/v1/instances/report",
                "checkpoint_root": "/var/lib/fedbroker/checkpoints", "poll_interval_s": 1000})
 
 
@@ -226,7 +226,12 @@ def _api(store, settings, cb):
     return TestClient(create_app(store, settings, cloud=cb))
 
 
+_SEQ = iter(range(1, 10**9))
+
+
 def _report(client, token, **form):
+    """POST a report as an instance's user data does (a fresh ``seq`` unless given)."""
+    form.setdefault("seq", next(_SEQ))
     return client.post("/v1/instances/report", data={k: str(v) for k, v in form.items()},
                        headers={"Authorization": f"Bearer {token}"})
 
@@ -262,6 +267,35 @@ def test_reports_run_the_job_to_success_and_terminate_its_instances(pg_store, se
     assert _report(api, cb.token(jid, 1, 0), job_id=jid, attempt=1, rank=0, event="exited", exit_code=1).json() == {
         "outcome": "stale"}
     assert pg_store.get(jid).state == "succeeded"
+
+
+def test_a_replayed_or_older_report_changes_nothing_and_appends_the_log_once(pg_store, settings):
+    """Replay protection (issue #9): each rank's reports carry a rising ``seq``; a copy or an older one is
+    answered 200 ``duplicate`` and changes nothing (no state, no event, no second log tail)."""
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": adapter(settings)})
+    jid = place(pg_store, spec(), OFFERS[0])
+    cb.provision(jid, 1)
+    api = _api(pg_store, settings, cb)
+    t0, t1 = cb.token(jid, 1, 0), cb.token(jid, 1, 1)
+    assert _report(api, t0, job_id=jid, attempt=1, rank=0, event="running", seq=1).json() == {"outcome": "running"}
+    assert _report(api, t0, job_id=jid, attempt=1, rank=0, event="running", seq=1).json() == {"outcome": "duplicate"}
+    exited = dict(job_id=jid, attempt=1, rank=1, event="exited", exit_code=0, log_tail="step 100 loss 0.1\n")
+    assert _report(api, t1, **exited, seq=2).json() == {"outcome": "rank done"}
+    version = pg_store.get(jid).version
+    for seq in (2, 1, 0):  # the same report again, then older ones
+        r = _report(api, t1, **exited, seq=seq)
+        assert r.status_code == 200 and r.json() == {"outcome": "duplicate"}
+    j = pg_store.get(jid)
+    assert (j.state, j.version) == ("running", version)
+    assert len(pg_store.log_chunks(jid, 1, 1)) == 1
+    # seq is per rank: rank 0's counter is its own
+    assert _report(api, t0, job_id=jid, attempt=1, rank=0, event="exited", exit_code=0, seq=2).json() == {
+        "outcome": "succeeded"}
+    r = _report(api, t0, job_id=jid, attempt=1, rank=0, event="running")
+    assert r.status_code == 200  # a fresh seq from the test's counter: taken, and stale (the attempt ended)
+    r = api.post("/v1/instances/report", data={"job_id": jid, "attempt": "1", "rank": "0", "event": "running"},
+                 headers={"Authorization": f"Bearer {t0}"})
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "seq=None: field required"
 
 
 def test_a_failed_rank_fails_the_job_and_tears_down_every_node(pg_store, settings):
@@ -383,7 +417,7 @@ def _gcp_settings(tmp_path, endpoint):
         state_dir=tmp_path, cloud_providers=["gcp"],
         gcp={"project": "fedbroker-test", "region": "us-central1", "api_endpoint": endpoint,
              "operation_timeout_s": 5, "checkpoint_uri": "gs://ckpt-bucket/runs"},
-        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "http://10.0.0.2:8600/v1/instances/report"})
+        cloud={"broker_id": f"b-{uuid.uuid4().hex[:10]}", "report_url": "https://10.0.0.2:8600/v1/instances/report"})
 
 
 GCP_OFFERS = [CloudOffer(provider="gcp", region=z[:-2], zone=z, instance_type="n1-standard-8", gpu_type="V100",

@@ -25,7 +25,7 @@ class StandIn:
     def check_token(self, job_id: str, attempt: int, rank: int, token: str) -> bool:
         return token == TOKEN
 
-    def report(self, job_id, attempt, rank, event, exit_code=None, reason="", log_tail=""):
+    def report(self, job_id, attempt, rank, event, exit_code=None, reason="", log_tail="", seq=None):
         if event not in REPORT_EVENTS:
             raise ReportError(422, f"event={event!r}: must be one of {', '.join(REPORT_EVENTS)}")
         self.reports.append((job_id, attempt, rank, event, exit_code))
@@ -43,7 +43,7 @@ def client(sqlite_store, cloud):
 
 
 def _form(**kw) -> dict:
-    return {"job_id": "job-0123456789abcdef", "attempt": "2", "rank": "0", "event": "running", **kw}
+    return {"job_id": "job-0123456789abcdef", "attempt": "2", "rank": "0", "event": "running", "seq": "1", **kw}
 
 
 def _post(client, token=TOKEN, **form):
@@ -71,11 +71,11 @@ def test_a_body_that_is_not_a_form_is_415(client, cloud):
                                                               "Content-Type": "application/json"})
     assert r.status_code == 415
     assert r.json()["detail"] == ("body must be application/x-www-form-urlencoded (the form fields job_id, attempt, "
-                                  "rank, event, exit_code, reason, log_tail)")
+                                  "rank, event, seq, exit_code, reason, log_tail)")
     r = client.post(URL, content=b"job_id=x", headers={"Authorization": f"Bearer {TOKEN}"})  # no Content-Type
     assert r.status_code == 415
     # curl --data-urlencode, with a charset parameter: taken
-    r = client.post(URL, content="job_id=job-0123456789abcdef&attempt=2&rank=0&event=running",
+    r = client.post(URL, content="job_id=job-0123456789abcdef&attempt=2&rank=0&event=running&seq=1",
                     headers={"Authorization": f"Bearer {TOKEN}",
                              "Content-Type": "application/x-www-form-urlencoded; charset=utf-8"})
     assert r.json() == {"outcome": "running"}
@@ -118,3 +118,20 @@ def test_a_missing_field_is_named(client):
     r = client.post(URL, data={"job_id": "job-0123456789abcdef", "attempt": "1", "event": "running"},
                     headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 422 and r.json()["detail"][0]["msg"] == "rank=None: field required"
+
+
+def test_a_body_that_is_not_utf8_is_422_saying_where(client, cloud):
+    raw = b"job_id=job-0123456789abcdef&attempt=2&rank=0&event=running&seq=1&reason=caf\xe9"
+    r = client.post(URL, content=raw, headers={"Authorization": f"Bearer {TOKEN}",
+                                               "Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 422
+    assert r.json()["detail"] == "body: not valid UTF-8 (byte 0xe9 at offset 75: unexpected end of data)"
+    assert cloud.reports == []
+
+
+def test_a_log_tail_cut_mid_character_is_taken(client, cloud):
+    """``tail -c`` may cut a UTF-8 character: percent-encoded, it is replaced, not refused."""
+    raw = b"job_id=job-0123456789abcdef&attempt=2&rank=0&event=exited&exit_code=0&seq=1&log_tail=%A9done"
+    r = client.post(URL, content=raw, headers={"Authorization": f"Bearer {TOKEN}",
+                                               "Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and cloud.reports == [("job-0123456789abcdef", 2, 0, "exited", 0)]

@@ -414,6 +414,7 @@ def test_report_hook_posts_running_then_exited_with_the_log_tail(emu, moto_url, 
             assert auth == f"Bearer {token}"
             assert (form["job_id"], form["attempt"], form["rank"]) == (["job-e"], ["2"], ["0"])
         running, exited = (p[2] for p in reports.posts)
+        assert (running["seq"], exited["seq"]) == (["1"], ["2"])  # the rank's report counter (replay protection)
         assert running["exit_code"] == [""] and "log_tail" not in running
         assert exited["exit_code"] == ["3"] and exited["reason"] == [""]
         assert exited["log_tail"] == ["hello-from-the-job\n"]

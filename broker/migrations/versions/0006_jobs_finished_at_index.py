@@ -1,13 +1,13 @@
 """index on jobs.finished_at for the reconciler's retention pass
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0005
 Create Date: 2026-12-01 14:00:00
 """
 from alembic import op
 
 revision = '0006'
-down_revision = '0004'
+down_revision = '0005'
 branch_labels = None
 depends_on = None
 
