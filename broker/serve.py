@@ -64,6 +64,7 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
 
     from broker.api import create_app
     from broker.celery_app import get_app
+    from broker.limits import RateLimiter
     from broker.tasks import kick_planner
 
     _logging(log_level)
@@ -76,7 +77,8 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, st, teardown=send_teardown)
-    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud)
+    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud,
+                     rate_limiter=RateLimiter.from_settings(st))
     uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False)
 
 

@@ -39,13 +39,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.db import ApiToken, Attempt, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
 from broker.model import JobSpec
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
-from broker.states import JobState, check_transition
+from broker.states import UNFINISHED_STATES, JobState, check_transition
 
 __all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "ScheduleNotFound",
            "ScheduleConflict", "InvalidSchedule", "Principal", "new_job_id", "new_schedule_id", "hash_token",
            "default_deadline", "check_schedule"]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+#: the states a team's queued-jobs quota counts, as stored
+_UNFINISHED = sorted(x.value for x in UNFINISHED_STATES)
 
 
 class StoreError(ValueError):
@@ -195,6 +197,16 @@ def _job_view(j: Job) -> JobView:
                    schedule_id=j.schedule_id)
 
 
+def _new_job_view(row: dict, spec: JobSpec) -> JobView:
+    """The view of a job row just written (``row``: the inserted values; ``spec``: its validated spec)."""
+    return JobView(id=row["id"], team=row["team"], name=row["name"], state=row["state"], version=row["version"],
+                   spec=spec, created_at=row["created_at"], updated_at=row["updated_at"],
+                   not_before=row["not_before"], not_after=row["not_after"], deadline=row["deadline"],
+                   reason=row["reason"], placement=None, attempt=0, started_at=None, finished_at=None,
+                   exit_code=None, cancel_requested=False, idempotency_key=row["idempotency_key"],
+                   schedule_id=row["schedule_id"])
+
+
 def _schedule_view(r: Schedule) -> ScheduleView:
     return ScheduleView(id=r.id, team=r.team, name=r.name, cron=r.cron, timezone=r.timezone,
                         spec=_stored_spec(r.spec), enabled=r.enabled, next_fire_at=r.next_fire_at,
@@ -304,12 +316,16 @@ class JobStore:
     # ------------------------------------------------------------------ submit / read
     def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
                now: datetime | None = None, not_after: datetime | None = None,
-               schedule_id: str | None = None) -> tuple[JobView, bool]:
+               schedule_id: str | None = None, max_unfinished: int | None = None,
+               quota_retry_after_s: int = 30) -> tuple[JobView, bool]:
         """Store a new job in state ``submitted``; returns ``(job, created)``.
 
         With an ``idempotency_key`` already used by ``team`` for the same spec, returns the
         existing job and ``created=False``; with a different spec raises :class:`IdempotencyConflict`.
         ``spec.team`` is overwritten by ``team`` (the caller's identity decides).
+        With ``max_unfinished`` (the team's ``quotas.max_queued_jobs``) the team's unfinished jobs are
+        counted in the same transaction (:meth:`_check_quota`) and a job over it raises
+        :class:`broker.limits.QuotaExceeded` (a replay of an existing job is still answered).
         """
         now = now or utcnow()
         spec = spec.model_copy(update={"team": team})
@@ -325,6 +341,15 @@ class JobStore:
         # detects a repeat (also a concurrent one), and the view is built from the row written.
         try:
             with self.session() as s:
+                if max_unfinished:
+                    held = self._check_quota(s, team, 1, max_unfinished)
+                    if held is not None:
+                        found = self._by_key(team, idempotency_key, h) if idempotency_key is not None else None
+                        if found is not None:
+                            return found, False
+                        from broker.limits import quota_exceeded
+
+                        raise quota_exceeded(team, max_unfinished, held, 1, quota_retry_after_s)
                 s.execute(insert(Job).values(**row))
                 s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
                                                   to_state=JobState.submitted.value, version=1, reason="submitted"))
@@ -335,7 +360,110 @@ class JobStore:
             if found is None:
                 raise
             return found, False
-        return _job_view(Job(**row)), True
+        return _new_job_view(row, spec), True
+
+    def _check_quota(self, s: Session, team: str, n: int, limit: int) -> int | None:
+        """Inside the submit transaction ``s``: ``None`` if ``team`` may add ``n`` jobs under ``limit``
+        unfinished jobs (:data:`broker.states.UNFINISHED_STATES`), else how many it holds.
+
+        PostgreSQL: a transaction-scoped advisory lock per team serialises the team's quota-checked
+        submits (count, insert, commit), so concurrent submits never exceed ``limit``; other teams
+        are not blocked. SQLite: ``BEGIN IMMEDIATE`` already serialises every writer."""
+        self._lock_team(s, team)
+        held = self._unfinished(s, team)
+        return None if held + n <= limit else held
+
+    def _lock_team(self, s: Session, team: str) -> None:
+        """PostgreSQL: take the team's submit lock (advisory, released at commit/rollback); SQLite: nothing."""
+        if self.engine.dialect.name == "postgresql":
+            s.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": "fedbroker.quota:" + team})
+
+    @staticmethod
+    def _unfinished(s: Session, team: str) -> int:
+        """How many unfinished jobs ``team`` holds (index ``ix_jobs_team_state``)."""
+        return int(s.execute(select(func.count()).select_from(Job).where(
+            Job.team == team, Job.state.in_(_UNFINISHED))).scalar_one())
+
+    def submit_many(self, team: str, items: Sequence[tuple[JobSpec, str | None, datetime | None]], *,
+                    now: datetime | None = None, max_unfinished: int | None = None,
+                    quota_retry_after_s: int = 30) -> list[tuple[JobView, bool] | IdempotencyConflict]:
+        """Store many jobs of ``team`` in one transaction (the bulk submit); per item as :meth:`submit`.
+
+        Args:
+            items: ``(spec, idempotency_key or None, not_after or None)`` per job, already validated.
+            now: aware submit instant of all of them (default: the current time).
+            max_unfinished: the team's ``quotas.max_queued_jobs``: the new jobs all count; if they do not
+                all fit, none is stored and :class:`broker.limits.QuotaExceeded` is raised.
+
+        Returns:
+            one entry per item, in order: ``(job, created)`` (``created=False``: the key was used before
+            with the same spec, also earlier in this batch), or an :class:`IdempotencyConflict` (the key was
+            used with another spec) that stores nothing for that item.
+
+        One lookup query for every key, one multi-row insert of jobs and one of their ``submitted``
+        events. A concurrent single submit that takes one of the keys first makes the batch retry once.
+        """
+        now = now or utcnow()
+        prepared = []
+        for spec, key, not_after in items:
+            spec = spec.model_copy(update={"team": team})
+            prepared.append((spec, key, not_after, spec_hash(spec)))
+        for tries in range(3):
+            try:
+                return self._submit_many(team, prepared, now, max_unfinished, quota_retry_after_s)
+            except IntegrityError:
+                if tries == 2:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _submit_many(self, team, prepared, now, max_unfinished, quota_retry_after_s):
+        keys = sorted({k for _, k, _, _ in prepared if k is not None})
+        out: list = [None] * len(prepared)
+        with self.session() as s:
+            # the team's lock first: a concurrent batch of the team waits for our commit, then sees our keys
+            self._lock_team(s, team)
+            existing: dict[str, Job] = {}
+            for i in range(0, len(keys), 1000):
+                for j in s.execute(select(Job).where(Job.team == team,
+                                                     Job.idempotency_key.in_(keys[i:i + 1000]))).scalars():
+                    existing[j.idempotency_key] = j
+            new_rows, events, fresh = [], [], {}
+            for idx, (spec, key, not_after, h) in enumerate(prepared):
+                if key is not None and key in existing:
+                    j = existing[key]
+                    out[idx] = ((_job_view(j), False) if j.spec_hash == h else IdempotencyConflict(
+                        f"idempotency_key={key!r}: already used by job {j.id} with a different spec"))
+                    continue
+                if key is not None and key in fresh:
+                    first_h, view = fresh[key]
+                    out[idx] = ((view, False) if first_h == h else IdempotencyConflict(
+                        f"idempotency_key={key!r}: already used by job {view.id} (earlier in this batch) "
+                        f"with a different spec"))
+                    continue
+                job_id = new_job_id()
+                row = dict(id=job_id, team=team, name=spec.name, spec=spec.model_dump(mode="json"),
+                           state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
+                           idempotency_key=key, spec_hash=h, created_at=now, updated_at=now,
+                           not_before=spec.earliest_start, not_after=not_after or spec.not_after,
+                           deadline=spec.deadline or default_deadline(now, spec), reason="submitted",
+                           deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=None)
+                new_rows.append(row)
+                events.append(dict(job_id=job_id, at=now, from_state=None, to_state=JobState.submitted.value,
+                                   version=1, reason="submitted"))
+                view = _new_job_view(row, spec)
+                out[idx] = (view, True)
+                if key is not None:
+                    fresh[key] = (h, view)
+            if new_rows:
+                if max_unfinished:
+                    held = self._unfinished(s, team)
+                    if held + len(new_rows) > max_unfinished:
+                        from broker.limits import quota_exceeded
+
+                        raise quota_exceeded(team, max_unfinished, int(held), len(new_rows), quota_retry_after_s)
+                s.execute(insert(Job), new_rows)
+                s.execute(insert(JobEvent), events)
+        return out
 
     def find_idempotent(self, team: str, key: str, spec: JobSpec) -> JobView | None:
         """The job ``team`` already submitted with idempotency ``key``, if any (``spec.team`` is
