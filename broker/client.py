@@ -124,6 +124,13 @@ class WaitTimeout(BrokerError):
 _RETRY_STATUS = (502, 503, 504)
 
 
+class _Retry(Retry):
+    """urllib3's retries without its own handling of 429 (and 413) ``Retry-After``: :meth:`Client._request`
+    waits out a 429 itself, within ``max_rate_wait_s``, and raises :class:`RateLimited` past it."""
+
+    RETRY_AFTER_STATUS_CODES = frozenset({503})
+
+
 class Client:
     """A client of one broker.
 
@@ -158,7 +165,7 @@ class Client:
         if not max_rate_wait_s >= 0:
             raise ValueError(f"max_rate_wait_s={max_rate_wait_s!r}: must be >= 0 seconds")
         self.max_rate_wait_s = float(max_rate_wait_s)
-        retry = Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
+        retry = _Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
                       allowed_methods=None,  # every method: POST /v1/jobs is idempotent by its key
                       status_forcelist=_RETRY_STATUS, backoff_factor=0.2, backoff_max=10.0,
                       raise_on_status=False, respect_retry_after_header=True)
