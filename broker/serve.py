@@ -58,28 +58,45 @@ def _migrate(st: BrokerSettings):
 
 
 @serve_app.command("api")
-def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level")) -> None:
-    """HTTP API on ``api_host:api_port`` (OpenAPI at /docs)."""
+def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level"),
+              workers: Optional[int] = typer.Option(None, "--workers", min=1, max=64,
+                                                    help="uvicorn worker processes (default: settings.api_workers)")) -> None:
+    """HTTP API on ``api_host:api_port`` (OpenAPI at /docs); ``--workers N`` runs N processes on one port."""
     import uvicorn
-
-    from broker.api import create_app
-    from broker.celery_app import get_app
-    from broker.limits import RateLimiter
-    from broker.tasks import kick_planner
 
     _logging(log_level)
     st = _settings(config)
+    _migrate(st)
+    n = workers or st.api_workers
+    if config is not None:  # the worker processes read the same file
+        os.environ["FEDBROKER_CONFIG"] = str(Path(config).resolve())
+    if n == 1:
+        uvicorn.run(api_app(st), host=st.api_host, port=st.api_port, log_level=log_level, access_log=False)
+    else:
+        uvicorn.run("broker.serve:api_app", factory=True, workers=n, host=st.api_host, port=st.api_port,
+                    log_level=log_level, access_log=False)
+
+
+def api_app(st: Optional[BrokerSettings] = None):
+    """The API as ``serve api`` runs it (planner wake-ups through Celery, cloud reports, the Redis rate
+    limit), for ``st`` or :func:`broker.settings.load_settings`; the factory of each uvicorn worker process."""
+    from broker.api import create_app
+    from broker.celery_app import get_app
+    from broker.limits import RateLimiter
+    from broker.store import JobStore
+    from broker.tasks import kick_planner
+
+    st = st or load_settings()
     get_app(st)
-    store = _migrate(st)
+    store = JobStore.from_settings(st)
     cloud = None
     if st.cloud_providers:  # cloud instances report here
         from broker.cloud import CloudBroker
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, st, teardown=send_teardown)
-    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud,
-                     rate_limiter=RateLimiter.from_settings(st))
-    uvicorn.run(app, host=st.api_host, port=st.api_port, log_level=log_level, access_log=False)
+    return create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud,
+                      rate_limiter=RateLimiter.from_settings(st))
 
 
 @serve_app.command("worker")
