@@ -105,6 +105,45 @@ def batch_throughput(url: str, token: str, n: int, threads: int = 2) -> tuple[fl
     return n / (time.perf_counter() - t0), durations
 
 
+def proc_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live descendants (from /proc; Linux)."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(d)] = int(fields[1])
+        cpu[int(d)] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu.get(p, 0.0)
+        todo += [c for c, pp in parents.items() if pp == p]
+    return total
+
+
+def measured(api_pid: int, fn, n: int) -> tuple[float, dict]:
+    """Run ``fn()`` (which submits ``n`` jobs) and return its jobs/s and the CPU it cost per job:
+    the API processes' (``api_cpu_ms_per_job``) and this client's (``client_cpu_ms_per_job``)."""
+    import resource
+
+    a0, c0 = proc_tree_cpu_s(api_pid), resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    fn()
+    wall = time.perf_counter() - t0
+    a1, c1 = proc_tree_cpu_s(api_pid), resource.getrusage(resource.RUSAGE_SELF)
+    client = (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime)
+    return n / wall, {"api_cpu_ms_per_job": round((a1 - a0) / n * 1000, 3),
+                      "client_cpu_ms_per_job": round(client / n * 1000, 3)}
+
+
 def cycles_in(log: Path, start: int) -> list[dict]:
     """The ``planning cycle`` summaries logged after byte ``start`` of the worker's log."""
     text = log.read_bytes()[start:].decode(errors="replace")
@@ -147,14 +186,21 @@ def main() -> None:
             wait_for(lambda: requests.get(f"{b.url}/healthz", timeout=2).status_code == 200, 60, "the API")
             tok = b.token("bench")
             single_throughput(b.url, tok, 200, args.threads)  # warm up every worker's pools and caches
-            out["single_submit_jobs_per_s"] = round(single_throughput(b.url, tok, args.single_jobs, args.threads), 1)
-            print("single", out["single_submit_jobs_per_s"], flush=True)
+            api_pid = b.procs["api"].pid
+            rate, cpu = measured(api_pid, lambda: single_throughput(b.url, tok, args.single_jobs, args.threads),
+                                 args.single_jobs)
+            out["single_submit_jobs_per_s"] = round(rate, 1)
+            out["single_submit_cpu"] = cpu
+            print("single", out["single_submit_jobs_per_s"], cpu, flush=True)
             if args.batch_jobs:
                 batch_throughput(b.url, tok, 2000)  # warm up
-                rate, durs = batch_throughput(b.url, tok, args.batch_jobs)
+                durs: list[float] = []
+                rate, cpu = measured(api_pid, lambda: durs.extend(batch_throughput(b.url, tok, args.batch_jobs)[1]),
+                                     args.batch_jobs)
                 out["batch_submit_jobs_per_s"] = round(rate, 1)
+                out["batch_submit_cpu"] = cpu
                 out["batch_request_ms"] = _stats(durs)
-                print("batch", out["batch_submit_jobs_per_s"], flush=True)
+                print("batch", out["batch_submit_jobs_per_s"], cpu, flush=True)
             # clear the queue before the burst (cancelled jobs are not planned)
             with b.store.engine.begin() as c:
                 from sqlalchemy import text

@@ -202,6 +202,11 @@ class _BodyTooLarge(Exception):
     pass
 
 
+def _json(model: Any, status: int = 200, headers: dict | None = None) -> Response:
+    """A JSON response of a pydantic model we built ourselves (validated already), serialised once."""
+    return Response(model.model_dump_json(), status_code=status, headers=headers, media_type="application/json")
+
+
 def _json_scalar(v: Any) -> bool:
     """True for ``None``, bools, ints, finite floats and short valid-UTF-8 strings."""
     if v is None or isinstance(v, (bool, int)):
@@ -380,16 +385,14 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after,
                                     max_unfinished=quota_of(team),
                                     quota_retry_after_s=settings.quotas.quota_retry_after_s)
-        if created:
-            response.headers["Location"] = f"/v1/jobs/{job.id}"
-            if on_submit is not None:
-                try:
-                    on_submit(job.id)
-                except Exception:
-                    log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
-        else:
-            response.status_code = 200
-        return job
+        if created and on_submit is not None:
+            try:
+                on_submit(job.id)
+            except Exception:
+                log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
+        # the view was built from the validated spec: serialise it directly (FastAPI would dump,
+        # re-validate and dump it again, a third of a submit's CPU)
+        return _json(job, 201 if created else 200, {"Location": f"/v1/jobs/{job.id}"} if created else None)
 
     @app.post("/v1/jobs:batch", response_model=BatchResponse, tags=["jobs"],
               responses={401: _ERRORS[401], **_LIMITED})
@@ -476,9 +479,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                     log.exception("on_submit(%s) failed; the jobs are stored and the next planner tick sees them",
                                   first_new)
         done = [r for r in results if r is not None]
-        return BatchResponse(results=done, created=sum(r.status == 201 for r in done),
-                             existing=sum(r.status == 200 for r in done),
-                             failed=sum(r.status >= 400 for r in done))
+        return _json(BatchResponse(results=done, created=sum(r.status == 201 for r in done),
+                                   existing=sum(r.status == 200 for r in done),
+                                   failed=sum(r.status >= 400 for r in done)))
 
     @app.get("/v1/jobs", response_model=list[JobView], tags=["jobs"],
              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs"}})

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import JSON, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import JSON, String, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -178,21 +178,32 @@ def _insert_submitted_pg(row: dict, lock_key: str | None):
     """PostgreSQL: one statement that inserts a job ``row`` and its ``submitted`` event (a data-modifying
     CTE: one round trip instead of two); with ``lock_key``, it first takes that transaction-scoped
     advisory lock (the team's quota lock), so a count that follows in the transaction sees every
-    committed job of the team and no other quota-checked submit of the team can commit in between."""
-    from sqlalchemy import literal
+    committed job of the team and no other quota-checked submit of the team can commit in between.
+    Returns ``(statement, parameters)``; the statement is built once per column set and lock mode."""
+    key = (tuple(row), lock_key is not None)
+    stmt = _SUBMIT_PG.get(key)
+    if stmt is None:
+        from sqlalchemy import bindparam, literal
 
-    jobs, events = Job.__table__, JobEvent.__table__
-    cols = list(row)
-    src = select(*[literal(row[c], type_=jobs.c[c].type).label(c) for c in cols])
-    if lock_key is not None:
-        lock = select(func.pg_advisory_xact_lock(func.hashtextextended(literal(lock_key), 0)).label("l")).cte("l")
-        src = src.select_from(lock)
-    j = insert(jobs).from_select(cols, src).returning(jobs.c.id, jobs.c.created_at).cte("j")
-    return insert(events).from_select(
-        ["job_id", "at", "from_state", "to_state", "version", "reason"],
-        select(j.c.id, j.c.created_at, literal(None, type_=events.c.from_state.type),
-               literal(JobState.submitted.value, type_=events.c.to_state.type), literal(1),
-               literal("submitted", type_=events.c.reason.type)))
+        jobs, events = Job.__table__, JobEvent.__table__
+        cols = list(row)
+        src = select(*[bindparam(c, type_=jobs.c[c].type).label(c) for c in cols])
+        if lock_key is not None:
+            lock = select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("lock_key", type_=String()), 0))
+                          .label("l")).cte("l")
+            src = src.select_from(lock)
+        j = insert(jobs).from_select(cols, src).returning(jobs.c.id, jobs.c.created_at).cte("j")
+        stmt = insert(events).from_select(
+            ["job_id", "at", "from_state", "to_state", "version", "reason"],
+            select(j.c.id, j.c.created_at, literal(None, type_=events.c.from_state.type),
+                   literal(JobState.submitted.value, type_=events.c.to_state.type, literal_execute=True),
+                   literal(1, literal_execute=True), literal("submitted", type_=events.c.reason.type, literal_execute=True)))
+        _SUBMIT_PG[key] = stmt
+    return stmt, (row if lock_key is None else {**row, "lock_key": lock_key})
+
+
+#: the statements of :func:`_insert_submitted_pg`, by (columns, locked)
+_SUBMIT_PG: dict = {}
 
 
 def default_deadline(submitted: datetime, spec: JobSpec) -> datetime:
@@ -371,7 +382,7 @@ class JobStore:
         try:
             with self.session() as s:
                 if self.engine.dialect.name == "postgresql":
-                    s.execute(_insert_submitted_pg(row, ("fedbroker.quota:" + team) if max_unfinished else None))
+                    s.execute(*_insert_submitted_pg(row, ("fedbroker.quota:" + team) if max_unfinished else None))
                 else:
                     s.execute(insert(Job).values(**row))
                     s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
