@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import JSON, String, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import JSON, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -174,13 +174,11 @@ def _hash_dumped(dumped: dict) -> str:
     return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()
 
 
-def _insert_submitted_pg(row: dict, lock_key: str | None):
+def _insert_submitted_pg(row: dict):
     """PostgreSQL: one statement that inserts a job ``row`` and its ``submitted`` event (a data-modifying
-    CTE: one round trip instead of two); with ``lock_key``, it first takes that transaction-scoped
-    advisory lock (the team's quota lock), so a count that follows in the transaction sees every
-    committed job of the team and no other quota-checked submit of the team can commit in between.
-    Returns ``(statement, parameters)``; the statement is built once per column set and lock mode."""
-    key = (tuple(row), lock_key is not None)
+    CTE: one round trip instead of two). Returns ``(statement, parameters)``; the statement is built once
+    per column set (bind parameters), so SQLAlchemy compiles it once."""
+    key = tuple(row)
     stmt = _SUBMIT_PG.get(key)
     if stmt is None:
         from sqlalchemy import bindparam, literal
@@ -188,10 +186,6 @@ def _insert_submitted_pg(row: dict, lock_key: str | None):
         jobs, events = Job.__table__, JobEvent.__table__
         cols = list(row)
         src = select(*[bindparam(c, type_=jobs.c[c].type).label(c) for c in cols])
-        if lock_key is not None:
-            lock = select(func.pg_advisory_xact_lock(func.hashtextextended(bindparam("lock_key", type_=String()), 0))
-                          .label("l")).cte("l")
-            src = src.select_from(lock)
         j = insert(jobs).from_select(cols, src).returning(jobs.c.id, jobs.c.created_at).cte("j")
         stmt = insert(events).from_select(
             ["job_id", "at", "from_state", "to_state", "version", "reason"],
@@ -199,10 +193,10 @@ def _insert_submitted_pg(row: dict, lock_key: str | None):
                    literal(JobState.submitted.value, type_=events.c.to_state.type, literal_execute=True),
                    literal(1, literal_execute=True), literal("submitted", type_=events.c.reason.type, literal_execute=True)))
         _SUBMIT_PG[key] = stmt
-    return stmt, (row if lock_key is None else {**row, "lock_key": lock_key})
+    return stmt, row
 
 
-#: the statements of :func:`_insert_submitted_pg`, by (columns, locked)
+#: the statements of :func:`_insert_submitted_pg`, by columns
 _SUBMIT_PG: dict = {}
 
 
@@ -361,7 +355,7 @@ class JobStore:
         existing job and ``created=False``; with a different spec raises :class:`IdempotencyConflict`.
         ``spec.team`` is overwritten by ``team`` (the caller's identity decides).
         With ``max_unfinished`` (the team's ``quotas.max_queued_jobs``) the team's unfinished jobs are
-        counted in the same transaction (:meth:`_check_quota`) and a job over it raises
+        counted in the same transaction (:meth:`_unfinished_after_insert`) and a job over it raises
         :class:`broker.limits.QuotaExceeded` (a replay of an existing job is still answered).
         """
         now = now or utcnow()
@@ -377,18 +371,17 @@ class JobStore:
                    deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
         # One transaction, no read before the insert: the unique (team, idempotency_key) constraint
         # detects a repeat (also a concurrent one), and the view is built from the row written.
-        # With a quota the team's unfinished jobs are counted after the insert (the new one included),
-        # under the team's lock (PostgreSQL: taken by the insert statement itself).
+        # With a quota the team's unfinished jobs are counted after the insert (the new one included).
         try:
             with self.session() as s:
                 if self.engine.dialect.name == "postgresql":
-                    s.execute(*_insert_submitted_pg(row, ("fedbroker.quota:" + team) if max_unfinished else None))
+                    s.execute(*_insert_submitted_pg(row))
                 else:
                     s.execute(insert(Job).values(**row))
                     s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
                                                       to_state=JobState.submitted.value, version=1, reason="submitted"))
                 if max_unfinished:
-                    held = self._unfinished(s, team)
+                    held = self._unfinished_after_insert(s, team)
                     if held > max_unfinished:
                         from broker.limits import quota_exceeded
 
@@ -402,25 +395,17 @@ class JobStore:
             return found, False
         return _new_job_view(row, spec), True
 
-    def _check_quota(self, s: Session, team: str, n: int, limit: int) -> int | None:
-        """Inside the submit transaction ``s``: ``None`` if ``team`` may add ``n`` jobs under ``limit``
-        unfinished jobs (:data:`broker.states.UNFINISHED_STATES`), else how many it holds.
+    def _unfinished_after_insert(self, s: Session, team: str) -> int:
+        """Inside a submit transaction ``s`` that has just inserted jobs of ``team``: how many unfinished
+        jobs (:data:`broker.states.UNFINISHED_STATES`) the team holds, the new ones included.
 
-        PostgreSQL: a transaction-scoped advisory lock per team serialises the team's quota-checked
-        submits (count, insert, commit), so concurrent submits never exceed ``limit``; other teams
-        are not blocked. SQLite: ``BEGIN IMMEDIATE`` already serialises every writer."""
-        self._lock_team(s, team)
-        held = self._unfinished(s, team)
-        return None if held + n <= limit else held
-
-    def _lock_team(self, s: Session, team: str) -> None:
-        """PostgreSQL: take the team's submit lock (advisory, released at commit/rollback); SQLite: nothing."""
+        PostgreSQL: the ``team_usage`` counter kept by triggers on ``jobs`` (migration 0007; O(1)). The insert's
+        trigger updated the team's counter row, so this transaction holds its row lock until it commits:
+        the team's concurrent submits wait for it and then count on top of it (never over the quota);
+        other teams are not blocked. SQLite: a count (``BEGIN IMMEDIATE`` serialises every writer)."""
         if self.engine.dialect.name == "postgresql":
-            s.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"), {"k": "fedbroker.quota:" + team})
-
-    @staticmethod
-    def _unfinished(s: Session, team: str) -> int:
-        """How many unfinished jobs ``team`` holds (index ``ix_jobs_team_state``)."""
+            n = s.execute(text("SELECT unfinished FROM team_usage WHERE team = :t"), {"t": team}).scalar()
+            return int(n or 0)
         return int(s.execute(select(func.count()).select_from(Job).where(
             Job.team == team, Job.state.in_(_UNFINISHED))).scalar_one())
 
@@ -460,8 +445,6 @@ class JobStore:
         keys = sorted({k for _, k, _, _ in prepared if k is not None})
         out: list = [None] * len(prepared)
         with self.session() as s:
-            # the team's lock first: a concurrent batch of the team waits for our commit, then sees our keys
-            self._lock_team(s, team)
             existing: dict[str, Job] = {}
             for i in range(0, len(keys), 1000):
                 for j in s.execute(select(Job).where(Job.team == team,
@@ -495,14 +478,15 @@ class JobStore:
                 if key is not None:
                     fresh[key] = (h, view)
             if new_rows:
-                if max_unfinished:
-                    held = self._unfinished(s, team)
-                    if held + len(new_rows) > max_unfinished:
-                        from broker.limits import quota_exceeded
-
-                        raise quota_exceeded(team, max_unfinished, int(held), len(new_rows), quota_retry_after_s)
                 self._bulk_insert(s, Job.__table__, new_rows)
                 self._bulk_insert(s, JobEvent.__table__, events)
+                if max_unfinished:
+                    held = self._unfinished_after_insert(s, team)
+                    if held > max_unfinished:
+                        from broker.limits import quota_exceeded
+
+                        raise quota_exceeded(team, max_unfinished, held - len(new_rows), len(new_rows),
+                                             quota_retry_after_s)
         return out
 
     def _bulk_insert(self, s: Session, table, rows: list[dict]) -> None:

@@ -4,6 +4,7 @@ TestClient on a real PostgreSQL schema and a real Redis (``FEDBROKER_TEST_REDIS`
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 import threading
 import uuid
 import warnings
@@ -335,3 +336,42 @@ def test_redis_client_cleanup():
     """The test buckets expire by themselves (PEXPIRE); nothing else is left in the test database."""
     r = redis.Redis.from_url(REDIS_URL)
     assert all(ttl > 0 for ttl in (r.pttl(k) for k in r.scan_iter("test:*")))
+
+
+def test_team_usage_counter_follows_every_change(store):
+    """PostgreSQL keeps each team's unfinished-job count in team_usage (triggers, migration 0007):
+    it equals a count of the jobs after inserts, transitions, bulk updates and deletes."""
+    from sqlalchemy import text
+
+    from broker.states import TERMINAL_STATES
+
+    mig = (Path(__file__).parents[2] / "broker/migrations/versions/0007_jobs_team_state_index.py").read_text()
+    assert "_DONE = \"(" + ", ".join(repr(s.value) for s in sorted(TERMINAL_STATES, key=lambda s: ["succeeded", "failed", "cancelled"].index(s.value))) + ")\"" in mig
+    team, other = "tu" + uuid.uuid4().hex[:8], "tv" + uuid.uuid4().hex[:8]
+    spec = JobSpec.model_validate(SPEC)
+
+    def usage() -> dict:
+        with store.session() as s:
+            rows = s.execute(text("SELECT team, unfinished FROM team_usage WHERE team IN (:a, :b)"),
+                             {"a": team, "b": other}).all()
+        return {t: n for t, n in rows}
+
+    def counted() -> dict:
+        with store.session() as s:
+            rows = s.execute(select(Job.team, func.count()).where(Job.team.in_([team, other]),
+                             Job.state.notin_([x.value for x in TERMINAL_STATES])).group_by(Job.team)).all()
+        return {t: n for t, n in rows}
+
+    jobs = [store.submit(team, spec)[0] for _ in range(3)]
+    store.submit_many(other, [(spec, None, None)] * 4)
+    assert usage() == counted() == {team: 3, other: 4}
+    store.request_cancel(jobs[0].id)
+    assert store.transition(jobs[1].id, "queued", "test")  # not a finish: no change
+    assert usage() == counted() == {team: 2, other: 4}
+    with store.session() as s:  # one statement over both teams
+        s.execute(Job.__table__.update().where(Job.team.in_([team, other]), Job.state == "submitted")
+                  .values(state="failed"))
+    assert usage() == {team: 1, other: 0} and counted() == {team: 1}
+    with store.session() as s:
+        s.execute(Job.__table__.delete().where(Job.team == team))
+    assert usage() == {team: 0, other: 0}
