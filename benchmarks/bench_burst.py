@@ -46,7 +46,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._machine import machine_info  # noqa: E402
-from broker.client import Client  # noqa: E402
+from broker.client import Client, WaitTimeout  # noqa: E402
 from tests.e2e.harness import LiveBroker, wait_for  # noqa: E402
 
 #: a job no node can run (no node has H100s): it stays queued, so only intake and planning are measured
@@ -144,6 +144,17 @@ def measured(api_pid: int, fn, n: int) -> tuple[float, dict]:
                       "client_cpu_ms_per_job": round(client / n * 1000, 3)}
 
 
+def cycles_last_line_age_s(log: Path) -> float | None:
+    """Seconds since the worker's last ``planning cycle`` line (a lower bound on a cycle still running)."""
+    from datetime import datetime
+
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) INFO fedbroker.tasks: planning cycle",
+                        log.read_text(errors="replace"), re.M)
+    if not stamps:
+        return None
+    return time.time() - datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def cycles_in(log: Path, start: int) -> list[dict]:
     """The ``planning cycle`` summaries logged after byte ``start`` of the worker's log."""
     text = log.read_bytes()[start:].decode(errors="replace")
@@ -165,9 +176,18 @@ def main() -> None:
     ap.add_argument("--probes", type=int, default=20)
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--api-workers", type=int, default=2)
+    ap.add_argument("--probe-timeout", type=float, default=30.0, help="s a probe job may take to run")
+    ap.add_argument("--max-burst-s", type=float, default=150.0,
+                    help="stop probing and waiting for intake after this many seconds of the burst")
     ap.add_argument("--skip-burst", action="store_true", help="only the submit throughputs (API alone)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    import signal
+
+    def _term(signum, frame):  # so that `finally` stops the broker's processes
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     out: dict = {"machine": machine_info(), "commit": commit, "args": vars(args) | {"json": str(args.json)}}
@@ -233,12 +253,18 @@ def main() -> None:
             t_burst = time.perf_counter()
             th = threading.Thread(target=burst)
             th.start()
-            probe_ids, cancel_ms = [], []
+            probe_ids, cancel_ms, probes_late = [], [], 0
             canceller = Client(b.url, burst_token)
+            end = t_burst + args.max_burst_s
             for _ in range(args.probes):
+                if time.perf_counter() > end:
+                    break
                 j = other.submit(PROBE_SPEC)
                 probe_ids.append(j.id)
-                other.wait(j.id, timeout=120, poll_s=0.05)
+                try:
+                    other.wait(j.id, timeout=args.probe_timeout, poll_s=0.05)
+                except WaitTimeout:
+                    probes_late += 1
                 queued = canceller.list(state=["submitted", "queued"], limit=1)
                 if queued:
                     t = time.perf_counter()
@@ -246,10 +272,18 @@ def main() -> None:
                     cancel_ms.append((time.perf_counter() - t) * 1000)
             th.join()
             # absorbed: no burst job left in submitted
-            wait_for(lambda: not b.store.list_jobs(team="burst", states=["submitted"], limit=1), 300, "intake")
-            out["burst_absorbed_s"] = round(time.perf_counter() - t_burst, 2)
-            time.sleep(2 * float(b.settings["plan_interval_s"]))
+            try:
+                wait_for(lambda: not b.store.list_jobs(team="burst", states=["submitted"], limit=1),
+                         max(end - time.perf_counter(), 1.0), "intake")
+                out["burst_absorbed_s"] = round(time.perf_counter() - t_burst, 2)
+                time.sleep(2 * float(b.settings["plan_interval_s"]))
+            except AssertionError:
+                out["burst_absorbed_s"] = None
+                out["burst_still_submitted"] = b.store.count_by_state().get("submitted", 0)
             cycles = cycles_in(worker_log, mark)
+            last = cycles_last_line_age_s(worker_log)
+            out["planner_cycle_running_for_s"] = None if last is None else round(last, 1)
+            out["probes_not_running_within_timeout"] = probes_late
             out["burst_submit"] = burst_result
             out["planner_cycle_ms"] = _stats([c["total_s"] * 1000 for c in cycles])
             out["planner_cycles_over_2s"] = sum(c["total_s"] > 2 for c in cycles)
