@@ -37,7 +37,8 @@ class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_ITEMS,
-                                        description="1-1000 SubmitRequest objects ({spec, idempotency_key})")
+                                        description="1-1000 SubmitRequest objects ({spec, idempotency_key})",
+                                        json_schema_extra={"items": {"$ref": "#/components/schemas/SubmitRequest"}})
 
 
 class BatchItemResult(BaseModel):

@@ -262,7 +262,8 @@ class QuotaSettings(BaseModel):
         submits_per_s: sustained submits per second per team (token bucket in Redis, shared by every
             API process); a batch charges one token per new item. Over it: 429 with ``Retry-After``.
         burst: bucket size, submits. A batch bigger than ``burst`` is let in once the bucket is full and
-            leaves it in debt (so the long-run rate still holds). ``0``/``null`` with a rate = ``submits_per_s``.
+            leaves it in debt (so the long-run rate still holds). ``0``/``null`` with a rate: one second of
+            submits, ``ceil(submits_per_s)``.
         quota_retry_after_s: the ``Retry-After`` of a queued-jobs 429, seconds.
         per_team: ``team -> TeamQuota`` overrides.
 

@@ -16,6 +16,7 @@ Exceptions::
      +-- ScheduleConflict   the team already has a schedule of that name
      +-- InvalidSchedule    bad schedule name, cron, time zone, or an absolute instant in its spec
     broker.states.InvalidTransition (ValueError)
+    broker.limits.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs
 """
 
 from __future__ import annotations

@@ -205,13 +205,18 @@ def test_parallel_submits_never_exceed_the_quota_on_postgresql(store, batch):
         assert (stored, outcomes.count("ok"), outcomes.count("429")) == (7, 7, 13)
 
 
-def test_quota_on_sqlite(sqlite_store):
+def test_quota_and_bulk_submit_on_sqlite(sqlite_store):
     spec = JobSpec.model_validate(SPEC)
     sqlite_store.submit("a", spec, max_unfinished=1)
     with pytest.raises(QuotaExceeded) as e:
         sqlite_store.submit("a", spec, max_unfinished=1)
     assert e.value.retry_after_s == 30
     sqlite_store.submit("b", spec, max_unfinished=1)  # per team
+    out = sqlite_store.submit_many("c", [(spec, "k1", None), (spec, "k2", None), (spec, "k1", None)], max_unfinished=2)
+    assert [created for _, created in out] == [True, True, False] and out[2][0].id == out[0][0].id
+    with pytest.raises(QuotaExceeded):
+        sqlite_store.submit_many("c", [(spec, None, None)], max_unfinished=2)
+    assert [e.to_state for e in sqlite_store.events(out[1][0].id)] == ["submitted"]
 
 
 # ----------------------------------------------------------------------------- batch
