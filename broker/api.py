@@ -60,7 +60,7 @@ from pydantic import ValidationError
 from sqlalchemy import text
 
 from broker.auth_cache import TokenCache
-from broker.batch import MAX_BATCH_ITEMS, BatchItemResult, BatchRequest, BatchResponse
+from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.limits import LimitBody, LimitExceeded, RateLimiter
 from broker.model import JobSpec
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,

@@ -8,7 +8,7 @@ from pathlib import Path
 import threading
 import uuid
 import warnings
-from datetime import datetime, timedelta, timezone
+from datetime import timezone
 
 import pytest
 import redis
@@ -220,10 +220,6 @@ def test_quota_and_bulk_submit_on_sqlite(sqlite_store):
 
 
 # ----------------------------------------------------------------------------- batch
-def _future(h: float = 48) -> str:
-    return (datetime.now(UTC) + timedelta(hours=h)).isoformat()
-
-
 def test_batch_partial_failure_gives_each_item_its_status(store):
     team, h = _team(store)
     items = [
