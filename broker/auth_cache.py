@@ -61,6 +61,11 @@ class TokenCache(Generic[P]):
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
+    def discard(self, key: str) -> None:
+        """Forget ``key`` (a token hash), e.g. when this process revokes the token."""
+        with self._lock:
+            self._entries.pop(key, None)
+
     def clear(self) -> None:
         """Forget every entry."""
         with self._lock:

@@ -21,6 +21,7 @@ Exceptions::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import secrets
@@ -175,15 +176,14 @@ def _hash_dumped(dumped: dict) -> str:
     return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()
 
 
-#: PostgreSQL: a job row and its ``submitted`` event in one statement (psycopg named parameters: the
-#: columns of :meth:`JobStore.submit`'s row)
-_SUBMIT_COLS = ("id", "team", "name", "spec", "state", "version", "priority", "idempotency_key", "spec_hash",
-                "created_at", "updated_at", "not_before", "not_after", "deadline", "reason", "deferred_once",
-                "attempt", "cancel_requested", "work_done_s", "schedule_id")
-_SUBMIT_PG = (f"WITH j AS (INSERT INTO jobs ({', '.join(_SUBMIT_COLS)}) "
-              f"VALUES ({', '.join(f'%({c})s' for c in _SUBMIT_COLS)}) RETURNING id, created_at) "
-              "INSERT INTO job_events (job_id, at, from_state, to_state, version, reason) "
-              "SELECT id, created_at, NULL, 'submitted', 1, 'submitted' FROM j")
+@functools.lru_cache(maxsize=8)
+def _submit_sql(cols: tuple[str, ...]) -> str:
+    """PostgreSQL: a job row of columns ``cols`` and its ``submitted`` event in one statement (a
+    data-modifying CTE; psycopg named parameters, one per column)."""
+    return (f"WITH j AS (INSERT INTO jobs ({', '.join(cols)}) "
+            f"VALUES ({', '.join(f'%({c})s' for c in cols)}) RETURNING id, created_at) "
+            "INSERT INTO job_events (job_id, at, from_state, to_state, version, reason) "
+            "SELECT id, created_at, NULL, 'submitted', 1, 'submitted' FROM j")
 
 
 def default_deadline(submitted: datetime, spec: JobSpec) -> datetime:
@@ -386,7 +386,7 @@ class JobStore:
 
     def _submit_pg(self, row: dict, max_unfinished: int | None) -> int:
         """PostgreSQL fast path of :meth:`submit` (the API's hot path): the job ``row`` and its ``submitted``
-        event in one statement (:data:`_SUBMIT_PG`, a data-modifying CTE), then, with a quota, the team's
+        event in one statement (:func:`_submit_sql`, a data-modifying CTE), then, with a quota, the team's
         ``team_usage`` counter (see :meth:`_unfinished_after_insert`); straight on the driver's cursor
         (SQLAlchemy's statement machinery was half of a submit's CPU). Returns the team's unfinished jobs
         with the new one (0 without a quota); over ``max_unfinished`` the transaction is rolled back.
@@ -398,7 +398,7 @@ class JobStore:
             raw = conn.connection.driver_connection
             try:
                 with raw.cursor() as cur:
-                    cur.execute(_SUBMIT_PG, {**row, "spec": Json(row["spec"])})
+                    cur.execute(_submit_sql(tuple(row)), {**row, "spec": Json(row["spec"])})
                     held = 0
                     if max_unfinished:
                         cur.execute("SELECT unfinished FROM team_usage WHERE team = %s", (row["team"],))

@@ -314,8 +314,10 @@ def test_token_cache_ttl_lru_and_revocation(store):
     assert cache.get("a") == "A"
     cache.put("c", "C")  # evicts b, the least recently used
     assert (cache.get("b"), cache.get("a"), cache.get("c")) == (None, "A", "C")
+    cache.discard("c")
+    assert cache.get("c") is None
     now[0] = 5.0
-    assert cache.get("a") is None and len(cache) == 1
+    assert cache.get("a") is None and len(cache) == 0
     # through the API: a revoked token works until its cache entry expires
     team, h = _team(store)
     app = create_app(store, BrokerSettings.model_construct(api_token_cache_s=3600.0))
