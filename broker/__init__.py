@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, NotFound,
-                               ValidationFailed, WaitTimeout)
+                               RateLimited, ValidationFailed, WaitTimeout)
 
 _LAZY = {"Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
-         "WaitTimeout"}
+         "WaitTimeout", "RateLimited"}
 
 __all__ = sorted(_LAZY)
 

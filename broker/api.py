@@ -4,6 +4,7 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
 
     GET  /healthz                      no auth; {"status": "ok", "database": "ok", "redis": "ok"} or 503
     POST /v1/jobs                      SubmitRequest -> 201 JobView (200: idempotent replay)
+    POST /v1/jobs:batch                BatchRequest (1-1000 items) -> 200 BatchResponse (per-item 201/200/403/409/422)
     GET  /v1/jobs?team=&state=&limit=&offset=   -> list[JobView], newest first
     GET  /v1/jobs/{job_id}             -> JobView
     POST /v1/jobs/{job_id}/cancel      -> JobView
@@ -39,6 +40,12 @@ beats see it. A schedule's spec holds no absolute instants (``deadline``,
 ``earliest_start``/``not_before``, ``not_after``: 422 naming the field); each run's deadline
 is its fire instant + ``estimated_duration_s`` + ``slack_s``.
 
+Limits (:mod:`broker.limits`, ``settings.quotas``): submits (``POST /v1/jobs``, each new item of a
+batch, ``POST /v1/schedules``) over the team's rate, and new jobs over its queued-jobs quota, answer
+429 with ``Retry-After`` (seconds) and ``{"detail", "limit", "retry_after_s"}``; an idempotent replay
+of an existing job is never refused. Authenticated tokens are cached per process for
+``settings.api_token_cache_s`` seconds (:mod:`broker.auth_cache`): a revoked token works that much longer.
+
 Errors are ``{"detail": message}`` (401, 403, 404, 409, 503) or, for 422, FastAPI's
 list ``{"detail": [{"loc": [...], "msg": ..., "type": ..., "input": ...}]}`` where
 ``msg`` starts with the dotted field name and, where one exists, the offending value
@@ -58,11 +65,15 @@ from starlette.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
 from sqlalchemy import text
 
 from broker.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, TEAM_RE, JobSpec
 from broker.node_api import node_router
+from broker.auth_cache import TokenCache
+from broker.batch import BatchItemResult, BatchRequest, BatchResponse
+from broker.limits import LimitBody, LimitExceeded, RateLimiter
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
 from broker.settings import BrokerSettings
@@ -92,6 +103,8 @@ _ERRORS = {401: {"model": ErrorBody, "description": "missing, unknown, revoked o
            403: {"model": ErrorBody, "description": "this token's kind may not use this route (read-only: GET only; "
                                                     "node: no job or schedule route)"},
            404: {"model": ErrorBody, "description": "no such job visible to the caller"}}
+_LIMITED = {429: {"model": LimitBody, "description": "the team's submit rate or queued-jobs quota is exceeded; "
+                                                     "retry after the Retry-After header's seconds"}}
 _SCHEDULE_ERRORS = {401: _ERRORS[401], 403: _ERRORS[403],
                     404: {"model": ErrorBody, "description": "no such schedule visible to the caller"}}
 
@@ -189,6 +202,11 @@ def _report_form_schema(events) -> dict:
                 "reason": {"type": "string"}, "log_tail": {"type": "string"}}}
 
 
+def _json(model: Any, status: int = 200, headers: dict | None = None) -> Response:
+    """A JSON response of a pydantic model we built ourselves (validated already), serialised once."""
+    return Response(model.model_dump_json(), status_code=status, headers=headers, media_type="application/json")
+
+
 def _json_scalar(v: Any) -> bool:
     """True for ``None``, bools, ints, finite floats and short valid-UTF-8 strings."""
     if v is None or isinstance(v, (bool, int)):
@@ -205,7 +223,8 @@ def _json_scalar(v: Any) -> bool:
 
 
 def create_app(store: JobStore, settings: BrokerSettings | None = None,
-               on_submit: Callable[[str], None] | None = None, cloud=None, redis=None) -> FastAPI:
+               on_submit: Callable[[str], None] | None = None, cloud=None, redis=None,
+               rate_limiter: RateLimiter | None = None) -> FastAPI:
     """The API application over ``store``.
 
     Args:
@@ -223,12 +242,16 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
         redis: a client with ``ping()`` (``redis.Redis``, short socket timeouts) that ``/healthz`` checks
             (the planner's queue); ``None`` = ``/healthz`` checks the database only and has no ``redis`` key.
+        rate_limiter: the per-team submit rate limit (:class:`broker.limits.RateLimiter`, Redis);
+            ``None`` = no rate limit. The queued-jobs quota (``settings.quotas``) is enforced either way.
     """
     settings = settings or BrokerSettings.model_construct()
     app = FastAPI(title="fedbroker", version="1",
                   description="Submit GPU training jobs and see where, when and why they run.")
     app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    tokens: TokenCache[Principal] = TokenCache(settings.api_token_cache_s)
+    app.state.token_cache = tokens
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -238,6 +261,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     @app.exception_handler(ScheduleNotFound)
     async def _not_found(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(LimitExceeded)
+    async def _limited(request: Request, exc: LimitExceeded) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(IdempotencyConflict)
     @app.exception_handler(NotCancellable)
@@ -262,13 +289,20 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         token = creds.credentials
         if settings.admin_token and secrets.compare_digest(token.encode(), settings.admin_token.encode()):
             return Principal(ADMIN_TEAM, kind="admin", token_id=SETTINGS_ADMIN_ID)
-        if settings.admin_token_sha256 and secrets.compare_digest(hash_token(token), settings.admin_token_sha256):
+        key = hash_token(token)
+        if settings.admin_token_sha256 and secrets.compare_digest(key, settings.admin_token_sha256):
             return Principal(ADMIN_TEAM, kind="admin", token_id=SETTINGS_ADMIN_ID)
-        try:
-            who = authenticate_token(store, token)
-        except InvalidToken as e:
-            raise HTTPException(401, "token expired" if isinstance(e, TokenExpired) else "unknown or revoked token",
-                                headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+        who = tokens.get(key)  # a token authenticated in the last api_token_cache_s seconds (and not expired since)
+        if who is not None and who.expires_at is not None and who.expires_at <= _utcnow():
+            tokens.discard(key)
+            who = None
+        if who is None:
+            try:
+                who = authenticate_token(store, token)
+            except InvalidToken as e:
+                raise HTTPException(401, "token expired" if isinstance(e, TokenExpired) else "unknown or revoked token",
+                                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+            tokens.put(key, who)
         path = request.url.path
         if who.kind == "read-only" and request.method not in ("GET", "HEAD"):
             raise HTTPException(403, f"{request.method} {path}: a read-only token may only read (GET)")
@@ -306,6 +340,22 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.node_api)
 
+    def charge(team: str, n: int, replays: Callable[[], bool] | None = None) -> None:
+        """Take ``n`` submits from ``team``'s rate limit; 429 (:class:`RateLimitExceeded`) when refused,
+        unless ``replays()`` says the request only repeats existing jobs (never refused)."""
+        if rate_limiter is None:
+            return
+        try:
+            rate_limiter.charge(team, n)
+        except LimitExceeded:
+            if replays is not None and replays():
+                return
+            raise
+
+    def quota_of(team: str) -> int | None:
+        """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
+        return settings.quotas.for_team(team).max_queued_jobs
+
     # ------------------------------------------------------------------ health
     @app.get("/healthz", tags=["health"],
              responses={503: {"model": ErrorBody, "description": "the database or Redis is down (named)"}})
@@ -338,7 +388,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     @app.post("/v1/jobs", status_code=201, response_model=JobView, tags=["jobs"],
               responses={**_ERRORS, 200: {"model": JobView, "description": "idempotent replay: the existing job"},
                          403: {"model": ErrorBody, "description": "spec.team is another team"},
-                         409: {"model": ErrorBody, "description": "idempotency key used with another spec"}})
+                         409: {"model": ErrorBody, "description": "idempotency key used with another spec"},
+                         **_LIMITED})
     def submit(body: SubmitRequest, response: Response, who: Caller,
                idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, pattern=r"^[\x21-\x7e]+$",
                                                                     max_length=200)] = None) -> JobView:
@@ -347,7 +398,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         The job's team is the caller's (an admin may name any ``spec.team``). With an
         idempotency key (body ``idempotency_key`` or header ``Idempotency-Key``) a repeat
         of the same spec returns the first job with 200; the same key with another spec is 409.
-        422 for a ``deadline`` not after now or a ``not_after`` in the past.
+        422 for a ``deadline`` not after now or a ``not_after`` in the past; 429 (``Retry-After``)
+        over the team's submit rate or queued-jobs quota, except for a replay of an existing job.
         """
         spec = body.spec
         key = body.idempotency_key
@@ -370,17 +422,107 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise late
             response.status_code = 200
             return existing
-        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who)
-        if created:
-            response.headers["Location"] = f"/v1/jobs/{job.id}"
-            if on_submit is not None:
-                try:
-                    on_submit(job.id)
+        charge(team, 1, (lambda: store.find_idempotent(team, key, spec) is not None) if key is not None else None)
+        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after,
+                                    actor=who, max_unfinished=quota_of(team),
+                                    quota_retry_after_s=settings.quotas.quota_retry_after_s)
+        if created and on_submit is not None:
+            try:
+                on_submit(job.id)
+            except Exception:
+                log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
+        # the view was built from the validated spec: serialise it directly (FastAPI would dump,
+        # re-validate and dump it again, a third of a submit's CPU)
+        return _json(job, 201 if created else 200, {"Location": f"/v1/jobs/{job.id}"} if created else None)
+
+    @app.post("/v1/jobs:batch", response_model=BatchResponse, tags=["jobs"],
+              responses={401: _ERRORS[401], **_LIMITED})
+    def submit_batch(body: BatchRequest, who: Caller) -> BatchResponse:
+        """Submit 1-1000 jobs in one request (sweeps); each item is what ``POST /v1/jobs`` takes
+        (``{"spec", "idempotency_key"}``) and gets its own result, in order (:mod:`broker.batch`):
+        201 created, 200 an existing job (idempotent replay, also of an earlier item with the same key),
+        403 another team's ``spec.team``, 409 key used with another spec, 422 invalid (errors name
+        ``items.<i>.<field>``). A bad item does not stop the others. The new jobs are stored in one
+        transaction; 429 for the whole batch (nothing stored) when they exceed the team's submit rate
+        (one token per new job) or queued-jobs quota. All items must belong to one team."""
+        now = _utcnow()
+        results: list[BatchItemResult | None] = [None] * len(body.items)
+        accepted: list[tuple[int, JobSpec, str | None]] = []
+        team: str | None = None
+        for i, raw in enumerate(body.items):
+            try:
+                item = SubmitRequest.model_validate(raw)
+            except ValidationError as e:
+                results[i] = BatchItemResult(index=i, status=422, detail=[
+                    _describe({**err, "loc": ("body", "items", i, *err.get("loc", ()))}) for err in e.errors()])
+                continue
+            spec = item.spec
+            try:
+                t = owner_team(spec, who)
+            except HTTPException as e:
+                results[i] = BatchItemResult(index=i, status=e.status_code, detail=e.detail)
+                continue
+            if team is None:
+                team = t
+            elif t != team:
+                results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
+                    "type": "value_error", "loc": ("body", "items", i, "spec", "team"), "input": t,
+                    "msg": f"items.{i}.spec.team={t!r}: a batch holds one team's jobs (earlier items: {team!r})"})])
+                continue
+            if spec.deadline is not None and spec.deadline <= now:
+                late = ("deadline", spec.deadline, f"must be after now ({now.isoformat(timespec='seconds')})")
+            elif spec.not_after is not None and spec.not_after < now:
+                late = ("not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
+            else:
+                late = None
+            if late is not None:
+                existing = None
+                if item.idempotency_key is not None:
+                    try:
+                        existing = store.find_idempotent(t, item.idempotency_key, spec)
+                    except IdempotencyConflict as e:
+                        results[i] = BatchItemResult(index=i, status=409, detail=str(e))
+                        continue
+                if existing is not None:
+                    results[i] = BatchItemResult(index=i, status=200, job=existing)
+                else:
+                    f, v, why = late
+                    results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
+                        "type": "value_error", "loc": ("body", "items", i, "spec", f), "input": v,
+                        "msg": f"items.{i}.spec.{f}={_short(v)}: {why}"})])
+                continue
+            accepted.append((i, spec, item.idempotency_key))
+        if accepted:
+            assert team is not None
+            keyed = [(sp, k) for _, sp, k in accepted if k is not None]
+
+            def only_replays() -> bool:
+                return len(keyed) == len(accepted) and all(
+                    store.find_idempotent(team, k, sp) is not None for sp, k in keyed)
+
+            charge(team, len(accepted), only_replays)
+            out = store.submit_many(team, [(sp, k, sp.not_after) for _, sp, k in accepted], now=now,
+                                    actor=who, max_unfinished=quota_of(team),
+                                    quota_retry_after_s=settings.quotas.quota_retry_after_s)
+            first_new = None
+            for (i, _, _), r in zip(accepted, out):
+                if isinstance(r, IdempotencyConflict):
+                    results[i] = BatchItemResult(index=i, status=409, detail=str(r))
+                    continue
+                job, created = r
+                results[i] = BatchItemResult(index=i, status=201 if created else 200, job=job)
+                if created and first_new is None:
+                    first_new = job.id
+            if first_new is not None and on_submit is not None:
+                try:  # one wake-up of the planner per batch
+                    on_submit(first_new)
                 except Exception:
-                    log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
-        else:
-            response.status_code = 200
-        return job
+                    log.exception("on_submit(%s) failed; the jobs are stored and the next planner tick sees them",
+                                  first_new)
+        done = [r for r in results if r is not None]
+        return _json(BatchResponse(results=done, created=sum(r.status == 201 for r in done),
+                                   existing=sum(r.status == 200 for r in done),
+                                   failed=sum(r.status >= 400 for r in done)))
 
     @app.get("/v1/jobs", response_model=list[JobView], tags=["jobs"],
              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs"}})
@@ -532,7 +674,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     # ------------------------------------------------------------------ schedules
     @app.post("/v1/schedules", status_code=201, response_model=ScheduleView, tags=["schedules"],
               responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "spec.team is another team"},
-                         409: {"model": ErrorBody, "description": "the team already has a schedule of that name"}})
+                         409: {"model": ErrorBody, "description": "the team already has a schedule of that name"},
+                         **_LIMITED})
     def create_schedule(body: ScheduleRequest, response: Response, who: Caller) -> ScheduleView:
         """Create a recurring run: at every fire of ``cron`` (local time of ``timezone``) the
         reconciler submits ``spec`` as a job of the caller's team (an admin may name any
@@ -540,9 +683,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
         422 naming the field for a bad ``name``, ``cron`` or ``timezone`` and for absolute
         instants in the spec (``spec.deadline``, ``spec.earliest_start``/``not_before``,
-        ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name.
+        ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name;
+        429 over the team's submit rate (a schedule creation costs one submit).
         """
         team = owner_team(body.spec, who)
+        charge(team, 1)
         try:
             sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),
                                           actor=who)
@@ -614,7 +759,8 @@ def app_from_settings() -> FastAPI:
         from broker.tasks import send_teardown
 
         cloud = CloudBroker(store, settings, teardown=send_teardown)
-    return create_app(store, settings, cloud=cloud, redis=redis_client(settings.redis_url))
+    return create_app(store, settings, cloud=cloud, redis=redis_client(settings.redis_url),
+                      rate_limiter=RateLimiter.from_settings(settings))
 
 
 def redis_client(url: str):

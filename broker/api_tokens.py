@@ -39,6 +39,13 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
     """Add the token and audit routes to ``app``; ``Caller`` is the API's authenticated-principal dependency
     (``Annotated[Principal, Depends(...)]``). Default lifetime: ``settings.token_ttl_days``."""
 
+    def forget_cached() -> None:
+        """Drop this process's cache of authenticated tokens (``create_app``'s token cache), so a token just
+        revoked or rotated here answers 401 at once."""
+        cache = getattr(app.state, "token_cache", None)
+        if cache is not None:
+            cache.clear()
+
     def default_ttl_s() -> float:
         return float(settings.token_ttl_days) * 86400.0
 
@@ -81,8 +88,11 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
 
     @app.post("/v1/tokens/{token_id}/revoke", response_model=TokenView, tags=["tokens"], responses=_ONE)
     def revoke_token(token_id: str, who: Caller) -> TokenView:
-        """Revoke a token: it answers 401 from the next request on. Revoking a revoked token is a no-op."""
-        return revoke(store, token_id, who)
+        """Revoke a token: it answers 401 from the next request on (on other API processes, within
+        ``api_token_cache_s``). Revoking a revoked token is a no-op."""
+        view = revoke(store, token_id, who)
+        forget_cached()
+        return view
 
     @app.post("/v1/tokens/{token_id}/rotate", status_code=201, response_model=CreatedToken, tags=["tokens"],
               responses={**_ONE, 409: {"model": ErrorBody, "description": "the token is revoked"}})
@@ -92,9 +102,11 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         and a new expiry (``ttl_s``, default ``token_ttl_days``); the old token is revoked at once."""
         ttl = body.ttl_s if body is not None and body.ttl_s is not None else default_ttl_s()
         try:
-            return rotate(store, token_id, who, ttl=ttl)
+            created = rotate(store, token_id, who, ttl=ttl)
         except InvalidTokenRequest as e:
             raise unprocessable(e) from None
+        forget_cached()
+        return created
 
     @app.get("/v1/audit", response_model=list[AuditEventView], tags=["audit"], responses=_ERR)
     def get_audit(who: Caller,

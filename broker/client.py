@@ -17,6 +17,11 @@ answered with the first job on retry and never creates two. Schedule names are u
 team instead: a :meth:`Client.create_schedule` whose answer was lost answers
 :class:`Conflict` on retry (the schedule exists; find it with :meth:`Client.schedules`).
 
+A 429 (the team's submit rate or queued-jobs quota, :mod:`broker.limits`) is retried after the
+server's ``Retry-After`` seconds, for at most ``max_rate_wait_s`` seconds of sleeping per call; then
+:class:`RateLimited` is raised with ``retry_after``. :meth:`Client.submit_many` sends a sweep through
+``POST /v1/jobs:batch`` in chunks of 1,000, one idempotency key per job.
+
 Exceptions::
 
     BrokerError                 status (HTTP status or None), detail (the server's "detail")
@@ -27,6 +32,7 @@ Exceptions::
      +-- Conflict               409 finished job cancelled, idempotency key reused with another spec,
                                     schedule name already taken
      +-- BrokerUnavailable      cannot connect (after retries), timeouts, 5xx
+     +-- RateLimited            429 still refused after max_rate_wait_s; .retry_after (s), .limit
      +-- WaitTimeout            Client.wait() ran out of time; .job = the last JobView seen
 
 Any other 4xx raises :class:`BrokerError` itself.
@@ -45,12 +51,13 @@ from pydantic_core import to_jsonable_python
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from broker.batch import MAX_BATCH_ITEMS, BatchItemResult
 from broker.model import JobSpec
 from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, LogsView, NodeView, ScheduleView,
                             TokenView)
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
-           "WaitTimeout"]
+           "WaitTimeout", "RateLimited", "BatchItemResult"]
 
 
 class BrokerError(Exception):
@@ -92,6 +99,22 @@ class BrokerUnavailable(BrokerError):
     """The broker could not be reached after the retries, timed out, or answered 5xx."""
 
 
+class RateLimited(BrokerError):
+    """429: the team's submit rate (``quotas.submits_per_s``) or queued-jobs quota (``quotas.max_queued_jobs``)
+    still refused after the client waited ``max_rate_wait_s`` in total.
+
+    Attributes:
+        retry_after: the server's last ``Retry-After``, seconds (``None`` if it sent none).
+        limit: the dotted setting that refused (``"quotas.submits_per_s"``), or ``None``.
+    """
+
+    def __init__(self, message: str, status: int | None = 429, detail: Any = None, retry_after: float | None = None,
+                 limit: str | None = None):
+        super().__init__(message, status, detail)
+        self.retry_after = retry_after
+        self.limit = limit
+
+
 class WaitTimeout(BrokerError):
     """:meth:`Client.wait` gave up; ``job`` is the last :class:`JobView` seen."""
 
@@ -101,6 +124,13 @@ class WaitTimeout(BrokerError):
 
 
 _RETRY_STATUS = (502, 503, 504)
+
+
+class _Retry(Retry):
+    """urllib3's retries without its own handling of 429 (and 413) ``Retry-After``: :meth:`Client._request`
+    waits out a 429 itself, within ``max_rate_wait_s``, and raises :class:`RateLimited` past it."""
+
+    RETRY_AFTER_STATUS_CODES = frozenset({503})
 
 
 class Client:
@@ -113,11 +143,14 @@ class Client:
         timeout: seconds to wait for each HTTP answer.
         retries: retries of connection errors, read errors and 502/503/504 per call
             (backoff 0, 0.4, 0.8, ... s, at most 10 s).
+        max_rate_wait_s: seconds one call may sleep in total on 429 answers (each sleep is the answer's
+            ``Retry-After``); ``0`` = raise :class:`RateLimited` at the first 429.
 
     Raises ``ValueError`` naming ``url`` or ``token`` when they cannot be right.
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0, retries: int = 5):
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0, retries: int = 5,
+                 max_rate_wait_s: float = 120.0):
         if url is None:
             url = os.environ.get("FEDBROKER_API_URL")
         if url is None:
@@ -131,7 +164,10 @@ class Client:
         if self.token is not None and not (self.token.isascii() and self.token.isprintable() and " " not in self.token):
             raise ValueError("token: not a fedbroker API token (printable ASCII without spaces, e.g. 'fbk_...')")
         self.timeout = timeout
-        retry = Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
+        if not max_rate_wait_s >= 0:
+            raise ValueError(f"max_rate_wait_s={max_rate_wait_s!r}: must be >= 0 seconds")
+        self.max_rate_wait_s = float(max_rate_wait_s)
+        retry = _Retry(total=retries, connect=retries, read=retries, status=retries, other=0,
                       allowed_methods=None,  # every method: POST /v1/jobs is idempotent by its key
                       status_forcelist=_RETRY_STATUS, backoff_factor=0.2, backoff_max=10.0,
                       raise_on_status=False, respect_retry_after_header=True)
@@ -169,11 +205,36 @@ class Client:
     # ------------------------------------------------------------------ transport
     def _request(self, method: str, path: str, *, params: Any = None, json: Any = None,
                  headers: dict | None = None, once: bool = False) -> Any:
-        """Send one request (with retries; ``once``: only connection errors are retried) and return the
-        decoded JSON body (``None`` for 204 or an empty body); raise the typed error otherwise."""
+        """Send one request (with retries; ``once``: only connection errors are retried; 429 answers are
+        waited out for up to ``max_rate_wait_s``) and return the decoded JSON body (``None`` for 204 or
+        an empty body); raise the typed error otherwise."""
+        waited = 0.0
+        while True:
+            r = self._send(method, path, params, json, headers, once)
+            if r.status_code != 429:
+                break
+            after = _retry_after(r)
+            if after is None or waited + after > self.max_rate_wait_s:
+                err = _error_for(r)
+                try:
+                    limit = r.json().get("limit")
+                except (ValueError, AttributeError):
+                    limit = None
+                waited_note = f" (after waiting {waited:g} s)" if waited else ""
+                raise RateLimited(f"{err}{waited_note}", 429, err.detail, after, limit)
+            time.sleep(after)
+            waited += after
+        if r.status_code < 400:
+            return r.json() if r.status_code != 204 and r.content else None
+        raise _error_for(r)
+
+    def _send(self, method: str, path: str, params: Any, json: Any, headers: dict | None,
+              once: bool = False) -> requests.Response:
+        """One request through the session (its connection/5xx retries; ``once``: connection retries only);
+        transport errors as typed errors."""
         try:
-            r = (self._once if once else self.session).request(method, self.url + path, params=params, json=json,
-                                                               headers=headers, timeout=self.timeout)
+            return (self._once if once else self.session).request(method, self.url + path, params=params, json=json,
+                                                                  headers=headers, timeout=self.timeout)
         except requests.exceptions.Timeout as e:
             raise BrokerUnavailable(f"the broker at {self.url} did not answer {method} {path} "
                                     f"within {self.timeout:g} s ({e})") from e
@@ -183,9 +244,6 @@ class Client:
             raise ValidationFailed(f"request body: cannot be sent as JSON ({e})", status=None) from e
         except requests.exceptions.RequestException as e:  # bad URL and the like
             raise BrokerError(f"{method} {self.url}{path}: {e}") from e
-        if r.status_code < 400:
-            return r.json() if r.status_code != 204 and r.content else None
-        raise _error_for(r)
 
     # ------------------------------------------------------------------ jobs
     def submit(self, spec: JobSpec | dict, idempotency_key: str | None = None) -> JobView:
@@ -201,6 +259,39 @@ class Client:
         key = idempotency_key or str(uuid.uuid4())
         data = self._request("POST", "/v1/jobs", json={"spec": _spec_body(spec), "idempotency_key": key})
         return JobView.model_validate(data)
+
+    def submit_many(self, specs: Iterable[JobSpec | dict], keys: Iterable[str] | None = None,
+                    chunk: int = MAX_BATCH_ITEMS) -> list[BatchItemResult]:
+        """Submit many jobs (a sweep) through ``POST /v1/jobs:batch``, ``chunk`` items per request.
+
+        Args:
+            specs: :class:`JobSpec` objects or mappings of their fields.
+            keys: one idempotency key per spec (reuse them to make a repeated sweep return the first
+                jobs); default: a fresh uuid4 per job, which still makes this call's retries safe.
+            chunk: items per request, 1-1000.
+        Returns:
+            one :class:`broker.batch.BatchItemResult` per spec, in order (``index`` counts over all specs):
+            ``status`` 201 created / 200 existing (``job`` set) or 403/409/422 (``detail``; nothing stored
+            for that item: a bad item does not stop the others).
+        Raises: :class:`RateLimited` (a chunk still refused after ``max_rate_wait_s``; earlier chunks are
+            stored), :class:`ValidationFailed` (``keys`` and ``specs`` differ in length, or a bad chunk),
+            :class:`AuthError`, :class:`BrokerUnavailable`. ``ValueError`` for ``chunk`` outside 1-1000.
+        """
+        if not 1 <= chunk <= MAX_BATCH_ITEMS:
+            raise ValueError(f"chunk={chunk!r}: must be in [1, {MAX_BATCH_ITEMS}]")
+        bodies = [_spec_body(sp) for sp in specs]
+        key_list = [str(uuid.uuid4()) for _ in bodies] if keys is None else list(keys)
+        if len(key_list) != len(bodies):
+            raise ValidationFailed(f"keys: {len(key_list)} keys for {len(bodies)} specs", status=None)
+        out: list[BatchItemResult] = []
+        for start in range(0, len(bodies), chunk):
+            items = [{"spec": b, "idempotency_key": k}
+                     for b, k in zip(bodies[start:start + chunk], key_list[start:start + chunk])]
+            data = self._request("POST", "/v1/jobs:batch", json={"items": items})
+            for r in data["results"]:
+                res = BatchItemResult.model_validate(r)
+                out.append(res.model_copy(update={"index": res.index + start}))
+        return out
 
     def get(self, job_id: str) -> JobView:
         """One job. Raises :class:`NotFound`."""
@@ -360,6 +451,24 @@ def _spec_body(spec: JobSpec | dict) -> dict:
     if isinstance(spec, BaseModel):
         return spec.model_dump(mode="json", exclude_unset=True)
     return to_jsonable_python(dict(spec))
+
+
+def _retry_after(r: requests.Response) -> float | None:
+    """The ``Retry-After`` of an answer in seconds (delta-seconds form; an HTTP date is read too), or ``None``."""
+    raw = r.headers.get("Retry-After")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _root_cause(e: BaseException) -> str:

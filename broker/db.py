@@ -131,6 +131,7 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
         Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
+        Index("ix_jobs_team_state", "team", "state"),
     )
 
 

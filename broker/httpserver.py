@@ -150,10 +150,11 @@ else:  # pragma: no cover
     GuardedHttpToolsProtocol = None
 
 
-def server_config(app, settings, log_level: str = "warning"):
+def server_config(app, settings, log_level: str = "warning", **extra):
     """The ``uvicorn.Config`` of ``fedbroker serve api`` for ``app`` and ``settings`` (``api_host``,
-    ``api_port``, ``api_certfile``/``api_keyfile`` for TLS, ``api_max_connections``). Raises ``ValueError``
-    naming the setting when only one of the TLS files is given or a file does not exist."""
+    ``api_port``, ``api_certfile``/``api_keyfile`` for TLS, ``api_max_connections`` per process);
+    ``extra``: more ``uvicorn.Config`` arguments (``workers``, ``factory`` with an import string ``app``).
+    Raises ``ValueError`` naming the setting when only one of the TLS files is given or a file does not exist."""
     import uvicorn
 
     cert, key = settings.api_certfile, settings.api_keyfile
@@ -168,4 +169,4 @@ def server_config(app, settings, log_level: str = "warning"):
         http=GuardedHttpToolsProtocol or GuardedH11Protocol, timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=settings.api_max_connections,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=10,
         ssl_certfile=str(cert) if cert else None, ssl_keyfile=str(key) if key else None,
-        log_config=None)  # uvicorn logs through the root handlers, so the secret filter (broker.redact) sees them
+        log_config=None, **extra)  # uvicorn logs through the root handlers, so the secret filter (broker.redact) sees them

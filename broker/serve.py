@@ -83,36 +83,39 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
               certfile: Optional[Path] = typer.Option(None, "--certfile", help="PEM certificate (chain): serve HTTPS "
                                                       "(with --keyfile; default: settings api_certfile)."),
               keyfile: Optional[Path] = typer.Option(None, "--keyfile", help="PEM private key of --certfile "
-                                                     "(default: settings api_keyfile).")) -> None:
-    """HTTP API on ``api_host:api_port`` (OpenAPI at /docs), HTTPS with ``--certfile/--keyfile``. Header and
-    body read timeouts, keep-alive and connection limits: :mod:`broker.httpserver`."""
+                                                     "(default: settings api_keyfile)."),
+              workers: Optional[int] = typer.Option(None, "--workers", min=1, max=64,
+                                                    help="uvicorn worker processes (default: settings.api_workers)")) -> None:
+    """HTTP API on ``api_host:api_port`` (OpenAPI at /docs), HTTPS with ``--certfile/--keyfile``; ``--workers N``
+    runs N processes on one port. Header and body read timeouts, keep-alive and connection limits:
+    :mod:`broker.httpserver`."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
-    from broker.api import create_app, redis_client
-    from broker.celery_app import get_app
     from broker.httpserver import server_config
-    from broker.tasks import kick_planner
 
     _logging(log_level)
     st = _settings(config)
     if certfile is not None or keyfile is not None:
         st = st.model_copy(update={"api_certfile": certfile or st.api_certfile, "api_keyfile": keyfile or st.api_keyfile})
-    get_app(st)
-    store = _migrate(st)
-    cloud = None
-    if st.cloud_providers:  # cloud instances report here
-        from broker.cloud import CloudBroker
-        from broker.tasks import send_teardown
-
-        cloud = CloudBroker(store, st, teardown=send_teardown)
-    app = create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud, redis=redis_client(st.redis_url))
-    log.info("api on %s:%s; database %s; Redis %s", st.api_host, st.api_port, mask_url(st.effective_database_url),
-             mask_url(st.redis_url))
+    _migrate(st)
+    n = workers or st.api_workers
+    log.info("api on %s:%s (%d process%s); database %s; Redis %s", st.api_host, st.api_port, n, "es" if n > 1 else "",
+             mask_url(st.effective_database_url), mask_url(st.redis_url))
     try:
-        cfg = server_config(app, st, log_level=log_level)
+        if n == 1:
+            cfg = server_config(api_app(st), st, log_level=log_level)
+        else:
+            if config is not None:  # the worker processes read the same file
+                os.environ["FEDBROKER_CONFIG"] = str(Path(config).resolve())
+            for name in ("api_certfile", "api_keyfile"):  # and the same TLS files as given here
+                if getattr(st, name) is not None:
+                    os.environ[f"FEDBROKER_{name.upper()}"] = str(getattr(st, name))
+            cfg = server_config("broker.serve:api_app", st, log_level=log_level, factory=True, workers=n)
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again for the handler that was
     # there before: with this one the process then exits 0 (a clean stop, not "killed by SIGTERM")
     def _exit_clean(signum, frame):  # before uvicorn runs: stop now; after its graceful shutdown: exit 0
@@ -120,7 +123,33 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_clean)
-    uvicorn.Server(cfg).run()
+    if n == 1:
+        uvicorn.Server(cfg).run()
+    else:
+        Multiprocess(cfg, sockets=[cfg.bind_socket()]).run()
+
+
+def api_app(st: Optional[BrokerSettings] = None):
+    """The API as ``serve api`` runs it (planner wake-ups through Celery, cloud reports, the Redis rate
+    limit, ``/healthz``'s Redis check), for ``st`` or :func:`broker.settings.load_settings`; the factory of
+    each uvicorn worker process."""
+    from broker.api import create_app, redis_client
+    from broker.celery_app import get_app
+    from broker.limits import RateLimiter
+    from broker.store import JobStore
+    from broker.tasks import kick_planner
+
+    st = st or _settings(None)
+    get_app(st)
+    store = JobStore.from_settings(st)
+    cloud = None
+    if st.cloud_providers:  # cloud instances report here
+        from broker.cloud import CloudBroker
+        from broker.tasks import send_teardown
+
+        cloud = CloudBroker(store, st, teardown=send_teardown)
+    return create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud,
+                      redis=redis_client(st.redis_url), rate_limiter=RateLimiter.from_settings(st))
 
 
 @serve_app.command("worker")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import os
 import re
 from pathlib import Path
@@ -26,8 +27,8 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from broker.planner import PlannerConfig
 
-__all__ = ["BrokerSettings", "AwsSettings", "AwsRegionSettings", "GcpSettings", "CloudSettings", "JobsSettings",
-           "load_settings",
+__all__ = ["BrokerSettings", "QuotaSettings", "TeamQuota", "TeamLimits", "AwsSettings", "AwsRegionSettings",
+           "GcpSettings", "CloudSettings", "JobsSettings", "load_settings",
            "SettingsError", "DuplicateKeyError", "UniqueKeyLoader", "load_yaml", "aws_regions", "validation_message"]
 
 _S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
@@ -331,6 +332,68 @@ class JobsSettings(BaseModel):
         return v
 
 
+class TeamQuota(BaseModel):
+    """One team's overrides of :class:`QuotaSettings` (``quotas.per_team.<team>``): a key left out
+    inherits the section's value; ``0`` or ``null`` means unlimited for that team."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_jobs: int | None = Field(None, ge=0)
+    submits_per_s: float | None = Field(None, ge=0)
+    burst: int | None = Field(None, ge=0)
+
+
+class QuotaSettings(BaseModel):
+    """Per-team admission limits of the API (enforced by :mod:`broker.limits`).
+
+    Fields (units; ``0`` or ``null`` = unlimited):
+        max_queued_jobs: unfinished jobs (any state but succeeded/failed/cancelled,
+            :data:`broker.states.UNFINISHED_STATES`) a team may hold; a submit that would exceed it
+            answers 429 (``Retry-After: quota_retry_after_s``). Checked in the submit transaction.
+        submits_per_s: sustained submits per second per team (token bucket in Redis, shared by every
+            API process); a batch charges one token per new item. Over it: 429 with ``Retry-After``.
+        burst: bucket size, submits. A batch bigger than ``burst`` is let in once the bucket is full and
+            leaves it in debt (so the long-run rate still holds). ``0``/``null`` with a rate: one second of
+            submits, ``ceil(submits_per_s)``.
+        quota_retry_after_s: the ``Retry-After`` of a queued-jobs 429, seconds.
+        per_team: ``team -> TeamQuota`` overrides.
+
+    The rate limit needs Redis: while Redis is unreachable submits are let through (fail open) with a
+    warning in the API's log at most once a minute; the queued-jobs quota still holds (it is in the database).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_jobs: int | None = Field(10000, ge=0)
+    submits_per_s: float | None = Field(50.0, ge=0)
+    burst: int | None = Field(200, ge=0)
+    quota_retry_after_s: int = Field(30, ge=1, le=3600)
+    per_team: dict[str, TeamQuota] = Field(default_factory=dict)
+
+    def for_team(self, team: str) -> "TeamLimits":
+        """The limits that apply to ``team`` (its overrides over the section's values), ``None`` = unlimited."""
+        o = self.per_team.get(team)
+        vals = {k: getattr(self, k) for k in ("max_queued_jobs", "submits_per_s", "burst")}
+        if o is not None:
+            vals.update({k: getattr(o, k) for k in o.model_fields_set})
+        rate = vals["submits_per_s"] or None
+        burst = vals["burst"] or None
+        if rate is not None and burst is None:
+            burst = max(1, math.ceil(rate))
+        return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None, submits_per_s=rate,
+                          burst=burst if rate is not None else None)
+
+
+class TeamLimits(BaseModel):
+    """The effective limits of one team (:meth:`QuotaSettings.for_team`); ``None`` = unlimited."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_queued_jobs: int | None = None
+    submits_per_s: float | None = None
+    burst: int | None = None
+
+
 class BrokerSettings(BaseSettings):
     """Everything the API, Celery workers, beat and node agents read.
 
@@ -385,6 +448,10 @@ class BrokerSettings(BaseSettings):
             (8 half-lives), so with less than that the oldest usage (weight < 5 % at 30 days) is
             forgotten early. ``0`` keeps everything forever. Default 30.
         retention_batch: most jobs one reconciler pass deletes (one short transaction).
+        quotas: per-team queued-jobs quota and submit rate limit (:class:`QuotaSettings`).
+        api_token_cache_s: seconds the API keeps a token it authenticated in memory (per process, at
+            most 10,000 tokens); a revoked token keeps working for up to this long. ``0`` = no cache.
+        api_workers: uvicorn worker processes of ``fedbroker serve api`` (each its own pool and cache).
     """
 
     model_config = SettingsConfigDict(env_prefix="FEDBROKER_", env_nested_delimiter="__", extra="forbid")
@@ -424,6 +491,9 @@ class BrokerSettings(BaseSettings):
     intake_batch: int = Field(500, ge=1, le=100_000)
     retention_days: float = Field(30.0, ge=0, le=36_500)
     retention_batch: int = Field(500, ge=1, le=100_000)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    api_token_cache_s: float = Field(5.0, ge=0, le=300)
+    api_workers: int = Field(1, ge=1, le=64)
 
     @field_validator("state_dir")
     @classmethod

@@ -22,7 +22,7 @@ from __future__ import annotations
 from enum import Enum
 
 __all__ = ["JobState", "ALLOWED_TRANSITIONS", "TERMINAL_STATES", "ACTIVE_STATES", "WAITING_STATES",
-           "InvalidTransition", "check_transition"]
+           "UNFINISHED_STATES", "InvalidTransition", "check_transition"]
 
 
 class JobState(str, Enum):
@@ -61,6 +61,8 @@ TERMINAL_STATES = frozenset(s for s, nxt in ALLOWED_TRANSITIONS.items() if not n
 ACTIVE_STATES = frozenset({S.provisioning, S.starting, S.running})
 #: states in which a job waits for the planner
 WAITING_STATES = frozenset({S.submitted, S.queued, S.deferred, S.interrupted})
+#: every state but the terminal ones: what a team's queued-jobs quota counts (``quotas.max_queued_jobs``)
+UNFINISHED_STATES = frozenset(JobState) - TERMINAL_STATES
 
 
 class InvalidTransition(ValueError):

@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import redis
 from celery import shared_task
@@ -33,6 +34,8 @@ __all__ = ["services", "kick_planner", "send_dispatch", "send_teardown", "plan",
 log = logging.getLogger("fedbroker.tasks")
 PLANNER_LOCK = "fedbroker:planner-lock"
 KICK_KEY = "fedbroker:plan-kick"
+#: monotonic instant of this process's last planner kick (:func:`kick_planner`)
+_last_kick = -1e9
 
 
 class _Services:
@@ -106,7 +109,13 @@ services = _Services()
 
 
 def kick_planner(debounce_ms: int = 200) -> bool:
-    """Ask for a planning cycle soon; at most one request per ``debounce_ms``. Returns whether one was sent."""
+    """Ask for a planning cycle soon; at most one request per ``debounce_ms`` (per process without a
+    Redis call, across processes by a Redis key). Returns whether one was sent."""
+    global _last_kick
+    now = time.monotonic()
+    if now - _last_kick < debounce_ms / 1000:
+        return False
+    _last_kick = now
     try:
         if not services.redis.set(KICK_KEY, b"1", nx=True, px=debounce_ms):
             return False

@@ -147,12 +147,18 @@ def _actor_fields(actor: Principal | None) -> dict[str, Any]:
     return {"actor_token_id": actor.token_id, "actor_team": actor.team, "actor_kind": actor.kind}
 
 
+def audit_row(actor: Principal | None, action: str, target: str, detail: dict[str, Any] | None = None,
+              now: datetime | None = None) -> dict[str, Any]:
+    """The ``audit_events`` columns recording that ``actor`` (``None`` = direct store access, kind
+    ``database``) did ``action`` to ``target`` at ``now`` (for bulk and driver-level inserts)."""
+    return {"at": now or utcnow(), "action": action, "target": target, "detail": detail or {}, **_actor_fields(actor)}
+
+
 def audit(s, actor: Principal | None, action: str, target: str, detail: dict[str, Any] | None = None,
           now: datetime | None = None) -> None:
     """Inside session ``s`` (the transaction of the change): record that ``actor`` (``None`` = direct store
     access, kind ``database``) did ``action`` to ``target``. ``detail`` must be JSON-serialisable."""
-    s.execute(insert(AuditEvent).values(at=now or utcnow(), action=action, target=target, detail=detail or {},
-                                        **_actor_fields(actor)))
+    s.execute(insert(AuditEvent).values(**audit_row(actor, action, target, detail, now)))
 
 
 def _view(r: ApiToken, now: datetime) -> TokenView:
@@ -291,7 +297,7 @@ def authenticate(store: JobStore, token: str, now: datetime | None = None) -> Pr
         with store.session() as s:
             s.execute(update(ApiToken).where(ApiToken.id == row.id, (ApiToken.last_used_at.is_(None))
                                              | (ApiToken.last_used_at <= stale)).values(last_used_at=now))
-    return Principal(row.team, kind=row.kind, node=row.node, token_id=row.public_id)
+    return Principal(row.team, kind=row.kind, node=row.node, token_id=row.public_id, expires_at=row.expires_at)
 
 
 def list_tokens(store: JobStore, actor: Principal | None = None, team: str | None = None,

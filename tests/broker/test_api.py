@@ -253,6 +253,8 @@ def test_revoked_token_is_401(client, store):
     assert client.get("/v1/jobs", headers=auth(tok)).status_code == 200
     with store.session() as s:
         s.execute(ApiToken.__table__.update().where(ApiToken.token_hash == hash_token(tok)).values(revoked=True))
+    # authenticated tokens are cached for settings.api_token_cache_s (5 s): revocation takes effect after it
+    client.app.state.token_cache.clear()
     assert client.get("/v1/jobs", headers=auth(tok)).status_code == 401
 
 
@@ -453,7 +455,7 @@ def test_healthz_503_when_database_is_down():
 
 def test_openapi_lists_paths(client):
     doc = client.get("/openapi.json").json()
-    assert set(doc["paths"]) == {"/healthz", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
+    assert set(doc["paths"]) == {"/healthz", "/v1/jobs", "/v1/jobs:batch", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
                                  "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/explain", "/v1/nodes",
                                  "/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}/pause",
                                  "/v1/schedules/{schedule_id}/resume", "/v1/instances/report",

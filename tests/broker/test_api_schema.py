@@ -39,7 +39,7 @@ from broker.cloud import REPORT_EVENTS, ReportError
 from broker.model import JobSpec
 from broker.settings import BrokerSettings
 
-#: examples per operation and phase (28 operations x 3 or 4 callers)
+#: examples per operation and phase (29 operations x 3 or 4 callers)
 MAX_EXAMPLES = 30
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance, negative_data_rejection]
@@ -96,7 +96,7 @@ CASES = [(m, p, mode) for m, p in OPERATIONS for mode in (GenerationMode.POSITIV
 
 def test_every_operation_is_covered():
     # a new operation changes this count: it is then covered by the cases below, with the right tokens
-    assert len(OPERATIONS) == 28 and ("POST", "/v1/jobs") in OPERATIONS and ("GET", "/healthz") in OPERATIONS
+    assert len(OPERATIONS) == 29 and ("POST", "/v1/jobs") in OPERATIONS and ("GET", "/healthz") in OPERATIONS
     assert sum(p.startswith("/v1/node/") for _, p in OPERATIONS) == 8
 
 
@@ -104,6 +104,9 @@ def test_every_operation_is_covered():
 def test_operation_with_valid_missing_and_foreign_tokens(api_schema, world, method, path, mode):
     """0 server errors and 0 schema violations for each of the three callers."""
     op = api_schema[path][method]
+    # the bulk submit answers 200 with a result per item, a schema-invalid item getting its own 422 (a bad
+    # item must not reject the others): its invalid items are checked in test_limits.py, not refused here
+    checks = [c for c in CHECKS if not (path == "/v1/jobs:batch" and c is negative_data_rejection)]
 
     @given(case=op.as_strategy(generation_mode=mode))
     @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -118,7 +121,7 @@ def test_operation_with_valid_missing_and_foreign_tokens(api_schema, world, meth
         for who, token in callers.items():
             case.headers = dict(generated, **({"Authorization": f"Bearer {token}"} if token else {}))
             try:
-                case.call_and_validate(checks=CHECKS)
+                case.call_and_validate(checks=checks)
             except Exception as e:  # name the caller in the failure
                 raise AssertionError(f"{method} {path}, {who} token: {e}") from e
 

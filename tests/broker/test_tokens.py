@@ -37,7 +37,8 @@ def store(module_pg_store):
 
 @pytest.fixture(scope="module")
 def client(store):
-    with TestClient(create_app(store, BrokerSettings(admin_token=ADMIN))) as c:
+    # no token cache: these tests revoke and expire tokens behind the API's back, in the database
+    with TestClient(create_app(store, BrokerSettings(admin_token=ADMIN, api_token_cache_s=0))) as c:
         yield c
 
 
