@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -576,13 +577,15 @@ def register(app: typer.Typer) -> None:
         _show(rows, as_json, human)
 
 
-def _bootstrap_token(config: Path | None, team: str, kind: str, label: str, ttl_s: float | None, node: str | None):
-    """Mint a token directly in the job store (:func:`broker.tokens.bootstrap`); exit 1 when refused, 2 for a bad
-    field or settings file."""
+@contextmanager
+def direct_store(config: Path | None):
+    """``(settings, store)`` of the settings file ``config`` (default ``$FEDBROKER_CONFIG``), the store
+    migrated, for the commands that talk to the job store directly (token bootstrap, node tokens). Exits 2
+    for a bad settings file, 1 when the store cannot be used (the message masks the database password);
+    the body's own ``typer.Exit`` passes through. The store's connections are closed afterwards."""
     from broker.redact import mask_text, mask_url, settings_secrets
     from broker.settings import SettingsError, load_settings
     from broker.store import JobStore
-    from broker.tokens import BootstrapRefused, InvalidTokenRequest, bootstrap
 
     try:
         settings = load_settings(config)
@@ -591,17 +594,29 @@ def _bootstrap_token(config: Path | None, team: str, kind: str, label: str, ttl_
     store = JobStore.from_settings(settings)
     try:
         store.migrate()
-        return bootstrap(store, team, kind, label=label, node=node,
-                         ttl=ttl_s if ttl_s is not None else settings.token_ttl_days * 86400.0)
-    except InvalidTokenRequest as e:
-        _fail(str(e), 2)
-    except BootstrapRefused as e:
-        _fail(str(e), 1)
+        yield settings, store
+    except (typer.Exit, typer.Abort):
+        raise
     except Exception as e:  # database unreachable, permissions ...
         _fail(mask_text(f"cannot use the job store at {mask_url(settings.effective_database_url)}: "
                         f"{type(e).__name__}: {e}", settings_secrets(settings)))
     finally:
         store.engine.dispose()
+
+
+def _bootstrap_token(config: Path | None, team: str, kind: str, label: str, ttl_s: float | None, node: str | None):
+    """Mint a token directly in the job store (:func:`broker.tokens.bootstrap`); exit 1 when refused, 2 for a bad
+    field or settings file."""
+    from broker.tokens import BootstrapRefused, InvalidTokenRequest, bootstrap
+
+    with direct_store(config) as (settings, store):
+        try:
+            return bootstrap(store, team, kind, label=label, node=node,
+                             ttl=ttl_s if ttl_s is not None else settings.token_ttl_days * 86400.0)
+        except InvalidTokenRequest as e:
+            _fail(str(e), 2)
+        except BootstrapRefused as e:
+            _fail(str(e), 1)
 
 
 def _print_created(made, as_json: bool) -> None:

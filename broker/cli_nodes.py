@@ -132,24 +132,14 @@ def node_token(node: str = typer.Argument(..., help="The node (host) name the to
     """Mint a node token for HOST's agent and print it once (only its hash is stored). Talks to the
     job store directly (run it where the broker's settings are, never on the agent host); the agent
     takes it as ``FEDBROKER_NODE_TOKEN`` or ``--token-file`` (mode 0600)."""
-    from broker.redact import mask_url
-    from broker.settings import SettingsError, load_settings
-    from broker.store import JobStore, StoreError
+    from broker.cli_jobs import direct_store
+    from broker.tokens import InvalidTokenRequest
 
-    try:
-        settings = load_settings(config)
-    except SettingsError as e:
-        _fail(str(e), 2)
-    store = JobStore.from_settings(settings)
-    try:
-        store.migrate()
-        tok = store.create_node_token(node, label=label)
-    except StoreError as e:
-        _fail(str(e), 2)
-    except Exception as e:  # database unreachable, permissions ...
-        _fail(f"cannot use the job store at {mask_url(settings.effective_database_url)}: {type(e).__name__}")
-    finally:
-        store.engine.dispose()
+    with direct_store(config) as (_, store):
+        try:
+            tok = store.create_node_token(node, label=label)
+        except InvalidTokenRequest as e:
+            _fail(str(e), 2)
     typer.echo(tok)
     typer.echo(f"node token for {node!r}: store it now (chmod 600), it is not shown again", err=True)
 

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -264,31 +265,21 @@ def serve_agent(api_url: str = typer.Option(..., "--api-url", envvar="FEDBROKER_
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     agent = NodeAgent(client, name, pool, backend, state_dir=state_dir)
-    stopping = False
-
-    def _stop(signum=None, frame=None):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    while not stopping:  # the jobs' user and directories, from the API's settings (it may still be starting)
+    stop = _stop_on_signals()
+    while not stop.is_set():  # the jobs' user and directories, from the API's settings (it may still be starting)
         try:
             agent.prepare()
             break
         except NodeApiUnavailable as e:
             log.warning("node API: %s; trying again in 1 s", e)
             time.sleep(1.0)
-        except NodeApiError as e:
-            typer.echo(f"error: node agent {name!r}: {e}", err=True)
-            raise typer.Exit(2)
-        except (ValueError, OSError) as e:  # jobs.user / jobs.root (workers.isolation)
+        except (NodeApiError, ValueError, OSError) as e:  # refused token; jobs.user / jobs.root (workers.isolation)
             typer.echo(f"error: node agent {name!r}: {e}", err=True)
             raise typer.Exit(2)
     agent.start()
     log.info("agent %s (pool %s, %s NVML) polling %s", name, pool, type(backend).__name__, api_url)
     try:
-        while not stopping:
+        while not stop.is_set():
             time.sleep(0.2)
     finally:
         agent.stop()
@@ -316,30 +307,23 @@ def serve_all(config: Optional[Path] = ConfigOpt,
     # this command is the composition root: it holds the database credentials and mints the local
     # agent's node token; the agent gets that token and the API URL only (no config, no database URL)
     agent_env = agent_environment(store.create_node_token(node, label="serve all"), st.effective_api_url)
-    stopping = False
-
-    def _stop(signum=None, frame=None):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = _stop_on_signals()
     # the API first, the others once it listens: started together, the four children's imports share the
     # CPUs and the API took 10-15 s to answer (connections refused meanwhile); alone it takes ~3 s
     procs = {"api": subprocess.Popen(cmds["api"])}
-    _wait_listening(st.api_host, st.api_port, procs["api"], timeout_s=60.0, stop=lambda: stopping)
-    if not stopping:
+    _wait_listening(st.api_host, st.api_port, procs["api"], timeout_s=60.0, stop=stop.is_set)
+    if not stop.is_set():
         procs.update({k: subprocess.Popen(v, env=agent_env if k == "agent" else None)
                       for k, v in cmds.items() if k != "api"})
     typer.echo(f"fedbroker: API on {st.effective_api_url}, database {mask_url(st.effective_database_url)}, "
                f"Redis {mask_url(st.redis_url)}; Ctrl-C stops")
     code = 0
-    while not stopping:
+    while not stop.is_set():
         for k, p in procs.items():
             if p.poll() is not None:
                 typer.echo(f"fedbroker: {k} exited with {p.returncode}; stopping the others", err=True)
                 code = p.returncode or 1
-                stopping = True
+                stop.set()
                 break
         time.sleep(0.5)
     for p in procs.values():
@@ -352,6 +336,14 @@ def serve_all(config: Optional[Path] = ConfigOpt,
         except subprocess.TimeoutExpired:
             p.kill()
     raise typer.Exit(code)
+
+
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set (the loops of ``serve agent`` and ``serve all`` watch it)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    return stop
 
 
 def agent_environment(token: str, api_url: str, base: dict | None = None) -> dict:
