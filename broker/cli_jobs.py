@@ -592,6 +592,9 @@ def direct_store(config: Path | None):
     except SettingsError as e:
         _fail(str(e), 2)
     store = JobStore.from_settings(settings)
+    if store.created_file:
+        typer.echo(f"note: no job store at {mask_url(settings.effective_database_url)} yet; created a new, empty one "
+                   "(if you meant an existing one: check FEDBROKER_CONFIG and the directory you run in)", err=True)
     try:
         store.migrate()
         yield settings, store

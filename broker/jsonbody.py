@@ -109,7 +109,9 @@ class StrictJsonBody:
     does (so an oversized chunked body is a 413, never a parse error), then, for a JSON body,
     answers 422 ``{"detail": [{"loc": ["body"], "msg": ..., "type": ...}]}`` when it is not UTF-8
     (``type`` ``"utf8_invalid"``, the byte and its offset in the message) or holds a key twice in one
-    object (``"duplicate_key"``, the key named). Invalid JSON is left to FastAPI's own 422."""
+    object (``"duplicate_key"``, the key named), nests too deeply for the parser (``"json_too_deep"``) or
+    holds a number it cannot read (an integer of over 4300 digits: ``"json_invalid"``). Invalid JSON is left
+    to FastAPI's own 422."""
 
     def __init__(self, app):
         self.app = app
@@ -133,8 +135,12 @@ class StrictJsonBody:
                 return await _error(f"body: {utf8_error(body, e)}", "utf8_invalid")(scope, receive, send)
             except DuplicateJsonKey as e:
                 return await _error(f"body: {e}", "duplicate_key")(scope, receive, send)
-            except (ValueError, RecursionError):
+            except json.JSONDecodeError:
                 pass  # not JSON: FastAPI says where
+            except RecursionError:
+                return await _error("body: nested too deeply to parse", "json_too_deep")(scope, receive, send)
+            except ValueError as e:  # e.g. an integer of more than 4300 digits
+                return await _error(f"body: cannot be parsed: {e}", "json_invalid")(scope, receive, send)
         sent = False
 
         async def replay():

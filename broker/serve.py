@@ -53,6 +53,15 @@ def _settings(config: Optional[Path]) -> BrokerSettings:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     install_secret_filter(st)
+    path = config or os.environ.get("FEDBROKER_CONFIG")
+    try:
+        mode = os.stat(path).st_mode if path else None
+    except OSError:
+        mode = None
+    if mode is not None and mode & 0o077:
+        # it holds the database URL (and maybe a password): a job running on this host as another user could read it
+        log.warning("settings file %s is mode %04o, readable by other users; `chmod 600` it (it holds the "
+                    "database and Redis URLs)", path, mode & 0o777)
     return st
 
 
@@ -306,7 +315,10 @@ def serve_all(config: Optional[Path] = ConfigOpt,
     }
     # this command is the composition root: it holds the database credentials and mints the local
     # agent's node token; the agent gets that token and the API URL only (no config, no database URL)
-    agent_env = agent_environment(store.create_node_token(node, label="serve all"), st.effective_api_url)
+    from broker.tokens import revoke_node_tokens
+
+    revoke_node_tokens(store, node, SERVE_ALL_LABEL)  # the token of an earlier start stops working
+    agent_env = agent_environment(store.create_node_token(node, label=SERVE_ALL_LABEL), st.effective_api_url)
     stop = _stop_on_signals()
     # the API first, the others once it listens: started together, the four children's imports share the
     # CPUs and the API took 10-15 s to answer (connections refused meanwhile); alone it takes ~3 s
@@ -336,6 +348,10 @@ def serve_all(config: Optional[Path] = ConfigOpt,
         except subprocess.TimeoutExpired:
             p.kill()
     raise typer.Exit(code)
+
+
+#: the label of the node token ``serve all`` mints for its local agent (the previous one is revoked at each start)
+SERVE_ALL_LABEL = "serve all"
 
 
 def _stop_on_signals() -> threading.Event:

@@ -554,11 +554,32 @@ class DuplicateKeyError(yaml.YAMLError):
 class UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that raises :class:`DuplicateKeyError` on a mapping key given twice (plain
     ``safe_load`` keeps the last one silently: two pasted ``settings-from-terraform`` outputs would drop a
-    provider). Merge keys (``<<: *anchor``) may still be overridden, as YAML intends."""
+    provider). Merge keys (``<<: *anchor``) may still be overridden, as YAML intends. A document whose aliases
+    expand it beyond :attr:`MAX_EXPANDED_NODES` values raises ``yaml.YAMLError``."""
+
+    #: most nodes a document may expand to with its aliases (a "billion laughs" document of nine nested
+    #: lists of nine aliases expands to 10^9 and took minutes to validate)
+    MAX_EXPANDED_NODES = 100_000
 
     def construct_document(self, node):
+        if self._expanded_size(node, {}) > self.MAX_EXPANDED_NODES:
+            raise yaml.YAMLError(f"the document expands to more than {self.MAX_EXPANDED_NODES} values through "
+                                 "its aliases (*name); write them out")
         self._check_unique(node, (), set())
         return super().construct_document(node)
+
+    def _expanded_size(self, node, sizes: dict) -> int:
+        """How many nodes ``node`` stands for with every alias expanded (memoised per node: linear time)."""
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a cycle (a recursive alias) counts once
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            n += sum(self._expanded_size(k, sizes) + self._expanded_size(v, sizes) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            n += sum(self._expanded_size(v, sizes) for v in node.value)
+        sizes[id(node)] = n
+        return n
 
     def _check_unique(self, node, path: tuple, seen_nodes: set) -> None:
         if id(node) in seen_nodes:  # an alias: checked where the anchor is

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -278,17 +279,26 @@ class JobStore:
         schema: PostgreSQL schema to use (created if missing); ``None`` = default search path.
 
     SQLite runs with WAL and a 30 s busy timeout so the API, workers and agents
-    on one machine can share the file.
+    on one machine can share the file; a missing file is created mode 0600 (in a new directory of
+    mode 0700), and :attr:`created_file` says so.
     """
 
     def __init__(self, url: str, schema: str | None = None, echo: bool = False):
         self.url = url
         self.schema = schema
         kw: dict[str, Any] = {"echo": echo, "future": True}
+        #: an SQLite store whose file this made (a new, empty store: a wrong working directory or settings file?)
+        self.created_file = False
         if url.startswith("sqlite"):
             path = url.split("sqlite:///", 1)[-1]
             if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                # private to the broker's user: the file holds token hashes, specs and logs
+                Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                    self.created_file = True
+                except FileExistsError:
+                    pass
             kw["connect_args"] = {"timeout": 30, "check_same_thread": False}
         else:
             kw["pool_pre_ping"] = True

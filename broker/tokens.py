@@ -49,7 +49,7 @@ from broker.db import ApiToken, AuditEvent, utcnow
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.store import JobStore, Principal, StoreError, hash_token
 
-__all__ = ["TOKEN_KINDS", "NODE_TEAM", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
+__all__ = ["TOKEN_KINDS", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
            "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",
            "TokenConflict", "BootstrapRefused", "InvalidTokenRequest", "parse_ttl", "new_token_id", "audit",
            "create_token", "bootstrap", "authenticate", "list_tokens", "revoke", "rotate", "audit_events",
@@ -226,7 +226,8 @@ def create_token(store: JobStore, team: str, kind: str = "member", *, label: str
     Args:
         team, kind, label, node: see :class:`broker.schemas.TokenCreateRequest`.
         ttl: lifetime (:func:`parse_ttl`: seconds, ``"30d"``, a timedelta); ``None`` = :data:`DEFAULT_TTL_S`.
-        actor: who asks; checked with :func:`may_manage` (``None`` = direct store access, unchecked).
+        actor: who asks; checked with :func:`may_manage` (``None`` = direct store access, unchecked); a team
+            admin's token never makes one that outlives it (the lifetime is cut to its own expiry).
         now: aware creation instant (default: the current time).
     Returns: the token with its secret (shown once).
     Raises: :class:`InvalidTokenRequest`, :class:`TokenForbidden`.
@@ -236,10 +237,19 @@ def create_token(store: JobStore, team: str, kind: str = "member", *, label: str
     ttl_s = DEFAULT_TTL_S if ttl is None else parse_ttl(ttl)
     if actor is not None:
         may_manage(actor, team, kind, create=True)
+        ttl_s = _within_actor(actor, ttl_s, now)
     with store.session() as s:
         secret, row = _insert(s, team, kind, label, node, ttl_s, now)
         audit(s, actor, "token.create", row.public_id, _detail(row), now)
     return _created(secret, row, now)
+
+
+def _within_actor(actor: Principal, ttl_s: float, now: datetime) -> float:
+    """``ttl_s`` cut so that a token made by a team admin never outlives the team admin's own token (a broker
+    admin's tokens are not cut); seconds."""
+    if actor.kind != "admin" and actor.expires_at is not None:
+        return max(0.0, min(ttl_s, (actor.expires_at - now).total_seconds()))
+    return ttl_s
 
 
 def _usable_admin_exists(s, now: datetime) -> bool:
@@ -349,6 +359,19 @@ def revoke(store: JobStore, token_id: str, actor: Principal | None = None, now: 
         return _view(row, now)
 
 
+def revoke_node_tokens(store: JobStore, node: str, label: str, now: datetime | None = None) -> int:
+    """Revoke every unrevoked node token of ``node`` labelled ``label`` (direct store access: ``serve all``
+    replacing its local agent's token at each start); each audited ``token.revoke``. Returns how many."""
+    now = now or utcnow()
+    with store.session() as s:
+        rows = s.execute(select(ApiToken).where(ApiToken.kind == "node", ApiToken.node == node,
+                                                ApiToken.label == label, ApiToken.revoked.is_(False))).scalars().all()
+        for row in rows:
+            row.revoked = True
+            audit(s, None, "token.revoke", row.public_id, _detail(row), now)
+    return len(rows)
+
+
 def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: Any = None,
            now: datetime | None = None) -> CreatedToken:
     """Replace a token: a new secret and id with the same kind, team, label and node and a new expiry
@@ -363,6 +386,8 @@ def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: 
         if old.revoked:
             raise TokenConflict(f"token_id={token_id!r}: revoked; a revoked token cannot be rotated, create a new one")
         old.revoked = True
+        if actor is not None:
+            ttl_s = _within_actor(actor, ttl_s, now)
         secret, row = _insert(s, old.team, old.kind, old.label, old.node, ttl_s, now)
         audit(s, actor, "token.rotate", old.public_id, {**_detail(row), "new_token_id": row.public_id}, now)
     return _created(secret, row, now, rotated_from=old.public_id)

@@ -124,6 +124,19 @@ def test_a_duplicate_json_key_is_422_naming_it(client, make_team, raw, key):
     assert client.get("/v1/jobs", headers=h).json() == []
 
 
+@pytest.mark.parametrize("raw, kind, msg", [
+    (b'{"spec": {"command": ["true"], "gpus_per_node": ' + b"9" * 5000 + b"}}", "json_invalid",
+     "body: cannot be parsed: Exceeds the limit (4300 digits) for integer string conversion"),
+    (b"[" * 100_000 + b"]" * 100_000, "json_too_deep", "body: nested too deeply to parse"),
+])
+def test_bodies_the_parser_cannot_read_are_422_not_400(client, make_team, raw, kind, msg):
+    _, h = make_team()
+    r = client.post("/v1/jobs", content=raw, headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    [err] = r.json()["detail"]
+    assert err["type"] == kind and err["msg"].startswith(msg), err
+
+
 def test_a_duplicate_key_in_a_schedule_body_is_422(client, make_team):
     _, h = make_team()
     raw = b'{"name": "a", "name": "b", "cron": "@daily", "spec": {"command": ["true"], "slack_s": 60}}'

@@ -81,3 +81,21 @@ def test_serve_all_is_quiet_leaves_no_beat_files_and_stops_cleanly_on_sigterm(tm
             p.wait()
     text = log.read_text(errors="replace")
     assert "Sending due task" not in text and "succeeded in" not in text
+
+
+def test_serve_warns_about_a_settings_file_other_users_can_read(tmp_path, caplog):
+    from broker.serve import _settings
+
+    cfg = tmp_path / "fb.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}\n")
+    os.chmod(cfg, 0o644)
+    with caplog.at_level(logging.WARNING, logger="fedbroker.serve"):
+        _settings(cfg)
+    assert [r.getMessage() for r in caplog.records if r.name == "fedbroker.serve"] == [
+        f"settings file {cfg} is mode 0644, readable by other users; `chmod 600` it (it holds the database and "
+        "Redis URLs)"]
+    caplog.clear()
+    os.chmod(cfg, 0o600)
+    with caplog.at_level(logging.WARNING, logger="fedbroker.serve"):
+        _settings(cfg)
+    assert [r for r in caplog.records if r.name == "fedbroker.serve"] == []

@@ -152,3 +152,17 @@ def test_a_list_setting_from_the_environment_needs_json(monkeypatch):
         load_settings()
     assert str(e.value).endswith("a list or mapping setting takes JSON in the environment, "
                                  """e.g. FEDBROKER_CLOUD_PROVIDERS='["aws"]'""")
+
+
+def test_yaml_aliases_that_expand_beyond_the_limit_are_refused_fast():
+    import yaml
+
+    from broker.settings import load_yaml
+
+    levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefg", "bcdefgh"):
+        levels.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    with pytest.raises(yaml.YAMLError, match=r"expands to more than 100000 values through its aliases"):
+        load_yaml("\n".join(levels) + "\ncommand: *h\n")  # refused before it is expanded (it took minutes)
+    # a few aliases are fine: 9 + 81 + 1 values
+    assert len(load_yaml("\n".join(levels[:2]) + "\nx: *b\n")["x"]) == 9

@@ -132,6 +132,25 @@ def test_team_admin_manages_own_team_only(client, store):
     assert client.post(f"/v1/tokens/{m_id}/revoke", headers=auth(ta)).json()["revoked"] is True
 
 
+def test_a_team_admin_never_makes_a_token_that_outlives_its_own(client, store):
+    team = fresh_team()
+    ta, _ = mint(store, team, "team-admin", ttl=2 * 86400)  # expires in 2 days
+    r = client.post("/v1/tokens", json={"kind": "member", "ttl_s": 10 * 365 * 86400}, headers=auth(ta))
+    assert r.status_code == 201, r.text
+    ta_expiry = store.authenticate(ta).expires_at
+    assert datetime.fromisoformat(r.json()["expires_at"]) == ta_expiry  # cut to the team admin's own expiry
+    r = client.post(f"/v1/tokens/{r.json()['id']}/rotate", json={"ttl_s": 10 * 365 * 86400}, headers=auth(ta))
+    assert r.status_code == 201 and datetime.fromisoformat(r.json()["expires_at"]) == ta_expiry
+    # a shorter lifetime is kept; a broker admin's tokens are not cut
+    r = client.post("/v1/tokens", json={"kind": "member", "ttl_s": 3600}, headers=auth(ta))
+    made = r.json()
+    assert datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"]) == timedelta(hours=1)
+    r = client.post("/v1/tokens", json={"team": team, "kind": "member", "ttl_s": 10 * 365 * 86400}, headers=auth(ADMIN))
+    made = r.json()
+    assert (datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"])
+            == timedelta(days=3650))
+
+
 def test_admin_creates_any_kind_and_validation_names_the_field(client, store):
     team = fresh_team()
     r = client.post("/v1/tokens", json={"team": team, "kind": "node", "node": "gpu-7"}, headers=auth(ADMIN))
@@ -417,3 +436,38 @@ def test_admin_token_sha256_setting(store):
         assert c.get("/v1/jobs", headers=auth(hash_token(secret))).status_code == 401  # the digest is no token
     with pytest.raises(Exception, match="admin_token_sha256"):
         BrokerSettings(admin_token_sha256="not-hex")
+
+
+def test_serve_all_replaces_its_agents_node_token(store):
+    from broker.serve import SERVE_ALL_LABEL
+
+    node = "vm-" + uuid.uuid4().hex[:6]
+    old = [store.create_node_token(node, label=SERVE_ALL_LABEL) for _ in range(2)]
+    kept = [store.create_node_token(node, label="rack 4"), store.create_node_token(node + "x", label=SERVE_ALL_LABEL)]
+    assert T.revoke_node_tokens(store, node, SERVE_ALL_LABEL) == 2
+    assert [store.node_of_token(t) for t in old] == [None, None]
+    assert [store.node_of_token(t) for t in kept] == [node, node + "x"]
+    assert T.revoke_node_tokens(store, node, SERVE_ALL_LABEL) == 0
+
+
+def test_a_new_sqlite_store_is_private_and_the_cli_says_it_made_one(tmp_path):
+    import os
+    import stat
+
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+    from broker.store import JobStore
+
+    db = tmp_path / "state" / "fedbroker.db"
+    cfg = tmp_path / "fb.yaml"
+    cfg.write_text(f"database_url: sqlite:///{db}\n")
+    r = CliRunner().invoke(app, ["tokens", "create", "--team", "vision", "--config", str(cfg)],
+                           env={"FEDBROKER_TOKEN": ""})
+    assert r.exit_code == 0, r.output
+    assert f"note: no job store at sqlite:///{db} yet; created a new, empty one" in r.stderr
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in (db.parent, db)] == [0o700, 0o600]
+    assert JobStore(f"sqlite:///{db}").created_file is False  # it exists now
+    r = CliRunner().invoke(app, ["tokens", "create", "--team", "ops", "--admin", "--config", str(cfg)],
+                           env={"FEDBROKER_TOKEN": ""})
+    assert r.exit_code == 0 and "note:" not in r.stderr
