@@ -181,6 +181,8 @@ def main() -> None:
                     help="stop probing and waiting for intake after this many seconds of the burst")
     ap.add_argument("--skip-burst", action="store_true", help="only the submit throughputs (API alone)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--workdir", type=Path, help="keep the broker's config and process logs here (default: a "
+                                                  "temporary directory, removed at the end)")
     args = ap.parse_args()
     import signal
 
@@ -190,9 +192,14 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _term)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    out: dict = {"machine": machine_info(), "commit": commit, "args": vars(args) | {"json": str(args.json)}}
+    out: dict = {"machine": machine_info(), "commit": commit, "args": vars(args) | {"json": str(args.json),
+                                                                                "workdir": str(args.workdir)}}
     quotas = {"max_queued_jobs": 50000, "submits_per_s": 0, "burst": 0}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.workdir.resolve())
+        Path(tmp).chmod(0o755)  # the job user (nobody when run as root) must reach jobs.root inside it
         b = LiveBroker(Path(tmp) / "broker", nodes={f"node-{i}": 8 for i in range(args.nodes)}, quotas=quotas,
                        api_workers=args.api_workers)
         from broker.store import JobStore

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
 import numpy as np
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import func, insert, or_, select, update
 
 from broker.db import Attempt, Job, JobEvent, Node, utcnow
 from broker.live import LiveEnvironment, LiveNode
@@ -64,11 +64,13 @@ FAIR_SHARE_HALF_LIFE_S = 7 * 86400.0
 
 @dataclass
 class CycleResult:
-    """What one cycle did. ``stale``: the plan was dropped because another cycle applied first."""
+    """What one cycle did. ``stale``: the plan was dropped because another cycle applied first;
+    ``intake_capped``: intake took ``settings.intake_per_cycle`` jobs and left more for the next cycle."""
 
     applied: bool = False
     stale: bool = False
     intake: int = 0
+    intake_capped: bool = False
     decisions: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
     dispatched: list[tuple[str, int]] = field(default_factory=list)
@@ -167,6 +169,7 @@ class PlanningCycle:
         self.canon = canonical_or_same
         self._failed_logged: set[str] = set()  # jobs whose per-job failure was logged
         self._bad: list[tuple[Job, str, Exception]] = []  # (job, step, error) to fail after the read / plan
+        self.intake_capped = False  # the last intake left due jobs for the next cycle (intake_per_cycle)
 
     # ------------------------------------------------------------------ public
     def run(self, now: datetime | None = None) -> CycleResult:
@@ -175,6 +178,7 @@ class PlanningCycle:
         now = now or utcnow()
         res = CycleResult()
         res.intake = self.intake(now)
+        res.intake_capped = self.intake_capped
         version = self.store.planner_version()
         self._bad = []
         with self.store.session() as s:
@@ -223,8 +227,11 @@ class PlanningCycle:
     def intake(self, now: datetime) -> int:
         """Step 1 (see module docstring). Returns how many jobs changed state.
 
-        Jobs are read in batches of ``settings.intake_batch`` (oldest first, keyset-paged by
-        ``(created_at, id)``); each batch's moves are worked out outside any transaction and
+        At most ``settings.intake_per_cycle`` jobs are taken per cycle (0: all), fairly across teams:
+        round-robin by team, oldest first within a team (``row_number() over (partition by team order
+        by created_at, id)``), so another team's new job is taken in the very next cycle whatever one
+        team queued; ``self.intake_capped`` tells whether jobs were left for the next cycle. They are
+        handled in batches of ``settings.intake_batch``, each worked out outside any transaction and
         applied in one short transaction that first locks the batch's rows with
         ``FOR UPDATE SKIP LOCKED`` (PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` serialises writers):
         a row a cancel holds is skipped, left for the next cycle, and a cancel waits at most for
@@ -233,23 +240,30 @@ class PlanningCycle:
         """
         n = 0
         size = int(self.settings.intake_batch)
-        after: tuple[datetime, str] | None = None  # (created_at, id) of the last job read
-        while True:
-            q = (select(Job).where(or_(
-                Job.state == S.submitted.value,
-                (Job.state == S.deferred.value) & (Job.not_before <= now),
-                (Job.state.in_([S.queued.value, S.deferred.value])) & (Job.not_after < now),
-            )).order_by(Job.created_at, Job.id).limit(size))
-            if after is not None:
-                q = q.where(or_(Job.created_at > after[0], and_(Job.created_at == after[0], Job.id > after[1])))
+        cap = int(getattr(self.settings, "intake_per_cycle", 0) or 0)
+        due = or_(
+            Job.state == S.submitted.value,
+            (Job.state == S.deferred.value) & (Job.not_before <= now),
+            (Job.state.in_([S.queued.value, S.deferred.value])) & (Job.not_after < now),
+        )
+        rn = func.row_number().over(partition_by=Job.team, order_by=(Job.created_at, Job.id)).label("rn")
+        sub = select(Job.id, Job.created_at, rn).where(due).subquery()
+        q = select(sub.c.id).order_by(sub.c.rn, sub.c.created_at, sub.c.id)
+        if cap > 0:
+            q = q.limit(cap + 1)
+        with self.store.session() as s:
+            ids = list(s.execute(q).scalars())
+        self.intake_capped = cap > 0 and len(ids) > cap
+        if self.intake_capped:
+            ids = ids[:cap]
+        for k in range(0, len(ids), size):
+            chunk = ids[k:k + size]
             with self.store.session() as s:
-                rows = s.execute(q).scalars().all()
-            if not rows:
-                return n
-            after = (rows[-1].created_at, rows[-1].id)
-            n += self._intake_batch(rows, now)
-            if len(rows) < size:
-                return n
+                rows = s.execute(select(Job).where(Job.id.in_(chunk), due)
+                                 .order_by(Job.created_at, Job.id)).scalars().all()
+            if rows:
+                n += self._intake_batch(rows, now)
+        return n
 
     def _intake_batch(self, rows: Sequence[Job], now: datetime) -> int:
         moves: list[tuple[Job, str, str, dict]] = []

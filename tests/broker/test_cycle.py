@@ -388,6 +388,24 @@ def test_intake_takes_a_burst_in_batches(any_store, env):
     assert {store.get(i).state for i in ids} == {"queued"}
 
 
+def test_intake_per_cycle_is_capped_and_fair_across_teams(any_store, env):
+    """A team that queued 6 jobs does not hold back another team's job: with ``intake_per_cycle`` 3, the
+    first cycle takes the burst team's two oldest and the other team's job (round-robin by team, oldest
+    first within a team), says it left jobs behind, and the next cycles take the rest, 3 at most each."""
+    store = any_store
+    now = utcnow()
+    burst = [store.submit("burst", _spec(), now=now + timedelta(microseconds=k))[0].id for k in range(6)]
+    other = store.submit("other", _spec(), now=now + timedelta(microseconds=10))[0].id
+    cyc, _, _ = _cycle(store, env, intake_batch=2, intake_per_cycle=3)
+    assert cyc.intake(now + timedelta(seconds=1)) == 3 and cyc.intake_capped
+    assert {j.id for j in store.list_jobs(states=["queued"])} == {burst[0], burst[1], other}
+    assert cyc.intake(now + timedelta(seconds=1)) == 3 and cyc.intake_capped
+    assert {j.id for j in store.list_jobs(states=["submitted"])} == {burst[5]}
+    res = cyc.run(now + timedelta(seconds=2))
+    assert res.intake == 1 and not res.intake_capped
+    assert cyc.intake(now + timedelta(seconds=3)) == 0 and not cyc.intake_capped
+
+
 def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
     """A burst of 3,000 submitted jobs taken in batches of 200 while a user cancels jobs: each cancel
     returns promptly (it waits at most for one short batch, never for the whole intake), and the
@@ -412,7 +430,7 @@ def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
         s.execute(insert(Job), rows)
         s.execute(insert(JobEvent), [dict(job_id=r["id"], at=now, from_state=None, to_state="submitted", version=1,
                                           reason="submitted") for r in rows])
-    cyc, _, _ = _cycle(store, env, intake_batch=200)
+    cyc, _, _ = _cycle(store, env, intake_batch=200, intake_per_cycle=0)  # all 3,000 in one cycle
     started = threading.Event()
     real = cyc._intake_batch
 
