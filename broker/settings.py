@@ -492,7 +492,7 @@ class BrokerSettings(BaseSettings):
     token_ttl_days: float = Field(90.0, gt=0, le=3650)
     max_attempts: int = Field(5, ge=1)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
-    intake_batch: int = Field(500, ge=1, le=100_000)
+    intake_batch: int = Field(250, ge=1, le=100_000)
     intake_per_cycle: int = Field(500, ge=0, le=1_000_000)
     retention_days: float = Field(30.0, ge=0, le=36_500)
     retention_batch: int = Field(500, ge=1, le=100_000)

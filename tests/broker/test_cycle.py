@@ -406,6 +406,31 @@ def test_intake_per_cycle_is_capped_and_fair_across_teams(any_store, env):
     assert cyc.intake(now + timedelta(seconds=3)) == 0 and not cyc.intake_capped
 
 
+def test_waiting_jobs_are_not_rewritten_each_cycle_and_their_kept_rows_stay_current(any_store, env):
+    """A queued job nothing can hold gets its reason written once (one version bump), not every cycle;
+    the cycle keeps its row between cycles (by version) and still places it, with the current version,
+    once a node appears; a job changed behind the cycle's back (a cancel) is read again, not reused."""
+    store = any_store
+    now = utcnow()
+    a, b = (store.submit("ml", _spec(), now=now + timedelta(microseconds=k))[0].id for k in range(2))
+    cyc, _, _ = _cycle(store, env)
+    cyc.run(now + timedelta(seconds=1))
+    first = {i: (store.get(i).version, store.get(i).reason) for i in (a, b)}
+    assert {r.startswith("no live pool can hold it now") for _, r in first.values()} == {True}
+    assert {v for v, _ in first.values()} == {3}  # submitted 1 -> queued 2 -> reason 3
+    for k in (2, 3):
+        assert cyc.run(now + timedelta(seconds=k)).decisions == 0
+        assert {i: (store.get(i).version, store.get(i).reason) for i in (a, b)} == first
+    assert {jid: v for jid, (v, _, _) in cyc._waiting.items()} == {a: 3, b: 3}
+    assert store.request_cancel(b, "ml").state == "cancelled"
+    store.heartbeat("n1", "local", "V100", 2, 16.0, [0, 1], "agent-1")
+    res = cyc.run(now + timedelta(seconds=4))
+    assert res.kinds == {"start": 1} and store.get(a).state == "starting" and store.get(b).state == "cancelled"
+    assert set(cyc._waiting) == {a}  # kept from this cycle's read; dropped once it is no longer queued
+    cyc.run(now + timedelta(seconds=5))
+    assert cyc._waiting == {}
+
+
 def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
     """A burst of 3,000 submitted jobs taken in batches of 200 while a user cancels jobs: each cancel
     returns promptly (it waits at most for one short batch, never for the whole intake), and the
