@@ -94,7 +94,7 @@ def test_retention_settings_are_bounded():
     from pydantic import ValidationError
 
     st = BrokerSettings()
-    assert (st.retention_days, st.retention_batch, st.intake_batch, st.intake_per_cycle) == (30.0, 500, 250, 500)
+    assert (st.retention_days, st.retention_batch, st.intake_batch, st.intake_per_cycle) == (30.0, 500, 250, 200)
     for bad in ({"retention_days": -1}, {"retention_batch": 0}, {"intake_batch": 0}, {"intake_per_cycle": -1}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
             BrokerSettings(**bad)
