@@ -6,11 +6,14 @@
    ``queued``, or ``deferred`` until their window opens (``not_before``) — for a job
    with ``window: cheapest|cleanest`` the start is the cheapest/cleanest slot of its
    window (:func:`broker.windows.best_start`); ``deferred`` jobs whose ``not_before``
-   has come are ``queued`` again; waiting jobs past their ``not_after`` fail.
+   has come are ``queued`` again; waiting jobs past their ``not_after`` fail. At most
+   ``settings.intake_per_cycle`` jobs a cycle, round-robin across teams (:meth:`PlanningCycle.intake`).
 2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat), queued
    jobs and the jobs holding GPUs, turned into the planner's :class:`Snapshot`
    exactly as the simulator builds it (``pending`` = new, requeued or due for
    review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
+   Queued jobs' rows and planner views are kept between cycles by version
+   (:meth:`PlanningCycle._waiting_jobs`): only new or changed jobs are read in full.
 3. **Plan**: :func:`broker.planner.plan`, the same pure function the simulator runs.
 4. **Apply** in one transaction that first advances the planner fence from the
    version read in step 2 (:meth:`JobStore.advance_fence`); if another cycle
