@@ -15,8 +15,9 @@ Cost, per API process, whatever the number of agents waiting (:class:`WorkWatch`
 * only for an agent whose node's jobs changed, one :func:`broker.attempts.node_work` (its usual poll).
 
 A waiting request holds no thread (the route is ``async``; the queries run in the thread pool),
-only its connection: keep ``serve api``'s connection limit above the number of agents. Changes
-that do not move a job's version (none today) are seen when the wait ends.
+only its connection: an agent holds two (its loop's and its long-poll's), so keep
+``api_max_connections`` (per API process) above twice the number of agents. Changes that do not
+move a job's version (none today) are seen when the wait ends.
 """
 
 from __future__ import annotations
