@@ -15,7 +15,8 @@ queued-jobs quota is on: ``max_queued_jobs`` 50,000, so its check is part of eve
    they queue); while the queue is absorbed:
    * planner cycle durations (``total_s`` of every ``planning cycle`` line of the worker's log),
    * another team's fitting job (1 GPU, 0.5 s) submit -> ``running`` latency, ``--probes`` of them one
-     after the other (from the job's events: ``submitted`` -> ``running``),
+     after the other (from the job's events: ``submitted`` -> ``running``; and ``submitted`` ->
+     ``starting``, the planner's part of it),
    * cancel latency: ``--probes`` cancels of burst jobs (HTTP round trip of ``POST .../cancel``).
 
 Usage (keep it to a few minutes on a shared machine)::
@@ -181,6 +182,8 @@ def main() -> None:
                     help="stop probing and waiting for intake after this many seconds of the burst")
     ap.add_argument("--skip-burst", action="store_true", help="only the submit throughputs (API alone)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--workdir", type=Path, help="keep the broker's config and process logs here (default: a "
+                                                  "temporary directory, removed at the end)")
     args = ap.parse_args()
     import signal
 
@@ -190,9 +193,14 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _term)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    out: dict = {"machine": machine_info(), "commit": commit, "args": vars(args) | {"json": str(args.json)}}
+    out: dict = {"machine": machine_info(), "commit": commit, "args": vars(args) | {"json": str(args.json),
+                                                                                "workdir": str(args.workdir)}}
     quotas = {"max_queued_jobs": 50000, "submits_per_s": 0, "burst": 0}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.workdir.resolve())
+        Path(tmp).chmod(0o755)  # the job user (nobody when run as root) must reach jobs.root inside it
         b = LiveBroker(Path(tmp) / "broker", nodes={f"node-{i}": 8 for i in range(args.nodes)}, quotas=quotas,
                        api_workers=args.api_workers)
         from broker.store import JobStore
@@ -288,12 +296,15 @@ def main() -> None:
             out["planner_cycle_ms"] = _stats([c["total_s"] * 1000 for c in cycles])
             out["planner_cycles_over_2s"] = sum(c["total_s"] > 2 for c in cycles)
             out["planner_intake_per_cycle_max"] = max((c.get("intake", 0) for c in cycles), default=0)
-            lat = []
+            lat, placed = [], []
             for i in probe_ids:
                 ev = {e.to_state: e.at for e in b.store.events(i)}
                 if "running" in ev:
                     lat.append((ev["running"] - ev["submitted"]).total_seconds() * 1000)
+                if "starting" in ev:  # the planner's part: placed (the agent's part is starting -> running)
+                    placed.append((ev["starting"] - ev["submitted"]).total_seconds() * 1000)
             out["other_team_submit_to_running_ms"] = _stats(lat)
+            out["other_team_submit_to_starting_ms"] = _stats(placed)
             out["cancel_ms"] = _stats(cancel_ms)
         finally:
             b.stop()

@@ -9,7 +9,8 @@ every team route (:func:`broker.api.create_app`'s principal)::
 
     GET  /v1/node/config               -> the agent-side settings (heartbeat interval, cancel grace, log chunking)
     POST /v1/node/heartbeat            NodeHeartbeat -> {"node": name}   (pool must be in the cluster file: 422)
-    GET  /v1/node/work                 -> {"node": name, "work": [NodeWorkItem, ...]}
+    GET  /v1/node/work                 -> {"node": name, "work": [NodeWorkItem, ...]} and an ETag header
+                                          (?wait_s= with If-None-Match: a long-poll, broker/work_watch.py)
     POST /v1/node/attempts/{job_id}/{attempt}/{rank}/running        -> {"changed": bool}
     POST /v1/node/attempts/{job_id}/{attempt}/{rank}/ended          NodeEnded -> {"recorded": bool, "changed": bool}
     POST /v1/node/attempts/{job_id}/{attempt}/{rank}/launch-failed  NodeReason -> {"changed": bool}
@@ -21,16 +22,21 @@ lifecycle); this module only authenticates, checks placement and validates bodie
 """
 
 
+import asyncio
 import logging
+import time
 from typing import Annotated, Any, Callable
 
-from fastapi import APIRouter, Depends, HTTPException, Path
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import attempts
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES
 from broker.store import JobStore
+from broker.work_watch import MAX_WAIT_S, WorkWatch, work_etag
 
 __all__ = ["authenticate_node", "node_router"]
 
@@ -163,11 +169,34 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
                         body.agent_id, telemetry=body.telemetry)
         return {"node": node}
 
-    @router.get("/work", responses=_ERRORS)
-    def work(node: Node) -> dict:
+    watch = WorkWatch(store)
+
+    @router.get("/work", response_model=None,
+                responses={**_ERRORS, 200: {"description": "the node's work, with its ETag"},
+                           304: {"description": "the work still matches If-None-Match after wait_s"}})
+    async def work(node: Node,
+                   wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description=(
+                       "with If-None-Match: wait up to this many seconds for the work to change"))] = 0.0,
+                   if_none_match: Annotated[str | None, Header(max_length=64, description=(
+                       "the ETag of the work the agent has"))] = None) -> Response:
         """The ranks placed on the caller's node of every ``starting``/``running`` job (see
-        :func:`broker.attempts.node_work`)."""
-        return {"node": node, "work": attempts.node_work(store, node)}
+        :func:`broker.attempts.node_work`), with an ``ETag``. A long-poll: with ``If-None-Match`` equal
+        to the current ETag and ``wait_s`` > 0 the answer waits until the node's work changes (200,
+        seen within ~0.1 s) or ``wait_s`` passes (304); cost in :mod:`broker.work_watch`."""
+        seen = await run_in_threadpool(watch.node_state, node) if wait_s > 0 and if_none_match else None
+        items = await run_in_threadpool(attempts.node_work, store, node)
+        tag = work_etag(items)
+        end = time.monotonic() + wait_s
+        while tag == if_none_match and (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(watch.check_s, left))
+            now = await run_in_threadpool(watch.node_state, node)
+            if now != seen:
+                seen = now
+                items = await run_in_threadpool(attempts.node_work, store, node)
+                tag = work_etag(items)
+        if tag == if_none_match:
+            return Response(status_code=304, headers={"ETag": tag})
+        return JSONResponse({"node": node, "work": items}, headers={"ETag": tag})
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/running", responses=_ERRORS)
     def running(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, node: Placed) -> dict:

@@ -73,6 +73,8 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("celery", "kombu"):
         logging.getLogger(name).setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
+    # the Celery worker sets the ROOT logger to its own (WARNING) level: keep ours at ``level``
+    logging.getLogger("fedbroker").setLevel(lvl)
 
 
 def _celery_level(level: str) -> str:

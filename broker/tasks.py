@@ -34,6 +34,8 @@ __all__ = ["services", "kick_planner", "send_dispatch", "send_teardown", "plan",
 log = logging.getLogger("fedbroker.tasks")
 PLANNER_LOCK = "fedbroker:planner-lock"
 KICK_KEY = "fedbroker:plan-kick"
+#: a planning cycle at least this long is logged at INFO even when it decided nothing, seconds
+SLOW_CYCLE_S = 0.25
 #: monotonic instant of this process's last planner kick (:func:`kick_planner`)
 _last_kick = -1e9
 
@@ -148,7 +150,7 @@ def plan() -> dict:
         out = {"applied": res.applied, "stale": res.stale, "intake": res.intake, "decisions": res.decisions,
                "kinds": res.kinds, "dispatched": len(res.dispatched), "plan_s": round(res.plan_s, 4),
                "total_s": round(res.total_s, 4)}
-        if res.decisions or res.intake:
+        if res.decisions or res.intake or res.total_s >= SLOW_CYCLE_S:
             log.info("planning cycle: %s", out)
         return out
     finally:
@@ -157,6 +159,11 @@ def plan() -> dict:
         except redis.exceptions.LockError:
             log.warning("planner lock expired during the cycle (TTL %.0f s); the fence kept it safe",
                         st.planner_lock_ttl_s)
+        if services.cycle.intake_capped:  # a burst: take the next intake_per_cycle jobs at once
+            try:
+                get_app().send_task("fedbroker.plan", queue="planning")
+            except Exception as e:  # noqa: BLE001 - beat plans anyway within plan_interval_s
+                log.warning("could not request the next planning cycle (%s); beat will run one", e)
 
 
 @shared_task(name="fedbroker.reconcile", ignore_result=True)

@@ -7,7 +7,8 @@ It holds no broker secret: only the API's URL and a token scoped to its own node
 * heartbeats every ``heartbeat_interval_s``: inventory and NVML telemetry from
   :mod:`providers.nvml` (a fake backend where there is no GPU); unhealthy or lost GPUs are
   left out of ``healthy_gpus`` and receive no work;
-* asks the API for the ranks placed on this node (``GET /v1/node/work``) and starts the
+* asks the API for the ranks placed on this node (``GET /v1/node/work``; a second thread
+  long-polls it and wakes the step as soon as the work changes) and starts the
   ones that are not here yet, of ``starting`` jobs and of gangs already ``running`` on another
   node (reporting ``running`` once the process is up);
 * ships new log bytes of every local attempt;
@@ -51,10 +52,12 @@ from providers.launch import default_route_interface, launch_spec, process_envir
 from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, resolve_job_user
 from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
-__all__ = ["NodeAgent", "RENDEZVOUS_PORT", "SUPERVISE_S", "MAX_BACKOFF_S"]
+__all__ = ["NodeAgent", "RENDEZVOUS_PORT", "SUPERVISE_S", "WORK_WAIT_S", "MAX_BACKOFF_S"]
 
 log = logging.getLogger("fedbroker.agent")
 SUPERVISE_S = 0.5
+#: seconds one long-poll of GET /v1/node/work may wait for a change (at most broker.work_watch.MAX_WAIT_S)
+WORK_WAIT_S = 5.0
 #: longest wait between tries while the API cannot be reached, seconds
 MAX_BACKOFF_S = 10.0
 #: an attempt must look lost (shim gone, no exit code) this long before it is reported lost, seconds
@@ -107,7 +110,9 @@ class NodeAgent:
         self._backoff = 0.0
         self._retry_at = 0.0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the work watcher: supervise now
         self._thread: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
         self._lost_seen: dict = {}
         #: ranks whose end this agent reported (never started again here, whatever a stale answer says)
         self._ended: dict[tuple[str, int, int], float] = {}
@@ -337,23 +342,50 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Supervise in a background thread until :meth:`stop` (the first step heartbeats)."""
+        """Supervise in a background thread until :meth:`stop` (the first step heartbeats), and
+        long-poll the node's work in another (:meth:`_watch_work`): a change wakes the supervision
+        step at once instead of at the next ``SUPERVISE_S`` tick."""
         self._thread = threading.Thread(target=self._loop, name=f"agent-{self.name}", daemon=True)
         self._thread.start()
+        self._watcher = threading.Thread(target=self._watch_work, name=f"agent-{self.name}-watch", daemon=True)
+        self._watcher.start()
 
     def _loop(self) -> None:
         while True:
             t0 = time.monotonic()
+            self._wake.clear()
             try:
                 self.supervise_once()
             except Exception:
                 log.exception("supervision step failed")
-            # one step every SUPERVISE_S (a slow step is followed at once, after a short pause)
-            if self._stop.wait(max(SUPERVISE_S - (time.monotonic() - t0), 0.05)):
+            # one step every SUPERVISE_S, or at once when the work changed (a slow step is followed
+            # at once, after a short pause)
+            self._wake.wait(max(SUPERVISE_S - (time.monotonic() - t0), 0.05))
+            if self._stop.is_set():
                 return
+
+    def _watch_work(self) -> None:
+        """Long-poll ``GET /v1/node/work`` (``WORK_WAIT_S`` a call) and wake the supervision loop when
+        this node's work changes (a rank placed, cancelled, preempted or moved on). The loop still
+        polls every ``SUPERVISE_S``: this only makes it sooner. API errors: retried after a pause."""
+        etag = None
+        while not self._stop.is_set():
+            try:
+                new = self.api.work_changed(etag, WORK_WAIT_S)
+            except NodeApiError:
+                self._stop.wait(max(self._backoff, SUPERVISE_S))
+                etag = None
+                continue
+            if new is None:  # an API without ETags: the loop's own poll is all there is
+                self._stop.wait(WORK_WAIT_S)
+            elif new != etag:
+                if etag is not None:
+                    self._wake.set()
+                etag = new
 
     def stop(self) -> None:
         """Stop supervising (running jobs keep running under their shims)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)

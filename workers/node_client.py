@@ -47,6 +47,7 @@ class NodeClient:
         self.timeout_s = timeout_s
         self._http = requests.Session()
         self._http.headers["Authorization"] = f"Bearer {token}"
+        self._poll_http: requests.Session | None = None
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         url = f"{self.api_url}/v1/node{path}"
@@ -75,6 +76,27 @@ class NodeClient:
     def work(self) -> list[dict]:
         """The ranks placed on this node of every starting or running job."""
         return self._call("GET", "/work")["work"]
+
+    def work_changed(self, etag: str | None, wait_s: float) -> str | None:
+        """Long-poll ``GET /work``: returns the ETag of this node's work as soon as it differs from
+        ``etag``, or ``etag`` itself after ``wait_s`` seconds (0-10) without a change; ``None`` from an
+        API that sends no ETag. Raises :class:`NodeApiError` like every call."""
+        url = f"{self.api_url}/v1/node/work"
+        headers = {"If-None-Match": etag} if etag else {}
+        if self._poll_http is None:  # its own session: the long-poll runs in a thread of its own
+            self._poll_http = requests.Session()
+            self._poll_http.headers.update(self._http.headers)
+        try:
+            r = self._poll_http.get(url, params={"wait_s": wait_s} if etag else None, headers=headers,
+                               timeout=(self.timeout_s, wait_s + self.timeout_s))
+        except requests.RequestException as e:
+            raise NodeApiUnavailable(f"GET /work: {type(e).__name__}") from None
+        if r.status_code == 304:
+            return etag
+        if r.status_code >= 400:
+            raise (NodeApiUnavailable if r.status_code >= 500 else NodeApiError)(
+                f"GET /work: HTTP {r.status_code}", r.status_code)
+        return r.headers.get("ETag")
 
     @staticmethod
     def _key(job_id: str, attempt: int, rank: int) -> str:

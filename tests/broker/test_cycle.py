@@ -388,6 +388,49 @@ def test_intake_takes_a_burst_in_batches(any_store, env):
     assert {store.get(i).state for i in ids} == {"queued"}
 
 
+def test_intake_per_cycle_is_capped_and_fair_across_teams(any_store, env):
+    """A team that queued 6 jobs does not hold back another team's job: with ``intake_per_cycle`` 3, the
+    first cycle takes the burst team's two oldest and the other team's job (round-robin by team, oldest
+    first within a team), says it left jobs behind, and the next cycles take the rest, 3 at most each."""
+    store = any_store
+    now = utcnow()
+    burst = [store.submit("burst", _spec(), now=now + timedelta(microseconds=k))[0].id for k in range(6)]
+    other = store.submit("other", _spec(), now=now + timedelta(microseconds=10))[0].id
+    cyc, _, _ = _cycle(store, env, intake_batch=2, intake_per_cycle=3)
+    assert cyc.intake(now + timedelta(seconds=1)) == 3 and cyc.intake_capped
+    assert {j.id for j in store.list_jobs(states=["queued"])} == {burst[0], burst[1], other}
+    assert cyc.intake(now + timedelta(seconds=1)) == 3 and cyc.intake_capped
+    assert {j.id for j in store.list_jobs(states=["submitted"])} == {burst[5]}
+    res = cyc.run(now + timedelta(seconds=2))
+    assert res.intake == 1 and not res.intake_capped
+    assert cyc.intake(now + timedelta(seconds=3)) == 0 and not cyc.intake_capped
+
+
+def test_waiting_jobs_are_not_rewritten_each_cycle_and_their_kept_rows_stay_current(any_store, env):
+    """A queued job nothing can hold gets its reason written once (one version bump), not every cycle;
+    the cycle keeps its row between cycles (by version) and still places it, with the current version,
+    once a node appears; a job changed behind the cycle's back (a cancel) is read again, not reused."""
+    store = any_store
+    now = utcnow()
+    a, b = (store.submit("ml", _spec(), now=now + timedelta(microseconds=k))[0].id for k in range(2))
+    cyc, _, _ = _cycle(store, env)
+    cyc.run(now + timedelta(seconds=1))
+    first = {i: (store.get(i).version, store.get(i).reason) for i in (a, b)}
+    assert {r.startswith("no live pool can hold it now") for _, r in first.values()} == {True}
+    assert {v for v, _ in first.values()} == {3}  # submitted 1 -> queued 2 -> reason 3
+    for k in (2, 3):
+        assert cyc.run(now + timedelta(seconds=k)).decisions == 0
+        assert {i: (store.get(i).version, store.get(i).reason) for i in (a, b)} == first
+    assert {jid: v for jid, (v, _, _) in cyc._waiting.items()} == {a: 3, b: 3}
+    assert store.request_cancel(b, "ml").state == "cancelled"
+    store.heartbeat("n1", "local", "V100", 2, 16.0, [0, 1], "agent-1")
+    res = cyc.run(now + timedelta(seconds=4))
+    assert res.kinds == {"start": 1} and store.get(a).state == "starting" and store.get(b).state == "cancelled"
+    assert set(cyc._waiting) == {a}  # kept from this cycle's read; dropped once it is no longer queued
+    cyc.run(now + timedelta(seconds=5))
+    assert cyc._waiting == {}
+
+
 def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
     """A burst of 3,000 submitted jobs taken in batches of 200 while a user cancels jobs: each cancel
     returns promptly (it waits at most for one short batch, never for the whole intake), and the
@@ -412,7 +455,7 @@ def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
         s.execute(insert(Job), rows)
         s.execute(insert(JobEvent), [dict(job_id=r["id"], at=now, from_state=None, to_state="submitted", version=1,
                                           reason="submitted") for r in rows])
-    cyc, _, _ = _cycle(store, env, intake_batch=200)
+    cyc, _, _ = _cycle(store, env, intake_batch=200, intake_per_cycle=0)  # all 3,000 in one cycle
     started = threading.Event()
     real = cyc._intake_batch
 

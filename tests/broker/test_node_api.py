@@ -159,3 +159,48 @@ def test_serve_agent_needs_a_node_token_kept_private(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDBROKER_NODE_TOKEN", "fbn_x")
     r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "ftp://broker", "--nvml", "fake"])
     assert r.exit_code == 2 and "api_url='ftp://broker': must start with http:// or https://" in r.output
+
+
+def test_work_long_poll_answers_a_change_at_once_and_304_when_none(pg_store, rig):
+    """``GET /v1/node/work`` carries an ETag; with ``If-None-Match`` and ``wait_s`` it waits: 304 after
+    ``wait_s`` when the node's work did not change, 200 with the new list within ~0.1 s of a change
+    (here a cancel), bounded ``wait_s`` (10 s at most: 422 naming the field)."""
+    import threading
+    import time
+
+    c, tok, jid, _ = rig
+    r = c.get("/v1/node/work", headers=tok["n2"])
+    etag = r.headers["etag"]
+    assert r.status_code == 200 and [w["job_id"] for w in r.json()["work"]] == [jid]
+    assert etag.startswith('"') and len(etag) == 18
+    assert c.get("/v1/node/work", headers=tok["n2"]).headers["etag"] == etag  # stable while nothing changes
+    t0 = time.perf_counter()
+    r = c.get("/v1/node/work?wait_s=0.3", headers={**tok["n2"], "If-None-Match": etag})
+    assert r.status_code == 304 and r.headers["etag"] == etag and r.content == b""
+    assert 0.3 <= time.perf_counter() - t0 < 2.0
+    # another node's long-poll is not woken by this node's change
+    idle = c.get("/v1/node/work", headers=tok["n1"]).headers["etag"]
+    out = {}
+
+    def poll(name, tag, key):
+        t = time.perf_counter()
+        resp = c.get("/v1/node/work?wait_s=5", headers={**tok[name], "If-None-Match": tag})
+        out[key] = (resp, time.perf_counter() - t)
+
+    threads = [threading.Thread(target=poll, args=("n2", etag, "n2")),
+               threading.Thread(target=poll, args=("n1", idle, "n1"))]
+    for th in threads:
+        th.start()
+    time.sleep(0.5)
+    t_cancel = time.perf_counter()
+    assert pg_store.request_cancel(jid, "ml", "stop it").cancel_requested
+    threads[0].join(10)
+    resp, _ = out["n2"]
+    assert resp.status_code == 200 and time.perf_counter() - t_cancel < 1.5
+    [w] = resp.json()["work"]
+    assert w["cancel_requested"] is True and resp.headers["etag"] != etag
+    threads[1].join(10)
+    resp, waited = out["n1"]
+    assert resp.status_code == 304 and waited >= 5.0
+    r = c.get("/v1/node/work?wait_s=11", headers=tok["n2"])
+    assert r.status_code == 422 and "wait_s" in r.text

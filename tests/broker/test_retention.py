@@ -93,8 +93,8 @@ def test_retention_settings_are_bounded():
     import pytest
     from pydantic import ValidationError
 
-    assert (BrokerSettings().retention_days, BrokerSettings().retention_batch, BrokerSettings().intake_batch) == (
-        30.0, 500, 500)
-    for bad in ({"retention_days": -1}, {"retention_batch": 0}, {"intake_batch": 0}):
+    st = BrokerSettings()
+    assert (st.retention_days, st.retention_batch, st.intake_batch, st.intake_per_cycle) == (30.0, 500, 250, 200)
+    for bad in ({"retention_days": -1}, {"retention_batch": 0}, {"intake_batch": 0}, {"intake_per_cycle": -1}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
             BrokerSettings(**bad)

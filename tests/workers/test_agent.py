@@ -187,6 +187,37 @@ def test_cancel_reaches_the_process_with_sigterm(pg_store, rig, tmp_path):
     assert pg_store.attempts(jid)[0].outcome == "cancelled"
 
 
+def test_a_running_agent_starts_new_work_at_once_through_the_long_poll(pg_store, rig, tmp_path, monkeypatch):
+    """With its loop ticking only every 30 s, a started agent (threads) still runs a job placed on its
+    node within about a second: the work watcher's long-poll of GET /v1/node/work sees the placement
+    and wakes the loop (before: up to SUPERVISE_S = 0.5 s of polling delay)."""
+    import workers.agent as agent_mod
+
+    monkeypatch.setattr(agent_mod, "SUPERVISE_S", 30.0)
+    rig = rig({"n1": 1})
+    a = rig.agents["n1"]
+    a.start()
+    try:
+        time.sleep(0.5)  # the first step ran; the watcher holds its long-poll
+        jid = pg_store.submit("ml", sh("sleep 5"))[0].id
+        rig.cycle.run()
+        assert rig.state(jid) == "starting"
+        t0 = time.monotonic()
+        while rig.state(jid) != "running":
+            assert time.monotonic() - t0 < 3.0, "the agent did not start the job within 3 s"
+            time.sleep(0.02)
+        assert time.monotonic() - t0 < 1.5
+        # the cancel wakes the loop the same way (it then ticks every 0.5 s again to see the process end)
+        monkeypatch.setattr(agent_mod, "SUPERVISE_S", 0.5)
+        assert pg_store.request_cancel(jid, "ml").cancel_requested
+        t1 = time.monotonic()
+        while rig.state(jid) != "cancelled":
+            assert time.monotonic() - t1 < 10.0, "the cancel did not reach the job"
+            time.sleep(0.05)
+    finally:
+        a.stop()
+
+
 def test_restarted_agent_readopts_a_running_job(pg_store, rig, tmp_path):
     rig = rig({"n1": 1})
     out = tmp_path / "ran"
