@@ -303,6 +303,10 @@ class JobsSettings(BaseModel):
             (``checkpoints/<team>/<job>``); every directory above it must be traversable by the job
             users. ``None`` = ``/var/lib/fedbroker/jobs`` when the agent runs as root, else
             ``state_dir/jobs``.
+        uid_range: ``[lo, hi]`` (inclusive) of the uids a root agent gives its jobs when no user above
+            applies: each attempt rank runs under its own uid (gid = the same number), the lowest one
+            free on the host (the systemd ``DynamicUser=`` idea, :mod:`workers.dynamic_users`); default
+            ``[61184, 65519]``, systemd's range. Within ``1..2**31-1``, ``lo <= hi``, at least 16 ids.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -311,6 +315,14 @@ class JobsSettings(BaseModel):
     pool_users: dict[str, str] = Field(default_factory=dict)
     team_users: dict[str, str] = Field(default_factory=dict)
     root: Path | None = None
+    uid_range: tuple[int, int] = (61184, 65519)
+
+    @field_validator("uid_range", mode="before")
+    @classmethod
+    def _uid_range(cls, v: Any) -> tuple[int, int]:
+        from workers.dynamic_users import check_uid_range
+
+        return check_uid_range(tuple(v) if isinstance(v, list) else v)
 
     @field_validator("user")
     @classmethod
