@@ -322,7 +322,7 @@ class JobsSettings(BaseModel):
     def _uid_range(cls, v: Any) -> tuple[int, int]:
         from workers.dynamic_users import check_uid_range
 
-        return check_uid_range(tuple(v) if isinstance(v, list) else v)
+        return check_uid_range(v, field="uid_range")  # the message reads "setting jobs.uid_range=..."
 
     @field_validator("user")
     @classmethod

@@ -63,7 +63,8 @@ def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, 
     ``1 <= lo <= hi <= 2**31-1`` holding at least :data:`MIN_UID_RANGE_SIZE` ids (0, root, is never in it)."""
     if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2
             or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        raise ValueError(f"{field}={value!r}: must be [lo, hi], two integer uids")
+        shown = list(value) if isinstance(value, (list, tuple)) else value
+        raise ValueError(f"{field}={shown!r}: must be [lo, hi], two integer uids")
     lo, hi = value
     if lo < 1 or hi > _MAX_ID:
         raise ValueError(f"{field}={list(value)!r}: must lie within 1..{_MAX_ID} (uid 0 is root)")
