@@ -77,7 +77,7 @@ class Rig:
     def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
         self.store = store
         self.tmp = tmp_path
-        # jobs run as nobody here (the tests run as root): the agent's state is private, the jobs' root is not
+        # jobs run under per-attempt uids here (the tests run as root): the agent's state is private, the jobs' root is not
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
                                        jobs={"root": str(tmp_path / "jobs")})
         self.api = ApiServer(store, self.settings).start()
