@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "UidRangeExhausted", "check_uid_range", "dynamic_user",
-           "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid", "release_uid", "hand_over"]
+__all__ = ["DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
+           "check_uid_range", "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid", "release_uid", "hand_over"]
 
 #: systemd's dynamic-user range (``DynamicUser=``), inclusive
 DEFAULT_UID_RANGE = (61184, 65519)
