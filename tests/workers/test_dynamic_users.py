@@ -262,3 +262,12 @@ def test_settings_uid_range_default_is_systemds(tmp_path):
     cfg.write_text(yaml.safe_dump({"jobs": {"uid_range": [100000, 100015]}}))
     assert load_settings(cfg).jobs.uid_range == (100000, 100015)
     assert BrokerSettings().jobs.uid_range == (61184, 65519)
+
+
+def test_the_node_config_serves_the_uid_range_to_the_agent(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
+    rig.settings.jobs.uid_range = (100000, 100015)
+    agent = rig.new_agent("n1")
+    assert agent.api.config()["jobs"]["uid_range"] == [100000, 100015]
+    agent.prepare()
+    assert agent.jobs.uid_range == (100000, 100015)
