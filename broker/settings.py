@@ -293,9 +293,9 @@ class JobsSettings(BaseModel):
         user: the user (name or numeric uid) jobs run as when the agent runs as root; ``None`` = each
             attempt rank under a uid of its own from ``uid_range`` (jobs that share a user can signal
             and read each other; per-attempt uids cannot). ``root`` and uid 0 are refused (a name that
-            resolves to uid 0 is refused when the agent starts). When the agent does not run as root it cannot switch users: jobs run as the
-            agent's own user (weaker: a job can then read what the agent can), and a ``user`` naming
-            anyone else is an error at agent start.
+            resolves to uid 0 is refused when the agent starts). When the agent does not run as root it
+            cannot switch users: jobs run as the agent's own user (weaker: a job can then read what the
+            agent can), and a ``user`` naming anyone else is an error at agent start.
         pool_users: ``{pool: user}``, overrides ``user`` for the agents of that pool.
         team_users: ``{team: user}``, overrides both for that team's jobs (one user per team keeps
             teams' working and checkpoint directories apart).

@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Iterable
 
 __all__ = ["DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
-           "check_uid_range", "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid", "release_uid", "hand_over"]
+           "check_uid_range", "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
+           "release_uid", "hand_over"]
 
 #: systemd's dynamic-user range (``DynamicUser=``), inclusive
 DEFAULT_UID_RANGE = (61184, 65519)
@@ -172,7 +173,8 @@ def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used
 
     Free: no live lease in ``<jobs_root>/uids``, not in ``used`` (the uids of this agent's attempts), no
     running process has it, no ``/etc/passwd`` entry names it. A stale lease (its attempt directory is
-    gone, and the lease is older than :data:`STALE_LEASE_S`) is taken over once that uid's processes are killed. Raises :class:`UidRangeExhausted`.
+    gone, and the lease is older than :data:`STALE_LEASE_S`) is taken over once that uid's processes are
+    killed. Raises :class:`UidRangeExhausted`.
     """
     lo, hi = uid_range
     used = set(used)
