@@ -16,8 +16,10 @@ Lifecycle of one uid:
   agent re-adopts it.
 * **end** (:func:`kill_uid`): when the rank ends (the shim saw the job exit; the agent stops or
   forgets it; the grace period of a cancel ran out), every process still running under the uid is
-  SIGKILLed — a ``setsid`` escapee dies with its job — BEFORE the lease is released
-  (:func:`release_uid`) and the uid can go to another attempt.
+  SIGKILLed — a ``setsid`` escapee dies with its job — and what it left at the top of ``/tmp``,
+  ``/var/tmp``, ``/dev/shm`` and in System V IPC is removed (:func:`remove_leftovers`), BEFORE the
+  lease is released (:func:`release_uid`) and the uid can go to another attempt (the lowest free id
+  is taken, so ids are reused).
 * **checkpoints** (:func:`hand_over`): the job's checkpoint directory persists across attempts; at
   each launch the agent gives it (recursively, never following symlinks) to the new attempt's uid.
 
@@ -25,7 +27,9 @@ What this protects: jobs of different attempts (so of different teams) cannot si
 read ``/proc/<pid>/environ`` of each other, nor enter each other's 0700 working and checkpoint
 directories. What it does not: the network (a job reaches whatever the host reaches, e.g. a
 password-less Redis or PostgreSQL on it) and GPUs (``CUDA_VISIBLE_DEVICES`` is an environment
-variable, not a device cgroup, with the process runtime).
+variable, not a device cgroup, with the process runtime); files a job leaves deeper inside another
+world-writable directory than the top of ``/tmp``, ``/var/tmp`` or ``/dev/shm`` (they stay readable
+by a later attempt given the same uid; give jobs ``HOME`` and ``CHECKPOINT_DIR`` to write to).
 
 Errors: :class:`UidRangeExhausted` (a ``ValueError``) when every id of the range is taken;
 ``ValueError`` naming ``jobs.uid_range`` from :func:`check_uid_range`.
@@ -36,7 +40,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -44,7 +50,7 @@ from typing import Iterable
 
 __all__ = ["DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
            "check_uid_range", "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
-           "release_uid", "hand_over"]
+           "release_uid", "remove_leftovers", "SHARED_TMP_DIRS", "hand_over"]
 
 #: systemd's dynamic-user range (``DynamicUser=``), inclusive
 DEFAULT_UID_RANGE = (61184, 65519)
@@ -193,6 +199,7 @@ def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used
             if _lease_live(path):
                 continue
             kill_uid(uid)
+            remove_leftovers(uid)
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -208,9 +215,60 @@ def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used
                             "process; widen the range")
 
 
+#: world-writable directories whose top-level entries owned by a released uid are removed (what a job
+#: leaves there would otherwise be readable by the next attempt given the same uid)
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+_SYSV = (("shm", "shmid", "-m"), ("msg", "msqid", "-q"), ("sem", "semid", "-s"))
+
+
+def remove_leftovers(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[str]:
+    """Remove what ``uid`` left behind on the host, once none of its processes runs (like systemd's
+    ``RemoveIPC=``): the top-level entries of ``dirs`` it owns (directories whole, never following a
+    symlink) and its System V shared memory segments, message queues and semaphore sets (``ipcrm``,
+    where installed). Entries it left deeper inside other world-writable directories stay. Returns the
+    paths (and ``sysv:<kind>:<id>``) removed. Raises ``ValueError`` for uid 0."""
+    if uid == 0:
+        raise ValueError("uid=0: never remove root's files")
+    removed: list[str] = []
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            p = os.path.join(d, name)
+            try:
+                st = os.lstat(p)
+                if st.st_uid != uid:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(p)  # fd-based on Linux: never follows the job's symlinks
+                else:
+                    os.unlink(p)
+            except OSError:
+                continue
+            removed.append(p)
+    ipcrm = shutil.which("ipcrm", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    for kind, id_col, flag in _SYSV:
+        try:
+            header, *rows = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except (OSError, ValueError):
+            continue
+        cols = header.split()
+        for row in rows:
+            f = dict(zip(cols, row.split()))
+            if f.get("uid") == str(uid) and ipcrm is not None:
+                if subprocess.run([ipcrm, flag, f[id_col]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  check=False).returncode == 0:
+                    removed.append(f"sysv:{kind}:{f[id_col]}")
+    return removed
+
+
 def release_uid(uid: int, jobs_root: Path) -> None:
-    """Kill what still runs under ``uid`` (:func:`kill_uid`), then drop its lease so it can be given again."""
+    """Kill what still runs under ``uid`` (:func:`kill_uid`), remove what it left in the shared temporary
+    directories and System V IPC (:func:`remove_leftovers`), then drop its lease so it can be given again."""
     kill_uid(uid)
+    remove_leftovers(uid)
     try:
         (Path(jobs_root) / "uids" / str(uid)).unlink()
     except FileNotFoundError:

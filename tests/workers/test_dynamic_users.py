@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import time
@@ -28,8 +29,8 @@ from broker.live import LiveEnvironment
 from broker.reconciler import Reconciler
 from broker.settings import BrokerSettings, SettingsError, load_settings
 from tests.workers.test_agent import Rig, sh
-from workers.dynamic_users import (STALE_LEASE_S, UidRangeExhausted, allocate_uid, hand_over, dynamic_user, kill_uid,
-                                   processes_of_uid)
+from workers.dynamic_users import (STALE_LEASE_S, UidRangeExhausted, allocate_uid, dynamic_user, hand_over, kill_uid,
+                                   processes_of_uid, release_uid)
 from workers.shim import proc_stat
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="running jobs under other uids needs root")
@@ -271,3 +272,34 @@ def test_the_node_config_serves_the_uid_range_to_the_agent(pg_store, rig, tmp_pa
     assert agent.api.config()["jobs"]["uid_range"] == [100000, 100015]
     agent.prepare()
     assert agent.jobs.uid_range == (100000, 100015)
+
+
+@root_only
+def test_release_removes_what_the_uid_left_in_shared_tmp_dirs_and_sysv_ipc(tmp_path):
+    uid = 2_100_000_100
+    root = tmp_path / "jobs"
+    root.mkdir(mode=0o711)
+    assert allocate_uid((uid, uid + 15), root, tmp_path / "a") == uid
+    kept = Path(f"/tmp/fbk-kept-{uid}")
+    kept.write_text("root's\n")
+    os.chmod(kept, 0o666)
+    run = dict(user=uid, group=uid, extra_groups=[], cwd="/", check=True)
+    subprocess.run(["sh", "-c", f"echo x > /tmp/fbk-left-{uid}; mkdir /dev/shm/fbk-{uid}; echo y > /dev/shm/fbk-{uid}/f; "
+                                f"ln -s {kept} /var/tmp/fbk-link-{uid}; echo z >> {kept}"], **run)
+    ipc = shutil.which("ipcmk")
+    shmid = None
+    if ipc:
+        out = subprocess.run([ipc, "-M", "4096"], capture_output=True, text=True, **run).stdout
+        shmid = out.split()[-1]
+    try:
+        release_uid(uid, root)
+        for p in (f"/tmp/fbk-left-{uid}", f"/dev/shm/fbk-{uid}", f"/var/tmp/fbk-link-{uid}"):
+            assert not os.path.lexists(p)
+        assert kept.read_text() == "root's\nz\n"  # the link's target and files of others stay
+        if shmid is not None:
+            assert not any(line.split()[1] == shmid for line in Path("/proc/sysvipc/shm").read_text().splitlines()[1:])
+        assert not (root / "uids" / str(uid)).exists()
+    finally:
+        kept.unlink()
+        if shmid is not None:
+            subprocess.run(["ipcrm", "-m", shmid], capture_output=True)
