@@ -157,7 +157,7 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
                 "cancel_grace_s": settings.cancel_grace_s, "log_chunk_bytes": settings.log_chunk_bytes,
                 "log_max_bytes": settings.log_max_bytes,
                 "jobs": {"user": jobs.user, "pool_users": dict(jobs.pool_users), "team_users": dict(jobs.team_users),
-                         "root": None if jobs.root is None else str(jobs.root)}}
+                         "root": None if jobs.root is None else str(jobs.root), "uid_range": list(jobs.uid_range)}}
 
     @router.post("/heartbeat", responses={**_ERRORS, 422: {"description": "unknown pool or bad field"}})
     def heartbeat(body: NodeHeartbeat, node: Node) -> dict:

@@ -290,11 +290,12 @@ class JobsSettings(BaseModel):
     """How node agents isolate the jobs they run (see :mod:`workers.isolation`).
 
     Fields:
-        user: the user (name or numeric uid) jobs run as when the agent runs as root; ``None`` =
-            ``nobody``. ``root`` and uid 0 are refused (a name that resolves to uid 0 is refused when the
-            agent starts). When the agent does not run as root it cannot switch users: jobs run as the
-            agent's own user (weaker: a job can then read what the agent can), and a ``user`` naming
-            anyone else is an error at agent start.
+        user: the user (name or numeric uid) jobs run as when the agent runs as root; ``None`` = each
+            attempt rank under a uid of its own from ``uid_range`` (jobs that share a user can signal
+            and read each other; per-attempt uids cannot). ``root`` and uid 0 are refused (a name that
+            resolves to uid 0 is refused when the agent starts). When the agent does not run as root it
+            cannot switch users: jobs run as the agent's own user (weaker: a job can then read what the
+            agent can), and a ``user`` naming anyone else is an error at agent start.
         pool_users: ``{pool: user}``, overrides ``user`` for the agents of that pool.
         team_users: ``{team: user}``, overrides both for that team's jobs (one user per team keeps
             teams' working and checkpoint directories apart).
@@ -303,6 +304,10 @@ class JobsSettings(BaseModel):
             (``checkpoints/<team>/<job>``); every directory above it must be traversable by the job
             users. ``None`` = ``/var/lib/fedbroker/jobs`` when the agent runs as root, else
             ``state_dir/jobs``.
+        uid_range: ``[lo, hi]`` (inclusive) of the uids a root agent gives its jobs when no user above
+            applies: each attempt rank runs under its own uid (gid = the same number), the lowest one
+            free on the host (the systemd ``DynamicUser=`` idea, :mod:`workers.dynamic_users`); default
+            ``[61184, 65519]``, systemd's range. Within ``1..2**31-1``, ``lo <= hi``, at least 16 ids.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -311,6 +316,14 @@ class JobsSettings(BaseModel):
     pool_users: dict[str, str] = Field(default_factory=dict)
     team_users: dict[str, str] = Field(default_factory=dict)
     root: Path | None = None
+    uid_range: tuple[int, int] = (61184, 65519)
+
+    @field_validator("uid_range", mode="before")
+    @classmethod
+    def _uid_range(cls, v: Any) -> tuple[int, int]:
+        from workers.dynamic_users import check_uid_range
+
+        return check_uid_range(v, field="uid_range")  # the message reads "setting jobs.uid_range=..."
 
     @field_validator("user")
     @classmethod

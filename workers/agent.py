@@ -31,9 +31,12 @@ claimed atomically.
 
 Isolation (:mod:`workers.isolation`): a job gets a clean environment (the launch spec's
 variables, nothing of the agent's), runs as the unprivileged user of the broker's ``jobs``
-settings (served by ``GET /v1/node/config``; never root), in its own working directory per
-attempt and rank, with a checkpoint directory per job, both under the jobs root and owned by
-that user; the agent's state directory is mode 0700.
+settings (served by ``GET /v1/node/config``; never root) or, by default, under a uid of its
+own per attempt and rank from ``jobs.uid_range`` (:mod:`workers.dynamic_users`: leased at
+launch, every process of it killed when the rank ends, before the uid is given again), in
+its own working directory per attempt and rank, with a checkpoint directory per job (handed
+to each new attempt's uid), both under the jobs root and owned by that user; the agent's
+state directory is mode 0700.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from pathlib import Path
 
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
+from workers.dynamic_users import allocate_uid, dynamic_user, hand_over, release_uid
 from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, resolve_job_user
 from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
@@ -135,9 +139,10 @@ class NodeAgent:
         root. Raises ``ValueError`` naming the ``jobs`` setting (:mod:`workers.isolation`)."""
         cfg = self._config if self._config is not None else self.config
         jobs = JobsPolicy.from_dict(cfg.get("jobs") or {})
-        users = [resolve_job_user(jobs, team, self.pool) for team in jobs.team_users]
-        self.jobs_root = prepare_jobs_root(jobs_root(jobs.root, self.state_dir),
-                                           [resolve_job_user(jobs, None, self.pool), *users])
+        users = [resolve_job_user(jobs, team, self.pool) for team in (*jobs.team_users, None)]
+        # a per-attempt uid (None) has no group in common with the root: it reaches what any uid does
+        users = [dynamic_user(jobs.uid_range[0]) if u is None else u for u in users]
+        self.jobs_root = prepare_jobs_root(jobs_root(jobs.root, self.state_dir), users)
         self.jobs = jobs
 
     # ------------------------------------------------------------------ heartbeat
@@ -157,12 +162,22 @@ class NodeAgent:
         from workers.runtime import AlreadyLaunched, AttemptKey, LaunchFailed
 
         key = AttemptKey(w["job_id"], w["attempt"], w["rank"])
+        leased: int | None = None  # a uid this call leased (released again if nothing was claimed)
         try:
             ls = self._launch_spec(w)
             # the runtime adds the base (PATH, HOME, ...), CUDA_VISIBLE_DEVICES and FEDBROKER_JOB_ID/ATTEMPT/RANK
             env = process_environment(ls)
             user = resolve_job_user(self.jobs, ls.team, self.pool)
+            if user is None:  # the default: this attempt rank gets a uid of its own
+                if self.runtime.attempt_dir(key).exists():
+                    raise AlreadyLaunched(key.dirname)
+                held = {a.uid for a in self.runtime.list() if a.dynamic_uid}
+                user = dynamic_user(allocate_uid(self.jobs.uid_range, self.jobs_root, self.runtime.attempt_dir(key),
+                                                 used=held))
+                leased = user.uid
             private_dir(Path(ls.checkpoint_dir), user)
+            if user.dynamic:  # what earlier attempts (other uids) wrote there becomes this attempt's
+                hand_over(Path(ls.checkpoint_dir), user, self.jobs.uid_range)
             workdir = private_dir(self._workdir(key), user)
             self.runtime.launch(key, list(ls.command), env=env, gpus=w["gpus"], workdir=workdir, user=user)
         except AlreadyLaunched:
@@ -177,6 +192,8 @@ class NodeAgent:
             except Exception:  # noqa: BLE001 - nothing claimed, or already gone (or still running: keep its directory)
                 if not self.runtime.attempt_dir(key).exists():
                     self._remove_workdir(key)
+            if leased is not None and not self.runtime.attempt_dir(key).exists():
+                release_uid(leased, self.jobs_root)  # nothing runs under it
             self._tell(self.api.launch_failed, key.job_id, key.attempt, key.rank, str(e))
             return f"launch failed: {e}"
         self._tell(self.api.running, key.job_id, key.attempt, key.rank)
@@ -290,7 +307,9 @@ class NodeAgent:
             self._ship_logs(a, final=True)
             code = a.exit_code if a.status == "exited" else None
             if self._tell(self.api.ended, *key, code):
-                self.runtime.forget(a.key)
+                self.runtime.forget(a.key)  # kills what is left under the attempt's own uid
+                if a.dynamic_uid and a.uid:
+                    release_uid(a.uid, self.jobs_root)
                 self._remove_workdir(a.key)
                 self._lost_seen.pop(a.key, None)
                 self._ended[key] = time.monotonic()

@@ -5,8 +5,10 @@ sees the agent's environment:
 
 * **User** (:func:`resolve_job_user`): when the agent runs as root, each job runs as the
   unprivileged user of ``settings.jobs`` (``team_users[team]``, else ``pool_users[pool]``,
-  else ``user``, else ``nobody``); the shim drops to it (uid, primary gid, no supplementary
-  groups) just before ``exec``. A user that resolves to uid 0 is refused. When the agent does
+  else ``user``), else — the default — each attempt rank under its own uid from
+  ``jobs.uid_range`` (:mod:`workers.dynamic_users`); the shim drops to it (uid, primary gid,
+  no supplementary groups) just before ``exec``. A user that resolves to uid 0 is refused.
+  Jobs that share a configured user can signal and read each other; per-attempt uids cannot. When the agent does
   not run as root it cannot switch users, so jobs run as the agent's own user: weaker (a job can
   read whatever the agent can, e.g. its settings file), documented in the README.
 * **Directories** (:func:`jobs_root`, :func:`prepare_jobs_root`, :func:`private_dir`): under
@@ -36,6 +38,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers.dynamic_users import DEFAULT_UID_RANGE, check_uid_range
+
 __all__ = ["JobUser", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
            "private_dir", "DEFAULT_ROOT_JOBS_DIR"]
 
@@ -53,25 +57,30 @@ class JobsPolicy:
     pool_users: dict = field(default_factory=dict)
     team_users: dict = field(default_factory=dict)
     root: str | None = None
+    uid_range: tuple[int, int] = DEFAULT_UID_RANGE
 
     @classmethod
     def from_dict(cls, d: dict) -> "JobsPolicy":
-        """From the ``jobs`` object of the node config (missing keys: the defaults)."""
+        """From the ``jobs`` object of the node config (missing keys: the defaults). Raises ``ValueError``
+        naming ``jobs.uid_range`` for a bad range (:func:`workers.dynamic_users.check_uid_range`)."""
         return cls(user=d.get("user"), pool_users=dict(d.get("pool_users") or {}),
-                   team_users=dict(d.get("team_users") or {}), root=d.get("root"))
+                   team_users=dict(d.get("team_users") or {}), root=d.get("root"),
+                   uid_range=check_uid_range(tuple(d.get("uid_range") or DEFAULT_UID_RANGE)))
 
 
 @dataclass(frozen=True)
 class JobUser:
-    """The unprivileged identity a job runs as: user ``name``, ``uid`` and primary ``gid``."""
+    """The unprivileged identity a job runs as: user ``name``, ``uid`` and primary ``gid``; ``dynamic``: a
+    per-attempt uid of ``jobs.uid_range`` (:mod:`workers.dynamic_users`), killed off when the attempt ends."""
 
     name: str
     uid: int
     gid: int
+    dynamic: bool = False
 
     def to_dict(self) -> dict:
-        """``{"name", "uid", "gid"}`` (as stored in the attempt's ``meta.json``)."""
-        return {"name": self.name, "uid": self.uid, "gid": self.gid}
+        """``{"name", "uid", "gid", "dynamic"}`` (as stored in the attempt's ``meta.json``)."""
+        return {"name": self.name, "uid": self.uid, "gid": self.gid, "dynamic": self.dynamic}
 
 
 def agent_is_root() -> bool:
@@ -86,11 +95,12 @@ def _lookup(field: str, spec: str) -> pwd.struct_passwd:
         raise ValueError(f"{field}={spec!r}: no such user on this host") from None
 
 
-def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> JobUser:
+def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> JobUser | None:
     """The user a job of ``team`` on a node of ``pool`` runs as, from ``jobs`` (:class:`JobsPolicy`, or :class:`broker.settings.JobsSettings`).
 
     Root agent: ``jobs.team_users[team]``, else ``jobs.pool_users[pool]``, else ``jobs.user``,
-    else ``nobody``. Non-root agent: the agent's own user (it cannot switch).
+    else ``None``: the attempt gets its own uid (:func:`workers.dynamic_users.allocate_uid`).
+    Non-root agent: the agent's own user (it cannot switch).
 
     Raises ``ValueError`` naming the setting when the user does not exist on this host, resolves
     to uid 0, or (non-root agent) names a user other than the agent's own.
@@ -108,9 +118,11 @@ def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> 
             raise ValueError(f"{field}={spec!r}: the agent runs as {me.pw_name!r} (uid {euid}), not root, so it "
                              "cannot switch users; jobs run as the agent's own user. Unset it or run the agent as root")
         return JobUser(me.pw_name, euid, os.getegid())
-    pw = _lookup(field, spec or "nobody")
+    if spec is None:
+        return None
+    pw = _lookup(field, spec)
     if pw.pw_uid == 0:
-        raise ValueError(f"{field}={spec or 'nobody'!r}: is uid 0 (root); jobs never run as root")
+        raise ValueError(f"{field}={spec!r}: is uid 0 (root); jobs never run as root")
     return JobUser(pw.pw_name, pw.pw_uid, pw.pw_gid)
 
 

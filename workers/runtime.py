@@ -144,7 +144,9 @@ class LocalAttempt:
     was spawned or if it never was; ``log_path``: its stdout + stderr;
     ``started_at`` / ``ended_at``: POSIX seconds (launch time / exit recorded);
     ``stop_requested``: the ``reason`` given to :meth:`ProcessRuntime.terminate`;
-    ``gpus``: the GPU indices in its ``CUDA_VISIBLE_DEVICES``; ``argv``: its command.
+    ``gpus``: the GPU indices in its ``CUDA_VISIBLE_DEVICES``; ``argv``: its command;
+    ``uid``: the uid it runs as (``None``: the caller's own); ``dynamic_uid``: that uid is
+    its own (:mod:`workers.dynamic_users`), held until :meth:`ProcessRuntime.forget`.
     """
 
     key: AttemptKey
@@ -157,6 +159,8 @@ class LocalAttempt:
     stop_requested: str | None
     gpus: tuple[int, ...]
     argv: tuple[str, ...] = ()
+    uid: int | None = None
+    dynamic_uid: bool = False
 
 
 def _is_alive(info: dict | None) -> bool:
@@ -199,6 +203,15 @@ def _signal_group(info: dict | None, sig: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def _kill_dynamic_uid(meta: dict | None) -> None:
+    """SIGKILL every process of the attempt's own uid (``meta["user"]["dynamic"]``); nothing for a shared user."""
+    user = (meta or {}).get("user") or {}
+    if user.get("dynamic") and os.geteuid() == 0 and int(user.get("uid", 0)) > 0:
+        from workers.dynamic_users import kill_uid
+
+        kill_uid(int(user["uid"]))
 
 
 class ProcessRuntime:
@@ -244,6 +257,10 @@ class ProcessRuntime:
         ``user`` (a :class:`workers.isolation.JobUser`): the job runs as that uid and
         primary gid with no supplementary groups (the shim drops privileges just before
         ``exec``); ``None`` = the caller's own user (the node agent always passes one).
+        A ``dynamic`` user (a per-attempt uid, :mod:`workers.dynamic_users`) also sets
+        ``USER`` and ``LOGNAME`` to its name, and every process left under that uid is
+        killed when the job ends (shim), after the grace period of :meth:`terminate`
+        (:meth:`poll`) and in :meth:`forget`.
         The attempt directory (control files and log) is mode 0700 and owned by the
         caller, so the job can neither read nor rewrite it; it writes its log only
         through its stdout and stderr.
@@ -279,9 +296,12 @@ class ProcessRuntime:
             if os.geteuid() != 0 and uid != os.geteuid():
                 raise ValueError(f"user={user!r}: only a root caller can run a job as another user "
                                  f"(this process is uid {os.geteuid()})")
-            user_d = {"name": str(getattr(user, "name", uid)), "uid": uid, "gid": gid}
+            user_d = {"name": str(getattr(user, "name", uid)), "uid": uid, "gid": gid,
+                      "dynamic": bool(getattr(user, "dynamic", False))}
         overrides = base_environment(str(Path(workdir).resolve()))
         overrides.update(env)
+        if user_d is not None and user_d["dynamic"]:  # no passwd entry: getpass.getuser() reads these
+            overrides.update({"USER": user_d["name"], "LOGNAME": user_d["name"]})
         overrides.update({
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_t),
             "FEDBROKER_JOB_ID": key.job_id,
@@ -450,6 +470,8 @@ class ProcessRuntime:
             stop_requested=None if stop is None else stop.get("reason"),
             gpus=tuple(meta.get("gpus") or ()),
             argv=tuple(meta.get("argv") or ()),
+            uid=None if not meta.get("user") else int(meta["user"]["uid"]),
+            dynamic_uid=bool((meta.get("user") or {}).get("dynamic")),
         )
 
     # ---------------------------------------------------------------- stop
@@ -485,8 +507,9 @@ class ProcessRuntime:
         """Escalate: SIGKILL the process group of every attempt past its kill deadline and not exited.
 
         Call it every ~0.5 s. Re-sends SIGKILL on every call until the exit is
-        recorded (or, for a ``"lost"`` attempt, while the group exists). Errors
-        reading one attempt do not stop the others.
+        recorded (or, for a ``"lost"`` attempt, while the group exists); an attempt
+        with its own uid also has every process of that uid killed (a ``setsid``
+        escapee included). Errors reading one attempt do not stop the others.
         """
         now = time.time()
         for jdir in list(self.attempts_dir.iterdir()):
@@ -498,6 +521,7 @@ class ProcessRuntime:
                     if stop is None or (adir / EXIT).exists() or now < float(stop["kill_deadline"]):
                         continue
                     _signal_group(read_json(adir / PID), signal.SIGKILL)
+                    _kill_dynamic_uid(read_json(adir / META))
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
 
@@ -531,7 +555,8 @@ class ProcessRuntime:
         """Delete the attempt's directory (after its end was reported upstream).
 
         Allowed for ``"exited"`` and ``"lost"`` attempts (a lost attempt's job may
-        still run: :meth:`terminate` it first). Afterwards the key may be
+        still run: :meth:`terminate` it first; an attempt with its own uid has every
+        process of that uid killed here). Afterwards the key may be
         launched again. Raises :class:`AttemptRunning` while it is running;
         :class:`UnknownAttempt`.
         """
@@ -539,6 +564,7 @@ class ProcessRuntime:
         if att.status == "running":
             raise AttemptRunning(f"attempt {key.dirname!r} is still running (pid {att.pid}); terminate it first")
         adir = self.attempt_dir(key)
+        _kill_dynamic_uid(read_json(adir / META))  # before the uid can go to another attempt
         shutil.rmtree(adir)
         try:
             adir.parent.rmdir()

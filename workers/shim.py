@@ -12,7 +12,7 @@ temporary file + ``os.replace``, or ``os.link`` where it must not already exist)
 ``meta.json``   written by the launcher before the shim starts:
                 ``{"job_id", "attempt", "rank", "argv": [str], "env": {str: str}
                 (the job's whole environment), "gpus": [int], "workdir": str,
-                "user": {"name", "uid", "gid"} or null, "started_at": POSIX s}``; mode 0600.
+                "user": {"name", "uid", "gid", "dynamic"} or null, "started_at": POSIX s}``; mode 0600.
 ``log``         the job's stdout and stderr, appended (``O_APPEND``) in order written;
                 the shim itself writes only the one line explaining a failed exec.
 ``shim.json``   ``{"pid", "start_ticks"}`` of the shim process (``start_ticks``:
@@ -37,7 +37,9 @@ the user cannot list). The attempt directory stays owned by the shim's user (mod
 cannot touch the control files (through that descriptor it can still truncate its own
 log; the agent tolerates that). When the job process
 exits the shim SIGKILLs whatever is left in its process group (stray
-grandchildren that would keep holding GPUs) before it reaps it, then writes
+grandchildren that would keep holding GPUs) and, when the job has its own uid
+(``user["dynamic"]``, :mod:`workers.dynamic_users`), every process of that uid
+(one that left the group with ``setsid`` too) before it reaps it, then writes
 ``exit.json`` and exits 0. SIGTERM sent to the shim is forwarded to the job's
 process group (the shim keeps waiting); SIGINT and SIGHUP are ignored.
 
@@ -203,6 +205,13 @@ def _run(attempt_dir: Path) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if drop and user.get("dynamic"):  # the attempt's own uid: whatever left the group (setsid) dies too
+        from workers.dynamic_users import kill_uid
+
+        try:
+            kill_uid(drop["user"])
+        except Exception as exc:  # noqa: BLE001 - the agent kills them again in forget()
+            _append_log(log_fd, f"fedbroker-shim: cannot kill the processes left under uid {drop['user']}: {exc}\n")
     rc = proc.wait()
     exit_code = rc if rc >= 0 else 128 - rc
     write_json_atomic(attempt_dir / EXIT, {"exit_code": exit_code, "ended_at": time.time()})

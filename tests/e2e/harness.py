@@ -71,7 +71,7 @@ class LiveBroker:
             "database_schema": self.schema,
             "redis_url": f"redis://127.0.0.1:{self.redis_port}/0",
             "state_dir": str(self.dir / "state"),
-            "jobs": {"root": str(self.dir / "jobs")},  # reachable by the job user (nobody when run as root)
+            "jobs": {"root": str(self.dir / "jobs")},  # reachable by the job user (a per-attempt uid when run as root)
             "api_port": self.api_port,
             "plan_interval_s": 1.0,
             "reconcile_interval_s": 1.0,

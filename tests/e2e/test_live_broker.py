@@ -7,6 +7,7 @@ is checked by what the jobs did, not only by their state.
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import time
 from datetime import timedelta
@@ -35,6 +36,9 @@ def broker(tmp_path, request):
 
 
 def _side_effect_spec(out, sleep_s: float = 0.2, **kw) -> JobSpec:
+    if not out.exists():  # one file every job appends to: jobs run under uids of their own (umask 077)
+        out.touch()
+        os.chmod(out, 0o666)
     script = f'sleep {sleep_s}; echo "$FEDBROKER_JOB_ID $FEDBROKER_ATTEMPT $CUDA_VISIBLE_DEVICES" >> {out}'
     return JobSpec(command=["/bin/sh", "-c", script], estimated_duration_s=60.0, **kw)
 

@@ -77,7 +77,7 @@ class Rig:
     def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
         self.store = store
         self.tmp = tmp_path
-        # jobs run as nobody here (the tests run as root): the agent's state is private, the jobs' root is not
+        # jobs run under per-attempt uids here (the tests run as root): the agent's state is private, the jobs' root is not
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
                                        jobs={"root": str(tmp_path / "jobs")})
         self.api = ApiServer(store, self.settings).start()
@@ -154,13 +154,14 @@ def test_failing_command_fails_the_job_with_its_exit_code(pg_store, rig, tmp_pat
 def test_two_node_gang_gets_the_rendezvous_environment(pg_store, rig, tmp_path):
     rig = rig({"n1": 2, "n2": 2})
     out = tmp_path / "ranks"
-    script = f'echo "$NODE_RANK $NNODES $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES $GPUS_PER_NODE" >> {out}'
+    # one file per rank: ranks run under uids of their own, and a job's files are private to its uid (umask 077)
+    script = f'echo "$NODE_RANK $NNODES $MASTER_ADDR $MASTER_PORT $CUDA_VISIBLE_DEVICES $GPUS_PER_NODE" > {out}-$NODE_RANK'
     jid = pg_store.submit("ml", sh(script, gpus_per_node=2, nodes=2))[0].id
     rig.until(lambda: rig.state(jid) == "succeeded", what="gang success")
     placement = pg_store.get(jid).placement["nodes"]
     master = placement[0]["node"]
-    assert sorted(out.read_text().splitlines()) == [f"0 2 {master} {RENDEZVOUS_PORT} 0,1 2",
-                                                    f"1 2 {master} {RENDEZVOUS_PORT} 0,1 2"]
+    got = [Path(f"{out}-{r}").read_text() for r in (0, 1)]
+    assert got == [f"0 2 {master} {RENDEZVOUS_PORT} 0,1 2\n", f"1 2 {master} {RENDEZVOUS_PORT} 0,1 2\n"]
 
 
 def test_a_failed_rank_stops_the_rest_of_the_gang(pg_store, rig, tmp_path):
@@ -280,7 +281,8 @@ def test_high_priority_job_preempts_a_preemptible_one(pg_store, rig, tmp_path):
 def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, rig, tmp_path):
     rig = rig({"n1": 1, "n2": 1})
     out = tmp_path / "ended"
-    script = f'trap "echo $NODE_RANK stopped >> {out}; exit 143" TERM; while true; do sleep 0.1; done'
+    # one file per rank: ranks run under uids of their own, and a job's files are private to its uid (umask 077)
+    script = f'trap "echo $NODE_RANK stopped > {out}-$NODE_RANK; exit 143" TERM; while true; do sleep 0.1; done'
     jid = pg_store.submit("ml", sh(script, nodes=2, estimated_duration_s=3600.0))[0].id
     rig.until(lambda: rig.state(jid) == "running", what="the gang to run")
     rig.until(lambda: len(rig.agents["n1"].runtime.list()) == 1 and len(rig.agents["n2"].runtime.list()) == 1,
@@ -301,13 +303,13 @@ def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, rig, tmp_path
         rig.agents["n1"].supervise_once()
         time.sleep(0.05)
     assert rig.agents["n1"].runtime.list() == []
-    assert out.read_text() == "0 stopped\n"
+    assert Path(f"{out}-0").read_text() == "0 stopped\n" and not Path(f"{out}-1").exists()
     # and when the lost host's agent comes back, it stops its stale rank too
     end = time.monotonic() + 10
     while time.monotonic() < end and lost_agent.runtime.list():
         lost_agent.supervise_once()
         time.sleep(0.05)
-    assert sorted(out.read_text().splitlines()) == ["0 stopped", "1 stopped"]
+    assert Path(f"{out}-1").read_text() == "1 stopped\n"
     assert pg_store.attempts(jid)[0].outcome == "lost"
 
 

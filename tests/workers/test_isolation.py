@@ -29,6 +29,7 @@ from workers.runtime import AttemptKey, ProcessRuntime
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="dropping a job to another user needs root")
 NOBODY = pwd.getpwnam("nobody")
+DYN = 61184  # the first uid of the default jobs.uid_range
 SECRET_TOKEN = "fbk_secret_token_4f1d9a"
 SECRET_ADMIN = "fbk_admin_token_77c0e2"
 SECRET_PW = "pw-9b3e1f"
@@ -65,7 +66,7 @@ def _env_lines(log: str) -> dict[str, str]:
 
 
 @root_only
-def test_a_job_sees_no_agent_secret_runs_as_nobody_and_cannot_read_config_or_state(pg_store, env, tmp_path,
+def test_a_job_sees_no_agent_secret_runs_as_its_own_uid_and_cannot_read_config_or_state(pg_store, env, tmp_path,
                                                                                    monkeypatch):
     rig = Rig(pg_store, env, tmp_path, {"n1": 2})
     config = _secrets_in_the_agent(monkeypatch, tmp_path)
@@ -79,7 +80,7 @@ def test_a_job_sees_no_agent_secret_runs_as_nobody_and_cannot_read_config_or_sta
 
     for secret in (SECRET_TOKEN, SECRET_ADMIN, SECRET_PW, SECRET_AWS, "db.internal", "admin_token"):
         assert secret not in log
-    assert f"uid={NOBODY.pw_uid} gid={NOBODY.pw_gid} groups={NOBODY.pw_gid}\n" in log
+    assert f"uid={DYN} gid={DYN} groups={DYN}\n" in log  # the first id of jobs.uid_range, no passwd entry
     assert "cat: '': No such file or directory\n" in log  # $FEDBROKER_CONFIG is not set for the job
     assert f"cat: {config}: Permission denied" in log
     assert f"ls: cannot open directory '{state_dir}': Permission denied" in log
@@ -94,6 +95,7 @@ def test_a_job_sees_no_agent_secret_runs_as_nobody_and_cannot_read_config_or_sta
     got = _env_lines(log)
     assert {k: v for k, v in got.items() if k not in SHELL_VARS} == {
         "PATH": SAFE_PATH, "HOME": str(workdir), "LANG": "C.UTF-8", "TZ": "UTC",
+        "USER": f"fedbroker-{DYN}", "LOGNAME": f"fedbroker-{DYN}",
         "CUDA_VISIBLE_DEVICES": "0", "FEDBROKER_JOB_ID": jid, "FEDBROKER_ATTEMPT": "1", "FEDBROKER_RANK": "0",
         "NODE_RANK": "0", "NNODES": "1", "GPUS_PER_NODE": "1", "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "1",
@@ -103,7 +105,7 @@ def test_a_job_sees_no_agent_secret_runs_as_nobody_and_cannot_read_config_or_sta
     }
     # the checkpoint directory outlives the attempt, private to the job's user; the working directory is gone
     st = os.stat(ckpt)
-    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY.pw_uid, 0o700)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (DYN, DYN, 0o700)
     assert (ckpt / "c").read_text() == "ckpt\n"
     assert not workdir.exists()
     assert stat.S_IMODE(os.stat(state_dir).st_mode) == 0o700
@@ -122,7 +124,7 @@ def test_each_team_runs_as_its_own_user(pg_store, env, tmp_path):
     b = pg_store.submit("ml", sh("id -u"))[0].id
     rig.until(lambda: rig.state(b) == "succeeded", what="ml's job")
     assert "".join(t for _, t in pg_store.log_chunks(a, 1)) == f"{daemon.pw_uid}\n"
-    assert "".join(t for _, t in pg_store.log_chunks(b, 1)) == f"{NOBODY.pw_uid}\n"
+    assert "".join(t for _, t in pg_store.log_chunks(b, 1)) == f"{DYN}\n"  # no mapping: a uid of its own
 
 
 @root_only
@@ -183,7 +185,7 @@ def test_settings_refuse_root_and_bad_values(tmp_path, field, value, message):
 def test_resolve_job_user_precedence_and_errors():
     daemon, bin_ = pwd.getpwnam("daemon"), pwd.getpwnam("bin")
     js = JobsSettings(user="bin", pool_users={"p": "daemon"}, team_users={"vision": str(NOBODY.pw_uid)})
-    assert resolve_job_user(JobsSettings()) == JobUser("nobody", NOBODY.pw_uid, NOBODY.pw_gid)
+    assert resolve_job_user(JobsSettings()) is None  # a per-attempt uid (workers.dynamic_users)
     assert resolve_job_user(js, "vision", "p") == JobUser("nobody", NOBODY.pw_uid, NOBODY.pw_gid)
     assert resolve_job_user(js, "ml", "p") == JobUser("daemon", daemon.pw_uid, daemon.pw_gid)
     assert resolve_job_user(js, "ml", "q") == JobUser("bin", bin_.pw_uid, bin_.pw_gid)

@@ -1,0 +1,299 @@
+"""Per-attempt uids ("dynamic users", the systemd ``DynamicUser=`` idea) for jobs of a root agent.
+
+When the broker's ``jobs`` settings name no user for a job (no ``jobs.team_users[team]``,
+``jobs.pool_users[pool]`` or ``jobs.user``), a root agent runs each attempt rank under its OWN
+uid, gid = the same number, no supplementary groups, taken from ``jobs.uid_range`` (default
+:data:`DEFAULT_UID_RANGE`, systemd's dynamic-user range). Such a uid needs no ``/etc/passwd``
+entry; the job's ``USER`` and ``LOGNAME`` are ``fedbroker-<uid>`` (:func:`dynamic_user`).
+
+Lifecycle of one uid:
+
+* **allocate** (:func:`allocate_uid`): the lowest id of the range that no lease holds (a lease is
+  the file ``<jobs root>/uids/<uid>``, created with ``O_EXCL``, naming the attempt's directory; a
+  lease whose attempt directory is gone is stale), that no attempt of this agent holds (its
+  ``meta.json``, passed in as ``used``), that owns no running process (``/proc/*/status``) and
+  that has no ``/etc/passwd`` entry. The uid stays in the attempt's ``meta.json`` so a restarted
+  agent re-adopts it.
+* **end** (:func:`kill_uid`): when the rank ends (the shim saw the job exit; the agent stops or
+  forgets it; the grace period of a cancel ran out), every process still running under the uid is
+  SIGKILLed — a ``setsid`` escapee dies with its job — and what it left at the top of ``/tmp``,
+  ``/var/tmp``, ``/dev/shm`` and in System V IPC is removed (:func:`remove_leftovers`), BEFORE the
+  lease is released (:func:`release_uid`) and the uid can go to another attempt (the lowest free id
+  is taken, so ids are reused).
+* **checkpoints** (:func:`hand_over`): the job's checkpoint directory persists across attempts; at
+  each launch the agent gives it (recursively, never following symlinks) to the new attempt's uid.
+
+What this protects: jobs of different attempts (so of different teams) cannot signal, ptrace or
+read ``/proc/<pid>/environ`` of each other, nor enter each other's 0700 working and checkpoint
+directories. What it does not: the network (a job reaches whatever the host reaches, e.g. a
+password-less Redis or PostgreSQL on it) and GPUs (``CUDA_VISIBLE_DEVICES`` is an environment
+variable, not a device cgroup, with the process runtime); files a job leaves deeper inside another
+world-writable directory than the top of ``/tmp``, ``/var/tmp`` or ``/dev/shm`` (they stay readable
+by a later attempt given the same uid; give jobs ``HOME`` and ``CHECKPOINT_DIR`` to write to).
+
+Errors: :class:`UidRangeExhausted` (a ``ValueError``) when every id of the range is taken;
+``ValueError`` naming ``jobs.uid_range`` from :func:`check_uid_range`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterable
+
+__all__ = ["DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
+           "check_uid_range", "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
+           "release_uid", "remove_leftovers", "SHARED_TMP_DIRS", "hand_over"]
+
+#: systemd's dynamic-user range (``DynamicUser=``), inclusive
+DEFAULT_UID_RANGE = (61184, 65519)
+#: the fewest ids a ``jobs.uid_range`` may hold
+MIN_UID_RANGE_SIZE = 16
+_MAX_ID = 2 ** 31 - 1
+#: name prefix of a dynamic user (``USER``/``LOGNAME`` of the job)
+NAME_PREFIX = "fedbroker-"
+
+
+class UidRangeExhausted(ValueError):
+    """Every uid of ``jobs.uid_range`` is held by an attempt or owns a running process."""
+
+
+def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, int]:
+    """``value`` as ``(lo, hi)``, inclusive. Raises ``ValueError`` naming ``field`` unless it is two ints with
+    ``1 <= lo <= hi <= 2**31-1`` holding at least :data:`MIN_UID_RANGE_SIZE` ids (0, root, is never in it)."""
+    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+        shown = list(value) if isinstance(value, (list, tuple)) else value
+        raise ValueError(f"{field}={shown!r}: must be [lo, hi], two integer uids")
+    lo, hi = value
+    if lo < 1 or hi > _MAX_ID:
+        raise ValueError(f"{field}={list(value)!r}: must lie within 1..{_MAX_ID} (uid 0 is root)")
+    if lo > hi:
+        raise ValueError(f"{field}={list(value)!r}: lo must be <= hi")
+    if hi - lo + 1 < MIN_UID_RANGE_SIZE:
+        raise ValueError(f"{field}={list(value)!r}: holds {hi - lo + 1} ids, at least {MIN_UID_RANGE_SIZE} needed")
+    return int(lo), int(hi)
+
+
+def dynamic_user(uid: int):
+    """The :class:`workers.isolation.JobUser` of dynamic uid ``uid``: name ``fedbroker-<uid>``, gid = ``uid``."""
+    from workers.isolation import JobUser
+
+    return JobUser(f"{NAME_PREFIX}{uid}", uid, uid, dynamic=True)
+
+
+def _proc_uids() -> Iterable[tuple[int, set[int]]]:
+    """``(pid, {real, effective, saved, fs uid})`` of every live (not zombie) process."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status", "rb") as f:
+                text = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        uids: set[int] = set()
+        zombie = False
+        for line in text.splitlines():
+            if line.startswith("State:"):
+                zombie = line.split()[1:2] in (["Z"], ["X"])
+            elif line.startswith("Uid:"):
+                uids = {int(x) for x in line.split()[1:]}
+        if uids and not zombie:
+            yield int(name), uids
+
+
+def uids_of_processes() -> set[int]:
+    """Every uid (real, effective, saved or filesystem) of a running, non-zombie process on this host."""
+    out: set[int] = set()
+    for _, uids in _proc_uids():
+        out |= uids
+    return out
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Pids of the running (non-zombie) processes that have ``uid`` as real, effective, saved or fs uid."""
+    return sorted(pid for pid, uids in _proc_uids() if uid in uids)
+
+
+def kill_uid(uid: int, rounds: int = 50) -> int:
+    """SIGKILL every process running under ``uid`` (never 0); returns how many were found at first.
+
+    Each round a helper process drops to ``uid`` and calls ``kill(-1, SIGKILL)`` (atomic against a
+    process that forks meanwhile), then ``/proc`` is scanned again; up to ``rounds`` rounds. Needs root.
+    Raises ``ValueError`` for uid 0.
+    """
+    if uid == 0:
+        raise ValueError("uid=0: never kill every process of root")
+    found = processes_of_uid(uid)
+    n = len(found)
+    for _ in range(rounds):
+        if not found:
+            break
+        subprocess.run(["/bin/sh", "-c", "kill -s KILL -1"], user=uid, group=uid,
+                       extra_groups=[], cwd="/", env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+        for pid in processes_of_uid(uid):  # a process whose real uid differs (setuid binary) is not hit by kill(-1)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        found = processes_of_uid(uid)
+    return n
+
+
+def _lease_dir(jobs_root: Path) -> Path:
+    d = Path(jobs_root) / "uids"
+    d.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(d, 0o700)
+    return d
+
+
+#: a lease whose attempt directory does not exist is stale only when older than this, seconds (the lease is
+#: taken just before the attempt directory is created)
+STALE_LEASE_S = 120.0
+
+
+def _lease_live(path: Path) -> bool:
+    try:
+        holder = json.loads(path.read_text()).get("attempt_dir")
+        age = time.time() - path.stat().st_mtime
+    except (OSError, ValueError, AttributeError):
+        return True  # being written, or unreadable: keep it
+    return not holder or Path(holder).is_dir() or age < STALE_LEASE_S
+
+
+def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used: Iterable[int] = ()) -> int:
+    """Lease the lowest free uid of ``uid_range`` for the attempt whose directory is ``holder``; returns it.
+
+    Free: no live lease in ``<jobs_root>/uids``, not in ``used`` (the uids of this agent's attempts), no
+    running process has it, no ``/etc/passwd`` entry names it. A stale lease (its attempt directory is
+    gone, and the lease is older than :data:`STALE_LEASE_S`) is taken over once that uid's processes are
+    killed. Raises :class:`UidRangeExhausted`.
+    """
+    lo, hi = uid_range
+    used = set(used)
+    busy = uids_of_processes()
+    leases = _lease_dir(jobs_root)
+    for uid in range(lo, hi + 1):
+        if uid in used or uid in busy:
+            continue
+        try:
+            pwd.getpwuid(uid)
+            continue  # a real account: never borrow it
+        except KeyError:
+            pass
+        path = leases / str(uid)
+        if path.exists():
+            if _lease_live(path):
+                continue
+            kill_uid(uid)
+            remove_leftovers(uid)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue  # another agent took it meanwhile
+        with os.fdopen(fd, "w") as f:
+            json.dump({"attempt_dir": str(holder)}, f)
+        return uid
+    raise UidRangeExhausted(f"jobs.uid_range={list(uid_range)!r}: every uid is held by an attempt or a running "
+                            "process; widen the range")
+
+
+#: world-writable directories whose top-level entries owned by a released uid are removed (what a job
+#: leaves there would otherwise be readable by the next attempt given the same uid)
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+_SYSV = (("shm", "shmid", "-m"), ("msg", "msqid", "-q"), ("sem", "semid", "-s"))
+
+
+def remove_leftovers(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[str]:
+    """Remove what ``uid`` left behind on the host, once none of its processes runs (like systemd's
+    ``RemoveIPC=``): the top-level entries of ``dirs`` it owns (directories whole, never following a
+    symlink) and its System V shared memory segments, message queues and semaphore sets (``ipcrm``,
+    where installed). Entries it left deeper inside other world-writable directories stay. Returns the
+    paths (and ``sysv:<kind>:<id>``) removed. Raises ``ValueError`` for uid 0."""
+    if uid == 0:
+        raise ValueError("uid=0: never remove root's files")
+    removed: list[str] = []
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            p = os.path.join(d, name)
+            try:
+                st = os.lstat(p)
+                if st.st_uid != uid:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(p)  # fd-based on Linux: never follows the job's symlinks
+                else:
+                    os.unlink(p)
+            except OSError:
+                continue
+            removed.append(p)
+    ipcrm = shutil.which("ipcrm", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    for kind, id_col, flag in _SYSV:
+        try:
+            header, *rows = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except (OSError, ValueError):
+            continue
+        cols = header.split()
+        for row in rows:
+            f = dict(zip(cols, row.split()))
+            if f.get("uid") == str(uid) and ipcrm is not None:
+                if subprocess.run([ipcrm, flag, f[id_col]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  check=False).returncode == 0:
+                    removed.append(f"sysv:{kind}:{f[id_col]}")
+    return removed
+
+
+def release_uid(uid: int, jobs_root: Path) -> None:
+    """Kill what still runs under ``uid`` (:func:`kill_uid`), remove what it left in the shared temporary
+    directories and System V IPC (:func:`remove_leftovers`), then drop its lease so it can be given again."""
+    kill_uid(uid)
+    remove_leftovers(uid)
+    try:
+        (Path(jobs_root) / "uids" / str(uid)).unlink()
+    except FileNotFoundError:
+        pass
+
+
+def hand_over(path: Path, user, uid_range: tuple[int, int]) -> None:
+    """Give the directory tree ``path`` to ``user`` (a dynamic :class:`workers.isolation.JobUser`): ``path``
+    itself mode 0700; every entry below it owned by a uid of ``uid_range`` (an earlier attempt's) is chowned
+    to ``user.uid``/``user.gid``. Never follows symlinks (``os.walk(followlinks=False)``,
+    ``os.chown(follow_symlinks=False)``); an entry owned by anyone else (a hard link to a root-owned file
+    planted by a job) is left alone. Raises ``OSError``."""
+    lo, hi = uid_range
+    path = Path(path)
+
+    def give(p: str) -> None:
+        st = os.lstat(p)
+        if lo <= st.st_uid <= hi and (st.st_uid, st.st_gid) != (user.uid, user.gid):
+            os.chown(p, user.uid, user.gid, follow_symlinks=False)
+
+    os.chown(path, user.uid, user.gid, follow_symlinks=False)
+    os.chmod(path, 0o700)
+    for top, dirs, files in os.walk(path, followlinks=False):
+        for name in dirs + files:
+            try:
+                give(os.path.join(top, name))
+            except FileNotFoundError:
+                continue
