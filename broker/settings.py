@@ -321,7 +321,7 @@ class JobsSettings(BaseModel):
     @field_validator("uid_range", mode="before")
     @classmethod
     def _uid_range(cls, v: Any) -> tuple[int, int]:
-        from workers.dynamic_users import check_uid_range
+        from workers.isolation import check_uid_range
 
         return check_uid_range(v, field="uid_range")  # the message reads "setting jobs.uid_range=..."
 

@@ -48,15 +48,12 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
-           "check_uid_range", "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
+from workers.isolation import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, JobUser, check_uid_range
+
+__all__ = ["NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
+           "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
            "release_uid", "remove_leftovers", "SHARED_TMP_DIRS", "hand_over"]
 
-#: systemd's dynamic-user range (``DynamicUser=``), inclusive
-DEFAULT_UID_RANGE = (61184, 65519)
-#: the fewest ids a ``jobs.uid_range`` may hold
-MIN_UID_RANGE_SIZE = 16
-_MAX_ID = 2 ** 31 - 1
 #: name prefix of a dynamic user (``USER``/``LOGNAME`` of the job)
 NAME_PREFIX = "fedbroker-"
 
@@ -65,27 +62,8 @@ class UidRangeExhausted(ValueError):
     """Every uid of ``jobs.uid_range`` is held by an attempt or owns a running process."""
 
 
-def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, int]:
-    """``value`` as ``(lo, hi)``, inclusive. Raises ``ValueError`` naming ``field`` unless it is two ints with
-    ``1 <= lo <= hi <= 2**31-1`` holding at least :data:`MIN_UID_RANGE_SIZE` ids (0, root, is never in it)."""
-    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        shown = list(value) if isinstance(value, (list, tuple)) else value
-        raise ValueError(f"{field}={shown!r}: must be [lo, hi], two integer uids")
-    lo, hi = value
-    if lo < 1 or hi > _MAX_ID:
-        raise ValueError(f"{field}={list(value)!r}: must lie within 1..{_MAX_ID} (uid 0 is root)")
-    if lo > hi:
-        raise ValueError(f"{field}={list(value)!r}: lo must be <= hi")
-    if hi - lo + 1 < MIN_UID_RANGE_SIZE:
-        raise ValueError(f"{field}={list(value)!r}: holds {hi - lo + 1} ids, at least {MIN_UID_RANGE_SIZE} needed")
-    return int(lo), int(hi)
-
-
 def dynamic_user(uid: int):
     """The :class:`workers.isolation.JobUser` of dynamic uid ``uid``: name ``fedbroker-<uid>``, gid = ``uid``."""
-    from workers.isolation import JobUser
-
     return JobUser(f"{NAME_PREFIX}{uid}", uid, uid, dynamic=True)
 
 
