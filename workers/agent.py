@@ -52,7 +52,7 @@ from pathlib import Path
 
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
-from workers.dynamic_users import allocate_uid, dynamic_user, hand_over, release_uid
+from workers.dynamic_users import LEASE_ROOT, allocate_uid, dynamic_user, hand_over, reclaim, release_uid
 from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, resolve_job_user
 from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
@@ -86,6 +86,8 @@ class NodeAgent:
         runtime: the process runtime (default: under ``state_dir / "agents" / name``).
         gpu_type: override of the canonical GPU type read from NVML.
         config: the agent-side settings (``GET /v1/node/config``); ``None`` = asked from the API.
+        lease_root: where per-attempt uids are leased (``<lease_root>/uids``; default
+            :data:`workers.dynamic_users.LEASE_ROOT`, shared by every agent of the host).
 
     The jobs' user and directories are prepared on first use of :attr:`config` (in :meth:`start`'s
     first step, or :meth:`prepare`); ``ValueError`` names the setting when ``jobs`` names a user that
@@ -94,7 +96,8 @@ class NodeAgent:
     """
 
     def __init__(self, api: NodeClient, name: str, pool: str, backend, state_dir: Path | str = ".fedbroker",
-                 runtime=None, gpu_type: str | None = None, config: dict | None = None):
+                 runtime=None, gpu_type: str | None = None, config: dict | None = None,
+                 lease_root: Path = LEASE_ROOT):
         from workers.runtime import ProcessRuntime
 
         self.api = api
@@ -105,6 +108,7 @@ class NodeAgent:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)  # every attempt's control files and logs
         self.runtime = runtime or ProcessRuntime(self.state_dir / "agents" / name)
+        self.lease_root = Path(lease_root)  # the uid leases: host-wide by default (every agent of the host)
         self.jobs: JobsPolicy | None = None
         self.jobs_root: Path | None = None
         self.gpu_type = gpu_type
@@ -172,7 +176,7 @@ class NodeAgent:
                 if self.runtime.attempt_dir(key).exists():
                     raise AlreadyLaunched(key.dirname)
                 held = {a.uid for a in self.runtime.list() if a.dynamic_uid}
-                user = dynamic_user(allocate_uid(self.jobs.uid_range, self.jobs_root, self.runtime.attempt_dir(key),
+                user = dynamic_user(allocate_uid(self.jobs.uid_range, self.lease_root, self.runtime.attempt_dir(key),
                                                  used=held))
                 leased = user.uid
             private_dir(Path(ls.checkpoint_dir), user)
@@ -193,11 +197,22 @@ class NodeAgent:
                 if not self.runtime.attempt_dir(key).exists():
                     self._remove_workdir(key)
             if leased is not None and not self.runtime.attempt_dir(key).exists():
-                release_uid(leased, self.jobs_root)  # nothing runs under it
+                release_uid(leased, self.lease_root)  # nothing runs under it
             self._tell(self.api.launch_failed, key.job_id, key.attempt, key.rank, str(e))
             return f"launch failed: {e}"
         self._tell(self.api.running, key.job_id, key.attempt, key.rank)
         return "started"
+
+    def _reclaim_checkpoints(self, job_id: str) -> None:
+        """Take the job's checkpoint directory back to root (:func:`workers.dynamic_users.reclaim`) unless another
+        rank of the job still runs here: the uid its files are owned by is about to go to another job."""
+        if any(b.key.job_id == job_id and b.status == "running" for b in self.runtime.list()):
+            return
+        for d in (self.jobs_root / "checkpoints").glob(f"*/{job_id}"):
+            try:
+                reclaim(d)
+            except OSError as e:
+                log.error("could not take back the checkpoint directory %s: %s", d, e)
 
     def _workdir(self, key) -> Path:
         """The attempt's working directory (and ``HOME``): ``<jobs root>/work/<node>/<job>/<attempt>-<rank>``."""
@@ -309,7 +324,8 @@ class NodeAgent:
             if self._tell(self.api.ended, *key, code):
                 self.runtime.forget(a.key)  # kills what is left under the attempt's own uid
                 if a.dynamic_uid and a.uid:
-                    release_uid(a.uid, self.jobs_root)
+                    self._reclaim_checkpoints(a.key.job_id)
+                    release_uid(a.uid, self.lease_root)
                 self._remove_workdir(a.key)
                 self._lost_seen.pop(a.key, None)
                 self._ended[key] = time.monotonic()

@@ -9,7 +9,7 @@ entry; the job's ``USER`` and ``LOGNAME`` are ``fedbroker-<uid>`` (:func:`dynami
 Lifecycle of one uid:
 
 * **allocate** (:func:`allocate_uid`): the lowest id of the range that no lease holds (a lease is
-  the file ``<jobs root>/uids/<uid>``, created with ``O_EXCL``, naming the attempt's directory; a
+  the file ``/run/fedbroker/uids/<uid>`` (:data:`LEASE_ROOT`, one for every agent of the host), created with ``O_EXCL``, naming the attempt's directory; a
   lease whose attempt directory is gone is stale), that no attempt of this agent holds (its
   ``meta.json``, passed in as ``used``), that owns no running process (``/proc/*/status``) and
   that has no ``/etc/passwd`` entry. The uid stays in the attempt's ``meta.json`` so a restarted
@@ -17,11 +17,16 @@ Lifecycle of one uid:
 * **end** (:func:`kill_uid`): when the rank ends (the shim saw the job exit; the agent stops or
   forgets it; the grace period of a cancel ran out), every process still running under the uid is
   SIGKILLed — a ``setsid`` escapee dies with its job — and what it left at the top of ``/tmp``,
-  ``/var/tmp``, ``/dev/shm`` and in System V IPC is removed (:func:`remove_leftovers`), BEFORE the
+  ``/var/tmp``, ``/dev/shm``, ``/run/lock`` and in System V IPC is removed (:func:`remove_leftovers`), BEFORE the
   lease is released (:func:`release_uid`) and the uid can go to another attempt (the lowest free id
   is taken, so ids are reused).
-* **checkpoints** (:func:`hand_over`): the job's checkpoint directory persists across attempts; at
-  each launch the agent gives it (recursively, never following symlinks) to the new attempt's uid.
+* **checkpoints** (:func:`hand_over`, :func:`reclaim`): the job's checkpoint directory persists across
+  attempts; when a rank's uid is released the agent takes the directory back to root (0700), and at
+  each launch gives it (recursively, by file descriptor, never following symlinks or hard links) to
+  the new attempt's uid.
+
+Every job process also runs with ``no_new_privs`` (:func:`workers.isolation.no_new_privileges`): a
+setuid file a job leaves behind (owned by a uid a later job gets) gives nothing to whoever runs it.
 
 What this protects: jobs of different attempts (so of different teams) cannot signal, ptrace or
 read ``/proc/<pid>/environ`` of each other, nor enter each other's 0700 working and checkpoint
@@ -52,7 +57,7 @@ from workers.isolation import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, JobUser, ch
 
 __all__ = ["NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
            "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
-           "release_uid", "remove_leftovers", "SHARED_TMP_DIRS", "hand_over"]
+           "release_uid", "remove_leftovers", "SHARED_TMP_DIRS", "hand_over", "reclaim", "LEASE_ROOT"]
 
 #: name prefix of a dynamic user (``USER``/``LOGNAME`` of the job)
 NAME_PREFIX = "fedbroker-"
@@ -131,9 +136,14 @@ def kill_uid(uid: int, rounds: int = 50) -> int:
     return n
 
 
+#: where the uid leases of every agent on this host live (host-wide: two agents with different jobs roots
+#: must never hand out the same uid)
+LEASE_ROOT = Path("/run/fedbroker")
+
+
 def _lease_dir(jobs_root: Path) -> Path:
     d = Path(jobs_root) / "uids"
-    d.mkdir(mode=0o700, exist_ok=True)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     return d
 
@@ -195,7 +205,7 @@ def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used
 
 #: world-writable directories whose top-level entries owned by a released uid are removed (what a job
 #: leaves there would otherwise be readable by the next attempt given the same uid)
-SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+SHARED_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
 _SYSV = (("shm", "shmid", "-m"), ("msg", "msqid", "-q"), ("sem", "semid", "-s"))
 
 
@@ -256,22 +266,40 @@ def release_uid(uid: int, jobs_root: Path) -> None:
 def hand_over(path: Path, user, uid_range: tuple[int, int]) -> None:
     """Give the directory tree ``path`` to ``user`` (a dynamic :class:`workers.isolation.JobUser`): ``path``
     itself mode 0700; every entry below it owned by a uid of ``uid_range`` (an earlier attempt's) is chowned
-    to ``user.uid``/``user.gid``. Never follows symlinks (``os.walk(followlinks=False)``,
-    ``os.chown(follow_symlinks=False)``); an entry owned by anyone else (a hard link to a root-owned file
-    planted by a job) is left alone. Raises ``OSError``."""
+    to ``user.uid``/``user.gid``. Walks by directory file descriptor (``os.fwalk``, ``chown`` relative to the
+    directory, never following a symlink), so a job that swaps a directory for a symlink meanwhile cannot
+    steer it elsewhere; an entry owned by anyone else, and a file with more than one hard link (a link to
+    another job's file, planted by a job), is left alone. Raises ``OSError``."""
     lo, hi = uid_range
     path = Path(path)
-
-    def give(p: str) -> None:
-        st = os.lstat(p)
-        if lo <= st.st_uid <= hi and (st.st_uid, st.st_gid) != (user.uid, user.gid):
-            os.chown(p, user.uid, user.gid, follow_symlinks=False)
-
     os.chown(path, user.uid, user.gid, follow_symlinks=False)
     os.chmod(path, 0o700)
-    for top, dirs, files in os.walk(path, followlinks=False):
+    for _top, dirs, files, dir_fd in os.fwalk(path, follow_symlinks=False):
         for name in dirs + files:
             try:
-                give(os.path.join(top, name))
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
+            if not lo <= st.st_uid <= hi or (st.st_uid, st.st_gid) == (user.uid, user.gid):
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                continue  # a hard link: the same file may stand in another job's directory
+            try:
+                os.chown(name, user.uid, user.gid, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+
+
+def reclaim(path: Path) -> bool:
+    """Take the directory ``path`` back to root (mode 0700) when the uid that held it is released, so the next
+    attempt given that uid (another job's) cannot enter it; :func:`hand_over` gives it to the job's next
+    attempt. A symlink or a missing path is left alone. Returns whether it was taken back. Raises ``OSError``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    os.chown(path, 0, 0, follow_symlinks=False)
+    os.chmod(path, 0o700)
+    return True

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-__all__ = ["JobUser", "DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "check_uid_range", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
+__all__ = ["JobUser", "no_new_privileges", "DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "check_uid_range", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
            "private_dir", "DEFAULT_ROOT_JOBS_DIR"]
 
 #: jobs root of an agent that runs as root (every parent is world-traversable on a standard host)
@@ -104,6 +104,24 @@ class JobUser:
     def to_dict(self) -> dict:
         """``{"name", "uid", "gid", "dynamic"}`` (as stored in the attempt's ``meta.json``)."""
         return {"name": self.name, "uid": self.uid, "gid": self.gid, "dynamic": self.dynamic}
+
+
+#: ``prctl`` option that makes ``execve`` never grant privileges (setuid/setgid bits, file capabilities are
+#: ignored) for this process and its children: linux/prctl.h
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def no_new_privileges() -> None:
+    """Set ``no_new_privs`` on this process (inherited by its children, never unset): a job cannot gain a uid
+    or capabilities through a setuid file — one it planted earlier under a uid that a later job (another
+    team's) then got, or ``sudo``. Linux 3.5+. Raises ``OSError`` if the kernel refuses."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
 
 
 def agent_is_root() -> bool:

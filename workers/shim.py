@@ -61,6 +61,8 @@ import sys
 import time
 from pathlib import Path
 
+from workers.isolation import no_new_privileges
+
 META = "meta.json"
 LOG = "log"
 SHIM = "shim.json"
@@ -180,6 +182,7 @@ def _run(attempt_dir: Path) -> None:
         user = meta.get("user")
         if user is not None and os.geteuid() == 0:
             drop = {"user": int(user["uid"]), "group": int(user["gid"]), "extra_groups": []}
+        no_new_privileges()  # inherited by the job: setuid files it meets give it nothing
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env,
             cwd=meta.get("workdir"), start_new_session=True, close_fds=True, umask=0o077, **drop,

@@ -90,7 +90,8 @@ class Rig:
 
     def new_agent(self, name: str) -> NodeAgent:
         return NodeAgent(NodeClient(self.api.url, self.tokens[name]), name, "local", self.backends[name],
-                         state_dir=self.tmp / "state", runtime=ProcessRuntime(self.tmp / "state" / "agents" / name))
+                         state_dir=self.tmp / "state", runtime=ProcessRuntime(self.tmp / "state" / "agents" / name),
+                         lease_root=self.tmp / "leases")  # this rig's uid leases: other tests' agents hold none
 
     def step(self) -> None:
         self.cycle.run()

@@ -30,7 +30,8 @@ from broker.reconciler import Reconciler
 from broker.settings import BrokerSettings, SettingsError, load_settings
 from tests.workers.test_agent import Rig, sh
 from workers.dynamic_users import (STALE_LEASE_S, UidRangeExhausted, allocate_uid, dynamic_user, hand_over, kill_uid,
-                                   processes_of_uid, release_uid)
+                                   processes_of_uid, reclaim, release_uid)
+from workers.runtime import AttemptKey, ProcessRuntime
 from workers.shim import proc_stat
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="running jobs under other uids needs root")
@@ -100,7 +101,8 @@ def test_two_teams_get_different_uids_and_cannot_signal_or_read_each_other(pg_st
         assert f"home-{other}" not in log and f"secret-{other}" not in log
         assert (Path(ckpt) / "s").read_text() == f"secret-{other}\n"  # untouched
     assert sorted(uids.values()) == [LO, LO + 1]
-    assert rig.agents["n1"].runtime.list() == [] and not list((tmp_path / "jobs" / "uids").iterdir())
+    rig.until(lambda: rig.agents["n1"].runtime.list() == [], what="both attempts to be forgotten")
+    assert not list((tmp_path / "leases" / "uids").iterdir())  # both leases released
 
 
 @root_only
@@ -146,8 +148,10 @@ def test_a_requeued_jobs_next_attempt_takes_over_the_checkpoint(pg_store, rig, t
     uid = int(log.split("uid=")[1])
     ckpt = rig.agents["n1"].jobs_root / "checkpoints" / "ml" / jid
     assert (ckpt / "sub" / "c").read_text() == "step1\nstep2\n"
-    for p in (ckpt, ckpt / "sub", ckpt / "sub" / "c", ckpt / "link"):
+    for p in (ckpt / "sub", ckpt / "sub" / "c", ckpt / "link"):
         assert os.lstat(p).st_uid == uid
+    # the attempt ended: its directory went back to root (0700) until the job's next attempt
+    rig.until(lambda: os.stat(ckpt).st_uid == 0, what="the checkpoint directory to be taken back")
     assert os.stat("/etc/shadow").st_uid == 0  # the symlink was not followed
     assert stat.S_IMODE(os.stat(ckpt).st_mode) == 0o700
 
@@ -234,12 +238,21 @@ def test_hand_over_changes_owners_in_the_range_only_and_follows_no_link(tmp_path
     target = tmp_path / "rootfile"
     target.write_text("root's")
     os.link(target, ck / "hard")  # planted hard link to a root-owned file
+    theirs = tmp_path / "other-job"
+    theirs.mkdir()
+    (theirs / "model.pt").write_text("another job's")
+    os.chown(theirs / "model.pt", 61195, 61195)  # owned by a uid of the range, as another job's file is
+    os.link(theirs / "model.pt", ck / "planted")
     os.symlink(target, ck / "soft")
     os.lchown(ck / "soft", old.uid, old.gid)
     hand_over(ck, new, rng)
     assert [os.lstat(p).st_uid for p in (ck, ck / "d", ck / "d" / "f", ck / "soft")] == [new.uid] * 4
     assert os.stat(target).st_uid == 0
+    assert os.stat(theirs / "model.pt").st_uid == 61195  # a file with two links is never handed over
     assert stat.S_IMODE(os.stat(ck).st_mode) == 0o700
+    # released: the directory goes back to root, so the next job given that uid cannot enter it
+    assert reclaim(ck) is True and (os.stat(ck).st_uid, stat.S_IMODE(os.stat(ck).st_mode)) == (0, 0o700)
+    assert reclaim(ck / "soft") is False and os.lstat(ck / "soft").st_uid == new.uid
 
 
 @pytest.mark.parametrize("value, message", [
@@ -303,3 +316,39 @@ def test_release_removes_what_the_uid_left_in_shared_tmp_dirs_and_sysv_ipc(tmp_p
         kept.unlink()
         if shmid is not None:
             subprocess.run(["ipcrm", "-m", shmid], capture_output=True)
+
+
+@root_only
+def test_a_setuid_file_gives_a_job_nothing(tmp_path):
+    # a job that got uid A copied a binary and set its setuid bit; a later job (uid B, another team) runs it
+    planted = tmp_path / "id"
+    shutil.copy("/usr/bin/id", planted)
+    os.chown(planted, LO + 40, LO + 40)
+    os.chmod(planted, 0o6755)
+    rt = ProcessRuntime(tmp_path / "state")
+    user = dynamic_user(LO + 41)
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    os.chown(wd, user.uid, user.gid)
+    k = AttemptKey("suid", 1)
+    rt.launch(k, [str(planted), "-u"], env={"PATH": "/usr/bin:/bin"}, workdir=wd, user=user)
+    end = time.monotonic() + 10
+    while rt.get(k).status == "running" and time.monotonic() < end:
+        time.sleep(0.02)
+    assert rt.get(k).log_path.read_text() == f"{LO + 41}\n"  # not LO + 40: no_new_privs ignores the setuid bit
+    rt.forget(k)
+
+
+@root_only
+def test_a_finished_jobs_checkpoint_goes_back_to_root_before_its_uid_is_given_again(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
+    jid = pg_store.submit("ml", sh('echo secret > "$CHECKPOINT_DIR/model.pt"'))[0].id
+    rig.until(lambda: rig.state(jid) == "succeeded", what="the job")
+    ckpt = rig.agents["n1"].jobs_root / "checkpoints" / "ml" / jid
+    rig.until(lambda: os.stat(ckpt).st_uid == 0, what="the checkpoint directory to be taken back")
+    assert stat.S_IMODE(os.stat(ckpt).st_mode) == 0o700
+    # the next job gets the same (lowest free) uid and cannot enter it
+    other = pg_store.submit("vision", sh(f'id -u; cat {ckpt}/model.pt || echo denied'))[0].id
+    rig.until(lambda: rig.state(other) == "succeeded", what="the other job")
+    out = _log(pg_store, other)
+    assert out.startswith(f"{LO}\n") and out.endswith("denied\n") and "secret" not in out

@@ -103,10 +103,11 @@ def test_a_job_sees_no_agent_secret_runs_as_its_own_uid_and_cannot_read_config_o
         "PET_RDZV_ID": f"{jid}-1", "CHECKPOINT_DIR": str(ckpt), "NCCL_DEBUG": "WARN",
         **({"NCCL_SOCKET_IFNAME": got["NCCL_SOCKET_IFNAME"]} if "NCCL_SOCKET_IFNAME" in got else {}),
     }
-    # the checkpoint directory outlives the attempt, private to the job's user; the working directory is gone
+    # the checkpoint directory outlives the attempt: its files stay the job's, the directory goes back to root
+    # (0700) once the attempt's uid is released; the working directory is gone
+    assert (os.stat(ckpt / "c").st_uid, (ckpt / "c").read_text()) == (DYN, "ckpt\n")
     st = os.stat(ckpt)
-    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (DYN, DYN, 0o700)
-    assert (ckpt / "c").read_text() == "ckpt\n"
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o700)
     assert not workdir.exists()
     assert stat.S_IMODE(os.stat(state_dir).st_mode) == 0o700
 
