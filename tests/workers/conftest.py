@@ -1,3 +1,31 @@
-"""Jobs run under unprivileged uids when the tests run as root: ``tmp_path`` is a directory they can reach."""
+"""Fixtures of the tests that run real jobs: ``tmp_path`` is a directory the jobs' unprivileged uids can reach
+(the tests run as root), ``env`` the live planning environment, ``rig(nodes)`` agents against a live API."""
 
+import pytest
+
+from broker.live import LiveEnvironment
+from broker.settings import BrokerSettings
 from tests.jobdirs import tmp_path  # noqa: F401 - the fixture
+
+
+@pytest.fixture(scope="module")
+def env():
+    """The live planning environment (bundled signals and offers), built once per module."""
+    return LiveEnvironment(BrokerSettings().planner)
+
+
+@pytest.fixture
+def rig(pg_store, env, tmp_path):
+    """``rig({"n1": 2, ...}) -> Rig``: node agents with fake GPUs against a live API over ``pg_store``
+    (:class:`tests.workers.test_agent.Rig`); their API servers are stopped afterwards."""
+    from tests.workers.test_agent import Rig
+
+    made = []
+
+    def make(nodes: dict[str, int]):
+        made.append(Rig(pg_store, env, tmp_path, nodes))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.api.stop()

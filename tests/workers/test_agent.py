@@ -20,7 +20,6 @@ import uvicorn
 from broker.api import create_app
 from broker.cycle import PlanningCycle
 from broker.db import Job, utcnow
-from broker.live import LiveEnvironment
 from broker.model import JobSpec
 from broker.reconciler import Reconciler
 from broker.settings import BrokerSettings
@@ -30,11 +29,6 @@ from workers.node_client import NodeClient
 from workers.runtime import ProcessRuntime
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def env():
-    return LiveEnvironment(BrokerSettings().planner)
 
 
 def _free_port() -> int:
@@ -110,19 +104,6 @@ class Rig:
 
     def state(self, job_id: str) -> str:
         return self.store.get(job_id).state
-
-
-@pytest.fixture
-def rig(pg_store, env, tmp_path):
-    made = []
-
-    def make(nodes: dict[str, int]) -> Rig:
-        made.append(Rig(pg_store, env, tmp_path, nodes))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.api.stop()
 
 
 def sh(script: str, **kw) -> JobSpec:

@@ -25,7 +25,6 @@ import pytest
 import yaml
 
 from broker.db import utcnow
-from broker.live import LiveEnvironment
 from broker.reconciler import Reconciler
 from broker.settings import BrokerSettings, SettingsError, load_settings
 from tests.workers.test_agent import Rig, sh
@@ -36,24 +35,6 @@ from workers.shim import proc_stat
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="running jobs under other uids needs root")
 LO = 61184  # the first uid of the default jobs.uid_range
-
-
-@pytest.fixture(scope="module")
-def env():
-    return LiveEnvironment(BrokerSettings().planner)
-
-
-@pytest.fixture
-def rig(pg_store, env, tmp_path):
-    made = []
-
-    def make(nodes: dict[str, int]) -> Rig:
-        made.append(Rig(pg_store, env, tmp_path, nodes))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.api.stop()
 
 
 def _log(store, jid: str, attempt: int = 1) -> str:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.live import LiveEnvironment
-from broker.settings import BrokerSettings, JobsSettings, load_settings, SettingsError
+from broker.settings import JobsSettings, load_settings, SettingsError
 from providers.launch import SAFE_PATH
 from tests.workers.test_agent import Rig, sh
 from workers.isolation import JobUser, check_reachable, prepare_jobs_root, private_dir, resolve_job_user
@@ -36,11 +35,6 @@ SECRET_PW = "pw-9b3e1f"
 SECRET_AWS = "AKIAEXAMPLESECRET0042"
 # the keys of the shell's own variables that `env` may print besides the job's environment
 SHELL_VARS = {"PWD", "SHLVL", "OLDPWD", "_"}
-
-
-@pytest.fixture(scope="module")
-def env():
-    return LiveEnvironment(BrokerSettings().planner)
 
 
 def _secrets_in_the_agent(monkeypatch, tmp_path: Path) -> Path:
