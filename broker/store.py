@@ -332,8 +332,8 @@ class JobStore:
         return cls(settings.effective_database_url, settings.database_schema)
 
     # ------------------------------------------------------------------ schema
-    def migrate(self) -> None:
-        """Bring the schema to the latest Alembic revision (creates the PostgreSQL schema if needed)."""
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to Alembic ``revision`` (default the latest; creates the PostgreSQL schema if needed)."""
         from alembic import command
         from alembic.config import Config
 
@@ -344,7 +344,7 @@ class JobStore:
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
         with self.engine.begin() as conn:
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            command.upgrade(cfg, revision)
 
     def drop_schema(self) -> None:
         """Drop the PostgreSQL schema (tests) or every table (SQLite)."""

@@ -385,23 +385,9 @@ def bare_store(request, tmp_path):
 
 
 def test_migration_0004_maps_existing_tokens(bare_store):
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy import text
 
-    from broker.store import MIGRATIONS_DIR
-
-    def upgrade(rev: str) -> None:
-        if bare_store.schema:
-            with bare_store.engine.begin() as c:
-                c.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{bare_store.schema}"'))
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        with bare_store.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, rev)
-
-    upgrade("0003")
+    bare_store.migrate("0003")
     made = datetime.now(UTC)
     with bare_store.engine.begin() as c:
         for team, admin, secret in (("ops", True, "fbk_old-admin"), ("vision", False, "fbk_old-member")):
@@ -409,7 +395,7 @@ def test_migration_0004_maps_existing_tokens(bare_store):
                            "VALUES (:t, :h, :a, '', :c, :r)"),
                       {"t": team, "h": hash_token(secret), "a": admin, "c": made.replace(tzinfo=None)
                        if bare_store.url.startswith("sqlite") else made, "r": False})
-    upgrade("head")
+    bare_store.migrate()
     a, m = bare_store.authenticate("fbk_old-admin"), bare_store.authenticate("fbk_old-member")
     assert (a.kind, a.team, a.admin) == ("admin", "ops", True)
     assert (m.kind, m.team, m.admin) == ("member", "vision", False)
