@@ -233,6 +233,8 @@ def create_token(store: JobStore, team: str, kind: str = "member", *, label: str
     Raises: :class:`InvalidTokenRequest`, :class:`TokenForbidden`.
     """
     now = now or utcnow()
+    if kind == "node":
+        team = NODE_TEAM  # a node token belongs to a node, not to a team
     _check_fields(team, kind, label, node)
     ttl_s = DEFAULT_TTL_S if ttl is None else parse_ttl(ttl)
     if actor is not None:
@@ -246,9 +248,14 @@ def create_token(store: JobStore, team: str, kind: str = "member", *, label: str
 
 def _within_actor(actor: Principal, ttl_s: float, now: datetime) -> float:
     """``ttl_s`` cut so that a token made by a team admin never outlives the team admin's own token (a broker
-    admin's tokens are not cut); seconds."""
+    admin's tokens are not cut); seconds. Raises :class:`InvalidTokenRequest` (``ttl``) when the team admin's
+    own token has less than :data:`TOKEN_MIN_TTL_S` left."""
     if actor.kind != "admin" and actor.expires_at is not None:
-        return max(0.0, min(ttl_s, (actor.expires_at - now).total_seconds()))
+        left = (actor.expires_at - now).total_seconds()
+        if left < TOKEN_MIN_TTL_S:
+            raise InvalidTokenRequest("ttl", ttl_s, f"your own token expires in {max(left, 0):.0f} s: a token it "
+                                                   f"makes would live less than {TOKEN_MIN_TTL_S} s; rotate yours first")
+        return min(ttl_s, left)
     return ttl_s
 
 
@@ -376,7 +383,8 @@ def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: 
            now: datetime | None = None) -> CreatedToken:
     """Replace a token: a new secret and id with the same kind, team, label and node and a new expiry
     (``ttl``, default :data:`DEFAULT_TTL_S`); the old token is revoked in the same transaction (audited
-    ``token.rotate`` on the old id, with the new id in the detail). An expired token may be rotated.
+    ``token.rotate`` on the old id, with the new id in the detail). An expired token may be rotated. A team
+    admin rotates its own token, or member and read-only tokens of its team (the new one never outliving its own).
     Raises :class:`TokenNotFound`, :class:`TokenForbidden`, :class:`TokenConflict` (already revoked),
     :class:`InvalidTokenRequest` (ttl)."""
     now = now or utcnow()
@@ -385,8 +393,12 @@ def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: 
         old = _visible_row(s, token_id, actor)
         if old.revoked:
             raise TokenConflict(f"token_id={token_id!r}: revoked; a revoked token cannot be rotated, create a new one")
+        if actor is not None and old.public_id != actor.token_id:
+            # rotating yields a new secret: only of a kind the actor may create (a team admin rotates its own
+            # token, never another team admin's)
+            may_manage(actor, old.team, old.kind, create=True)
         old.revoked = True
-        if actor is not None:
+        if actor is not None and old.public_id != actor.token_id:
             ttl_s = _within_actor(actor, ttl_s, now)
         secret, row = _insert(s, old.team, old.kind, old.label, old.node, ttl_s, now)
         audit(s, actor, "token.rotate", old.public_id, {**_detail(row), "new_token_id": row.public_id}, now)

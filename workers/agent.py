@@ -197,22 +197,39 @@ class NodeAgent:
                 if not self.runtime.attempt_dir(key).exists():
                     self._remove_workdir(key)
             if leased is not None and not self.runtime.attempt_dir(key).exists():
-                release_uid(leased, self.lease_root)  # nothing runs under it
+                self._give_back_uid(key, leased)  # nothing runs under it
             self._tell(self.api.launch_failed, key.job_id, key.attempt, key.rank, str(e))
             return f"launch failed: {e}"
         self._tell(self.api.running, key.job_id, key.attempt, key.rank)
         return "started"
 
-    def _reclaim_checkpoints(self, job_id: str) -> None:
+    def _give_back_uid(self, key, uid: int) -> None:
+        """End a rank's hold on its own ``uid``: take the job's checkpoint directory back to root and delete the
+        rank's working directory, and only then release the uid for another attempt. If either fails the
+        lease is kept (logged): the uid goes to nobody else until the lease is stale
+        (:data:`workers.dynamic_users.STALE_LEASE_S`)."""
+        reclaimed = self._reclaim_checkpoints(key.job_id)
+        self._remove_workdir(key)
+        if reclaimed and not self._workdir(key).exists():
+            release_uid(uid, self.lease_root)
+        else:
+            log.error("uid %d of %s kept leased: its checkpoint or working directory could not be closed", uid,
+                      key.dirname)
+
+    def _reclaim_checkpoints(self, job_id: str) -> bool:
         """Take the job's checkpoint directory back to root (:func:`workers.dynamic_users.reclaim`) unless another
-        rank of the job still runs here: the uid its files are owned by is about to go to another job."""
+        rank of the job still runs here: the uid its files are owned by is about to go to another job.
+        Returns False when a directory could not be taken back."""
         if any(b.key.job_id == job_id and b.status == "running" for b in self.runtime.list()):
-            return
+            return True
+        ok = True
         for d in (self.jobs_root / "checkpoints").glob(f"*/{job_id}"):
             try:
                 reclaim(d)
             except OSError as e:
                 log.error("could not take back the checkpoint directory %s: %s", d, e)
+                ok = False
+        return ok
 
     def _workdir(self, key) -> Path:
         """The attempt's working directory (and ``HOME``): ``<jobs root>/work/<node>/<job>/<attempt>-<rank>``."""
@@ -324,9 +341,9 @@ class NodeAgent:
             if self._tell(self.api.ended, *key, code):
                 self.runtime.forget(a.key)  # kills what is left under the attempt's own uid
                 if a.dynamic_uid and a.uid:
-                    self._reclaim_checkpoints(a.key.job_id)
-                    release_uid(a.uid, self.lease_root)
-                self._remove_workdir(a.key)
+                    self._give_back_uid(a.key, a.uid)
+                else:
+                    self._remove_workdir(a.key)
                 self._lost_seen.pop(a.key, None)
                 self._ended[key] = time.monotonic()
         if len(self._ended) > ENDED_MEMORY:  # forget the oldest half

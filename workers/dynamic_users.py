@@ -141,8 +141,8 @@ def kill_uid(uid: int, rounds: int = 50) -> int:
 LEASE_ROOT = Path("/run/fedbroker")
 
 
-def _lease_dir(jobs_root: Path) -> Path:
-    d = Path(jobs_root) / "uids"
+def _lease_dir(lease_root: Path) -> Path:
+    d = Path(lease_root) / "uids"
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(d, 0o700)
     return d
@@ -155,17 +155,20 @@ STALE_LEASE_S = 120.0
 
 def _lease_live(path: Path) -> bool:
     try:
-        holder = json.loads(path.read_text()).get("attempt_dir")
         age = time.time() - path.stat().st_mtime
+    except OSError:
+        return True  # being replaced: keep it
+    try:
+        holder = json.loads(path.read_text()).get("attempt_dir")
     except (OSError, ValueError, AttributeError):
-        return True  # being written, or unreadable: keep it
+        return age < STALE_LEASE_S  # being written; unreadable for long (a crash while writing): stale
     return not holder or Path(holder).is_dir() or age < STALE_LEASE_S
 
 
-def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used: Iterable[int] = ()) -> int:
+def allocate_uid(uid_range: tuple[int, int], lease_root: Path, holder: Path, used: Iterable[int] = ()) -> int:
     """Lease the lowest free uid of ``uid_range`` for the attempt whose directory is ``holder``; returns it.
 
-    Free: no live lease in ``<jobs_root>/uids``, not in ``used`` (the uids of this agent's attempts), no
+    Free: no live lease in ``<lease_root>/uids`` (:data:`LEASE_ROOT` for an agent), not in ``used`` (the uids of this agent's attempts), no
     running process has it, no ``/etc/passwd`` entry names it. A stale lease (its attempt directory is
     gone, and the lease is older than :data:`STALE_LEASE_S`) is taken over once that uid's processes are
     killed. Raises :class:`UidRangeExhausted`.
@@ -173,7 +176,7 @@ def allocate_uid(uid_range: tuple[int, int], jobs_root: Path, holder: Path, used
     lo, hi = uid_range
     used = set(used)
     busy = uids_of_processes()
-    leases = _lease_dir(jobs_root)
+    leases = _lease_dir(lease_root)
     for uid in range(lo, hi + 1):
         if uid in used or uid in busy:
             continue
@@ -252,13 +255,13 @@ def remove_leftovers(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[st
     return removed
 
 
-def release_uid(uid: int, jobs_root: Path) -> None:
+def release_uid(uid: int, lease_root: Path) -> None:
     """Kill what still runs under ``uid`` (:func:`kill_uid`), remove what it left in the shared temporary
     directories and System V IPC (:func:`remove_leftovers`), then drop its lease so it can be given again."""
     kill_uid(uid)
     remove_leftovers(uid)
     try:
-        (Path(jobs_root) / "uids" / str(uid)).unlink()
+        (Path(lease_root) / "uids" / str(uid)).unlink()
     except FileNotFoundError:
         pass
 

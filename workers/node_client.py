@@ -9,11 +9,20 @@ token that names its own node. Errors::
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
 __all__ = ["NodeClient", "NodeApiError", "NodeApiUnavailable"]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class NodeApiError(Exception):
@@ -36,11 +45,18 @@ class NodeClient:
         api_url: the API's base URL (``https://broker.example:8000``).
         token: the node token (``fedbroker nodes token HOST``); never logged.
         timeout_s: connect and read timeout of each call, seconds.
+
+    Raises ``ValueError`` for an ``api_url`` that is not ``https://`` (``http://`` only to a loopback address)
+    or an empty token.
     """
 
     def __init__(self, api_url: str, token: str, timeout_s: float = 5.0):
         if not api_url.startswith(("http://", "https://")):
             raise ValueError(f"api_url={api_url!r}: must start with http:// or https://")
+        host = (urlsplit(api_url).hostname or "").lower()
+        if api_url.startswith("http://") and not (host == "localhost" or _loopback(host)):
+            raise ValueError(f"api_url={api_url!r}: must be https:// (the node token would cross the network in "
+                             "clear); http:// is only for a loopback address")
         if not token:
             raise ValueError("token='': a node token is required (FEDBROKER_NODE_TOKEN or --token-file)")
         self.api_url = api_url.rstrip("/")

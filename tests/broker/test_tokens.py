@@ -81,7 +81,7 @@ def test_read_only_token_reads_but_cannot_write(client, store):
 def test_node_token_may_not_use_job_or_schedule_routes(client, store):
     tok, tid = mint(store, "ops", "node", node="gpu-01")
     p = store.authenticate(tok)
-    assert (p.kind, p.team, p.node, p.token_id, p.admin) == ("node", "ops", "gpu-01", tid, False)
+    assert (p.kind, p.team, p.node, p.token_id, p.admin) == ("node", T.NODE_TEAM, "gpu-01", tid, False)  # no team
     for method, path in [("get", "/v1/jobs"), ("post", "/v1/jobs"), ("get", "/v1/jobs/job-0123456789abcdef"),
                          ("get", "/v1/schedules"), ("get", "/v1/tokens"), ("get", "/v1/audit")]:
         kw = {"json": job_body()} if method == "post" else {}
@@ -457,3 +457,24 @@ def test_a_new_sqlite_store_is_private_and_the_cli_says_it_made_one(tmp_path):
     r = CliRunner().invoke(app, ["tokens", "create", "--team", "ops", "--admin", "--config", str(cfg)],
                            env={"FEDBROKER_TOKEN": ""})
     assert r.exit_code == 0 and "note:" not in r.stderr
+
+
+def test_a_team_admin_rotates_its_own_token_but_not_another_team_admins(client, store):
+    team = fresh_team()
+    ta, ta_id = mint(store, team, "team-admin")
+    _, other_ta_id = mint(store, team, "team-admin")
+    r = client.post(f"/v1/tokens/{other_ta_id}/rotate", headers=auth(ta))
+    assert r.status_code == 403 and "may create only member, read-only tokens" in r.json()["detail"]
+    assert T.list_tokens(store, team=team)[1].revoked is False  # the other team admin keeps its token
+    r = client.post(f"/v1/tokens/{ta_id}/rotate", json={"ttl_s": 30 * 86400}, headers=auth(ta))
+    assert r.status_code == 201 and r.json()["kind"] == "team-admin"
+    made = r.json()  # its own rotation is not cut to the old token's expiry
+    assert datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"]) == timedelta(days=30)
+
+
+def test_a_team_admin_about_to_expire_cannot_make_tokens(client, store):
+    team = fresh_team()
+    ta, _ = mint(store, team, "team-admin", ttl=120)
+    later = datetime.now(UTC) + timedelta(seconds=90)  # 30 s left: less than the 60 s a token must live
+    with pytest.raises(T.InvalidTokenRequest, match=r"ttl=.*your own token expires in 30 s"):
+        T.create_token(store, team, "member", actor=store.authenticate(ta), now=later)
