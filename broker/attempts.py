@@ -26,14 +26,14 @@ from sqlalchemy import select
 
 from broker.db import Attempt, Job, utcnow
 from broker.reconciler import requeue_lost
-from broker.states import JobState
+from broker.states import ON_NODE_STATES, JobState
 from broker.store import JobStore
 
 __all__ = ["node_work", "placed_on", "mark_running", "launch_failed", "report_end", "process_gone"]
 
 log = logging.getLogger("fedbroker.attempts")
 S = JobState
-_ACTIVE = (S.starting.value, S.running.value)
+_ACTIVE = ON_NODE_STATES
 
 
 def placed_on(store: JobStore, job_id: str, attempt: int, rank: int, node: str) -> bool:

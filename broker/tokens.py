@@ -46,6 +46,7 @@ from typing import Any
 from sqlalchemy import insert, select, text, update
 
 from broker.db import ApiToken, AuditEvent, utcnow
+from broker.model import TEAM_RE
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.store import JobStore, Principal, StoreError, hash_token
 
@@ -67,7 +68,7 @@ TOKEN_ID_RE = re.compile(r"^tok-[0-9a-f]{16}$")
 CREATED_BY_TEAM_ADMIN = frozenset({"member", "read-only"})
 #: kinds of its own team's tokens a team admin may list, revoke and rotate
 MANAGED_BY_TEAM_ADMIN = frozenset({"member", "read-only", "team-admin"})
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_NAME_RE = TEAM_RE  # team and node names: one rule (broker.model)
 _TTL_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
 _TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

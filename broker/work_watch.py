@@ -31,7 +31,7 @@ from collections import defaultdict
 from sqlalchemy import func, select
 
 from broker.db import Job
-from broker.states import JobState
+from broker.states import ON_NODE_STATES
 from broker.store import JobStore
 
 __all__ = ["WorkWatch", "work_etag", "MAX_WAIT_S", "CHECK_S"]
@@ -40,7 +40,7 @@ __all__ = ["WorkWatch", "work_etag", "MAX_WAIT_S", "CHECK_S"]
 MAX_WAIT_S = 10.0
 #: how often a waiting long-poll's node is checked for changes, seconds
 CHECK_S = 0.1
-_ACTIVE = (JobState.starting.value, JobState.running.value)
+_ACTIVE = ON_NODE_STATES
 
 
 def work_etag(work: list[dict]) -> str:
@@ -81,7 +81,9 @@ class WorkWatch:
 
     def _refresh(self) -> None:
         with self.store.session() as s:
-            fp = tuple(s.execute(select(func.count(), func.coalesce(func.sum(Job.version), 0))
+            # count, sum of versions and newest change: a job leaving the active set while another enters at
+            # the same version moves the newest updated_at even when count and sum stay equal
+            fp = tuple(s.execute(select(func.count(), func.coalesce(func.sum(Job.version), 0), func.max(Job.updated_at))
                                  .where(Job.state.in_(_ACTIVE))).one())
             if fp != self._fingerprint:
                 nodes: dict[str, set] = defaultdict(set)
