@@ -112,20 +112,50 @@ services = _Services()
 
 def kick_planner(debounce_ms: int = 200) -> bool:
     """Ask for a planning cycle soon; at most one request per ``debounce_ms`` (per process without a
-    Redis call, across processes by a Redis key). Returns whether one was sent."""
+    Redis call, across processes by a Redis key). Returns whether one was sent now.
+
+    A suppressed kick is not lost: the process arms one trailing kick at the end of the window (a
+    daemon timer), so a job committed just after a cycle began its intake is planned within about
+    ``debounce_ms`` rather than at beat's next ``plan_interval_s``."""
     global _last_kick
     now = time.monotonic()
     if now - _last_kick < debounce_ms / 1000:
+        _arm_trailing_kick(_last_kick + debounce_ms / 1000 - now, debounce_ms)
         return False
     _last_kick = now
     try:
         if not services.redis.set(KICK_KEY, b"1", nx=True, px=debounce_ms):
+            _arm_trailing_kick(debounce_ms / 1000, debounce_ms)
             return False
         get_app().send_task("fedbroker.plan", queue="planning")
         return True
     except (redis.RedisError, OSError) as e:  # beat plans anyway within plan_interval_s
         log.warning("could not request a planning cycle (%s); beat will run one", e)
         return False
+
+
+_trailing_lock = threading.Lock()
+#: this process's armed trailing kick (:func:`kick_planner`), or None
+_trailing: threading.Timer | None = None
+
+
+def _arm_trailing_kick(delay_s: float, debounce_ms: int) -> None:
+    """Arm one trailing :func:`kick_planner` ``delay_s`` from now unless one is armed already."""
+    global _trailing
+
+    def fire() -> None:
+        global _trailing, _last_kick
+        with _trailing_lock:
+            _trailing = None
+        _last_kick = -1e9  # the window has passed; this kick goes to Redis
+        kick_planner(debounce_ms)
+
+    with _trailing_lock:
+        if _trailing is not None:
+            return
+        _trailing = threading.Timer(max(delay_s, 0.0), fire)
+        _trailing.daemon = True
+        _trailing.start()
 
 
 def send_dispatch(job_id: str, attempt: int) -> None:

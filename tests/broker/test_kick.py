@@ -1,0 +1,63 @@
+"""The planner kick: debounced, and a suppressed kick is followed by one trailing kick (real Redis)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from broker import tasks
+from tests.conftest import REDIS_URL
+
+
+class _Sent:
+    """Records ``send_task`` calls instead of queueing them on a Celery broker."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str]] = []
+
+    def send_task(self, name, queue=None, **kw):
+        self.calls.append((name, queue))
+
+
+@pytest.fixture
+def kick(monkeypatch):
+    r = redis.Redis.from_url(REDIS_URL)
+    r.delete(tasks.KICK_KEY)
+    sent = _Sent()
+    monkeypatch.setitem(tasks.services.__dict__, "redis", r)
+    monkeypatch.setattr(tasks, "get_app", lambda: sent)
+    monkeypatch.setattr(tasks, "_last_kick", -1e9)
+    yield sent, r
+    t = tasks._trailing
+    if t is not None:
+        t.cancel()
+    tasks._trailing = None
+    r.delete(tasks.KICK_KEY)
+
+
+def test_kicks_within_the_window_send_one_now_and_one_trailing_kick(kick):
+    sent, _ = kick
+    assert tasks.kick_planner(debounce_ms=300) is True
+    assert [tasks.kick_planner(debounce_ms=300) for _ in range(50)] == [False] * 50
+    assert sent.calls == [("fedbroker.plan", "planning")]  # 51 submits, one kick so far
+    time.sleep(0.6)
+    assert sent.calls == [("fedbroker.plan", "planning")] * 2  # the trailing one, once
+
+
+def test_a_lone_kick_arms_no_trailing_kick(kick):
+    sent, _ = kick
+    assert tasks.kick_planner(debounce_ms=100) is True
+    time.sleep(0.3)
+    assert sent.calls == [("fedbroker.plan", "planning")]
+    assert tasks._trailing is None
+
+
+def test_a_kick_suppressed_by_another_process_is_retried_after_the_window(kick):
+    sent, r = kick
+    r.set(tasks.KICK_KEY, b"1", px=150)  # another API process kicked just now
+    assert tasks.kick_planner(debounce_ms=150) is False
+    assert sent.calls == []
+    time.sleep(0.5)
+    assert sent.calls == [("fedbroker.plan", "planning")]
