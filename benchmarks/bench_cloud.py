@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
     from moto.server import ThreadedMotoServer
     from sqlalchemy import select
 
-    from broker.cloud import CloudBroker, build_computes
-    from broker.db import Job, utcnow
+    from broker.service.cloud import CloudBroker, build_computes
+    from broker.service.db import Job, utcnow
     from broker.model import CloudOffer, JobSpec, Market
-    from broker.settings import load_settings
-    from broker.store import JobStore
+    from broker.service.settings import load_settings
+    from broker.service.store import JobStore
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

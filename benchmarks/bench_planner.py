@@ -1,4 +1,4 @@
-"""Benchmark one planner cycle: ``broker.planner.plan(snapshot, ctx)``.
+"""Benchmark one planner cycle: ``broker.planner.core.plan(snapshot, ctx)``.
 
 For every (on-prem GPUs, pending jobs, policy) combination this builds one
 deterministic snapshot and times ``plan()`` a few times.
@@ -14,7 +14,7 @@ Inputs (all deterministic, seeded numpy):
   its trace duration ago and ends, as expected, after the rest of it.
 * **Cloud**: the ~1,000 bundled offers (``load_scenario().offers``), with spot
   availability at the cycle instant from the bundled spot traces
-  (``broker.simulator.SpotModel``).
+  (``broker.sim.simulator.SpotModel``).
 * **Pending jobs**: drawn with replacement from the 82,247 Philly jobs (shapes,
   durations, teams), submitted in the last ``--max-age-h`` hours (uniform) and
   keeping each trace job's deadline slack (deadline - submit). Philly jobs are
@@ -60,10 +60,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.model import Pool, PoolNode  # noqa: E402
-from broker.planner import POLICIES, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot, plan  # noqa: E402
-from broker.scenario import load_scenario  # noqa: E402
-from broker.simulator import SpotModel  # noqa: E402
-from broker.traces import load_philly  # noqa: E402
+from broker.planner.core import POLICIES, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot, plan  # noqa: E402
+from broker.sim.scenario import load_scenario  # noqa: E402
+from broker.sim.simulator import SpotModel  # noqa: E402
+from broker.sim.traces import load_philly  # noqa: E402
 from _machine import machine_info, parse_policies  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 NOW_S = datetime(2023, 10, 2, 15, tzinfo=timezone.utc).timestamp()

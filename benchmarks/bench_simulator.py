@@ -1,4 +1,4 @@
-"""Benchmark whole-trace simulation throughput: ``broker.simulator.simulate`` on the Philly trace.
+"""Benchmark whole-trace simulation throughput: ``broker.sim.simulator.simulate`` on the Philly trace.
 
 For each policy this replays the first ``--jobs`` jobs of the bundled Philly
 trace (default: all 82,247) on the bundled scenario (``load_scenario()``: the
@@ -11,7 +11,7 @@ does, and reports:
 * ``jobs/s``: trace jobs replayed per wall second;
 * ``cycles``: planner cycles (``metrics["planner_cycles"]``);
 * ``plan s`` / ``plan %``: total time inside ``plan()`` (measured by wrapping
-  ``broker.simulator.plan`` from this script) and its share of the wall time;
+  ``broker.sim.simulator.plan`` from this script) and its share of the wall time;
   the rest is the simulator's own event loop, snapshot building and accounting;
 * ``p99 ms``: the simulator's own p99 decision latency
   (``metrics["decision_latency_p99_ms"]``), plus the mean and max from the wrapper;
@@ -44,10 +44,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import broker.simulator as simmod  # noqa: E402
-from broker.planner import PlannerConfig  # noqa: E402
-from broker.scenario import load_scenario  # noqa: E402
-from broker.traces import load_philly  # noqa: E402
+import broker.sim.simulator as simmod  # noqa: E402
+from broker.planner.core import PlannerConfig  # noqa: E402
+from broker.sim.scenario import load_scenario  # noqa: E402
+from broker.sim.traces import load_philly  # noqa: E402
 from _machine import machine_info, parse_policies  # noqa: E402  (benchmarks/ is sys.path[0] when run as a script)
 
 

@@ -6,7 +6,11 @@ first use, so ``import broker`` stays light.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+#: the bundled real data of the broker package (cluster files, the Philly trace; attribution in its SOURCES.md)
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 if TYPE_CHECKING:  # pragma: no cover
     from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, NotFound,
@@ -15,7 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _LAZY = {"Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
          "WaitTimeout", "RateLimited"}
 
-__all__ = sorted(_LAZY)
+__all__ = sorted(_LAZY | {"DATA_DIR"})
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ have answered:
   was used with another spec.
 
 The whole batch is answered 429 (nothing stored) when its new jobs exceed the team's submit rate or
-queued-jobs quota (:mod:`broker.limits`); the rate limit charges one token per new job.
+queued-jobs quota (:mod:`broker.service.limits`); the rate limit charges one token per new job.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Python SDK of the broker's HTTP API (:mod:`broker.api`).
+"""The Python SDK of the broker's HTTP API (:mod:`broker.service.api`).
 
 ::
 
@@ -17,7 +17,7 @@ answered with the first job on retry and never creates two. Schedule names are u
 team instead: a :meth:`Client.create_schedule` whose answer was lost answers
 :class:`Conflict` on retry (the schedule exists; find it with :meth:`Client.schedules`).
 
-A 429 (the team's submit rate or queued-jobs quota, :mod:`broker.limits`) is retried after the
+A 429 (the team's submit rate or queued-jobs quota, :mod:`broker.service.limits`) is retried after the
 server's ``Retry-After`` seconds, for at most ``max_rate_wait_s`` seconds of sleeping per call; then
 :class:`RateLimited` is raised with ``retry_after``. :meth:`Client.submit_many` sends a sweep through
 ``POST /v1/jobs:batch`` in chunks of 1,000, one idempotency key per job.
@@ -138,7 +138,7 @@ class Client:
 
     Args:
         url: base URL of the API (default: ``$FEDBROKER_API_URL``, else
-            :attr:`broker.settings.BrokerSettings.effective_api_url`).
+            :attr:`broker.service.settings.BrokerSettings.effective_api_url`).
         token: API token (default: ``$FEDBROKER_TOKEN``); sent as ``Authorization: Bearer``.
         timeout: seconds to wait for each HTTP answer.
         retries: retries of connection errors, read errors and 502/503/504 per call
@@ -154,7 +154,7 @@ class Client:
         if url is None:
             url = os.environ.get("FEDBROKER_API_URL")
         if url is None:
-            from broker.settings import load_settings
+            from broker.service.settings import load_settings
 
             url = load_settings().effective_api_url
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):

@@ -37,12 +37,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from broker import DATA_DIR
 from broker.model import Pool, PoolNode
 
 __all__ = ["ClusterError", "NodeGroup", "load_cluster", "parse_cluster", "DEFAULT_CLUSTER_PATH"]
 
 #: Bundled default cluster (one pool, 48 x 8 V100 16GB, US-CAL-CISO).
-DEFAULT_CLUSTER_PATH = Path(__file__).resolve().parent / "data" / "default_cluster.yaml"
+DEFAULT_CLUSTER_PATH = DATA_DIR / "default_cluster.yaml"
 
 
 class ClusterError(ValueError):

@@ -1,4 +1,4 @@
-"""Wire shapes of the HTTP API, shared by the server (:mod:`broker.api`) and the SDK (:mod:`broker.client`).
+"""Wire shapes of the HTTP API, shared by the server (:mod:`broker.service.api`) and the SDK (:mod:`broker.client`).
 
 All instants are timezone-aware UTC (ISO 8601 on the wire); money in USD,
 energy in kWh, emissions in kgCO2e, durations in seconds.
@@ -214,7 +214,7 @@ class ErrorBody(BaseModel):
     detail: Any
 
 
-#: token kinds (:mod:`broker.tokens` says what each may do)
+#: token kinds (:mod:`broker.service.tokens` says what each may do)
 TOKEN_KINDS = ("member", "team-admin", "read-only", "node", "admin")
 TokenKind = Literal["member", "team-admin", "read-only", "node", "admin"]
 #: the longest token lifetime, seconds (3650 days)

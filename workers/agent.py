@@ -1,7 +1,7 @@
 """The node agent: one per on-prem host (``fedbroker serve agent``).
 
 It holds no broker secret: only the API's URL and a token scoped to its own node
-(:class:`workers.node_client.NodeClient`, the node API of :mod:`broker.node_api`). Every
+(:class:`workers.node_client.NodeClient`, the node API of :mod:`broker.service.node_api`). Every
 ``SUPERVISE_S`` seconds it:
 
 * heartbeats every ``heartbeat_interval_s``: inventory and NVML telemetry from
@@ -19,7 +19,7 @@ It holds no broker secret: only the API's URL and a token scoped to its own node
   API shows running here that have no process (the API requeues them).
 
 What those reports do to the job (all-or-nothing gangs, requeues, outcomes) is decided by the
-API (:mod:`broker.attempts`). If the API cannot be reached the agent keeps its jobs running
+API (:mod:`broker.service.attempts`). If the API cannot be reached the agent keeps its jobs running
 and tries again with back-off (``SUPERVISE_S`` doubling to ``MAX_BACKOFF_S``); it never stops
 a job because it cannot reach the API, and the reports wait until it can.
 
@@ -60,7 +60,7 @@ __all__ = ["NodeAgent", "RENDEZVOUS_PORT", "SUPERVISE_S", "WORK_WAIT_S", "MAX_BA
 
 log = logging.getLogger("fedbroker.agent")
 SUPERVISE_S = 0.5
-#: seconds one long-poll of GET /v1/node/work may wait for a change (at most broker.work_watch.MAX_WAIT_S)
+#: seconds one long-poll of GET /v1/node/work may wait for a change (at most broker.service.work_watch.MAX_WAIT_S)
 WORK_WAIT_S = 5.0
 #: longest wait between tries while the API cannot be reached, seconds
 MAX_BACKOFF_S = 10.0

@@ -74,7 +74,7 @@ def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, 
 class JobsPolicy:
     """The broker's ``jobs`` settings as an agent receives them (``GET /v1/node/config``): ``user``,
     ``pool_users``, ``team_users`` (user names or uids) and ``root`` (see
-    :class:`broker.settings.JobsSettings`, where they are validated)."""
+    :class:`broker.service.settings.JobsSettings`, where they are validated)."""
 
     user: str | None = None
     pool_users: dict = field(default_factory=dict)
@@ -137,7 +137,7 @@ def _lookup(field: str, spec: str) -> pwd.struct_passwd:
 
 
 def resolve_job_user(jobs, team: str | None = None, pool: str | None = None) -> JobUser | None:
-    """The user a job of ``team`` on a node of ``pool`` runs as, from ``jobs`` (:class:`JobsPolicy`, or :class:`broker.settings.JobsSettings`).
+    """The user a job of ``team`` on a node of ``pool`` runs as, from ``jobs`` (:class:`JobsPolicy`, or :class:`broker.service.settings.JobsSettings`).
 
     Root agent: ``jobs.team_users[team]``, else ``jobs.pool_users[pool]``, else ``jobs.user``,
     else ``None``: the attempt gets its own uid (:func:`workers.dynamic_users.allocate_uid`).

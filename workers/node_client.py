@@ -1,4 +1,4 @@
-"""The node agent's client of the node API (:mod:`broker.node_api`): HTTP(S) and a node token, nothing else.
+"""The node agent's client of the node API (:mod:`broker.service.node_api`): HTTP(S) and a node token, nothing else.
 
 The agent holds no database URL, no Redis URL and no admin token: only the API's URL and a
 token that names its own node. Errors::
@@ -86,7 +86,7 @@ class NodeClient:
         return self._call("GET", "/config")
 
     def heartbeat(self, **inventory) -> dict:
-        """Send the node's inventory and telemetry (fields of :class:`broker.node_api.NodeHeartbeat`)."""
+        """Send the node's inventory and telemetry (fields of :class:`broker.service.node_api.NodeHeartbeat`)."""
         return self._call("POST", "/heartbeat", inventory)
 
     def work(self) -> list[dict]:

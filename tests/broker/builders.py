@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 import numpy as np
 
 from broker.model import CloudOffer, Market, Pool, PoolNode, PriorityClass
-from broker.planner import GpuTable, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot
-from broker.traces import Trace, TraceJob
+from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot
+from broker.sim.traces import Trace, TraceJob
 from pricing.series import HourlySeries
 
 T0 = datetime(2023, 9, 4, tzinfo=timezone.utc).timestamp()  # 1693785600.0

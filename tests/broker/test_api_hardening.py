@@ -11,8 +11,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from broker.api import create_app
-from broker.jsonbody import MAX_BODY_BYTES, DuplicateJsonKey, loads_strict
+from broker.service.api import create_app
+from broker.service.jsonbody import MAX_BODY_BYTES, DuplicateJsonKey, loads_strict
 from broker.model import JobSpec
 
 
@@ -157,7 +157,7 @@ def test_job_spec_still_names_the_field_for_an_empty_command():
 
 
 def test_healthz_checks_redis(store):
-    from broker.api import redis_client
+    from broker.service.api import redis_client
     from tests.conftest import REDIS_URL
 
     with TestClient(create_app(store, redis=redis_client(REDIS_URL))) as c:
@@ -166,7 +166,7 @@ def test_healthz_checks_redis(store):
 
 
 def test_healthz_503_names_redis_when_it_is_down(store):
-    from broker.api import redis_client
+    from broker.service.api import redis_client
 
     with TestClient(create_app(store, redis=redis_client("redis://127.0.0.1:1/0"))) as c:
         r = c.get("/healthz")

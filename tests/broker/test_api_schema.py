@@ -15,7 +15,7 @@ exists (not just for a random id).
 
 ``POST /v1/instances/report`` (a form body) is driven through a stand-in cloud broker that takes
 team A's token as the report token, so the form checks run; signed report tokens and replays against
-the real :class:`broker.cloud.CloudBroker` are in ``test_cloud.py`` and ``test_instance_report_api.py``.
+the real :class:`broker.service.cloud.CloudBroker` are in ``test_cloud.py`` and ``test_instance_report_api.py``.
 
 Bounded for CI: ``MAX_EXAMPLES`` per operation and phase; the whole module runs in about a minute.
 """
@@ -34,10 +34,10 @@ from schemathesis.specs.openapi.checks import (content_type_conformance, negativ
                                                response_headers_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-from broker.api import create_app
-from broker.cloud import REPORT_EVENTS, ReportError
+from broker.service.api import create_app
+from broker.service.cloud import REPORT_EVENTS, ReportError
 from broker.model import JobSpec
-from broker.settings import BrokerSettings
+from broker.service.settings import BrokerSettings
 
 #: examples per operation and phase (29 operations x 3 or 4 callers)
 MAX_EXAMPLES = 30

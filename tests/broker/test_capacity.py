@@ -1,4 +1,4 @@
-"""Tests for broker.capacity: best-fit FreeIndex and EASY shadow time."""
+"""Tests for broker.planner.capacity: best-fit FreeIndex and EASY shadow time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from broker.capacity import FreeIndex, shadow_time
+from broker.planner.capacity import FreeIndex, shadow_time
 
 
 def _index(free, types=None, mem=None, healthy=None) -> FreeIndex:

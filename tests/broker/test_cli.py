@@ -1,4 +1,4 @@
-"""End-to-end tests of the ``fedbroker`` CLI (broker.cli.app) with typer's CliRunner."""
+"""End-to-end tests of the ``fedbroker`` CLI (broker.cli.main.app) with typer's CliRunner."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from broker import cli
-from broker.planner import GpuTable
+from broker.cli import main as cli
+from broker.planner.core import GpuTable
 
 DOCUMENTED_KEYS = ("jobs_submitted", "jobs_completed", "deadline_misses", "mean_jct_s", "p95_jct_s", "mean_wait_s",
                    "cost_usd", "cloud_cost_usd", "onprem_energy_cost_usd", "energy_kwh", "carbon_kg",

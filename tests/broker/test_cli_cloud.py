@@ -7,8 +7,8 @@ import json
 import yaml
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.settings import load_settings
+from broker.cli.main import app
+from broker.service.settings import load_settings
 
 AWS_OUT = {
     "region": {"sensitive": False, "type": "string", "value": "us-east-1"},
@@ -54,7 +54,7 @@ def test_aws_outputs_become_settings_the_broker_loads(tmp_path):
     cfg.write_text(r.output)
     st = load_settings(cfg)
     assert sorted(st.aws.regions) == ["us-east-1", "us-west-2"]
-    from broker.cloud import build_computes
+    from broker.service.cloud import build_computes
 
     aws = build_computes(st)["aws"]
     assert aws.subnet_by_zone == {"us-east-1a": "subnet-0aa", "us-east-1b": "subnet-0bb", "us-west-2a": "subnet-0cc"}
@@ -162,9 +162,9 @@ def _submit_cloud_job(store, team: str = "ml", to: str = "starting", failover: l
     """A cloud job moved to ``to`` (``provisioning`` or ``starting``) at attempt 1, as the broker does."""
     from datetime import timedelta
 
-    from broker.db import Attempt, Job, utcnow
+    from broker.service.db import Attempt, Job, utcnow
     from broker.model import JobSpec
-    from broker.store import JobStore
+    from broker.service.store import JobStore
 
     view, _ = store.submit(team, JobSpec(image="ghcr.io/acme/train:1", command=["python", "train.py"], gpus_per_node=1,
                                          nodes=2, gpu_types=["V100"], estimated_duration_s=3600))
@@ -190,7 +190,7 @@ def test_sweep_dry_run_lists_orphans_and_terminates_nothing(moto_server, tmp_pat
 
     import boto3
 
-    from broker.store import JobStore
+    from broker.service.store import JobStore
     from providers.base import instance_tags
 
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server)
@@ -252,8 +252,8 @@ def test_sweep_on_a_database_without_tables_says_start_the_broker(tmp_path):
 def test_cancel_and_explain_of_a_cloud_job(sqlite_store, monkeypatch):
     from rich.console import Console
 
-    from broker import cli
-    from broker.api import create_app
+    from broker.cli import main as cli
+    from broker.service.api import create_app
     from tests.broker.test_client import ServerThread
 
     monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))

@@ -1,4 +1,4 @@
-"""The ``fedbroker`` job commands (broker.cli_jobs) with typer's CliRunner against a threaded API server."""
+"""The ``fedbroker`` job commands (broker.cli.jobs) with typer's CliRunner against a threaded API server."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from broker import cli
-from broker.api import create_app
+from broker.cli import main as cli
+from broker.service.api import create_app
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
-from broker.store import JobStore
+from broker.service.store import JobStore
 from tests.broker.test_client import ServerThread, count_jobs
 
 

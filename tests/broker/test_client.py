@@ -16,13 +16,13 @@ import uvicorn
 from sqlalchemy import func, select
 
 import broker
-from broker.api import create_app
+from broker.service.api import create_app
 from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, NotFound, ValidationFailed,
                            WaitTimeout)
-from broker.db import Job
+from broker.service.db import Job
 from broker.model import JobSpec
-from broker.settings import BrokerSettings
-from broker.store import JobStore
+from broker.service.settings import BrokerSettings
+from broker.service.store import JobStore
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc

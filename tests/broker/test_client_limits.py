@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from broker.api import create_app
+from broker.service.api import create_app
 from broker.client import Client, RateLimited, ValidationFailed
-from broker.limits import RateLimiter
-from broker.settings import BrokerSettings, QuotaSettings
+from broker.service.limits import RateLimiter
+from broker.service.settings import BrokerSettings, QuotaSettings
 from tests.broker.test_client import ServerThread, count_jobs
 from tests.conftest import REDIS_URL
 

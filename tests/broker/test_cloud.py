@@ -1,4 +1,4 @@
-"""broker.cloud: a cloud attempt from provisioning to its end, on the real boto3 client against a moto EC2 server
+"""broker.service.cloud: a cloud attempt from provisioning to its end, on the real boto3 client against a moto EC2 server
 and the real job store (PostgreSQL).
 
 Errors moto cannot produce (no capacity in a zone) come from a thin subclass of the real adapter that
@@ -16,13 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from broker.api import create_app
-from broker.cloud import CloudBroker, failover_options, offer_allowed, report_token
-from broker.db import Attempt, CloudInstance, Job, utcnow
+from broker.service.api import create_app
+from broker.service.cloud import CloudBroker, failover_options, offer_allowed, report_token
+from broker.service.db import Attempt, CloudInstance, Job, utcnow
 from broker.model import CloudOffer, JobSpec, Market
-from broker.reconciler import Reconciler
-from broker.settings import load_settings
-from broker.store import JobStore
+from broker.service.reconciler import Reconciler
+from broker.service.settings import load_settings
+from broker.service.store import JobStore
 from providers.aws import AwsCompute
 from providers.base import NoCapacity
 
@@ -82,7 +82,7 @@ class NoCapacityIn(AwsCompute):
 
 
 def adapter(settings, cls=AwsCompute, **kw):
-    from broker.cloud import build_computes
+    from broker.service.cloud import build_computes
 
     base = build_computes(settings)["aws"]
     return cls(endpoint_url=base.endpoint_url, regions=base.regions, ami_by_region=base.ami_by_region,
@@ -521,9 +521,9 @@ def test_the_sweep_takes_an_instance_whose_attempt_tag_was_edited(pg_store, sett
 def test_the_planner_bursts_a_pinned_gang_and_says_why_a_tag_only_one_cannot_go(pg_store, settings):
     from functools import partial
 
-    from broker.cloud import offer_allowed as allowed
-    from broker.cycle import PlanningCycle
-    from broker.live import LiveEnvironment
+    from broker.service.cloud import offer_allowed as allowed
+    from broker.service.cycle import PlanningCycle
+    from broker.service.live import LiveEnvironment
 
     env = LiveEnvironment(settings.planner, None, settings.cloud_providers, offer_allowed=partial(allowed, settings))
     cb = CloudBroker(pg_store, settings, offers=env.offers, computes={"aws": adapter(settings)})

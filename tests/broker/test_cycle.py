@@ -8,13 +8,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from broker.cycle import PlanningCycle, decayed_usage
-from broker.db import Attempt, Job, utcnow
-from broker.live import LiveEnvironment, replay_offset_s
+from broker.service.cycle import PlanningCycle, decayed_usage
+from broker.service.db import Attempt, Job, utcnow
+from broker.service.live import LiveEnvironment, replay_offset_s
 from broker.model import LATEST_INSTANT, JobSpec
-from broker.reconciler import Reconciler, checkpointed_work_s
-from broker.settings import BrokerSettings
-from broker.store import JobStore
+from broker.service.reconciler import Reconciler, checkpointed_work_s
+from broker.service.settings import BrokerSettings
+from broker.service.store import JobStore
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_stale_plan_is_dropped_by_the_fence(pg_store, env):
 
 
 def test_cancel_between_snapshot_and_apply_wins(pg_store, env, monkeypatch):
-    import broker.cycle as cycle_mod
+    import broker.service.cycle as cycle_mod
 
     pg_store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")
     jid = pg_store.submit("ml", _spec())[0].id
@@ -146,8 +146,8 @@ def test_start_window_closed_fails_with_reason(any_store, env):
 
 
 def test_cheapest_window_defers_to_the_best_hour(pg_store, env):
-    from broker.live import ReplayedSignals
-    from broker.windows import best_start
+    from broker.service.live import ReplayedSignals
+    from broker.planner.windows import best_start
 
     pg_store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")
     cyc, _, _ = _cycle(pg_store, env)
@@ -247,7 +247,7 @@ def test_a_job_that_keeps_failing_to_start_fails_after_max_attempts(pg_store, en
 
 def test_a_schedule_whose_run_cannot_be_created_is_paused_and_the_others_still_fire(any_store, env):
     """Found by a fresh user: one bad schedule's exception stopped every later schedule's run."""
-    from broker.db import Schedule
+    from broker.service.db import Schedule
 
     store = any_store
     t0 = utcnow().replace(microsecond=0)
@@ -298,7 +298,7 @@ def test_a_cheapest_window_deadline_in_2199_does_not_stop_the_cycle(any_store, e
 
 
 def test_a_window_search_that_raises_fails_that_job_only(any_store, env, monkeypatch, caplog):
-    import broker.windows as windows
+    import broker.planner.windows as windows
 
     store = any_store
     now = utcnow()
@@ -326,7 +326,7 @@ def test_a_window_search_that_raises_fails_that_job_only(any_store, env, monkeyp
 
 
 def test_a_job_that_makes_plan_raise_is_found_and_failed(pg_store, env, monkeypatch):
-    import broker.cycle as cycle_mod
+    import broker.service.cycle as cycle_mod
 
     store = pg_store
     now = utcnow()
@@ -440,8 +440,8 @@ def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
 
     from sqlalchemy import insert
 
-    from broker.db import JobEvent
-    from broker.store import new_job_id
+    from broker.service.db import JobEvent
+    from broker.service.store import new_job_id
 
     store = pg_store
     now = utcnow()
@@ -606,7 +606,7 @@ def test_a_wait_decision_the_store_rejects_fails_that_job_only(pg_store, env, mo
 
 
 def test_a_job_cancelled_while_the_planner_thinks_gets_no_wait_decision(pg_store, env, monkeypatch):
-    import broker.cycle as cycle_mod
+    import broker.service.cycle as cycle_mod
 
     store = pg_store
     store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")

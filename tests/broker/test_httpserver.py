@@ -1,4 +1,4 @@
-"""``fedbroker serve api``'s server (broker.httpserver): slow clients cannot hold it, TLS, and its settings."""
+"""``fedbroker serve api``'s server (broker.service.httpserver): slow clients cannot hold it, TLS, and its settings."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from broker.api import create_app
-from broker.httpserver import MAX_HEADER_BYTES, GuardedH11Protocol, GuardedHttpToolsProtocol, server_config
-from broker.settings import BrokerSettings, SettingsError, load_settings
+from broker.service.api import create_app
+from broker.service.httpserver import MAX_HEADER_BYTES, GuardedH11Protocol, GuardedHttpToolsProtocol, server_config
+from broker.service.settings import BrokerSettings, SettingsError, load_settings
 
 
 def _free_port() -> int:

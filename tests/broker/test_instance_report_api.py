@@ -1,7 +1,7 @@
 """``POST /v1/instances/report``: what the endpoint refuses before the cloud broker sees a report.
 
 The endpoint calls only ``check_token`` and ``report`` of its cloud broker; a stand-in records the reports and
-raises the real :class:`broker.cloud.ReportError` for an unknown event, as ``CloudBroker.report`` does.
+raises the real :class:`broker.service.cloud.ReportError` for an unknown event, as ``CloudBroker.report`` does.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from broker.api import create_app
-from broker.cloud import REPORT_EVENTS, ReportError
+from broker.service.api import create_app
+from broker.service.cloud import REPORT_EVENTS, ReportError
 
 TOKEN = "t" * 43
 URL = "/v1/instances/report"

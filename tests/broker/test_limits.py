@@ -1,4 +1,4 @@
-"""Per-team limits (broker.limits) and the bulk submit (POST /v1/jobs:batch), through FastAPI's
+"""Per-team limits (broker.service.limits) and the bulk submit (POST /v1/jobs:batch), through FastAPI's
 TestClient on a real PostgreSQL schema and a real Redis (``FEDBROKER_TEST_REDIS``)."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from broker.api import create_app
-from broker.auth_cache import TokenCache
-from broker.db import Job, JobEvent
-from broker.limits import QuotaExceeded, RateLimiter, RateLimitExceeded
+from broker.service.api import create_app
+from broker.service.auth_cache import TokenCache
+from broker.service.db import Job, JobEvent
+from broker.service.limits import QuotaExceeded, RateLimiter, RateLimitExceeded
 from broker.model import JobSpec
-from broker.settings import BrokerSettings, QuotaSettings, SettingsError, TeamLimits, load_settings
-from broker.store import IdempotencyConflict, hash_token
+from broker.service.settings import BrokerSettings, QuotaSettings, SettingsError, TeamLimits, load_settings
+from broker.service.store import IdempotencyConflict, hash_token
 from tests.conftest import REDIS_URL, auth
 
 UTC = timezone.utc
@@ -132,10 +132,10 @@ def test_redis_down_fails_open_with_one_warning(store, caplog):
     with socket_closed_port() as port:
         lim = _limiter(quotas, f"redis://127.0.0.1:{port}/0")
         team, h = _team(store)
-        with caplog.at_level(logging.WARNING, logger="broker.limits"), _client(store, quotas, lim) as c:
+        with caplog.at_level(logging.WARNING, logger="broker.service.limits"), _client(store, quotas, lim) as c:
             codes = [c.post("/v1/jobs", json={"spec": SPEC}, headers=h).status_code for _ in range(3)]
     assert codes == [201, 201, 201]
-    warnings_ = [r for r in caplog.records if r.name == "broker.limits"]
+    warnings_ = [r for r in caplog.records if r.name == "broker.service.limits"]
     assert len(warnings_) == 1 and "Redis unreachable" in warnings_[0].getMessage()
 
 
@@ -324,7 +324,7 @@ def test_token_cache_ttl_lru_and_revocation(store):
     with TestClient(app) as c:
         assert c.get("/v1/jobs", headers=h).status_code == 200
         with store.session() as s:
-            from broker.db import ApiToken
+            from broker.service.db import ApiToken
 
             s.execute(ApiToken.__table__.update().where(
                 ApiToken.token_hash == hash_token(h["Authorization"][7:])).values(revoked=True))
@@ -348,7 +348,7 @@ def test_team_usage_counter_follows_every_change(store):
 
     from broker.states import TERMINAL_STATES
 
-    mig = (Path(__file__).parents[2] / "broker/migrations/versions/0007_jobs_team_state_index.py").read_text()
+    mig = (Path(__file__).parents[2] / "broker/service/migrations/versions/0007_jobs_team_state_index.py").read_text()
     assert "_DONE = \"(" + ", ".join(repr(s.value) for s in sorted(TERMINAL_STATES, key=lambda s: ["succeeded", "failed", "cancelled"].index(s.value))) + ")\"" in mig
     team, other = "tu" + uuid.uuid4().hex[:8], "tv" + uuid.uuid4().hex[:8]
     spec = JobSpec.model_validate(SPEC)

@@ -12,13 +12,13 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx on i
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from broker.api import create_app
-from broker.cycle import PlanningCycle
-from broker.live import LiveEnvironment
+from broker.service.api import create_app
+from broker.service.cycle import PlanningCycle
+from broker.service.live import LiveEnvironment
 from broker.model import JobSpec
-from broker.node_api import authenticate_node
-from broker.serve import agent_environment
-from broker.settings import BrokerSettings
+from broker.service.node_api import authenticate_node
+from broker.cli.serve import agent_environment
+from broker.service.settings import BrokerSettings
 
 ADMIN = "admin-secret-for-tests"
 
@@ -124,8 +124,8 @@ def test_launch_failed_and_lost_requeue_the_job(pg_store, rig):
 
 
 def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp_path):
-    from broker.cli import app
-    from broker.store import JobStore
+    from broker.cli.main import app
+    from broker.service.store import JobStore
 
     db = tmp_path / "fb.db"
     cfg = tmp_path / "fb.yaml"
@@ -145,7 +145,7 @@ def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp
 
 
 def test_serve_agent_needs_a_node_token_kept_private(tmp_path, monkeypatch):
-    from broker.cli import app
+    from broker.cli.main import app
 
     monkeypatch.delenv("FEDBROKER_NODE_TOKEN", raising=False)
     r = CliRunner().invoke(app, ["serve", "agent", "--api-url", "http://127.0.0.1:9", "--nvml", "fake"])

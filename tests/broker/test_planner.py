@@ -1,4 +1,4 @@
-"""Tests for broker.planner's cost model: PlannerContext.onprem_estimate / cloud_estimates / compatible_offers."""
+"""Tests for broker.planner.core's cost model: PlannerContext.onprem_estimate / cloud_estimates / compatible_offers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from broker.planner import PlannerError, plan
+from broker.planner.core import PlannerError, plan
 from tests.broker.builders import (H, T0, FakeSignals, make_ctx, make_job, make_offer, make_pool,
                                    make_snapshot, pad)
 

@@ -1,4 +1,4 @@
-"""Tests for broker.policies: one small schedule per rule, exact decisions."""
+"""Tests for broker.planner.policies: one small schedule per rule, exact decisions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from broker.model import DecisionKind
-from broker.planner import plan
+from broker.planner.core import plan
 from tests.broker.builders import (H, T0, FakeSignals, make_ctx, make_job, make_offer, make_pool, make_running,
                                    make_snapshot, pad)
 
@@ -364,8 +364,8 @@ import numpy as np  # noqa: E402
 from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from broker.capacity import FreeIndex, shadow_time  # noqa: E402
-from broker.planner import RunningJob  # noqa: E402
+from broker.planner.capacity import FreeIndex, shadow_time  # noqa: E402
+from broker.planner.core import RunningJob  # noqa: E402
 
 NOW = T0 + H
 INV_SIGNALS = FakeSignals(

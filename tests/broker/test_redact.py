@@ -1,4 +1,4 @@
-"""Secrets never reach a log: broker.redact, and the real ``fedbroker serve api`` / ``serve worker`` processes run with
+"""Secrets never reach a log: broker.service.redact, and the real ``fedbroker serve api`` / ``serve worker`` processes run with
 passwords in ``database_url`` and ``redis_url`` and an ``admin_token``, their whole output grepped."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import requests
 from hypothesis import given
 from hypothesis import strategies as hs
 
-from broker.redact import SecretFilter, install_secret_filter, mask_url, settings_secrets
-from broker.settings import BrokerSettings
+from broker.service.redact import SecretFilter, install_secret_filter, mask_url, settings_secrets
+from broker.service.settings import BrokerSettings
 from tests.conftest import PG_URL, REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,11 +112,11 @@ def test_serve_api_and_worker_never_log_secrets(tmp_path):
            "FEDBROKER_REDIS_URL": _with_password(REDIS_URL, "", redis_pw), "FEDBROKER_ADMIN_TOKEN": admin,
            "FEDBROKER_API_PORT": str(port), "FEDBROKER_STATE_DIR": str(tmp_path / "state")}
     env.pop("FEDBROKER_CONFIG")
-    from broker.store import JobStore
+    from broker.service.store import JobStore
 
     JobStore(PG_URL, schema=schema).migrate()  # as `serve all` does: two processes migrating one fresh schema race
     logs = {k: open(tmp_path / f"{k}.log", "w+") for k in ("api", "worker")}
-    procs = {k: subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", k], cwd=tmp_path, env=env,
+    procs = {k: subprocess.Popen([sys.executable, "-m", "broker.cli.main", "serve", k], cwd=tmp_path, env=env,
                                  stdout=logs[k], stderr=subprocess.STDOUT) for k in logs}
     try:
         url = f"http://127.0.0.1:{port}"

@@ -1,4 +1,4 @@
-"""Tests for broker.report: results.json, self-contained HTML, rich and Markdown tables."""
+"""Tests for broker.sim.report: results.json, self-contained HTML, rich and Markdown tables."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from broker.report import comparison_table, format_value, markdown_table, to_jsonable, write_report
-from broker.results import METRIC_KEYS, PolicyRun
+from broker.sim.report import comparison_table, format_value, markdown_table, to_jsonable, write_report
+from broker.sim.results import METRIC_KEYS, PolicyRun
 
 
 def _metrics(base: float) -> dict[str, float]:

@@ -7,10 +7,10 @@ from datetime import timedelta
 
 from sqlalchemy import func, select, update
 
-from broker.db import Attempt, CloudInstance, Job, JobEvent, JobLog, utcnow
+from broker.service.db import Attempt, CloudInstance, Job, JobEvent, JobLog, utcnow
 from broker.model import JobSpec
-from broker.reconciler import Reconciler
-from broker.settings import BrokerSettings
+from broker.service.reconciler import Reconciler
+from broker.service.settings import BrokerSettings
 
 PATHS = {"succeeded": ["queued", "starting", "running", "succeeded"], "failed": ["queued", "failed"],
          "cancelled": ["cancelled"], "queued": ["queued"]}

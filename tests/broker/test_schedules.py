@@ -27,17 +27,17 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx on i
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-import broker.api
-from broker import cli
-from broker.api import create_app
+import broker.service.api
+from broker.cli import main as cli
+from broker.service.api import create_app
 from broker.client import Client, Conflict, NotFound, ValidationFailed
-from broker.db import Schedule
+from broker.service.db import Schedule
 from broker.model import JobSpec
-from broker.reconciler import Reconciler
+from broker.service.reconciler import Reconciler
 from broker.recurring import next_fire
 from broker.schemas import ScheduleView
-from broker.settings import BrokerSettings
-from broker.store import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
+from broker.service.settings import BrokerSettings
+from broker.service.store import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
 from tests.broker.test_client import ServerThread
 from tests.conftest import auth
 
@@ -82,7 +82,7 @@ class Fresh:
         self.store, self.client, self._mp = store, client, monkeypatch
 
     def clock(self, now: datetime) -> None:
-        self._mp.setattr(broker.api, "_utcnow", lambda: now)
+        self._mp.setattr(broker.service.api, "_utcnow", lambda: now)
 
     def team(self) -> tuple[str, dict]:
         team = "t" + uuid.uuid4().hex[:10]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import requests
 
-from broker.serve import _celery_level, _logging
+from broker.cli.serve import _celery_level, _logging
 from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_serve_all_is_quiet_leaves_no_beat_files_and_stops_cleanly_on_sigterm(tm
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBROKER_")}
     env["PYTHONPATH"] = str(ROOT)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", "all", "--config", str(cfg)], cwd=tmp_path,
+    p = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "serve", "all", "--config", str(cfg)], cwd=tmp_path,
                          env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     try:
         while True:
@@ -84,7 +84,7 @@ def test_serve_all_is_quiet_leaves_no_beat_files_and_stops_cleanly_on_sigterm(tm
 
 
 def test_serve_warns_about_a_settings_file_other_users_can_read(tmp_path, caplog):
-    from broker.serve import _settings
+    from broker.cli.serve import _settings
 
     cfg = tmp_path / "fb.yaml"
     cfg.write_text(f"state_dir: {tmp_path}\n")

@@ -1,10 +1,10 @@
-"""broker.settings: the YAML file (duplicate keys), AWS region and zone names, unreadable files."""
+"""broker.service.settings: the YAML file (duplicate keys), AWS region and zone names, unreadable files."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.settings import SettingsError, load_settings
+from broker.service.settings import SettingsError, load_settings
 
 AMI = "ami-0123456789abcdef0"
 
@@ -133,7 +133,7 @@ def test_other_messages_keep_their_shape():
 
 
 def test_az_ids_must_be_of_their_region():
-    from broker.settings import SettingsError, az_id_prefix, load_settings
+    from broker.service.settings import SettingsError, az_id_prefix, load_settings
 
     assert [az_id_prefix(r) for r in ("us-east-1", "ap-northeast-1", "us-gov-west-1", "eu-central-2")] == [
         "use1", "apne1", "usgw1", "euc2"]
@@ -145,7 +145,7 @@ def test_az_ids_must_be_of_their_region():
 
 
 def test_a_list_setting_from_the_environment_needs_json(monkeypatch):
-    from broker.settings import SettingsError, load_settings
+    from broker.service.settings import SettingsError, load_settings
 
     monkeypatch.setenv("FEDBROKER_CLOUD_PROVIDERS", "aws")
     with pytest.raises(SettingsError) as e:
@@ -157,7 +157,7 @@ def test_a_list_setting_from_the_environment_needs_json(monkeypatch):
 def test_yaml_aliases_that_expand_beyond_the_limit_are_refused_fast():
     import yaml
 
-    from broker.settings import load_yaml
+    from broker.service.settings import load_yaml
 
     levels = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     for prev, name in zip("abcdefg", "bcdefgh"):

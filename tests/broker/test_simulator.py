@@ -1,4 +1,4 @@
-"""Tests for broker.simulator: exact metrics on tiny hand-made traces, determinism, job accounting."""
+"""Tests for broker.sim.simulator: exact metrics on tiny hand-made traces, determinism, job accounting."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from broker.simulator import SimulationConfig, simulate
+from broker.sim.simulator import SimulationConfig, simulate
 from tests.broker.builders import (H, T0, FakeSignals, gpu_table, make_offer, make_pool, make_trace, make_trace_job,
                                    pad)
 

@@ -1,4 +1,4 @@
-"""Token kinds, lifetimes, revoke/rotate, the bootstrap rule and the audit log (broker.tokens, broker.api_tokens).
+"""Token kinds, lifetimes, revoke/rotate, the bootstrap rule and the audit log (broker.service.tokens, broker.service.api_tokens).
 
 API tests run on the module's PostgreSQL schema through FastAPI's TestClient; store-level rules run on
 PostgreSQL and SQLite (``any_store``).
@@ -19,11 +19,11 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from broker.api import create_app
-from broker.db import ApiToken, AuditEvent
-from broker.settings import BrokerSettings
-from broker.store import hash_token
-from broker import tokens as T
+from broker.service.api import create_app
+from broker.service.db import ApiToken, AuditEvent
+from broker.service.settings import BrokerSettings
+from broker.service.store import hash_token
+from broker.service import tokens as T
 from tests.conftest import auth
 
 UTC = timezone.utc
@@ -362,7 +362,7 @@ def test_parse_ttl_refuses(bad):
 
 
 def test_principal_keeps_the_admin_flag():
-    from broker.store import Principal
+    from broker.service.store import Principal
 
     assert Principal("a", admin=True).kind == "admin" and Principal("a", True).admin
     assert Principal("a").kind == "member" and not Principal("a").admin
@@ -373,7 +373,7 @@ def test_principal_keeps_the_admin_flag():
 @pytest.fixture(params=["postgresql", "sqlite"])
 def bare_store(request, tmp_path):
     """A store with no tables yet (PostgreSQL: a fresh schema; SQLite: a new file)."""
-    from broker.store import JobStore
+    from broker.service.store import JobStore
     from tests.conftest import PG_URL
 
     if request.param == "postgresql":
@@ -425,7 +425,7 @@ def test_admin_token_sha256_setting(store):
 
 
 def test_serve_all_replaces_its_agents_node_token(store):
-    from broker.serve import SERVE_ALL_LABEL
+    from broker.cli.serve import SERVE_ALL_LABEL
 
     node = "vm-" + uuid.uuid4().hex[:6]
     old = [store.create_node_token(node, label=SERVE_ALL_LABEL) for _ in range(2)]
@@ -442,8 +442,8 @@ def test_a_new_sqlite_store_is_private_and_the_cli_says_it_made_one(tmp_path):
 
     from typer.testing import CliRunner
 
-    from broker.cli import app
-    from broker.store import JobStore
+    from broker.cli.main import app
+    from broker.service.store import JobStore
 
     db = tmp_path / "state" / "fedbroker.db"
     cfg = tmp_path / "fb.yaml"

@@ -1,4 +1,4 @@
-"""Tests for broker.traces: generic CSV, Philly loader, week shift, gang shapes, bad rows."""
+"""Tests for broker.sim.traces: generic CSV, Philly loader, week shift, gang shapes, bad rows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from broker.model import PriorityClass
-from broker.traces import (
+from broker.sim.traces import (
     PHILLY_PATH,
     WEEK_S,
     Trace,

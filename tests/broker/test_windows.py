@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pytest
 
-from broker.windows import WindowChoice, best_start, candidate_starts
+from broker.planner.windows import WindowChoice, best_start, candidate_starts
 from pricing.series import HourlySeries
 
 UTC = timezone.utc

@@ -110,14 +110,14 @@ class LiveBroker:
 
     def _spawn(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
-        p = subprocess.Popen([sys.executable, "-m", "broker.cli", "serve", *args, "--log-level", "info"],
+        p = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "serve", *args, "--log-level", "info"],
                              cwd=self.dir, env=env or self.env, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = p
         return p
 
     def start_agent(self, node: str) -> None:
         """An agent as on a host of its own: the API URL and a node token, no settings file, no database."""
-        from broker.serve import agent_environment
+        from broker.cli.serve import agent_environment
 
         env = agent_environment(self.store.create_node_token(node), self.url, base=self.env)
         self._spawn(f"agent-{node}", "agent", "--name", node, "--pool", "local", "--nvml", "fake",
@@ -135,7 +135,7 @@ class LiveBroker:
         p.wait(timeout=30)
 
     def start(self) -> "LiveBroker":
-        from broker.store import JobStore
+        from broker.service.store import JobStore
 
         self.dir.mkdir(parents=True, exist_ok=True)
         self.start_redis()

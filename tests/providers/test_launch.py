@@ -360,7 +360,7 @@ def test_spot_notice_stops_the_container(provider, header, fakes, tmp_path):
 # ----------------------------------------------------------------------------- fedbroker nodes probe
 
 def test_nodes_probe_with_the_fake_backend():
-    from broker.cli import app
+    from broker.cli.main import app
 
     r = CliRunner().invoke(app, ["nodes", "probe", "--nvml", "fake"])
     assert r.exit_code == 0, r.output
@@ -378,7 +378,7 @@ def test_nodes_probe_with_the_fake_backend():
 
 def test_nodes_probe_exits_2_without_nvml(monkeypatch):
     import providers.nvml as nv
-    from broker.cli import app
+    from broker.cli.main import app
 
     def unavailable(kind, **kw):
         raise nv.NvmlUnavailable("nvmlInit failed: NVML Shared Library Not Found")
@@ -392,7 +392,7 @@ def test_nodes_probe_exits_2_without_nvml(monkeypatch):
 
 
 def test_nodes_without_a_subcommand_still_lists_through_the_api():
-    from broker.cli import app
+    from broker.cli.main import app
 
     r = CliRunner().invoke(app, ["nodes", "--url", "http://127.0.0.1:1"])
     assert r.exit_code == 1 and "cannot reach the broker" in r.output

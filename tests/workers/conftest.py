@@ -3,8 +3,8 @@
 
 import pytest
 
-from broker.live import LiveEnvironment
-from broker.settings import BrokerSettings
+from broker.service.live import LiveEnvironment
+from broker.service.settings import BrokerSettings
 from tests.jobdirs import tmp_path  # noqa: F401 - the fixture
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker.db import utcnow
-from broker.reconciler import Reconciler
-from broker.settings import BrokerSettings, SettingsError, load_settings
+from broker.service.db import utcnow
+from broker.service.reconciler import Reconciler
+from broker.service.settings import BrokerSettings, SettingsError, load_settings
 from tests.workers.test_agent import Rig, sh
 from workers.dynamic_users import (STALE_LEASE_S, UidRangeExhausted, allocate_uid, dynamic_user, hand_over, kill_uid,
                                    processes_of_uid, reclaim, release_uid)

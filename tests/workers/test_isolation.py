@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.settings import JobsSettings, load_settings, SettingsError
+from broker.service.settings import JobsSettings, load_settings, SettingsError
 from providers.launch import SAFE_PATH
 from tests.workers.test_agent import Rig, sh
 from workers.isolation import JobUser, check_reachable, prepare_jobs_root, private_dir, resolve_job_user

@@ -1,0 +1,271 @@
+"""``fedbroker cloud``: point the broker at Terraform's outputs, and see or sweep its cloud instances.
+
+Commands::
+
+    fedbroker cloud settings-from-terraform --provider aws|gcp OUTPUTS.json [OUTPUTS2.json ...]
+        the broker settings section (YAML) for the ``terraform output -json`` of terraform/aws (one file per
+        region's module) or terraform/gcp; paste it into the file named by ``FEDBROKER_CONFIG``
+    fedbroker cloud instances [--all] [--json] [--config FILE]
+        the broker's cloud instance records (intent rows included), newest first, from its database
+    fedbroker cloud sweep [--dry-run] [--config FILE]
+        terminate now every instance tagged with this broker's id whose attempt is not live (the
+        reconciler does this every ``cloud.sweep_interval_s``); ``--dry-run`` lists them and terminates nothing
+
+``instances`` and ``sweep`` read the broker's settings (``--config`` or ``$FEDBROKER_CONFIG``) and talk to
+its database (and, for ``sweep``, the providers) directly: they are operator commands, not API calls.
+Bad input exits 2 with a message naming the file and the output or key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+from rich.markup import escape
+from rich.table import Table
+
+from broker.cli.jobs import JsonOpt, _console, _echo_json, _fail, _t
+
+__all__ = ["register", "cloud_app", "settings_from_terraform", "find_orphans", "NO_TABLES"]
+
+cloud_app = typer.Typer(no_args_is_help=True, help="Cloud instances: settings from Terraform outputs, the "
+                                                    "instance records, the orphan sweep.")
+
+#: terraform output name -> settings key (terraform/aws/outputs.tf, per region)
+AWS_OUTPUTS = {"ami_id": "ami_id", "subnet_ids_by_az": "subnet_ids_by_az", "subnet_ids_by_az_id": "subnet_ids_by_az_id",
+               "security_group_id": "security_group_id",
+               "placement_group_name": "placement_group_name", "instance_profile_name": "instance_profile_name",
+               "launch_template_id": "launch_template_id"}
+#: terraform output name -> settings key (terraform/gcp/outputs.tf)
+GCP_OUTPUTS = {"project": "project", "region": "region", "network": "network", "subnetwork": "subnetwork",
+               "service_account_email": "service_account_email", "gpu_image": "gpu_image",
+               "instance_template": "instance_template"}
+
+
+def _outputs(path: Path) -> dict:
+    """``{name: value}`` of one ``terraform output -json`` file; ValueError naming the file."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e}); write it with `terraform output -json > {path.name}`") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected the object `terraform output -json` prints, got {type(raw).__name__}")
+    out = {}
+    for k, v in raw.items():
+        if not isinstance(v, dict) or "value" not in v:
+            raise ValueError(f"{path}: output {k!r} has no 'value' (is this `terraform output -json`?)")
+        out[k] = v["value"]
+    return out
+
+
+def _not_null(path: Path, out: dict, required: tuple[str, ...]) -> None:
+    """ValueError naming the first of the ``required`` outputs whose value is null (an apply that did not
+    finish, or a module whose resource was not created)."""
+    for name in required:
+        if name in out and out[name] is None:
+            raise ValueError(f"{path}: output {name!r} is null (did `terraform apply` finish? "
+                             f"`terraform output {name}` shows it)")
+
+
+def settings_from_terraform(provider: str, files: list[Path]) -> dict:
+    """The settings mapping (``{"cloud_providers": [...], provider: {...}}``) for Terraform output files.
+
+    AWS: one file per region (each ``terraform/aws`` apply is one region; its ``region`` output keys it).
+    GCP: exactly one file. The result is checked against :class:`broker.service.settings.BrokerSettings`.
+    Raises ``ValueError`` naming the file and the missing or bad output."""
+    from broker.service.settings import AwsSettings, GcpSettings
+
+    if provider == "aws":
+        regions: dict[str, dict] = {}
+        for f in files:
+            out = _outputs(f)
+            _not_null(f, out, ("region", "ami_id", "subnet_ids_by_az"))
+            region = out.get("region")
+            if not isinstance(region, str) or not region:
+                raise ValueError(f"{f}: output 'region' is missing (terraform/aws outputs it)")
+            if region in regions:
+                raise ValueError(f"{f}: region {region!r} is given twice")
+            missing = [k for k in ("ami_id", "subnet_ids_by_az") if k not in out]
+            if missing:
+                raise ValueError(f"{f}: outputs {missing} are missing (terraform/aws outputs them)")
+            regions[region] = {key: out[name] for name, key in AWS_OUTPUTS.items() if out.get(name) is not None}
+        section = {"regions": regions}
+        AwsSettings.model_validate(section)
+    elif provider == "gcp":
+        if len(files) != 1:
+            raise ValueError(f"gcp: give exactly one outputs file, got {len(files)}")
+        out = _outputs(files[0])
+        _not_null(files[0], out, ("project", "region"))
+        missing = [k for k in ("project", "region") if k not in out]
+        if missing:
+            raise ValueError(f"{files[0]}: outputs {missing} are missing (terraform/gcp outputs them)")
+        section = {key: out[name] for name, key in GCP_OUTPUTS.items() if out.get(name) is not None}
+        GcpSettings.model_validate(section)
+    else:
+        raise ValueError(f"provider={provider!r}: must be aws or gcp")
+    return {"cloud_providers": [provider], provider: section}
+
+
+@cloud_app.command("settings-from-terraform")
+def settings_cmd(provider: str = typer.Option(..., "--provider", help="aws or gcp"),
+                 files: list[Path] = typer.Argument(..., help="`terraform output -json` file(s): one per AWS region, "
+                                                             "one for GCP.")) -> None:
+    """Print the broker settings (YAML) that point it at the infrastructure Terraform made."""
+    from pydantic import ValidationError
+
+    from broker.service.settings import validation_message
+
+    try:
+        data = settings_from_terraform(provider, files)
+    except ValidationError as e:
+        _fail(validation_message(e, prefix=f"{provider} settings from {', '.join(map(str, files))}:"), code=2)
+    except ValueError as e:
+        _fail(str(e), code=2)
+    typer.echo(f"# fedbroker settings for {provider}, from {', '.join(str(f) for f in files)}\n"
+               "# (merge into the file FEDBROKER_CONFIG names; add checkpoint_uri for checkpoints that survive"
+               " instances)")
+    typer.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+
+
+def _settings(config: Optional[Path]):
+    from broker.service.settings import SettingsError, load_settings
+
+    try:
+        return load_settings(config)
+    except SettingsError as e:
+        _fail(str(e), code=2)
+
+
+ConfigOpt = typer.Option(None, "--config", help="Settings YAML (default: $FEDBROKER_CONFIG).")
+
+NO_TABLES = ("the broker's database has no tables yet: start the broker once (fedbroker serve ...) "
+             "or check database_url")
+
+
+@contextmanager
+def _database(st):
+    """Exit 2 with :data:`NO_TABLES` when the broker's database has no tables (a fresh state dir, the broker
+    never started, or ``database_url``/``database_schema`` pointing elsewhere); other database errors exit 1
+    naming the database."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    try:
+        yield
+    except (OperationalError, ProgrammingError) as e:
+        why = str(getattr(e, "orig", None) or e)
+        if "no such table" in why or ("relation" in why and "does not exist" in why) or "UndefinedTable" in why:
+            _fail(NO_TABLES, code=2)
+        from broker.service.redact import mask_url
+
+        _fail(f"cannot query the broker's database ({mask_url(st.effective_database_url)}): {why.strip()}")
+
+
+def _attempt_key(inst) -> tuple[str, int] | None:
+    """``(job, attempt)`` from an instance's tags; ``None`` when the attempt tag is not an integer (such an
+    instance belongs to no live attempt)."""
+    raw = str(inst.tags.get("fedbroker-attempt", ""))
+    if not re.fullmatch(r"[0-9]+", raw):
+        return None
+    return inst.tags.get("fedbroker-job", ""), int(raw)
+
+
+def find_orphans(cb) -> tuple[list, list[str]]:
+    """Instances tagged with this broker's id whose ``(job, attempt)`` is not live, without terminating
+    them (what :meth:`broker.service.cloud.CloudBroker.sweep` would terminate), and one message per provider whose
+    listing failed. ``cb``: a :class:`broker.service.cloud.CloudBroker`."""
+    from providers.base import ProviderError
+
+    with cb.store.session() as s:  # read before listing, as the sweep does
+        live = cb.live_attempts(s)
+    orphans, errors = [], []
+    for name, compute in cb.computes.items():
+        lister = getattr(compute, "list_managed", None)
+        if not callable(lister):
+            continue
+        try:
+            managed = lister(cb.settings.cloud.broker_id)
+        except ProviderError as e:
+            errors.append(f"{name}: cannot list instances ({e})")
+            continue
+        orphans.extend(i for i in managed if _attempt_key(i) not in live)
+    return orphans, errors
+
+
+@cloud_app.command("instances")
+def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include terminated and failed records."),
+                  limit: int = typer.Option(100, "--limit", min=1, max=10000), config: Optional[Path] = ConfigOpt,
+                  as_json: bool = JsonOpt) -> None:
+    """The broker's cloud instance records, newest first (intent rows and failed options included)."""
+    from sqlalchemy import select
+
+    from broker.service.db import CloudInstance
+    from broker.service.store import JobStore
+
+    st = _settings(config)
+    store = JobStore.from_settings(st)
+    q = select(CloudInstance).order_by(CloudInstance.id.desc()).limit(limit)
+    if not show_all:
+        q = q.where(CloudInstance.state.in_(("intent", "running", "terminating")))
+    with _database(st), store.session() as s:
+        rows = [{"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank, "offer_id": r.offer_id, "state": r.state,
+                 "instance_id": r.provider_instance_id, "private_ip": r.private_ip, "created_at": r.created_at,
+                 "updated_at": r.updated_at, "last_event": r.last_event, "error": r.error}
+                for r in s.execute(q).scalars()]
+    if as_json:
+        _echo_json(rows)
+        return
+    tab = Table(title=f"{len(rows)} cloud instance record(s)")
+    for col in ("job", "att", "rank", "option", "state", "instance", "address", "updated", "last report", "error"):
+        tab.add_column(col)
+    for r in rows:
+        tab.add_row(r["job_id"], str(r["attempt"]), str(r["rank"]), escape(r["offer_id"]), r["state"],
+                    r["instance_id"] or "-", r["private_ip"] or "-", _t(r["updated_at"]), r["last_event"] or "-",
+                    escape((r["error"] or "")[:80]))
+    _console().print(tab)
+
+
+@cloud_app.command("sweep")
+def sweep_cmd(config: Optional[Path] = ConfigOpt,
+              dry_run: bool = typer.Option(False, "--dry-run", help="List the orphans; terminate nothing.")) -> None:
+    """Terminate now every instance tagged with this broker's id whose attempt is not live."""
+    from broker.service.cloud import CloudBroker
+    from broker.service.store import JobStore
+
+    st = _settings(config)
+    if not st.cloud_providers:
+        _fail("no cloud provider is configured (cloud_providers is empty)", code=2)
+    cb = CloudBroker(JobStore.from_settings(st), st)
+    if dry_run:
+        with _database(st):
+            orphans, errors = find_orphans(cb)
+        for inst in orphans:
+            typer.echo(f"orphan {inst.provider}/{inst.instance_id} in {inst.zone} ({inst.state}; job "
+                       f"{inst.tags.get('fedbroker-job', '-')} attempt {inst.tags.get('fedbroker-attempt', '-')})")
+        typer.echo(f"{len(orphans)} orphan instance(s) of broker {st.cloud.broker_id!r} "
+                   f"(dry run: none terminated)")
+        for msg in errors:
+            typer.echo(msg, err=True)
+        if errors:
+            raise typer.Exit(1)
+        return
+    import logging
+
+    logging.getLogger("fedbroker.cloud").setLevel(logging.ERROR)  # each orphan is printed below, once
+    with _database(st):
+        gone = cb.sweep()
+    for inst in gone:
+        typer.echo(f"terminated {inst.provider}/{inst.instance_id} in {inst.zone} (job "
+                   f"{inst.tags.get('fedbroker-job', '-')} attempt {inst.tags.get('fedbroker-attempt', '-')})")
+    typer.echo(f"{len(gone)} orphan instance(s) terminated")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fedbroker cloud`` to the main CLI."""
+    app.add_typer(cloud_app, name="cloud")

@@ -1,0 +1,263 @@
+"""The ``fedbroker`` command line.
+
+Commands:
+
+* ``fedbroker simulate`` — replay a job trace under one or more policies on the
+  bundled real prices and carbon data; prints a comparison table and writes
+  ``OUT/results.json`` and ``OUT/report.html``.
+* ``fedbroker offers`` — list the cloud and on-prem options for one request,
+  cheapest and cleanest first, with $/hour, total $, kWh and kgCO2e over the run.
+
+Bad arguments exit with status 2 and a message naming the option and value.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="fedbroker: hybrid-cloud, energy-aware federation broker for GPU training jobs.")
+# Piped output keeps wide tables readable instead of wrapping them at 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 200)
+POLICY_NAMES = ("fifo", "backfill", "cheapest", "federated")
+
+
+def _fail(msg: str) -> None:
+    console.print(f"[red]error:[/red] {msg}")
+    raise typer.Exit(2)
+
+
+def _check_number(option: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> None:
+    """Exit 2 unless ``value`` is finite and >= ``minimum`` (> with ``strict``), naming the option."""
+    if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+        _fail(f"{option}={value}: must be a finite number {'>' if strict else '>='} {minimum:g}")
+
+
+def _prepare_out(out: Path) -> None:
+    """Create ``out`` and make sure it is writable before a long run (exit 2 otherwise)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".fedbroker-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        _fail(f"--out={str(out)!r}: cannot write there ({e.strerror or e})")
+
+
+def _parse_time(value: str, option: str) -> datetime:
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        _fail(f"{option}={value!r}: not an ISO 8601 date/time (e.g. 2023-09-04 or 2023-09-04T12:00:00+00:00)")
+    return t
+
+
+@app.command()
+def simulate(
+    trace: str = typer.Option("philly", help="'philly' (bundled) or a CSV path in the generic schema."),
+    policy: str = typer.Option(",".join(POLICY_NAMES), help="Comma-separated policies."),
+    jobs: Optional[int] = typer.Option(None, help="Replay only the first N jobs (submit order)."),
+    start: Optional[str] = typer.Option(None, help="Shift the trace (by whole weeks) to start on/after this date; "
+                                                   "data covers 2023-2024. Philly default: 2023-09-04."),
+    cluster: Optional[Path] = typer.Option(None, help="On-prem cluster YAML/JSON (default: bundled Toronto pool)."),
+    seed: int = typer.Option(0, help="Seed of the spot-trace phases."),
+    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json and report.html."),
+    carbon_price: float = typer.Option(190.0, help="Carbon price in the objective, USD per tCO2e."),
+    value_of_time: float = typer.Option(0.002, help="Value of waiting, USD per GPU-hour (normal priority)."),
+    slack_factor: float = typer.Option(1.0, help="Deadline slack = max(slack_factor x duration, min_slack_h)."),
+    min_slack_h: float = typer.Option(12.0, help="Minimum deadline slack, hours."),
+) -> None:
+    """Replay a job trace under the given policies and compare them."""
+    from broker.planner.core import PlannerConfig
+    from broker.sim.report import comparison_table, write_report
+    from broker.sim.scenario import load_scenario
+    from broker.sim.simulator import SimulationConfig, simulate as run_sim
+    from broker.sim.traces import TraceError, load_generic_csv, load_philly
+
+    policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
+    bad = [p for p in policies if p not in POLICY_NAMES]
+    if not policies or bad:
+        _fail(f"--policy={policy!r}: unknown {bad or 'empty'}; choose from {', '.join(POLICY_NAMES)}")
+    if jobs is not None and jobs < 1:
+        _fail(f"--jobs={jobs}: must be >= 1")
+    for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
+                   ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
+        _check_number(opt, v)
+    start_dt = _parse_time(start, "--start") if start else None
+    _prepare_out(out)
+    try:
+        scen = load_scenario(cluster)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    site_tz = scen.pools[0].timezone
+    kw = dict(start=start_dt, limit=jobs, slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0)
+    try:
+        if trace == "philly":
+            tr = load_philly(site_tz=site_tz, **kw)
+        else:
+            tr = load_generic_csv(Path(trace), **kw)
+    except (TraceError, OSError) as e:
+        _fail(str(e))
+    if not tr.jobs:
+        _fail(f"--trace={trace!r}: no valid job (skipped: {tr.skipped})")
+    _check_coverage(tr, scen)
+    console.print(f"trace [bold]{trace}[/bold]: {len(tr.jobs):,} jobs from "
+                  f"{_iso(tr.jobs[0].submit_s)} to {_iso(tr.jobs[-1].submit_s)}"
+                  + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
+    console.print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
+                  f"cloud: {len(scen.offers):,} offers")
+    pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time)
+    runs = {}
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
+                  TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal) as prog:
+        for name in policies:
+            task = prog.add_task(name, total=len(tr.jobs))
+            t0 = time.perf_counter()
+            runs[name] = run_sim(tr, scen.pools, scen.offers, scen.signals, name, planner_config=pc, gpus=scen.gpus,
+                                 spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed),
+                                 progress=lambda d, t, task=task: prog.update(task, completed=d))
+            if not console.is_terminal:
+                console.print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
+    console.print(comparison_table(runs))
+    for name, r in runs.items():
+        miss = r.metrics.get("missing_signal_hours", 0.0)
+        if miss:
+            console.print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
+                          "price/carbon data; their energy cost and carbon are not counted (see missing_signal_hours)")
+    meta = {"trace": trace, "jobs": len(tr.jobs), "trace_skipped": tr.skipped, "start": _iso(tr.jobs[0].submit_s),
+            "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"), "seed": seed,
+            "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
+            "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
+            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    js, html = write_report(runs, out, meta)
+    console.print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]")
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="minutes")
+
+
+def _check_coverage(tr, scen) -> None:
+    """Fail early if the trace starts outside the bundled signal coverage."""
+    sig = scen.signals
+    c = sig.carbon(scen.pools[0].carbon_zone)
+    t0, t1 = tr.jobs[0].submit_s, tr.jobs[-1].submit_s
+    if t0 < c.start_s or t1 > c.end_s:
+        _fail(f"the trace spans {_iso(t0)}..{_iso(t1)} but the bundled price/carbon data covers "
+              f"{_iso(c.start_s)}..{_iso(c.end_s)}; pass a --start (e.g. {_iso(c.start_s)[:10]}) so that "
+              "the whole trace falls inside")
+
+
+@app.command()
+def offers(
+    gpu: Optional[str] = typer.Option(None, help="GPU type, e.g. A100, V100, H100, L4 (default: any)."),
+    count: int = typer.Option(1, help="GPUs per node."),
+    nodes: int = typer.Option(1, help="Nodes (gang size)."),
+    spot: bool = typer.Option(True, "--spot/--no-spot", help="Include spot offers."),
+    hours: float = typer.Option(1.0, help="Runtime on a V100, hours (scaled by each GPU's throughput)."),
+    start: Optional[str] = typer.Option(None, help="Start instant (ISO 8601, UTC if no offset); default 2023-09-04T12:00Z."),
+    region: Optional[str] = typer.Option(None, help="Only this cloud region."),
+    top: int = typer.Option(20, help="Rows to print."),
+    sort: str = typer.Option("cost", help="Sort by 'cost', 'carbon' or 'score'."),
+    carbon_price: float = typer.Option(190.0, help="USD per tCO2e for the score."),
+    cluster: Optional[Path] = typer.Option(None, help="On-prem cluster file (default: bundled)."),
+) -> None:
+    """List the options for one request, cheapest (or cleanest) first."""
+    from rich.table import Table
+
+    from broker.planner.core import PendingJob, PlannerConfig, PlannerContext
+    from broker.sim.scenario import load_scenario
+    from pricing.power import UnknownGpuTypeError, canonical_gpu_type
+
+    for opt, v in (("--count", count), ("--nodes", nodes), ("--top", top)):
+        if v < 1:
+            _fail(f"{opt}={v}: must be >= 1")
+    _check_number("--hours", hours, strict=True)
+    _check_number("--carbon-price", carbon_price)
+    if hours > 366 * 24:
+        _fail(f"--hours={hours}: at most one year (8,784 h) of runtime can be costed")
+    if sort not in ("cost", "carbon", "score"):
+        _fail(f"--sort={sort!r}: choose cost, carbon or score")
+    gtypes = None
+    if gpu:
+        try:
+            gtypes = frozenset([canonical_gpu_type(gpu)])
+        except UnknownGpuTypeError as e:
+            _fail(f"--gpu={gpu!r}: {e}")
+    t = _parse_time(start, "--start") if start else datetime(2023, 9, 4, 12, tzinfo=timezone.utc)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    now = t.timestamp()
+    try:
+        scen = load_scenario(cluster)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    cover = scen.signals.carbon(scen.pools[0].carbon_zone) if scen.pools else None
+    if cover is not None and (now < cover.start_s or now + hours * 3600.0 > cover.end_s):
+        _fail(f"--start={_iso(now)} with --hours={hours:g}: outside the bundled price/carbon data "
+              f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
+    ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
+                         scen.signals, scen.gpus)
+    job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
+                     work_s=hours * 3600.0, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
+                     regions=frozenset([region]) if region else None)
+    rows = []
+    idx = ctx.compatible_offers(job)
+    if idx.size:
+        runtime, finish, dollars, energy, carbon, usd_h = ctx.cloud_estimates(job, idx, now)
+        for k, o in enumerate(idx):
+            off = scen.offers[o]
+            rows.append((off.provider, off.region, off.zone, off.instance_type, off.gpu_type, off.market.value,
+                         float(usd_h[k]), float(runtime[k]), float(dollars[k]), float(energy[k]), float(carbon[k])))
+    for p, pool in enumerate(scen.pools):
+        for gt in ctx.pool_types(p):
+            if gtypes is not None and gt not in gtypes or region:
+                continue
+            nodes_ok = sum(1 for n in pool.nodes if n.gpu_type == gt and n.gpu_count >= count)
+            if nodes_ok < nodes:
+                continue
+            r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, gt, job, now)
+            rows.append(("onprem", pool.name, pool.carbon_zone, "-", gt, "owned",
+                         (e_cost + amort) / (r / 3600.0), r, e_cost + amort, energy, carbon))
+    if not rows:
+        _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"
+              + (f" in region {region!r}" if region else "") + ("" if spot else " on-demand"))
+    if any(math.isnan(r[10]) for r in rows):
+        console.print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
+    key = {"cost": lambda r: (r[8], r[10]), "carbon": lambda r: (r[10], r[8]),
+           "score": lambda r: (r[8] + carbon_price / 1000.0 * r[10], r[8])}[sort]
+    rows.sort(key=lambda r: (math.isnan(r[10]),) + key(r))
+    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {hours:g} V100-hours from {_iso(now)}")
+    for c in ("provider", "region", "zone", "instance", "gpu", "market", "$/hour", "runtime h", "total $", "kWh", "kgCO2e"):
+        tab.add_column(c, justify="right" if c in ("$/hour", "runtime h", "total $", "kWh", "kgCO2e") else "left")
+    for r in rows[:top]:
+        tab.add_row(*r[:6], f"{r[6]:.3f}", f"{r[7] / 3600:.2f}", f"{r[8]:.2f}", f"{r[9]:.2f}",
+                    "n/a" if math.isnan(r[10]) else f"{r[10]:.3f}")
+    console.print(tab)
+    console.print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
+
+
+from broker.cli.serve import register as _register_serve  # noqa: E402
+
+_register_serve(app)
+from broker.cli.jobs import register as _register_jobs; _register_jobs(app)
+from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
+from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
+
+
+def main() -> None:  # pragma: no cover - console script entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,149 @@
+"""``fedbroker nodes``: the on-prem nodes, as the broker sees them and as NVML sees this host.
+
+Commands::
+
+    fedbroker nodes [--json]                      the nodes the broker knows (API), as ``nodes list``
+    fedbroker nodes list [--json]                 GPUs, health, last heartbeat of every node (API)
+    fedbroker nodes token HOST [--label L]        mint HOST's agent credential (store access via the settings;
+                                                  printed once)
+    fedbroker nodes probe [--nvml auto|nvml|fake] [--fake-gpus N] [--json]
+                                                  this host's GPU inventory and telemetry, read the way the
+                                                  node agent reads it (``providers.nvml.open_backend(...).read()``)
+
+``list`` takes ``--url`` / ``--token`` like the job commands (exit 1 when the broker refuses or
+cannot be reached). ``probe`` talks to no broker: ``--nvml nvml`` exits 2 with NVML's reason when
+NVML cannot be used; ``--nvml auto`` falls back to the fake backend (the ``backend`` line says so).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from broker.cli.jobs import JsonOpt, TokenOpt, UrlOpt, _call, _client, _console, _echo_json, _fail, _t
+
+__all__ = ["register", "nodes_app"]
+
+nodes_app = typer.Typer(help="On-prem nodes: `list` (what the broker knows; the default) and `probe` "
+                             "(this host's GPUs through NVML).")
+
+
+def _list(url: Optional[str], token: Optional[str], as_json: bool) -> None:
+    c = _client(url, token)
+    ns = _call(c, c.nodes)
+    if as_json:
+        _echo_json(ns)
+        return
+    tab = Table(title=f"{len(ns)} node(s)")
+    for col in ("name", "pool", "gpus", "healthy", "state", "last heartbeat"):
+        tab.add_column(col)
+    for n in ns:
+        tab.add_row(n.name, n.pool, f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB",
+                    ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, _t(n.last_heartbeat_at))
+    _console().print(tab)
+
+
+@nodes_app.callback(invoke_without_command=True)
+def nodes(ctx: typer.Context, url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+          as_json: bool = JsonOpt) -> None:
+    """List the on-prem nodes: GPUs, health, last heartbeat (same as `nodes list`)."""
+    if ctx.invoked_subcommand is None:
+        _list(url, token, as_json)
+
+
+@nodes_app.command("list")
+def nodes_list(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """List the on-prem nodes: GPUs, health, last heartbeat."""
+    _list(url, token, as_json)
+
+
+def cuda_version(v: int | None) -> str | None:
+    """NVML's CUDA driver version integer as text: ``12040`` -> ``"12.4"``; ``None`` stays ``None``."""
+    if v is None:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _opt(v, fmt: str = "{}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+@nodes_app.command("probe")
+def probe(nvml: str = typer.Option("auto", "--nvml", help="auto (NVML, else a fake), nvml (NVML or exit 2) or fake."),
+          fake_gpus: int = typer.Option(4, "--fake-gpus", help="GPUs of the fake backend."),
+          as_json: bool = JsonOpt) -> None:
+    """This host's GPUs as the node agent reads them: inventory and telemetry per GPU."""
+    from providers.nvml import BACKEND_KINDS, NvmlUnavailable, open_backend
+
+    if nvml not in BACKEND_KINDS:
+        _fail(f"--nvml={nvml!r}: one of {', '.join(BACKEND_KINDS)}", 2)
+    if fake_gpus < 0 or fake_gpus > 1024:
+        _fail(f"--fake-gpus={fake_gpus}: must be between 0 and 1024", 2)
+    try:
+        backend = open_backend(nvml, fake_gpus=fake_gpus)
+    except NvmlUnavailable as e:
+        _fail(f"--nvml=nvml: NVML is not available here: {e}", 2)
+    try:
+        inv = backend.read()
+    finally:
+        close = getattr(backend, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - nvmlShutdown failing changes nothing read
+                pass
+    if as_json:
+        d = inv.to_dict()
+        d["cuda_version"] = cuda_version(inv.cuda_driver_version)
+        for g in d["gpus"]:
+            g["energy_j"] = None if g["energy_mj"] is None else g["energy_mj"] / 1000
+        _echo_json(d)
+        return
+    con = _console()
+    con.print(f"backend {inv.backend}; driver {inv.driver_version or '-'}; "
+              f"CUDA {cuda_version(inv.cuda_driver_version) or '-'}; {len(inv.gpus)} GPU(s); "
+              f"type {inv.gpu_type or 'unknown'}; healthy {','.join(map(str, inv.healthy_indices)) or 'none'}",
+              highlight=False)
+    tab = Table(title=f"{len(inv.gpus)} GPU(s), backend {inv.backend}")
+    for col in ("#", "name", "uuid", "memory MiB", "util %", "power W", "energy J", "temp C", "MIG", "ECC",
+                "health"):
+        tab.add_column(col, justify="right" if col in ("#", "memory MiB", "util %", "power W", "energy J",
+                                                       "temp C", "ECC") else "left")
+    for g in inv.gpus:
+        mem = ("-" if g.memory_total_mib is None
+               else f"{_opt(g.memory_used_mib)}/{g.memory_total_mib}")
+        mig = "-" if g.mig_mode is None else (f"on ({g.mig_instances})" if g.mig_mode else "off")
+        health = "healthy" if g.healthy else f"error: {g.error or 'unknown'}"
+        tab.add_row(str(g.index), escape(g.name or "-"), escape(g.uuid or "-"), mem,
+                    _opt(g.utilisation_pct, "{:g}"), _opt(g.power_w, "{:g}"),
+                    _opt(None if g.energy_mj is None else g.energy_mj / 1000, "{:.1f}"),
+                    _opt(g.temperature_c, "{:g}"), mig, _opt(g.ecc_uncorrected), escape(health))
+    con.print(tab)
+
+
+@nodes_app.command("token")
+def node_token(node: str = typer.Argument(..., help="The node (host) name the token is for."),
+               label: str = typer.Option("", help="A note stored with the token."),
+               config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG).")) -> None:
+    """Mint a node token for HOST's agent and print it once (only its hash is stored). Talks to the
+    job store directly (run it where the broker's settings are, never on the agent host); the agent
+    takes it as ``FEDBROKER_NODE_TOKEN`` or ``--token-file`` (mode 0600)."""
+    from broker.cli.jobs import direct_store
+    from broker.service.tokens import InvalidTokenRequest
+
+    with direct_store(config) as (_, store):
+        try:
+            tok = store.create_node_token(node, label=label)
+        except InvalidTokenRequest as e:
+            _fail(str(e), 2)
+    typer.echo(tok)
+    typer.echo(f"node token for {node!r}: store it now (chmod 600), it is not shown again", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``nodes`` (``list``, ``token``, ``probe``) to the ``fedbroker`` CLI."""
+    app.add_typer(nodes_app, name="nodes")

@@ -1,0 +1,617 @@
+"""The ``federated`` policy: the product's decision (DESIGN.md §4).
+
+For every job needing a decision it minimises, over on-prem (start now, a later
+cheaper/cleaner slot, or waiting in the queue) and every available cloud offer::
+
+    score = dollars + carbon_price x kgCO2e + value_of_time x wait
+
+subject to the deadline (pessimistic spot finish), team budget, price cap and
+gang rules, and preempts lower-priority preemptible jobs when that scores better
+(single-node jobs, hysteresis: strictly lower class, a minimum run since start).
+
+How a 100k-job cycle stays near a second (measured in BENCHMARKS.md):
+
+* jobs are scanned in queue order; jobs that fit now get their nodes set aside,
+  jobs that may preempt or spend a budget are decided at once;
+* the rest are decided per *shape* (GPU types, gang, memory, market, regions,
+  checkpointing, priority, a x1.5 work bucket) with NumPy: wait estimates from the
+  release profile, exact on-prem costs, the best start slot from a per-shape slot
+  table, exact costs on the shape's top-ranked cloud offers, and the choice;
+* explanations (the best rejected options) of batch decisions are built on read.
+
+Shared machinery (capacity index, queue pass, reservations) is in :mod:`broker.planner.policies`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+
+from broker.model import Decision, DecisionKind, LazyOptions, OptionEstimate
+from broker.planner.core import PendingJob, PlannerContext, Snapshot
+from broker.planner.policies import (_NO_OFFERS, INF, N_ALTERNATIVES, NAN, Cycle, _decision, _eligible, _merged_queue,
+                             _never_fits_reason, _option, _run_onprem_queue, _work_bucket)
+
+__all__ = ["plan_federated", "CLOUD_TOP"]
+
+#: the top offers of a shape's ranking costed exactly for every job of the shape
+CLOUD_TOP = 16
+_NOTE_NOW = "start now"
+#: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
+_NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
+          "defer": "deferred to a cheaper/cleaner window"}
+
+class _PoolQueueState:
+    """Demand ahead in one pool's queue, for wait estimates (fluid + release profile)."""
+
+    __slots__ = ("gpus", "gpu_seconds")
+
+    def __init__(self):
+        self.gpus = 0
+        self.gpu_seconds = 0.0
+
+
+def _wait_estimate(cy: Cycle, pool: int, job: PendingJob, gpu_type: str, ahead: _PoolQueueState,
+                   runtime_s: float) -> float:
+    """Expected seconds until ``job`` starts on ``pool``.
+
+    A job short enough to backfill (it would end before the reservation's shadow
+    time, or there is no reservation) waits only until running jobs' expected ends
+    free its own GPUs. Otherwise it also waits for the queue ahead: the later of
+    (a) the release time of the GPUs of the queue ahead plus its own and (b) the
+    queue's work spread over the pool (fluid estimate). The estimate only picks
+    between waiting and the cloud: a waiting job is reviewed again at the latest
+    instant the cloud can still meet its deadline.
+    """
+    free_now = cy.index[pool].total_free.get(gpu_type, 0)
+    backfillable = pool not in cy.reservation or cy.now + runtime_s <= cy.shadow_s
+    queue_gpus = 0 if backfillable else ahead.gpus
+    need = queue_gpus + job.gpus - free_now
+    t_rel = 0.0
+    if need > 0:
+        times, cum = cy.release_arrays(pool)
+        if times.size:
+            i = int(np.searchsorted(cum, need))
+            t_rel = float(times[min(i, times.size - 1)]) - cy.now
+    fluid = 0.0 if backfillable else ahead.gpu_seconds / max(cy.ctx.pool_capacity[pool], 1)
+    return max(t_rel, fluid, 0.0)
+
+
+def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
+    """The unified objective over on-prem and cloud, now or in a later window (module docstring).
+
+    1. The on-prem queue (jobs that chose to wait) starts what fits, with EASY backfill.
+    2. Every job needing a decision (new, woken from a deferral, requeued, or due for
+       review) is costed over all options and gets one decision. Fresh jobs that fit
+       now may not take the reserved nodes unless they end before the shadow time.
+    """
+    cy = Cycle(snap, ctx)
+    cfg = ctx.config
+    now = cy.now
+    eligible = _eligible(snap)
+    committed = [j for j in eligible if j.committed_pool is not None and j.review_s > now]
+    review = [j for j in eligible if j.committed_pool is not None and j.review_s <= now]
+    fresh = [j for j in eligible if j.committed_pool is None]
+    late: list[PendingJob] = []
+    res = _run_onprem_queue(cy, _merged_queue(cy, committed, cy.queue_key), backfill=True,
+                            target_fn=lambda j: [(p, t) for p, t in cy.onprem_targets(j) if p == j.committed_pool],
+                            late=late)
+    review = review + late
+    cy.reservation, cy.shadow_s = res.reservation, res.shadow_s
+    # demand ahead per pool: everything still waiting in the committed queue
+    ahead = [_PoolQueueState() for _ in ctx.pools]
+    qd = snap.queued_demand
+    if qd is None:
+        qd = {}
+        for j in committed:
+            acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
+            acc[0] += j.gpus
+            acc[1] += j.gpus * j.work_s
+        for group in (snap.queued or {}).values():
+            for j in group:
+                if j.committed_pool is not None:
+                    acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
+                    acc[0] += j.gpus
+                    acc[1] += j.gpus * j.work_s
+    else:  # the caller's totals cover ``queued``; add the committed jobs passed in ``pending``
+        qd = {p: list(v) for p, v in qd.items()}
+        for j in committed:
+            acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
+            acc[0] += j.gpus
+            acc[1] += j.gpus * j.work_s
+    for j in late:
+        acc = res.started.setdefault(j.committed_pool, [0.0, 0.0])
+        acc[0] += j.gpus
+        acc[1] += j.gpus * j.work_s
+    for p, (g, gs) in qd.items():
+        st = res.started.get(p, (0.0, 0.0))
+        ahead[p].gpus = max(g - st[0], 0.0)
+        ahead[p].gpu_seconds = max(gs - st[1], 0.0)
+    todo = sorted(fresh + review, key=cy.queue_key)
+    cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
+    budgets = dict(cfg.team_budget_usd)
+    batches: dict[tuple, list] = {}
+    tentative: list[tuple[int, list[int], int]] = []  # (pool, nodes, GPUs per node) set aside while batching
+    by_shape: dict[tuple, tuple] = {}  # placement shape -> (on-prem targets, compatible offers, available offers)
+    for job in todo:
+        sk = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions)
+        hit = by_shape.get(sk)
+        if hit is None:
+            compat = ctx.compatible_offers(job) if cloud_ok else _NO_OFFERS
+            hit = by_shape[sk] = (cy.onprem_targets(job), compat, cy.available(compat))
+        targets, compat, offers = hit
+        if not targets and compat.size == 0:
+            cy.reject(job, _never_fits_reason(job, cloud=cloud_ok))
+            continue
+        if not targets and offers.size == 0:
+            continue  # only the cloud can hold it and no offer is available now: no decision this cycle
+        # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
+        # decided at once, in queue order. The others cannot change the capacity or each
+        # other's options this cycle: they are decided together, per shape, vectorised.
+        free_now, fits, ti = [], [], None
+        for k, (p, t) in enumerate(targets):
+            f = cy.index[p].total_free.get(t, 0)
+            free_now.append(f)
+            nodes = cy.fit_now(job, p, t) if f >= job.gpus else None
+            fits.append(nodes)
+            if ti is None and nodes is not None:
+                ti = k
+        if job.priority >= 2 or job.team in budgets:
+            _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
+        else:
+            if ti is not None:
+                # it fits now: set its nodes aside (they are handed back before its batch is
+                # decided, and taken again if it starts now), keep one target to fit on
+                p, t = targets[ti]
+                cy.index[p].take(fits[ti], job.gpus_per_node)
+                tentative.append((p, fits[ti], job.gpus_per_node))
+                fits = [f if k == ti else None for k, f in enumerate(fits)]
+            key = (sk, job.checkpointable, job.checkpoint_interval_s, job.priority, job.deferrable, job.deferred_once,
+                   job.max_usd_per_hour, _work_bucket(job.work_s), ti is not None)
+            b = batches.get(key)
+            if b is None:
+                b = batches[key] = [[], targets, offers, [], []]
+            b[0].append(job)
+            b[3].append(fits)
+            b[4].append(free_now)
+    for p, nodes, g in tentative:  # hand back what was set aside: the decisions below take it again
+        for i in nodes:
+            cy.index[p].give(i, g)
+    for jobs, targets, offers, fits, free_now in batches.values():
+        _decide_federated(cy, jobs, targets, offers, ahead, budgets, fits, free_now)
+    return cy.decisions
+
+
+#: codes of on-prem option kinds in the vectorised decision
+_NOW, _WAIT, _DEFER = 0, 1, 2
+_KIND_NAMES = ("now", "wait", "defer")
+
+
+def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget):
+    """On-prem option per (job, target), vectorised over ``jobs`` of one shape.
+
+    Returns a list of dicts of arrays over jobs, one per target.
+    """
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    cp_kg = cfg.carbon_price_usd_per_tonne / 1000.0
+    amort_in = ctx.amortised_in_score()
+    job0 = jobs[0]
+    n = len(jobs)
+    cols = []
+    deferrable = job0.deferrable and not job0.deferred_once and cfg.horizon_s > 0
+    for ti, (p, t) in enumerate(targets):
+        runtime = work / ctx.gpus.throughput[t]
+        fit = np.array([f[ti] is not None for f in fits], dtype=bool)
+        fnow = np.array([f[ti] for f in free_now], dtype=np.float64)
+        # expected wait (see _wait_estimate): own GPUs if backfillable, else the queue ahead too
+        backfillable = np.full(n, p not in cy.reservation) | (now + runtime <= cy.shadow_s)
+        need = np.where(backfillable, 0.0, ahead[p].gpus) + job0.gpus - fnow
+        times, cum = cy.release_arrays(p)
+        t_rel = np.zeros(n)
+        if times.size:
+            i = np.minimum(np.searchsorted(cum, need), times.size - 1)
+            t_rel = np.where(need > 0, times[i] - now, 0.0)
+        fluid = np.where(backfillable, 0.0, ahead[p].gpu_seconds / max(ctx.pool_capacity[p], 1))
+        wait = np.where(fit, 0.0, np.maximum(np.maximum(t_rel, fluid), 0.0))
+        first = now + wait
+        e, am, en, c = ctx.onprem_costs(p, t, job0.gpus, runtime, first)
+        score_first = e + (am if amort_in else 0.0) + cp_kg * c + vot_h * wait / 3600.0
+        s, r = first, runtime
+        kind = np.where(fit, _NOW, _WAIT)
+        if deferrable:
+            # free GPUs when each job was examined, less its own
+            roomy = (ahead[p].gpus <= 0) & (fnow - job0.gpus >= cfg.defer_min_free_fraction * ctx.pool_capacity[p])
+            allowed = ~fit | roomy
+            k0 = np.where(wait > 0, np.ceil(wait / cfg.slot_s), 1).astype(np.int64)
+            kmax = (np.minimum(cfg.horizon_s, np.maximum(latest_finish - runtime - now, 0.0)) // cfg.slot_s).astype(np.int64)
+            table = cy.slot_scores(p, t, job0)  # per GPU, per slot k = 0..K
+            k = np.arange(table.size)
+            vals = np.where((k[None, :] >= k0[:, None]) & (k[None, :] <= kmax[:, None]), table[None, :], INF)
+            kbest = np.argmin(vals, axis=1)
+            ok = allowed & (kmax >= k0) & (vals[np.arange(n), kbest] < INF)
+            if ok.any():
+                s_k = now + kbest * cfg.slot_s
+                e2, am2, en2, c2 = ctx.onprem_costs(p, t, job0.gpus, runtime, s_k)
+                score_k = e2 + (am2 if amort_in else 0.0) + cp_kg * c2 + vot_h * (s_k - now) / 3600.0
+                gain = score_first - score_k
+                thresh = np.maximum(cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * np.abs(score_first))
+                take = ok & (np.isnan(score_first) | (~np.isnan(score_k) & (gain >= thresh)))
+                s = np.where(take, s_k, s)
+                e, am, en, c = (np.where(take, x2, x) for x, x2 in ((e, e2), (am, am2), (en, en2), (c, c2)))
+                kind = np.where(take, _DEFER, kind)
+        dollars = e + am
+        feasible = (s + r <= latest_finish) & (dollars <= budget) & ~np.isnan(dollars) & ~np.isnan(c)
+        score = np.where(feasible, e + (am if amort_in else 0.0) + cp_kg * c + vot_h * (s - now) / 3600.0, INF)
+        cols.append({"p": p, "t": t, "start": s, "runtime": r, "dollars": dollars, "energy": en, "carbon": c,
+                     "score": score, "feasible": feasible, "finish": s + r, "kind": kind, "wait": wait})
+    return cols
+
+
+def _cloud_columns(cy: Cycle, jobs, offers, work, latest_finish, vot_h, budget):
+    """The best cloud offers per job, vectorised over ``jobs`` of one shape.
+
+    Costs the top ``CLOUD_TOP`` offers of the shape's ranking exactly for every job and keeps,
+    per job, the first ``N_ALTERNATIVES + 1`` that meet its deadline and caps. A job with none
+    there is costed over the whole ranking (tight deadlines need the fast, dear GPUs).
+    Returns ``(index, kept)``: ``index`` maps a column to an offer id, ``kept`` a dict of
+    ``(n, m)`` arrays with ``mask`` marking the options kept per job.
+    """
+    ctx, now = cy.ctx, cy.now
+    job0 = jobs[0]
+    order = cy.cloud_ranking(job0, offers)
+    cand = order[:CLOUD_TOP]
+    est = _cloud_matrix(ctx, job0, work, cand, now, vot_h)
+    feas = _cloud_feasible(est, latest_finish, budget, job0.max_usd_per_hour, now)
+    keep = feas & (np.cumsum(feas, axis=1) <= N_ALTERNATIVES + 1)
+    est["mask"] = keep
+    est["feasible"] = feas
+    est["offer"] = np.broadcast_to(cand[None, :], keep.shape)
+    none = ~keep.any(axis=1)
+    extra = {}
+    for i in np.flatnonzero(none):
+        # whole ranking for this job: the best feasible offers, else the earliest finisher
+        one = _cloud_matrix(ctx, job0, work[i:i + 1], order, now, vot_h)
+        f = _cloud_feasible(one, latest_finish[i:i + 1], budget, job0.max_usd_per_hour, now)[0]
+        if f.any():
+            pick = np.flatnonzero(f)[np.argsort(one["score"][0][f], kind="stable")[:N_ALTERNATIVES + 1]]
+        else:
+            pick = np.array([int(np.argmin(np.where(np.isnan(one["carbon"][0]), INF, one["finish"][0])))])
+        extra[int(i)] = [(int(order[k]), {name: float(one[name][0][k]) for name in _CLOUD_FIELDS}, bool(f[k]))
+                         for k in pick]
+    return est, extra
+
+
+_CLOUD_FIELDS = ("runtime", "finish", "dollars", "energy", "carbon", "usd_h", "score", "delay")
+
+
+def _cloud_matrix(ctx: PlannerContext, job0: PendingJob, work: np.ndarray, cand: np.ndarray, now: float, vot_h: float):
+    """Exact costs of jobs (``work``, shape ``(n,)``) on offers ``cand`` (``(m,)``): dict of ``(n, m)`` arrays.
+
+    Same model as :meth:`PlannerContext.cloud_scalar` (expected spot rework, pessimistic finish).
+    """
+    thr = ctx.offer_thr[cand][None, :]
+    spot = ctx.offer_spot[cand][None, :]
+    rate = ctx.offer_rate[cand][None, :]
+    delay = ctx.offer_delay[cand][None, :]
+    restart = ctx.config.restart_overhead_s
+    runtime = work[:, None] / thr
+    mean = np.where(spot, rate * runtime / 3600.0, 0.0)
+    if job0.checkpointable:
+        lost, lost_hi = job0.checkpoint_interval_s / 2.0 + restart, job0.checkpoint_interval_s + restart + delay
+    else:
+        lost, lost_hi = runtime / 2.0 + restart, runtime + restart + delay
+    eff = runtime + mean * lost
+    finish = delay + runtime + (mean + 2.0 * np.sqrt(mean)) * lost_hi
+    usd_h = job0.nodes * ctx.offer_price[cand][None, :]
+    dollars = usd_h * np.maximum(eff + delay, ctx.offer_min_billed[cand][None, :]) / 3600.0
+    kw = (job0.nodes * (job0.gpus_per_node * ctx.offer_busy_kw[cand] + (ctx.offer_gpu_count[cand] - job0.gpus_per_node)
+                        * ctx.offer_idle_kw[cand]) * ctx.offer_pue[cand])[None, :]
+    zones = np.broadcast_to(ctx.offer_zone[cand][None, :], eff.shape)
+    carbon = kw * ctx.zone_integrals(zones.ravel(), np.broadcast_to(now + delay, eff.shape).ravel(),
+                                     eff.ravel()).reshape(eff.shape) / 1000.0
+    score = dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon + vot_h * delay / 3600.0
+    return {"runtime": eff, "finish": finish, "dollars": dollars, "energy": kw * eff / 3600.0, "carbon": carbon,
+            "usd_h": np.broadcast_to(usd_h, eff.shape), "score": score, "delay": np.broadcast_to(delay, eff.shape)}
+
+
+def _cloud_feasible(est, latest_finish: np.ndarray, budget: float, max_usd_h: float | None, now: float) -> np.ndarray:
+    f = (now + est["finish"] <= latest_finish[:, None]) & (est["dollars"] <= budget) & ~np.isnan(est["carbon"])
+    if max_usd_h is not None:
+        f &= est["usd_h"] <= max_usd_h
+    return f
+
+
+def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.ndarray, ahead, budgets,
+                      fits: list, free_now: list) -> None:
+    """Decide for ``jobs`` of one shape (or one job): the DESIGN.md §4 score over every option.
+
+    ``fits[i][k]`` is the node list where job ``i`` fits target ``k`` now (or None) and
+    ``free_now[i][k]`` the free GPUs of that target when the job was examined.
+    """
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    job0 = jobs[0]
+    n = len(jobs)
+    vot_h = ctx.value_of_time(job0)
+    work = np.array([j.work_s for j in jobs])
+    latest_finish = np.array([j.deadline_s for j in jobs]) - cfg.deadline_margin_s
+    budget = budgets.get(job0.team, INF) if n == 1 else INF
+    onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget)
+    cloud, cloud_extra = (_cloud_columns(cy, jobs, offers, work, latest_finish, vot_h, budget)
+                          if offers.size else (None, {}))
+    # plain lists: per-job Python below indexes them ~30 times per job
+    on = []
+    for col in onprem:
+        on.append((col["p"], col["t"], ctx.pools[col["p"]].name, targets.index((col["p"], col["t"])),
+                   *(col[k].tolist() for k in ("start", "runtime", "dollars", "energy", "carbon", "score",
+                                                "feasible", "kind", "wait"))))
+    if cloud is not None:
+        mask = cloud["mask"]
+        kidx = np.argsort(~mask, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
+        kcount = np.minimum(mask.sum(axis=1), N_ALTERNATIVES + 1).tolist()
+        rows_i = np.arange(n)[:, None]
+        cl = {name: cloud[name][rows_i, kidx].tolist() for name in _CLOUD_FIELDS if name != "usd_h"}
+        cl_offer = cloud["offer"][rows_i, kidx].tolist()
+    lf = latest_finish.tolist()
+    vector_rows = n > 1  # a batch (no job preempts or spends a budget): choose vectorised
+    if vector_rows:
+        _choose_batch(cy, jobs, on, cloud is not None and (cl, cl_offer, kcount), cloud_extra, onprem, fits,
+                      latest_finish)
+    for i in (sorted(cloud_extra) if vector_rows else range(n)):
+        job = jobs[i]
+        options = []  # (score, infeasible, option, how, finish)
+        for p, t, pname, ti, st, rt, dl, en, cb, sc, fe, kd, wt in on:
+            s_, r_, f = st[i], rt[i], fe[i]
+            kind = _KIND_NAMES[kd[i]]
+            if f:
+                note = _NOTES[kind]
+            else:
+                note = ("misses the deadline" if s_ + r_ > lf[i]
+                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+            opt = OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f, note)
+            options.append((sc[i], 0 if f else 1, opt, {"p": p, "t": t, "nodes": fits[i][ti], "wait": wt[i], "kind": kind},
+                            s_ + r_))
+        if cloud is not None:
+            if i in cloud_extra:
+                rows = cloud_extra[i]
+            else:
+                rows = [(cl_offer[i][k], {name: cl[name][i][k] for name in cl}, True) for k in range(kcount[i])]
+            for o, v, f in rows:
+                note = "" if f else ("misses the deadline" if now + v["finish"] > lf[i] else "over price cap or budget")
+                opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
+                                     v["dollars"], v["energy"], v["carbon"], v["score"] if f else NAN, f, note)
+                options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o}, now + v["finish"]))
+        _choose(cy, job, targets, options, ahead, budgets)
+
+
+def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, onprem_cols, fits: list,
+                  latest_finish: np.ndarray) -> None:
+    """Vectorised :func:`_choose` for a batch of one shape: same rules, same records.
+
+    Jobs here do not preempt and have no budget; those that fit now had their nodes
+    set aside when they were examined, so each one's choice is independent of the
+    others'. Rows with a whole-ranking cloud fallback (``cloud_extra``) are left to
+    :func:`_choose`.
+    """
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    n = len(jobs)
+    T = len(on)
+    if onprem_cols:
+        S_on = np.stack([c["score"] for c in onprem_cols], axis=1)
+        F_on = np.stack([c["feasible"] for c in onprem_cols], axis=1)
+        fin_on = np.stack([c["finish"] for c in onprem_cols], axis=1)
+        kind_on = np.stack([c["kind"] for c in onprem_cols], axis=1)
+    else:  # no pool can hold this shape: only cloud columns
+        S_on, fin_on = np.empty((n, 0)), np.empty((n, 0))
+        F_on, kind_on = np.empty((n, 0), dtype=bool), np.empty((n, 0), dtype=np.int64)
+    if cl:
+        clf, cl_offer, kcount = cl
+        C = N_ALTERNATIVES + 1
+        kmask = np.arange(C)[None, :] < np.array(kcount)[:, None]
+        S_cl = np.where(kmask, np.array(clf["score"]), INF)
+        fin_cl = np.where(kmask, now + np.array(clf["finish"]), INF)
+        committed = np.array([j.committed_pool is not None for j in jobs])
+        recheck = committed & kmask.any(axis=1)
+        F_on = F_on & ~(recheck[:, None] & (kind_on == _WAIT))
+        F = np.concatenate([F_on, kmask], axis=1)
+        S = np.concatenate([S_on, S_cl], axis=1)
+        fin = np.concatenate([fin_on, fin_cl], axis=1)
+        considered = np.concatenate([np.ones_like(F_on), kmask], axis=1)
+        cf = (fin_cl - now).min(axis=1)
+    else:
+        F, S, fin, considered = F_on, S_on, fin_on, np.ones_like(F_on)
+        cf = np.full(n, INF)
+    key = np.where(F, S, np.where(considered, 1e15 + fin, INF))
+    order = np.argsort(key, axis=1, kind="stable")[:, :N_ALTERNATIVES + 1]
+    okey = np.take_along_axis(key, order, axis=1)
+    order_l, okey_l = order.tolist(), okey.tolist()
+    # review of a waiting job: when the cloud must be chosen to still meet the deadline (see _choose)
+    review_l = np.where(cf < INF, np.maximum(latest_finish - cf - (cfg.review_margin_s + 0.2 * cf),
+                                             now + cfg.min_review_s), INF).tolist()
+    pool_names = [p.name for p in ctx.pools]
+    lf = latest_finish.tolist()
+
+    offer_ids = ctx.offer_ids
+    if cl:
+        c_delay, c_run, c_usd, c_kwh, c_kg, c_score = (clf[k] for k in ("delay", "runtime", "dollars", "energy",
+                                                                          "carbon", "score"))
+
+    F_l = F.tolist()
+
+    def option(i: int, c: int):
+        if c < T:
+            p, t, pname, ti, st, rt, dl, en, cb, sc, fe, kd, wt = on[c]
+            s_, r_ = st[i], rt[i]
+            f = F_l[i][c]
+            kind = _KIND_NAMES[kd[i]]
+            if fe[i] and f:
+                note = _NOTES[kind]  # the wait and start are in the record's fields
+            elif fe[i]:
+                note = "already waited; the cloud can still meet the deadline"
+            else:
+                note = ("misses the deadline" if s_ + r_ > lf[i]
+                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+            return OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f,
+                                  note), (p, t, kind, wt[i], ti)
+        k = c - T
+        o = cl_offer[i][k]
+        d = c_delay[i][k]
+        return OptionEstimate("cloud", offer_ids[o], now + d, d, c_run[i][k], c_usd[i][k], c_kwh[i][k], c_kg[i][k],
+                              c_score[i][k], True, ""), o
+
+    def alternatives(i: int) -> list[OptionEstimate]:
+        """The best rejected options of job ``i``, in order (built when the record is read)."""
+        out = []
+        for c, kv in zip(order_l[i][1:], okey_l[i][1:]):
+            if kv >= INF:  # keys are sorted: the rest were not considered
+                break
+            out.append(option(i, c)[0])
+        return out
+
+    for i, job in enumerate(jobs):
+        if i in cloud_extra:
+            continue
+        c0 = order_l[i][0]
+        best, how = option(i, c0)
+        alts = LazyOptions(alternatives, i)
+        if c0 >= T:
+            cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=best, offer_index=how,
+                                         alternatives=alts, reason="best score: cloud"))
+            continue
+        p, t, kind, wait, ti = how
+        if kind == "now":
+            cy.start(job, p, t, fits[i][ti], option=best, alternatives=alts, reason="best score: on-prem now")
+        elif kind == "defer":
+            cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=best, pool=ctx.pools[p].name,
+                                         not_before=best.start_s, alternatives=alts, reason=best.note))
+        else:  # wait; review as in _choose
+            review = review_l[i] if review_l[i] < INF else now + max(wait, cfg.min_review_s)
+            cy.decisions.append(Decision(job.job_id, DecisionKind.wait, best, pool_names[p], None, (), review, (),
+                                         alts, best.note))
+
+
+def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> None:
+    """Pick the best option of one job and record the decision with its alternatives."""
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    if not options:
+        if targets:
+            p = targets[0][0]
+            cy.decisions.append(_decision(job.job_id, DecisionKind.wait, pool=ctx.pools[p].name,
+                                          not_before=now + 3600.0, reason="no cloud offer available now"))
+        return
+    feasible_opts = [o for o in options if o[1] == 0]
+    if job.committed_pool is not None and any(o[2].kind == "cloud" for o in feasible_opts):
+        # it already waited once and was reviewed: waiting again (the estimate proved
+        # optimistic) would risk the deadline, so only starting now or the cloud remain
+        feasible_opts = [o for o in feasible_opts if not (o[2].kind == "onprem" and o[3].get("kind") == "wait")]
+    if feasible_opts:
+        best = min(feasible_opts, key=lambda o: (o[0], o[2].target))
+    else:  # every option misses the deadline: minimise lateness
+        best = min(options, key=lambda o: (o[4], o[2].target))
+    alts = tuple(o[2] for o in sorted(options, key=lambda o: (o[1], o[0], o[4])) if o is not best)[:N_ALTERNATIVES]
+    opt, how = best[2], best[3]
+
+    # --- preemption for higher-priority jobs that would otherwise wait or go to the cloud
+    if (cfg.preemption and job.priority >= 2 and targets and not (opt.kind == "onprem" and how.get("kind") == "now")):
+        if _try_preempt(cy, job, targets, opt, alts):
+            return
+
+    if "offer" in how:
+        o = how["offer"]
+        if job.team in budgets:
+            budgets[job.team] -= opt.dollars_usd
+        cy.decisions.append(_decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
+                                      alternatives=alts, reason="best score: cloud"))
+        return
+    p, t = how["p"], how["t"]
+    if job.team in budgets:
+        budgets[job.team] -= opt.dollars_usd
+    if how["kind"] == "now":
+        cy.start(job, p, t, how["nodes"], option=opt, alternatives=alts, reason="best score: on-prem now")
+    elif how["kind"] == "defer":
+        cy.decisions.append(_decision(job.job_id, DecisionKind.defer, option=opt, pool=ctx.pools[p].name,
+                                      not_before=opt.start_s, alternatives=alts, reason=opt.note))
+    else:
+        # Look again when the cloud must be chosen to still meet the deadline (with a margin
+        # for spot rework and capacity), or after the expected wait if there is no cloud
+        # option. Starting on-prem needs no review: the queue pass starts the job as soon
+        # as it fits. (The queue ahead is fixed for the cycle: jobs decided in one cycle
+        # do not see each other's waits; the review bounds the optimism.)
+        cloud_finish = min((o[4] - now for o in options if o[2].kind == "cloud"), default=None)
+        if cloud_finish is not None:
+            margin = cfg.review_margin_s + 0.2 * cloud_finish
+            review = max(job.deadline_s - cfg.deadline_margin_s - cloud_finish - margin, now + cfg.min_review_s)
+        else:
+            review = now + max(how["wait"], cfg.min_review_s)
+        cy.decisions.append(_decision(job.job_id, DecisionKind.wait, option=opt, pool=ctx.pools[p].name,
+                                      not_before=review, alternatives=alts, reason=opt.note))
+
+
+def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, alts) -> bool:
+    """Preempt lower-priority preemptible on-prem jobs if that scores better than ``best_opt``.
+
+    Only single-node jobs are placed by preemption. Victims: strictly lower priority
+    class, preemptible, running for at least ``min_run_before_preempt_s`` (hysteresis:
+    a job can never preempt its preemptor back). Cost: the victims' lost work since
+    their last checkpoint plus the restart overhead, at the pool's cost per GPU-hour.
+    """
+    ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
+    if job.nodes != 1:
+        return False
+    for p, t in targets:
+        pool = ctx.pools[p]
+        ix = cy.index[p]
+        by_node: dict[int, list] = {}
+        for r in cy.snap.running:
+            if (r.pool != p or not r.preemptible or r.priority >= job.priority
+                    or now - r.started_s < cfg.min_run_before_preempt_s):
+                continue
+            if any(r.job_id in d.victims for d in cy.decisions if d.kind == DecisionKind.preempt):
+                continue
+            for node, g in r.allocation:
+                by_node.setdefault(node, []).append((r, g))
+        best = None
+        for node, lst in by_node.items():
+            if ix.gpu_types[node] != t or ix.mem[node] < job.min_mem_gb:
+                continue
+            free = int(ix.free[node])
+            lst = sorted(lst, key=lambda x: (now - x[0].started_s) % x[0].checkpoint_interval_s)
+            victims, lost_gpu_s = [], 0.0
+            for r, g in lst:
+                if free >= job.gpus_per_node:
+                    break
+                since_ckpt = (now - r.started_s) % r.checkpoint_interval_s if r.checkpointable else now - r.started_s
+                lost_gpu_s += g * (since_ckpt + cfg.restart_overhead_s)
+                victims.append((r, g))
+                free += g
+            if free >= job.gpus_per_node and victims:
+                # lost GPU-hours re-done later, at the amortised rate plus energy at today's price
+                price_now = ctx.pool_price_now(p, now)
+                cost = lost_gpu_s / 3600.0 * (pool.amortised_usd_per_gpu_hour
+                                              + ctx.gpus.busy_kw[t] * pool.pue * price_now / 1000.0)
+                if best is None or cost < best[0]:
+                    best = (cost, node, victims)
+        if best is None:
+            continue
+        cost, node, victims = best
+        r_, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, t, job, now)
+        dollars = e_cost + amort
+        score = e_cost + (amort if ctx.amortised_in_score() else 0.0) + cost + cfg.carbon_price_usd_per_tonne / 1000.0 * carbon
+        if not (score < (best_opt.score if best_opt.feasible else INF)):
+            continue
+        for r, g in victims:
+            for n2, g2 in r.allocation:
+                ix.give(n2, g2)
+        ix.take([node], job.gpus_per_node)
+        bisect.insort(cy.releases(p), (now + r_, node, job.gpus_per_node))
+        opt = _option(kind="onprem", target=pool.name, start_s=now, wait_s=0.0, runtime_s=r_, dollars_usd=dollars + cost,
+                      energy_kwh=energy, carbon_kg=carbon, score=score, note=f"preempts {len(victims)} job(s)")
+        cy.decisions.append(_decision(job.job_id, DecisionKind.preempt, option=opt, pool=pool.name,
+                                      allocation=((node, job.gpus_per_node),),
+                                      victims=tuple(r.job_id for r, _ in victims), alternatives=(best_opt,) + tuple(alts),
+                                      reason=f"preemption costs ${cost:.2f} in lost work, less than the best alternative"))
+        return True
+    return False
+
+

@@ -1,0 +1,770 @@
+"""The HTTP API of the live broker (FastAPI); OpenAPI at ``/openapi.json``, docs at ``/docs``.
+
+Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <token>``)::
+
+    GET  /healthz                      no auth; {"status": "ok", "database": "ok", "redis": "ok"} or 503
+    POST /v1/jobs                      SubmitRequest -> 201 JobView (200: idempotent replay)
+    POST /v1/jobs:batch                BatchRequest (1-1000 items) -> 200 BatchResponse (per-item 201/200/403/409/422)
+    GET  /v1/jobs?team=&state=&limit=&offset=   -> list[JobView], newest first
+    GET  /v1/jobs/{job_id}             -> JobView
+    POST /v1/jobs/{job_id}/cancel      -> JobView
+    GET  /v1/jobs/{job_id}/logs?attempt=&rank=  -> LogsView
+    GET  /v1/jobs/{job_id}/explain     -> ExplainView
+    GET  /v1/nodes                     -> list[NodeView]
+    POST   /v1/schedules               ScheduleRequest -> 201 ScheduleView (409: name taken)
+    GET    /v1/schedules?team=         -> list[ScheduleView], by team then name
+    GET    /v1/schedules/{schedule_id} -> ScheduleView
+    POST   /v1/schedules/{schedule_id}/pause   -> ScheduleView (enabled false: creates no jobs)
+    POST   /v1/schedules/{schedule_id}/resume  -> ScheduleView (next fire after now; missed fires skipped)
+    DELETE /v1/schedules/{schedule_id} -> 204 (jobs it created stay)
+    GET  /v1/tokens?team=&include_revoked=      -> list[TokenView]     (broker.service.api_tokens)
+    POST /v1/tokens                    TokenCreateRequest -> 201 CreatedToken (the secret, once)
+    POST /v1/tokens/{token_id}/revoke  -> TokenView
+    POST /v1/tokens/{token_id}/rotate  TokenRotateRequest (optional) -> CreatedToken
+    GET  /v1/audit?since=&action=&limit=        -> list[AuditEventView], newest first (admin)
+    /v1/node/...                       node agents only, with a node token (:mod:`broker.service.node_api`)
+
+Who sees what: a team token sees, cancels and reads the logs/explain record of its own
+team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
+another team's job or schedule answers 404 exactly like a missing one (existence is not
+leaked). An admin token (``fedbroker tokens create --admin``, or ``settings.admin_token_sha256``)
+sees every team. Token kinds (:mod:`broker.service.tokens`): a ``read-only`` token gets 403 on every
+method but GET; a ``node`` token gets 403 on every job and schedule route; only ``admin`` and
+``team-admin`` tokens manage tokens; an expired token answers 401 ``token expired``. Every
+submit, cancel, schedule change and token operation is audited with its actor.
+
+Schedules: the reconciler submits the schedule's spec as a job at every fire of its cron
+(read in the schedule's time zone, DST rules in :mod:`broker.recurring`), with the
+idempotency key ``schedule:<id>:<fire instant>``, so a fire creates one job however many
+beats see it. A schedule's spec holds no absolute instants (``deadline``,
+``earliest_start``/``not_before``, ``not_after``: 422 naming the field); each run's deadline
+is its fire instant + ``estimated_duration_s`` + ``slack_s``.
+
+Limits (:mod:`broker.service.limits`, ``settings.quotas``): submits (``POST /v1/jobs``, each new item of a
+batch, ``POST /v1/schedules``) over the team's rate, and new jobs over its queued-jobs quota, answer
+429 with ``Retry-After`` (seconds) and ``{"detail", "limit", "retry_after_s"}``; an idempotent replay
+of an existing job is never refused. Authenticated tokens are cached per process for
+``settings.api_token_cache_s`` seconds (:mod:`broker.service.auth_cache`): a revoked token works that much longer.
+
+Errors are ``{"detail": message}`` (401, 403, 404, 409, 503) or, for 422, FastAPI's
+list ``{"detail": [{"loc": [...], "msg": ..., "type": ..., "input": ...}]}`` where
+``msg`` starts with the dotted field name and, where one exists, the offending value
+(``"spec.gpus_per_node=-1: Input should be greater than or equal to 1"``). Nothing is
+stored when a request is rejected.
+"""
+
+import logging
+import math
+import re
+import secrets
+from datetime import datetime, timezone
+from typing import Annotated, Any, Callable
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+from sqlalchemy import text
+
+from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, TEAM_RE, JobSpec
+from broker.service.node_api import node_router
+from broker.service.auth_cache import TokenCache
+from broker.batch import BatchItemResult, BatchRequest, BatchResponse
+from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
+from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
+                            SubmitRequest)
+from broker.service.settings import BrokerSettings
+from broker.states import JobState
+from broker.service.store import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
+                          ScheduleConflict, ScheduleNotFound, hash_token)
+from broker.service.tokens import InvalidToken, TokenExpired
+from broker.service.tokens import authenticate as authenticate_token
+
+__all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
+
+log = logging.getLogger(__name__)
+
+#: the format of job ids in paths; anything else is answered 404 without a database query
+JOB_ID_RE = re.compile(JOB_ID_PATTERN)
+#: the format of schedule ids in paths; anything else is answered 404 without a database query
+SCHEDULE_ID_RE = re.compile(r"^sch-[0-9a-f]{16}$")
+#: the team of the ``settings.admin_token`` / ``admin_token_sha256`` principal
+ADMIN_TEAM = "admin"
+#: the actor token id of that principal in the audit log
+SETTINGS_ADMIN_ID = "settings-admin"
+#: how the node agent's last log chunk starts when it stopped shipping at ``log_max_bytes`` (workers/agent.py)
+_TRUNCATED_MARK = "\n[fedbroker: log truncated at "
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: `fedbroker tokens create --team T`.")
+_ERRORS = {401: {"model": ErrorBody, "description": "missing, unknown, revoked or expired token"},
+           403: {"model": ErrorBody, "description": "this token's kind may not use this route (read-only: GET only; "
+                                                    "node: no job or schedule route)"},
+           404: {"model": ErrorBody, "description": "no such job visible to the caller"}}
+_LIMITED = {429: {"model": LimitBody, "description": "the team's submit rate or queued-jobs quota is exceeded; "
+                                                     "retry after the Retry-After header's seconds"}}
+_SCHEDULE_ERRORS = {401: _ERRORS[401], 403: _ERRORS[403],
+                    404: {"model": ErrorBody, "description": "no such schedule visible to the caller"}}
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _unprocessable(field: str, value: Any, msg: str, where: str = "body") -> RequestValidationError:
+    """A 422 in FastAPI's shape for a check done in the endpoint (``field`` dotted, under ``where``).
+    ``msg`` is prefixed with ``field=value: `` unless it already starts with ``field=``."""
+    loc = (where, *field.split("."))
+    full = msg if msg.startswith(f"{field}=") else f"{field}={_short(value)}: {msg}"
+    return RequestValidationError([{"type": "value_error", "loc": loc, "input": value, "msg": full}])
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    r = repr(value.isoformat() if isinstance(value, datetime) else value)
+    return r if len(r) <= limit else r[:limit] + "...'"
+
+
+#: the integer form fields of an instance report, digits only (``int()`` would also take " 2", "+2", "2_0");
+#: an exit code may be negative (a signal)
+_UINT = re.compile(r"[0-9]{1,19}", re.ASCII)
+_INT = re.compile(r"-?[0-9]{1,19}", re.ASCII)
+#: exit codes, attempts and ranks are stored as 32-bit integers
+_INT32_MAX = INT32_MAX
+
+#: the largest ``offset`` of ``GET /v1/jobs`` (page with filters beyond it); larger ones overflowed BIGINT (500)
+MAX_OFFSET = 10_000_000
+#: the largest node rank (``JobSpec.nodes`` is at most 1024)
+MAX_RANK = MAX_NODES - 1
+#: the constraints of a ``team`` query parameter: those of ``JobSpec.team``
+_TEAM_QUERY = {"min_length": 1, "max_length": 63, "pattern": TEAM_RE.pattern}
+
+
+def _state_enum(schema: dict) -> None:
+    """State the job states as the enum of the ``state`` query parameter's items (the endpoint checks them)."""
+    for variant in schema.get("anyOf", [schema]):
+        if variant.get("type") == "array":
+            variant["items"] = {"type": "string", "enum": [s.value for s in JobState]}
+
+
+#: a message that already starts with a field name and its value, e.g. "command[1]='x': ..."
+_OWN_MSG = re.compile(r"^[a-z_]+(\[\d+\])?(=|: )")
+
+
+def _describe(err: dict) -> dict:
+    """Rewrite one pydantic/FastAPI error so ``msg`` names the dotted field and the offending value."""
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    msg = str(err.get("msg", ""))
+    where = str(loc[0]) if loc else "body"
+    path = [str(x) for x in loc[1:]]
+    field = ".".join(path) if path else where
+    inp = err.get("input")
+    if kind == "json_invalid":
+        reason = (err.get("ctx") or {}).get("error", "JSON decode error")
+        pos = loc[1] if len(loc) > 1 else "?"
+        return {"loc": ["body"], "msg": f"body: not valid JSON ({reason} at character {pos})", "type": kind}
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if msg.startswith((f"{field}=", f"{field}:")):
+        pass  # raised by this module: already "field=value: why"
+    elif where == "body" and not path and isinstance(inp, (bytes, str)):
+        msg = "body: must be a JSON object (send it with Content-Type: application/json)"
+    elif path and msg.startswith(f"{path[-1]}="):
+        # our validators already say "field='value': why"; give the whole dotted path
+        msg = f"{field}{msg[len(path[-1]):]}"
+    elif path and _OWN_MSG.match(msg):
+        # "command[1]='x': why" or "earliest_start=...: why" (a validator naming an item or the
+        # field's own name behind an alias): put the parent's dotted path in front
+        msg = ".".join(path[:-1] + [msg]) if len(path) > 1 else msg
+    elif kind == "missing":
+        msg = f"{field}: {msg}"
+    elif isinstance(inp, (str, int, float, bool)) or inp is None:
+        msg = f"{field}={_short(inp)}: {msg}"
+    else:
+        msg = f"{field}: {msg}"
+    out = {"loc": list(loc), "msg": msg, "type": kind}
+    if _json_scalar(inp):  # echo the value only when it is short and JSON can carry it
+        out["input"] = inp
+    return out
+
+
+def _report_form_schema(events) -> dict:
+    """The JSON schema of ``POST /v1/instances/report``'s form (what the endpoint checks by hand)."""
+    u32 = {"type": "integer", "minimum": 0, "maximum": _INT32_MAX}
+    return {"type": "object", "required": ["job_id", "attempt", "rank", "event", "seq"], "maxProperties": 20,
+            "properties": {
+                "job_id": {"type": "string", "minLength": 1}, "attempt": u32, "rank": u32, "seq": u32,
+                "event": {"type": "string", "enum": list(events)},
+                "exit_code": {"anyOf": [{"type": "integer", "minimum": -_INT32_MAX - 1, "maximum": _INT32_MAX},
+                                        {"type": "string", "maxLength": 0}]},
+                "reason": {"type": "string"}, "log_tail": {"type": "string"}}}
+
+
+def _json(model: Any, status: int = 200, headers: dict | None = None) -> Response:
+    """A JSON response of a pydantic model we built ourselves (validated already), serialised once."""
+    return Response(model.model_dump_json(), status_code=status, headers=headers, media_type="application/json")
+
+
+def _json_scalar(v: Any) -> bool:
+    """True for ``None``, bools, ints, finite floats and short valid-UTF-8 strings."""
+    if v is None or isinstance(v, (bool, int)):
+        return True
+    if isinstance(v, float):
+        return math.isfinite(v)
+    if isinstance(v, str) and len(v) <= 200:
+        try:
+            v.encode("utf-8")
+            return True
+        except UnicodeEncodeError:
+            return False
+    return False
+
+
+def create_app(store: JobStore, settings: BrokerSettings | None = None,
+               on_submit: Callable[[str], None] | None = None, cloud=None, redis=None,
+               rate_limiter: RateLimiter | None = None) -> FastAPI:
+    """The API application over ``store``.
+
+    Args:
+        store: the job store (migrated).
+        settings: ``admin_token_sha256`` (the digest of an always-valid admin token, team ``"admin"``;
+            the deprecated plaintext ``admin_token`` too, with a warning), ``token_ttl_days`` (default
+            lifetime of tokens made over the API) and ``log_max_bytes`` (a log at the cap is reported
+            ``truncated``) are read from it; ``None`` = the field defaults (no admin token; the
+            environment is not read).
+        on_submit: called with the new job's id after a job is stored (the live broker wakes
+            the planner with it); an exception from it is logged and never fails the request.
+            Also called after an instance report that ended a cloud attempt, and after a node
+            agent's report moved a job out of ``starting``/``running`` (:mod:`broker.service.node_api`).
+        cloud: a :class:`broker.service.cloud.CloudBroker` to take cloud instances' reports
+            (``POST /v1/instances/report``); ``None`` = the endpoint answers 404.
+        redis: a client with ``ping()`` (``redis.Redis``, short socket timeouts) that ``/healthz`` checks
+            (the planner's queue); ``None`` = ``/healthz`` checks the database only and has no ``redis`` key.
+        rate_limiter: the per-team submit rate limit (:class:`broker.service.limits.RateLimiter`, Redis);
+            ``None`` = no rate limit. The queued-jobs quota (``settings.quotas``) is enforced either way.
+    """
+    settings = settings or BrokerSettings.model_construct()
+    app = FastAPI(title="fedbroker", version="1",
+                  description="Submit GPU training jobs and see where, when and why they run.")
+    app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    tokens: TokenCache[Principal] = TokenCache(settings.api_token_cache_s)
+    app.state.token_cache = tokens
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": [_describe(e) for e in exc.errors()]}, status_code=422)
+
+    @app.exception_handler(JobNotFound)
+    @app.exception_handler(ScheduleNotFound)
+    async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(LimitExceeded)
+    async def _limited(request: Request, exc: LimitExceeded) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(IdempotencyConflict)
+    @app.exception_handler(NotCancellable)
+    @app.exception_handler(ScheduleConflict)
+    async def _conflict(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    if settings.admin_token:
+        log.warning("settings.admin_token is deprecated: a plaintext admin token in the settings never expires "
+                    "and is readable by every process holding them; set admin_token_sha256 (its SHA-256) or "
+                    "bootstrap a stored admin token (`fedbroker tokens create --team ops --admin`)")
+
+    # ------------------------------------------------------------------ dependencies
+    def principal(request: Request,
+                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+        """The caller, from ``Authorization: Bearer <token>``; 401 if missing, unknown, revoked or expired;
+        403 when the token's kind may not use this route (read-only: GET only; node: no job or schedule route)."""
+        if creds is None or not creds.credentials:
+            raise HTTPException(401, "missing token: send 'Authorization: Bearer <token>' "
+                                     "(create one with `fedbroker tokens create --team T`)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        token = creds.credentials
+        if settings.admin_token and secrets.compare_digest(token.encode(), settings.admin_token.encode()):
+            return Principal(ADMIN_TEAM, kind="admin", token_id=SETTINGS_ADMIN_ID)
+        key = hash_token(token)
+        if settings.admin_token_sha256 and secrets.compare_digest(key, settings.admin_token_sha256):
+            return Principal(ADMIN_TEAM, kind="admin", token_id=SETTINGS_ADMIN_ID)
+        who = tokens.get(key)  # a token authenticated in the last api_token_cache_s seconds (and not expired since)
+        if who is not None and who.expires_at is not None and who.expires_at <= _utcnow():
+            tokens.discard(key)
+            who = None
+        if who is None:
+            try:
+                who = authenticate_token(store, token)
+            except InvalidToken as e:
+                raise HTTPException(401, "token expired" if isinstance(e, TokenExpired) else "unknown or revoked token",
+                                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
+            tokens.put(key, who)
+        path = request.url.path
+        if who.kind == "read-only" and request.method not in ("GET", "HEAD"):
+            raise HTTPException(403, f"{request.method} {path}: a read-only token may only read (GET)")
+        if who.kind == "node":
+            raise HTTPException(403, f"{path}: a node token (node {who.node!r}) may only call the node API (/v1/node/...)")
+        return who
+
+    Caller = Annotated[Principal, Depends(principal)]
+
+    def visible_job(job_id: str, who: Caller) -> JobView:
+        """The job ``job_id`` if the caller may see it; 404 otherwise (also for a malformed id)."""
+        if not JOB_ID_RE.match(job_id):
+            raise HTTPException(404, f"job_id={job_id!r}: no such job (ids look like job-0123456789abcdef)")
+        return store.get(job_id, None if who.admin else who.team)
+
+    Job = Annotated[JobView, Depends(visible_job)]
+
+    def visible_schedule(schedule_id: str, who: Caller) -> ScheduleView:
+        """The schedule ``schedule_id`` if the caller may see it; 404 otherwise (also for a malformed id)."""
+        if not SCHEDULE_ID_RE.match(schedule_id):
+            raise HTTPException(404, f"schedule_id={schedule_id!r}: no such schedule "
+                                     f"(ids look like sch-0123456789abcdef)")
+        return store.get_schedule(schedule_id, None if who.admin else who.team)
+
+    Sched = Annotated[ScheduleView, Depends(visible_schedule)]
+
+    def owner_team(spec: JobSpec, who: Principal) -> str:
+        """The team a job (or schedule) of ``spec`` belongs to: the caller's; an admin may name
+        any ``spec.team``. 403 when a team token names another team."""
+        if who.admin:
+            return spec.team if "team" in spec.model_fields_set else who.team
+        if spec.team not in ("default", who.team):
+            raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
+        return who.team
+
+    app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.service.node_api)
+
+    def charge(team: str, n: int, replays: Callable[[], bool] | None = None) -> None:
+        """Take ``n`` submits from ``team``'s rate limit; 429 (:class:`RateLimitExceeded`) when refused,
+        unless ``replays()`` says the request only repeats existing jobs (never refused)."""
+        if rate_limiter is None:
+            return
+        try:
+            rate_limiter.charge(team, n)
+        except LimitExceeded:
+            if replays is not None and replays():
+                return
+            raise
+
+    def quota_of(team: str) -> int | None:
+        """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
+        return settings.quotas.for_team(team).max_queued_jobs
+
+    # ------------------------------------------------------------------ health
+    @app.get("/healthz", tags=["health"],
+             responses={503: {"model": ErrorBody, "description": "the database or Redis is down (named)"}})
+    def healthz() -> dict:
+        """Liveness, a database round trip and a Redis ``PING``: ``{"status": "ok", "database": "ok",
+        "redis": "ok"}``; 503 ``{"status": "degraded", "database": ..., "redis": ..., "detail": ...}`` naming
+        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one."""
+        out: dict[str, str] = {"status": "ok", "database": "ok"}
+        down = []
+        try:
+            with store.engine.connect() as c:
+                c.execute(text("SELECT 1"))
+        except Exception as e:  # any driver error means the same thing here
+            log.warning("healthz: database check failed: %s", e)
+            out["database"] = "unavailable"
+            down.append(f"database unavailable: {type(e).__name__}")
+        if redis is not None:
+            out["redis"] = "ok"
+            try:
+                redis.ping()
+            except Exception as e:  # connection refused, timeout, auth: the queue is unusable
+                log.warning("healthz: redis check failed: %s", type(e).__name__)
+                out["redis"] = "unavailable"
+                down.append(f"redis unavailable: {type(e).__name__}")
+        if down:
+            return JSONResponse({**out, "status": "degraded", "detail": "; ".join(down)}, status_code=503)
+        return out
+
+    # ------------------------------------------------------------------ jobs
+    @app.post("/v1/jobs", status_code=201, response_model=JobView, tags=["jobs"],
+              responses={**_ERRORS, 200: {"model": JobView, "description": "idempotent replay: the existing job"},
+                         403: {"model": ErrorBody, "description": "spec.team is another team"},
+                         409: {"model": ErrorBody, "description": "idempotency key used with another spec"},
+                         **_LIMITED})
+    def submit(body: SubmitRequest, response: Response, who: Caller,
+               idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, pattern=r"^[\x21-\x7e]+$",
+                                                                    max_length=200)] = None) -> JobView:
+        """Store a job in state ``submitted`` for the planner.
+
+        The job's team is the caller's (an admin may name any ``spec.team``). With an
+        idempotency key (body ``idempotency_key`` or header ``Idempotency-Key``) a repeat
+        of the same spec returns the first job with 200; the same key with another spec is 409.
+        422 for a ``deadline`` not after now or a ``not_after`` in the past; 429 (``Retry-After``)
+        over the team's submit rate or queued-jobs quota, except for a replay of an existing job.
+        """
+        spec = body.spec
+        key = body.idempotency_key
+        if idempotency_key_header is not None:
+            if key is not None and key != idempotency_key_header:
+                raise _unprocessable("idempotency_key", key,
+                                     f"differs from the Idempotency-Key header {idempotency_key_header!r}")
+            key = idempotency_key_header
+        team = owner_team(spec, who)
+        now = _utcnow()
+        late = None
+        if spec.deadline is not None and spec.deadline <= now:
+            late = _unprocessable("spec.deadline", spec.deadline, f"must be after now ({now.isoformat(timespec='seconds')})")
+        elif spec.not_after is not None and spec.not_after < now:
+            late = _unprocessable("spec.not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
+        if late is not None:
+            # a retry of a submit that was stored before its deadline passed answers the first job
+            existing = store.find_idempotent(team, key, spec) if key is not None else None
+            if existing is None:
+                raise late
+            response.status_code = 200
+            return existing
+        charge(team, 1, (lambda: store.find_idempotent(team, key, spec) is not None) if key is not None else None)
+        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after,
+                                    actor=who, max_unfinished=quota_of(team),
+                                    quota_retry_after_s=settings.quotas.quota_retry_after_s)
+        if created and on_submit is not None:
+            try:
+                on_submit(job.id)
+            except Exception:
+                log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
+        # the view was built from the validated spec: serialise it directly (FastAPI would dump,
+        # re-validate and dump it again, a third of a submit's CPU)
+        return _json(job, 201 if created else 200, {"Location": f"/v1/jobs/{job.id}"} if created else None)
+
+    @app.post("/v1/jobs:batch", response_model=BatchResponse, tags=["jobs"],
+              responses={401: _ERRORS[401], **_LIMITED})
+    def submit_batch(body: BatchRequest, who: Caller) -> BatchResponse:
+        """Submit 1-1000 jobs in one request (sweeps); each item is what ``POST /v1/jobs`` takes
+        (``{"spec", "idempotency_key"}``) and gets its own result, in order (:mod:`broker.batch`):
+        201 created, 200 an existing job (idempotent replay, also of an earlier item with the same key),
+        403 another team's ``spec.team``, 409 key used with another spec, 422 invalid (errors name
+        ``items.<i>.<field>``). A bad item does not stop the others. The new jobs are stored in one
+        transaction; 429 for the whole batch (nothing stored) when they exceed the team's submit rate
+        (one token per new job) or queued-jobs quota. All items must belong to one team."""
+        now = _utcnow()
+        results: list[BatchItemResult | None] = [None] * len(body.items)
+        accepted: list[tuple[int, JobSpec, str | None]] = []
+        team: str | None = None
+        for i, raw in enumerate(body.items):
+            try:
+                item = SubmitRequest.model_validate(raw)
+            except ValidationError as e:
+                results[i] = BatchItemResult(index=i, status=422, detail=[
+                    _describe({**err, "loc": ("body", "items", i, *err.get("loc", ()))}) for err in e.errors()])
+                continue
+            spec = item.spec
+            try:
+                t = owner_team(spec, who)
+            except HTTPException as e:
+                results[i] = BatchItemResult(index=i, status=e.status_code, detail=e.detail)
+                continue
+            if team is None:
+                team = t
+            elif t != team:
+                results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
+                    "type": "value_error", "loc": ("body", "items", i, "spec", "team"), "input": t,
+                    "msg": f"items.{i}.spec.team={t!r}: a batch holds one team's jobs (earlier items: {team!r})"})])
+                continue
+            if spec.deadline is not None and spec.deadline <= now:
+                late = ("deadline", spec.deadline, f"must be after now ({now.isoformat(timespec='seconds')})")
+            elif spec.not_after is not None and spec.not_after < now:
+                late = ("not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
+            else:
+                late = None
+            if late is not None:
+                existing = None
+                if item.idempotency_key is not None:
+                    try:
+                        existing = store.find_idempotent(t, item.idempotency_key, spec)
+                    except IdempotencyConflict as e:
+                        results[i] = BatchItemResult(index=i, status=409, detail=str(e))
+                        continue
+                if existing is not None:
+                    results[i] = BatchItemResult(index=i, status=200, job=existing)
+                else:
+                    f, v, why = late
+                    results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
+                        "type": "value_error", "loc": ("body", "items", i, "spec", f), "input": v,
+                        "msg": f"items.{i}.spec.{f}={_short(v)}: {why}"})])
+                continue
+            accepted.append((i, spec, item.idempotency_key))
+        if accepted:
+            assert team is not None
+            keyed = [(sp, k) for _, sp, k in accepted if k is not None]
+
+            def only_replays() -> bool:
+                return len(keyed) == len(accepted) and all(
+                    store.find_idempotent(team, k, sp) is not None for sp, k in keyed)
+
+            charge(team, len(accepted), only_replays)
+            out = store.submit_many(team, [(sp, k, sp.not_after) for _, sp, k in accepted], now=now,
+                                    actor=who, max_unfinished=quota_of(team),
+                                    quota_retry_after_s=settings.quotas.quota_retry_after_s)
+            first_new = None
+            for (i, _, _), r in zip(accepted, out):
+                if isinstance(r, IdempotencyConflict):
+                    results[i] = BatchItemResult(index=i, status=409, detail=str(r))
+                    continue
+                job, created = r
+                results[i] = BatchItemResult(index=i, status=201 if created else 200, job=job)
+                if created and first_new is None:
+                    first_new = job.id
+            if first_new is not None and on_submit is not None:
+                try:  # one wake-up of the planner per batch
+                    on_submit(first_new)
+                except Exception:
+                    log.exception("on_submit(%s) failed; the jobs are stored and the next planner tick sees them",
+                                  first_new)
+        done = [r for r in results if r is not None]
+        return _json(BatchResponse(results=done, created=sum(r.status == 201 for r in done),
+                                   existing=sum(r.status == 200 for r in done),
+                                   failed=sum(r.status >= 400 for r in done)))
+
+    @app.get("/v1/jobs", response_model=list[JobView], tags=["jobs"],
+             responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs"}})
+    def list_jobs(who: Caller,
+                  team: Annotated[str | None, Query(description="Only this team (default: yours; admins: all)",
+                                                    **_TEAM_QUERY)] = None,
+                  state: Annotated[list[str] | None, Query(
+                      description="Only these states (repeat the parameter)", max_length=len(JobState),
+                      json_schema_extra=_state_enum)] = None,
+                  limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                  offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0
+                  ) -> list[JobView]:
+        """Jobs newest first. A team token may only ask for its own team (403 otherwise)."""
+        known = [s.value for s in JobState]
+        for s in state or ():
+            if s not in known:
+                raise _unprocessable("state", s, f"not a job state (one of {', '.join(known)})", where="query")
+        if not who.admin:
+            if team is not None and team != who.team:
+                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
+            team = who.team
+        return store.list_jobs(team=team, states=state or None, limit=limit, offset=offset)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_ERRORS)
+    def get_job(job: Job) -> JobView:
+        """One job."""
+        return job
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"],
+              responses={**_ERRORS, 409: {"model": ErrorBody, "description": "the job already succeeded or failed"}})
+    def cancel_job(job: Job, who: Caller) -> JobView:
+        """Cancel a job: a waiting job becomes ``cancelled`` now; a running one gets ``cancel_requested``
+        and its agent stops it. Cancelling a cancelled job is a no-op; a finished job answers 409."""
+        return store.request_cancel(job.id, None if who.admin else who.team, actor=who)
+
+    @app.get("/v1/jobs/{job_id}/logs", response_model=LogsView, tags=["jobs"], responses=_ERRORS)
+    def job_logs(job: Job,
+                 attempt: Annotated[int | None, Query(ge=1, le=_INT32_MAX,
+                                                      description="Attempt number (default: the latest)")] = None,
+                 rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="Node rank of a multi-node job")] = 0
+                 ) -> LogsView:
+        """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt);
+        ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for an attempt that does not exist."""
+        if attempt is not None and attempt > job.attempt:
+            raise HTTPException(404, f"attempt={attempt}: job {job.id} has {job.attempt} attempt(s)")
+        n = job.attempt if attempt is None else attempt
+        chunks = store.log_chunks(job.id, n, rank) if n else []
+        text_ = "".join(data for _, data in chunks)
+        # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk
+        truncated = ((bool(chunks) and chunks[-1][1].startswith(_TRUNCATED_MARK))
+                     or len(text_.encode()) >= settings.log_max_bytes)
+        return LogsView(job_id=job.id, attempt=n, rank=rank, text=text_, truncated=truncated)
+
+    @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainView, tags=["jobs"], responses=_ERRORS)
+    def explain_job(job: Job) -> ExplainView:
+        """The planner's latest decision (chosen option and best alternatives, with $, kWh, kgCO2e
+        and wait), the state history and the attempts."""
+        return ExplainView(job=job, decision=store.decision(job.id), events=store.events(job.id),
+                           attempts=store.attempts(job.id))
+
+    # ------------------------------------------------------------------ nodes
+    @app.get("/v1/nodes", response_model=list[NodeView], tags=["nodes"], responses={401: _ERRORS[401]})
+    def list_nodes(who: Caller) -> list[NodeView]:
+        """Every on-prem node as its agent last reported it (any valid token)."""
+        return store.nodes()
+
+    # ------------------------------------------------------------------ cloud instances
+    from broker.service.cloud import REPORT_EVENTS
+
+    @app.post("/v1/instances/report", tags=["instances"], include_in_schema=True,
+              openapi_extra={"requestBody": {"required": True, "content": {
+                  "application/x-www-form-urlencoded": {"schema": _report_form_schema(REPORT_EVENTS)}}}},
+              responses={401: {"model": ErrorBody, "description": "missing report token, or not this rank's"},
+                         404: {"model": ErrorBody, "description": "no cloud provider, or no such instance"},
+                         415: {"model": ErrorBody, "description": "the body is not a form"},
+                         422: {"model": ErrorBody}})
+    async def instance_report(request: Request) -> dict:
+        """A cloud instance reports on its rank of an attempt (sent by the instance's user data, see
+        ``providers.launch.cloud_init``). Form fields (``application/x-www-form-urlencoded``): ``job_id``,
+        ``attempt``, ``rank``, ``event`` (``running`` | ``notice`` | ``exited``), ``exit_code`` (with
+        ``exited``; empty = no code), ``reason``, ``log_tail`` (the last 64 KiB of the container's log),
+        ``seq`` (the rank's report counter, from 1: a report whose ``seq`` is not above the last one taken
+        from the rank is a replay or a retry and answers 200 ``{"outcome": "duplicate"}``, changing nothing;
+        200 rather than 409 so that the instance's retry of a report that was taken ends its retries).
+        ``Authorization: Bearer <token>``: the rank's report token (HMAC of job, attempt and rank), not a
+        team token. ``attempt``, ``rank`` and ``seq`` are digits only, ``exit_code`` digits with an optional ``-``.
+        Returns ``{"outcome": ...}``; 401 without the token, 415 for a body that is not a form (JSON, ...)."""
+        from urllib.parse import parse_qs
+
+        from broker.service.cloud import ReportError
+
+        if cloud is None:
+            raise HTTPException(404, "no cloud provider is configured on this broker")
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token:
+            raise HTTPException(401, "missing token: send 'Authorization: Bearer <the instance's report token>'",
+                                headers={"WWW-Authenticate": "Bearer"})
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/x-www-form-urlencoded":
+            raise HTTPException(415, "body must be application/x-www-form-urlencoded (the form fields job_id, attempt, "
+                                     "rank, event, seq, exit_code, reason, log_tail)")
+        raw = await request.body()
+        try:  # the body itself is ASCII (curl percent-encodes); a value's bytes may be cut mid-character (log_tail)
+            body_text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise HTTPException(422, f"body: {utf8_error(raw, e)}") from None
+        try:
+            form = {k: v[-1] for k, v in parse_qs(body_text, errors="replace",
+                                                 keep_blank_values=True, max_num_fields=20).items()}
+        except ValueError as e:
+            raise HTTPException(422, f"body: not a form ({e})") from None
+        fields: dict[str, Any] = {}
+        for name, pattern in (("job_id", None), ("attempt", _UINT), ("rank", _UINT), ("event", None), ("seq", _UINT)):
+            raw = form.get(name)
+            if raw is None or raw == "":
+                raise _unprocessable(name, raw, "field required")
+            if pattern is None:
+                fields[name] = raw
+            elif not pattern.fullmatch(raw) or int(raw) > _INT32_MAX:
+                raise _unprocessable(name, raw, f"must be an integer in [0, {_INT32_MAX}]")
+            else:
+                fields[name] = int(raw)
+        code_raw = form.get("exit_code", "")
+        if code_raw and (not _INT.fullmatch(code_raw) or not -_INT32_MAX - 1 <= int(code_raw) <= _INT32_MAX):
+            raise _unprocessable("exit_code", code_raw, f"must be empty or an integer in [{-_INT32_MAX - 1}, {_INT32_MAX}]")
+        code = int(code_raw) if code_raw else None
+
+        def take() -> str:
+            if not token or not cloud.check_token(fields["job_id"], fields["attempt"], fields["rank"], token):
+                raise HTTPException(401, "not the report token of this job attempt and rank",
+                                    headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            return cloud.report(fields["job_id"], fields["attempt"], fields["rank"], fields["event"], code,
+                                form.get("reason", "")[:2000], form.get("log_tail", ""), seq=fields["seq"])
+
+        try:
+            outcome = await run_in_threadpool(take)
+        except ReportError as e:
+            if e.status == 422:
+                raise _unprocessable("event", fields["event"], str(e)) from None
+            raise HTTPException(e.status, str(e)) from None
+        if outcome in ("succeeded", "failed", "requeued", "cancelled", "running") and on_submit is not None:
+            try:
+                on_submit(fields["job_id"])
+            except Exception:
+                log.exception("on_submit callback failed after an instance report")
+        return {"outcome": outcome}
+
+    # ------------------------------------------------------------------ schedules
+    @app.post("/v1/schedules", status_code=201, response_model=ScheduleView, tags=["schedules"],
+              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "spec.team is another team"},
+                         409: {"model": ErrorBody, "description": "the team already has a schedule of that name"},
+                         **_LIMITED})
+    def create_schedule(body: ScheduleRequest, response: Response, who: Caller) -> ScheduleView:
+        """Create a recurring run: at every fire of ``cron`` (local time of ``timezone``) the
+        reconciler submits ``spec`` as a job of the caller's team (an admin may name any
+        ``spec.team``). The first fire is the first one after now (``next_fire_at``).
+
+        422 naming the field for a bad ``name``, ``cron`` or ``timezone`` and for absolute
+        instants in the spec (``spec.deadline``, ``spec.earliest_start``/``not_before``,
+        ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name;
+        429 over the team's submit rate (a schedule creation costs one submit).
+        """
+        team = owner_team(body.spec, who)
+        charge(team, 1)
+        try:
+            sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),
+                                          actor=who)
+        except InvalidSchedule as e:
+            raise RequestValidationError([{"type": "value_error", "loc": ("body", *field.split(".")), "input": value,
+                                           "msg": msg} for field, value, msg in e.errors]) from None
+        response.headers["Location"] = f"/v1/schedules/{sched.id}"
+        return sched
+
+    @app.get("/v1/schedules", response_model=list[ScheduleView], tags=["schedules"],
+             responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's schedules"}})
+    def list_schedules(who: Caller, team: Annotated[str | None, Query(
+            description="Only this team (default: yours; admins: all)", **_TEAM_QUERY)] = None) -> list[ScheduleView]:
+        """Schedules by team, then name. A team token may only ask for its own team (403 otherwise)."""
+        if not who.admin:
+            if team is not None and team != who.team:
+                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
+            team = who.team
+        return store.schedules(team)
+
+    @app.get("/v1/schedules/{schedule_id}", response_model=ScheduleView, tags=["schedules"],
+             responses=_SCHEDULE_ERRORS)
+    def get_schedule(sched: Sched) -> ScheduleView:
+        """One schedule."""
+        return sched
+
+    @app.post("/v1/schedules/{schedule_id}/pause", response_model=ScheduleView, tags=["schedules"],
+              responses=_SCHEDULE_ERRORS)
+    def pause_schedule(sched: Sched, who: Caller) -> ScheduleView:
+        """Pause a schedule: it creates no jobs until resumed (``enabled`` false). Pausing a paused one is a no-op."""
+        return store.set_schedule_enabled(sched.id, False, None if who.admin else who.team, now=_utcnow(), actor=who)
+
+    @app.post("/v1/schedules/{schedule_id}/resume", response_model=ScheduleView, tags=["schedules"],
+              responses=_SCHEDULE_ERRORS)
+    def resume_schedule(sched: Sched, who: Caller) -> ScheduleView:
+        """Resume a paused schedule: its next fire is the first one after now; fires missed while
+        paused are skipped. Resuming an enabled schedule is a no-op."""
+        return store.set_schedule_enabled(sched.id, True, None if who.admin else who.team, now=_utcnow(), actor=who)
+
+    @app.delete("/v1/schedules/{schedule_id}", status_code=204, response_class=Response, tags=["schedules"],
+                responses=_SCHEDULE_ERRORS)
+    def delete_schedule(sched: Sched, who: Caller) -> Response:
+        """Delete a schedule (204). The jobs it already created stay, with their ``schedule_id``."""
+        if not store.delete_schedule(sched.id, None if who.admin else who.team, actor=who):
+            raise ScheduleNotFound(f"schedule_id={sched.id!r}: no such schedule"
+                                   + ("" if who.admin else f" for team {who.team!r}"))
+        return Response(status_code=204)
+
+    from broker.service.api_tokens import register as register_token_routes
+
+    register_token_routes(app, store, settings, Caller)
+    return app
+
+
+def app_from_settings() -> FastAPI:
+    """The API for :func:`broker.service.settings.load_settings` (``uvicorn --factory broker.service.api:app_from_settings``).
+
+    Brings the store's schema to the latest migration first (idempotent), so a fresh
+    embedded SQLite trial works without a separate step.
+    """
+    from broker.service.settings import load_settings
+
+    settings = load_settings()
+    store = JobStore.from_settings(settings)
+    store.migrate()
+    cloud = None
+    if settings.cloud_providers:
+        from broker.service.cloud import CloudBroker
+        from broker.service.tasks import send_teardown
+
+        cloud = CloudBroker(store, settings, teardown=send_teardown)
+    return create_app(store, settings, cloud=cloud, redis=redis_client(settings.redis_url),
+                      rate_limiter=RateLimiter.from_settings(settings))
+
+
+def redis_client(url: str):
+    """A ``redis.Redis`` for ``url`` with 1 s connect/read timeouts, for ``/healthz``'s ``PING``."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)

@@ -1,0 +1,77 @@
+"""The Celery application of the live broker (Redis transport).
+
+Queues:
+
+* ``planning`` — ``fedbroker.plan`` (one planning cycle, under the leader lock) and
+  ``fedbroker.reconcile`` (lost nodes, state deadlines, re-dispatch, recurring runs);
+* ``dispatch`` — ``fedbroker.dispatch``: "advance this placed cloud job": hands it to provisioning
+  (on-prem jobs need no message: node agents poll the node API, :mod:`broker.service.node_api`);
+* ``provisioning`` — ``fedbroker.provision`` and ``fedbroker.teardown`` (cloud instances: create calls take
+  seconds, a GCE operation up to ``gcp.operation_timeout_s``; run a worker of its own on this queue in production).
+
+Rules from DESIGN.md §5: every task is short and idempotent; ``acks_late`` with
+prefetch 1, so a task whose worker dies is delivered again; nothing is ever
+parked in ``eta``/``countdown`` (deferred starts are ``jobs.not_before`` in the
+database); results are not kept (``task_ignore_result``; expiry 1 h for any that are).
+The Redis ``visibility_timeout`` is 300 s: tasks take milliseconds, so a message
+unacknowledged for 5 minutes belongs to a dead worker and is delivered again.
+Beat sends ``plan`` every ``plan_interval_s`` and ``reconcile`` every
+``reconcile_interval_s``; two beats running at once are harmless (both tasks are
+idempotent and the planner is fenced).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from broker.service.settings import BrokerSettings, load_settings
+
+__all__ = ["make_celery", "get_app"]
+
+_APP: Celery | None = None
+
+
+def make_celery(settings: BrokerSettings) -> Celery:
+    """A configured Celery app for ``settings`` (tasks from :mod:`broker.service.tasks`)."""
+    app = Celery("fedbroker", broker=settings.redis_url, include=["broker.service.tasks"])
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_expires=3600,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        broker_transport_options={"visibility_timeout": 300},
+        task_default_queue="planning",
+        task_queues=[Queue("planning"), Queue("dispatch"), Queue("provisioning")],
+        task_routes={
+            "fedbroker.plan": {"queue": "planning"},
+            "fedbroker.reconcile": {"queue": "planning"},
+            "fedbroker.dispatch": {"queue": "dispatch"},
+            "fedbroker.provision": {"queue": "provisioning"},
+            "fedbroker.teardown": {"queue": "provisioning"},
+        },
+        beat_schedule={
+            "plan": {"task": "fedbroker.plan", "schedule": settings.plan_interval_s,
+                     "options": {"expires": max(settings.plan_interval_s * 2, 5.0)}},
+            "reconcile": {"task": "fedbroker.reconcile", "schedule": settings.reconcile_interval_s,
+                          "options": {"expires": max(settings.reconcile_interval_s * 2, 10.0)}},
+        },
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    app.fedbroker_settings = settings
+    return app
+
+
+def get_app(settings: BrokerSettings | None = None) -> Celery:
+    """The process-wide app (built from ``settings`` or :func:`load_settings` on first use)."""
+    global _APP
+    if _APP is None or settings is not None:
+        _APP = make_celery(settings or load_settings())
+    return _APP

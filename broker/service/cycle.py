@@ -1,0 +1,841 @@
+"""One live planning cycle: store -> snapshot -> ``plan()`` -> fenced compare-and-set -> dispatches.
+
+:meth:`PlanningCycle.run` does, in order:
+
+1. **Intake** (per-job compare-and-set, safe to repeat): ``submitted`` jobs become
+   ``queued``, or ``deferred`` until their window opens (``not_before``) — for a job
+   with ``window: cheapest|cleanest`` the start is the cheapest/cleanest slot of its
+   window (:func:`broker.planner.windows.best_start`); ``deferred`` jobs whose ``not_before``
+   has come are ``queued`` again; waiting jobs past their ``not_after`` fail. At most
+   ``settings.intake_per_cycle`` jobs a cycle, round-robin across teams (:meth:`PlanningCycle.intake`).
+2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat), queued
+   jobs and the jobs holding GPUs, turned into the planner's :class:`Snapshot`
+   exactly as the simulator builds it (``pending`` = new, requeued or due for
+   review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
+   Queued jobs' rows and planner views are kept between cycles by version
+   (:meth:`PlanningCycle._waiting_jobs`): only new or changed jobs are read in full.
+3. **Plan**: :func:`broker.planner.core.plan`, the same pure function the simulator runs.
+4. **Apply** in one transaction that first advances the planner fence from the
+   version read in step 2 (:meth:`JobStore.advance_fence`); if another cycle
+   applied meanwhile (two planners after a lost Redis lock, a task delivered
+   twice), nothing is applied. Each decision is a compare-and-set on the job's
+   version, so a job cancelled meanwhile is left alone.
+5. **Dispatch** (after commit): ``dispatch(job_id, attempt)`` for every job sent to a cloud
+   (``provisioning``). On-prem placements need none: node agents poll the node API.
+6. **Notes** (after commit, only if applied): decisions that hold nothing — ``wait`` (the
+   pool, review time, record and reason) and the reason of a job given no decision — are
+   written in batches of ``settings.intake_batch``, one bulk ``UPDATE`` each, skipping rows
+   another writer holds or that changed since the snapshot (:meth:`PlanningCycle._write_notes`).
+
+No job can stop the cycle: every per-job step is isolated. Intake works in batches of
+``settings.intake_batch`` jobs, one short transaction each, skipping rows a cancel holds
+(``FOR UPDATE SKIP LOCKED``); a job whose intake (window search), planner view, planning
+(found by bisection when ``plan()`` raises) or apply step raises is moved to ``failed``
+with the step and the error as its reason and event, logged once with its id, and the
+cycle goes on for every other job. An apply that raises is retried decision by decision,
+each in a savepoint. Only store-wide errors (the database unreachable) end a cycle.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Sequence
+
+import numpy as np
+from sqlalchemy import func, insert, or_, select, update
+
+from broker.service.db import Attempt, Job, JobEvent, Node, utcnow
+from broker.service.live import LiveEnvironment, LiveNode
+from broker.model import DecisionKind, JobSpec
+from broker.planner.core import PendingJob, RunningJob, Snapshot, plan
+from broker.states import JobState, check_transition
+from broker.service.store import JobStore
+from providers.launch import DIGEST_RE as _DIGEST_RE
+
+#: the field names of :class:`PendingJob`, in order (its views are cached as tuples of them)
+_PJ_FIELDS = tuple(f.name for f in fields(PendingJob))
+
+__all__ = ["PlanningCycle", "CycleResult", "pending_job", "decayed_usage", "json_safe"]
+
+log = logging.getLogger("fedbroker.cycle")
+S = JobState
+#: half-life of the fair-share usage decay, seconds (7 days, as in the simulator's default)
+FAIR_SHARE_HALF_LIFE_S = 7 * 86400.0
+
+
+@dataclass
+class CycleResult:
+    """What one cycle did. ``stale``: the plan was dropped because another cycle applied first;
+    ``intake_capped``: intake took ``settings.intake_per_cycle`` jobs and left more for the next cycle."""
+
+    applied: bool = False
+    stale: bool = False
+    intake: int = 0
+    intake_capped: bool = False
+    decisions: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    dispatched: list[tuple[str, int]] = field(default_factory=list)
+    plan_s: float = 0.0
+    total_s: float = 0.0
+
+
+def _ts(dt: datetime | None) -> float | None:
+    return None if dt is None else dt.timestamp()
+
+
+def _dt(s: float) -> datetime:
+    return datetime.fromtimestamp(s, timezone.utc)
+
+
+def pending_job(j: Job, pool_index: dict[str, int], canon: Callable[[str], str]) -> PendingJob:
+    """The planner's view of a stored job (times in POSIX seconds, work in reference-GPU seconds).
+
+    A start window's end (``not_after``) tightens the deadline the planner sees to
+    ``not_after + remaining work`` so the planner never holds it past its window.
+    """
+    spec = j.spec
+    work = max(float(spec["estimated_duration_s"]) - float(j.work_done_s or 0.0), 1.0)
+    deadline = j.deadline.timestamp()
+    if j.not_after is not None:
+        deadline = min(deadline, j.not_after.timestamp() + work)
+    created = j.created_at.timestamp()
+    earliest = max(created, _ts(j.not_before) or created)
+    types = spec.get("gpu_types") or ()
+    regions = spec.get("allowed_regions") or ()
+    committed = pool_index.get(j.committed_pool) if j.committed_pool else None
+    return PendingJob(
+        job_id=j.id, team=j.team, priority=j.priority, submit_s=created, deadline_s=deadline, earliest_s=earliest,
+        work_s=work, gpus_per_node=int(spec["gpus_per_node"]), nodes=int(spec["nodes"]),
+        gpu_types=frozenset(canon(t) for t in types) if types else None,
+        min_mem_gb=float(spec.get("min_gpu_memory_gb") or 0.0), spot_ok=bool(spec.get("spot_allowed", True)),
+        preemptible=bool(spec.get("preemptible", False)), checkpointable=bool(spec.get("checkpointable", True)),
+        checkpoint_interval_s=float(spec.get("checkpoint_interval_s") or 1800.0),
+        regions=frozenset(regions) if regions else None, max_usd_per_hour=spec.get("max_price_usd_per_hour"),
+        deferrable=bool(spec.get("deferrable", True)) and spec.get("window", "planner") == "planner",
+        committed_pool=committed, deferred_once=bool(j.deferred_once),
+        review_s=_ts(j.review_at) if j.review_at is not None else (math.inf if committed is not None else 0.0))
+
+
+def json_safe(obj):
+    """``obj`` with every NaN or infinite float replaced by ``None`` (JSON has no NaN; PostgreSQL rejects it).
+    In explain records an infeasible option's ``score`` is NaN: it has no score."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def decayed_usage(rows: Sequence[tuple[str, int, float, float]], now_s: float,
+                  half_life_s: float = FAIR_SHARE_HALF_LIFE_S) -> dict[str, float]:
+    """Team -> decayed GPU-hours from ``(team, gpus, start_s, end_s)`` rows (``end_s`` NaN = still running).
+
+    Each GPU-second at time t weighs ``exp(-ln2 x (now - t) / half_life)``; integrated exactly per row.
+    """
+    lam = math.log(2) / half_life_s
+    out: dict[str, float] = defaultdict(float)
+    for team, gpus, a, b in rows:
+        b = now_s if (b is None or math.isnan(b)) else min(b, now_s)
+        if b <= a:
+            continue
+        # integral of exp(-lam (now - t)) dt over [a, b]
+        w = (math.exp(-lam * (now_s - b)) - math.exp(-lam * (now_s - a))) / lam
+        out[team] += gpus * w / 3600.0
+    return dict(out)
+
+
+class PlanningCycle:
+    """Runs planning cycles against a :class:`JobStore`.
+
+    Args:
+        store: the job store.
+        env: static planning inputs (:class:`LiveEnvironment`).
+        settings: :class:`broker.service.settings.BrokerSettings` (deadlines, heartbeat timeouts).
+        dispatch: called after commit with ``(job_id, attempt)`` for each job sent to provisioning.
+        leader: a name for this planner, recorded with the fence.
+    """
+
+    def __init__(self, store: JobStore, env: LiveEnvironment, settings, dispatch: Callable[[str, int], None] | None = None,
+                 leader: str = "planner", cloud=None):
+        self.store = store
+        self.env = env
+        self.settings = settings
+        self.dispatch = dispatch
+        self.leader = leader
+        self.cloud = cloud
+        from pricing.power import canonical_or_same
+
+        self.canon = canonical_or_same
+        self._failed_logged: set[str] = set()  # jobs whose per-job failure was logged
+        self._bad: list[tuple[Job, str, Exception]] = []  # (job, step, error) to fail after the read / plan
+        self.intake_capped = False  # the last intake left due jobs for the next cycle (intake_per_cycle)
+        self._waiting: dict[str, tuple[int, Job, tuple | Exception]] = {}  # queued job -> (version, row, view)
+
+    # ------------------------------------------------------------------ public
+    def run(self, now: datetime | None = None) -> CycleResult:
+        """One cycle at ``now`` (default: the clock). Returns a :class:`CycleResult`.
+
+        The cyclic garbage collector is paused during the cycle (as in :func:`broker.planner.core.plan`):
+        intake, the snapshot and the notes make tens of thousands of short-lived objects, none in
+        cycles, and with 10,000 queued jobs' rows kept between cycles each full collection scanned
+        them all (a third of an intake cycle in ``cProfile``)."""
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(now)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _run(self, now: datetime | None) -> CycleResult:
+        t0 = time.perf_counter()
+        now = now or utcnow()
+        res = CycleResult()
+        res.intake = self.intake(now)
+        res.intake_capped = self.intake_capped
+        version = self.store.planner_version()
+        self._bad = []
+        with self.store.session() as s:
+            snap_parts = self._read(s, now)
+        self._fail_bad(now)
+        if snap_parts is None:
+            res.total_s = time.perf_counter() - t0
+            return res
+        snapshot, ctx, jobs, nodes_by_pool, used = snap_parts
+        t1 = time.perf_counter()
+        decisions = self._plan_isolated(snapshot, ctx, jobs) if snapshot.pending or snapshot.queued else []
+        res.plan_s = time.perf_counter() - t1
+        self._fail_bad(now)
+        res.decisions = len(decisions)
+        for isolate in (False, True):  # fast path: one transaction; on an error, again decision by decision
+            kinds: dict[str, int] = {}
+            notes: list[tuple[Job, dict]] = []
+            held = defaultdict(set, {k: set(v) for k, v in used.items()})
+            try:
+                with self.store.session() as s:
+                    if not JobStore.advance_fence(s, version, self.leader, now):
+                        res.stale = True
+                        log.info("planning cycle dropped: another cycle applied since fence version %d", version)
+                        break
+                    dispatched = self._apply(s, now, decisions, jobs, ctx, nodes_by_pool, held, kinds, isolate, notes)
+            except Exception as e:
+                if isolate:
+                    raise
+                log.warning("applying %d decisions failed (%s: %s); applying them again one by one",
+                            len(decisions), type(e).__name__, e)
+                continue
+            res.dispatched, res.kinds, res.applied = dispatched, kinds, True
+            break
+        if res.applied and self.dispatch is not None:
+            for job_id, attempt in res.dispatched:
+                try:
+                    self.dispatch(job_id, attempt)
+                except Exception:  # the reconciler re-dispatches starting jobs
+                    log.exception("dispatch of %s attempt %d failed; the reconciler will retry", job_id, attempt)
+        if res.applied:
+            self._write_notes(notes, now)
+        res.total_s = time.perf_counter() - t0
+        return res
+
+    # ------------------------------------------------------------------ intake
+    def intake(self, now: datetime) -> int:
+        """Step 1 (see module docstring). Returns how many jobs changed state.
+
+        At most ``settings.intake_per_cycle`` jobs are taken per cycle (0: all), fairly across teams:
+        round-robin by team, oldest first within a team (``row_number() over (partition by team order
+        by created_at, id)``), so another team's new job is taken in the very next cycle whatever one
+        team queued; ``self.intake_capped`` tells whether jobs were left for the next cycle. They are
+        handled in batches of ``settings.intake_batch``, each worked out outside any transaction and
+        applied in one short transaction that first locks the batch's rows with
+        ``FOR UPDATE SKIP LOCKED`` (PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` serialises writers):
+        a row a cancel holds is skipped, left for the next cycle, and a cancel waits at most for
+        one batch. A job whose step raises is moved to ``failed`` with the reason
+        (:meth:`_fail_in`); the other jobs go on.
+        """
+        n = 0
+        size = int(self.settings.intake_batch)
+        cap = int(getattr(self.settings, "intake_per_cycle", 0) or 0)
+        due = or_(
+            Job.state == S.submitted.value,
+            (Job.state == S.deferred.value) & (Job.not_before <= now),
+            (Job.state.in_([S.queued.value, S.deferred.value])) & (Job.not_after < now),
+        )
+        rn = func.row_number().over(partition_by=Job.team, order_by=(Job.created_at, Job.id)).label("rn")
+        sub = select(Job.id, Job.created_at, rn).where(due).subquery()
+        q = select(sub.c.id).order_by(sub.c.rn, sub.c.created_at, sub.c.id)
+        if cap > 0:
+            q = q.limit(cap + 1)
+        with self.store.session() as s:
+            ids = list(s.execute(q).scalars())
+        self.intake_capped = cap > 0 and len(ids) > cap
+        if self.intake_capped:
+            ids = ids[:cap]
+        for k in range(0, len(ids), size):
+            chunk = ids[k:k + size]
+            with self.store.session() as s:
+                rows = s.execute(select(Job).where(Job.id.in_(chunk), due)
+                                 .order_by(Job.created_at, Job.id)).scalars().all()
+            if rows:
+                n += self._intake_batch(rows, now)
+        return n
+
+    def _intake_batch(self, rows: Sequence[Job], now: datetime) -> int:
+        moves: list[tuple[Job, str, str, dict]] = []
+        for j in rows:
+            try:
+                moves.append((j, *self._intake_move(j, now)))
+            except Exception as e:  # a window search (or a stored spec) that raises fails this job only
+                moves.append((j, S.failed.value, self._failure_reason("intake", e), {"finished_at": now}))
+                self._log_failure(j.id, "intake", e)
+        try:
+            with self.store.session() as s:
+                return self._apply_moves(s, moves, now, isolate=False)
+        except Exception as e:
+            log.warning("intake batch of %d jobs failed (%s: %s); applying it again job by job",
+                        len(moves), type(e).__name__, e)
+        with self.store.session() as s:
+            return self._apply_moves(s, moves, now, isolate=True)
+
+    def _apply_moves(self, s, moves, now: datetime, isolate: bool) -> int:
+        """Apply intake ``moves`` inside session ``s``: lock the rows not held by another writer, keep the
+        moves whose job still has the version read, and write them with one bulk ``UPDATE`` (by primary
+        key, under the locks) and one bulk event ``INSERT``. With ``isolate``, job by job instead, each
+        a compare-and-set in a savepoint; a job whose move raises is failed. Returns the moves applied."""
+        ids = [j.id for j, *_ in moves]
+        held = {r.id: (r.version, r.state) for r in s.execute(
+            select(Job.id, Job.version, Job.state).where(Job.id.in_(ids)).with_for_update(skip_locked=True))}
+        if not isolate:
+            todo = [m for m in moves if held.get(m[0].id) == (m[0].version, m[0].state)]
+            for j, to_state, _, _ in todo:
+                check_transition(j.id, j.state, to_state)
+            if todo:
+                s.execute(update(Job), [
+                    dict(id=j.id, state=to_state, version=j.version + 1, updated_at=now, reason=why,
+                         not_before=fields.get("not_before", j.not_before), finished_at=fields.get("finished_at"))
+                    for j, to_state, why, fields in todo])
+                s.execute(insert(JobEvent), [
+                    dict(job_id=j.id, at=now, from_state=j.state, to_state=to_state, version=j.version + 1, reason=why)
+                    for j, to_state, why, _ in todo])
+            return len(todo)
+        n = 0
+        for j, to_state, why, fields in moves:
+            if j.id not in held:  # a cancel (or another writer) holds it: next cycle
+                continue
+            try:
+                with s.begin_nested():
+                    n += JobStore.cas(s, j.id, j.version, j.state, to_state, why, now, **fields)
+            except Exception as e:
+                n += self._fail_in(s, j, "intake", e, now)
+        return n
+
+    def _intake_move(self, j: Job, now: datetime) -> tuple[str, str, dict]:
+        """``(to_state, reason, fields)`` for one job found by intake; pure (no store access)."""
+        if j.state in (S.queued.value, S.deferred.value) and j.not_after is not None and j.not_after < now:
+            return (S.failed.value, f"start window closed at {j.not_after.isoformat()} before the job could start",
+                    {"finished_at": now})
+        if j.state == S.deferred.value:
+            return S.queued.value, f"window opened at {j.not_before.isoformat()}", {}
+        spec = j.spec
+        start = j.not_before
+        reason = "accepted"
+        if spec.get("window", "planner") in ("cheapest", "cleanest"):
+            chosen, why = self._best_window(j, now)
+            if chosen is not None:
+                start = chosen
+                reason = why
+        if start is not None and start > now:
+            return (S.deferred.value,
+                    reason if reason != "accepted" else f"waiting for its window to open at {start.isoformat()}",
+                    {"not_before": start})
+        return S.queued.value, reason, {}
+
+    # ------------------------------------------------------------------ per-job failures
+    @staticmethod
+    def _failure_reason(step: str, e: BaseException) -> str:
+        """The failed job's reason: the step and the error (a database error's driver message, without the
+        SQL statement and its parameters), at most 2,000 characters."""
+        e = getattr(e, "orig", None) or e
+        return f"the planning cycle's {step} step failed for this job: {type(e).__name__}: {e}"[:2000]
+
+    def _log_failure(self, job_id: str, step: str, e: BaseException, failed: bool = True) -> None:
+        """Log a job's per-job failure once, one line with the job id (the traceback only at DEBUG):
+        a failed job is not seen again, and the set keeps a job that is not failed from repeating it."""
+        seen = self._failed_logged
+        if job_id in seen:
+            return
+        if len(seen) > 10_000:
+            seen.clear()
+        seen.add(job_id)
+        e = getattr(e, "orig", None) or e
+        log.error("job %s: the planning cycle's %s step failed (%s: %s); %s, the cycle goes on",
+                  job_id, step, type(e).__name__, e, "the job is failed" if failed else "the job is left as it is",
+                  exc_info=log.isEnabledFor(logging.DEBUG))
+
+    def _fail_in(self, s, j: Job, step: str, e: BaseException, now: datetime) -> bool:
+        """Inside session ``s`` (in a savepoint): move waiting job ``j`` to ``failed`` because ``step``
+        raised ``e`` for it; the event records the reason. Returns whether applied (False if the job
+        changed meanwhile, e.g. was cancelled)."""
+        self._log_failure(j.id, step, e)
+        try:
+            with s.begin_nested():
+                return JobStore.cas(s, j.id, j.version, j.state, S.failed.value, self._failure_reason(step, e), now,
+                                    finished_at=now)
+        except Exception as e2:
+            log.error("job %s: could not be failed after its %s step failed (%s: %s)", j.id, step,
+                      type(e2).__name__, e2)
+            return False
+
+    def _best_window(self, j: Job, now: datetime) -> tuple[datetime | None, str]:
+        """Cheapest/cleanest start in the job's window on the first pool that can hold it."""
+        from broker.planner.windows import best_start
+
+        spec = JobSpec.model_validate(j.spec)
+        types = {self.canon(t) for t in spec.gpu_types}
+        pool = None
+        gpu_type = None
+        for p in self.env.site_pools.values():
+            for nd in p.nodes:
+                t = self.canon(nd.gpu_type)
+                if not types or t in types:
+                    pool, gpu_type = p, t
+                    break
+            if pool is not None:
+                break
+        if pool is None or gpu_type not in self.env.gpus.throughput:
+            return None, ""
+        runtime = spec.estimated_duration_s / self.env.gpus.throughput[gpu_type]
+        earliest = max(now, spec.earliest_start or now).timestamp()
+        latest = j.deadline.timestamp() - runtime
+        if j.not_after is not None:
+            latest = min(latest, j.not_after.timestamp())
+        if latest < earliest:
+            return None, ""
+        from broker.service.live import ReplayedSignals
+
+        sig = ReplayedSignals(self.env.base_signals, self.env.offset_for(now.timestamp()))
+        kw = spec.total_gpus * self.env.gpus.busy_kw[gpu_type] * pool.pue
+        choice = best_start(earliest_s=earliest, latest_start_s=latest, runtime_s=runtime, power_kw=kw,
+                            price=sig.price(pool.price_zone), carbon=sig.carbon(pool.carbon_zone),
+                            prefer=spec.window, slot_s=self.env.planner.slot_s)
+        return _dt(choice.start_s), (f"{spec.window} window on pool {pool.name}: {choice.reason} "
+                                     f"(electricity ${choice.cost_usd:.4f}, {choice.carbon_kg:.4f} kgCO2e over the run)")
+
+    def _write_notes(self, notes: Sequence[tuple[Job, dict]], now: datetime) -> int:
+        """Write decisions that hold nothing (``(job, fields)``: a wait's pool, review time, record and reason)
+        after the fenced apply, in batches of ``settings.intake_batch``, one short transaction each: rows
+        another writer holds (``FOR UPDATE SKIP LOCKED``) or that changed since the snapshot (version) are
+        left alone; the rest get one bulk ``UPDATE`` per set of fields. If a batch raises, it is written again
+        job by job, and a job whose write raises is failed. Returns how many were written."""
+        size = int(self.settings.intake_batch)
+        n = 0
+        for k in range(0, len(notes), size):
+            chunk = notes[k:k + size]
+            try:
+                with self.store.session() as s:
+                    held = {r.id: r.version for r in s.execute(select(Job.id, Job.version).where(
+                        Job.id.in_([j.id for j, _ in chunk])).with_for_update(skip_locked=True))}
+                    groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
+                    for j, fields in chunk:
+                        if held.get(j.id) == j.version:
+                            groups[tuple(sorted(fields))].append(
+                                dict(id=j.id, version=j.version + 1, updated_at=now, **fields))
+                    for rows in groups.values():
+                        s.execute(update(Job), rows)
+                        n += len(rows)
+                self._noted(chunk, held)
+                continue
+            except Exception as e:
+                log.warning("writing %d wait decisions or reasons failed (%s: %s); writing them again one by one",
+                            len(chunk), type(e).__name__, e)
+            with self.store.session() as s:
+                for j, fields in chunk:
+                    try:
+                        with s.begin_nested():
+                            n += JobStore.bump(s, j.id, j.version, now, **fields)
+                    except Exception as e:
+                        self._fail_in(s, j, "apply", e, now)
+        return n
+
+    def _noted(self, chunk: Sequence[tuple[Job, dict]], held: dict[str, int]) -> None:
+        """After :meth:`_write_notes` committed ``chunk``: the cached rows of the jobs written (version
+        ``held[id] + 1``) take the written fields and version, so the next snapshot reuses them instead of
+        reading them again (see :meth:`_waiting_jobs`). Their planner views do not depend on these fields."""
+        known = self._waiting
+        for j, fields_ in chunk:
+            ent = known.get(j.id)
+            if ent is None or ent[1] is not j or held.get(j.id) != j.version:
+                continue
+            for k, v in fields_.items():
+                if k != "decision":  # not read by the cycle; the stored record is the one to read
+                    setattr(j, k, v)
+            j.version = ent[0] + 1
+            known[j.id] = (j.version, j, ent[2])
+
+    # ------------------------------------------------------------------ planning, isolated per job
+    def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
+        """``plan(snapshot, ctx)``; if it raises, find the jobs that make it raise by bisection
+        (O(k log n) calls of ``plan`` on sub-snapshots for k such jobs), queue them in ``self._bad``
+        to be failed with the reason, and plan the others. If no single job is to blame, this cycle
+        places nothing (logged) and the next one tries again."""
+        try:
+            return plan(snapshot, ctx)
+        except Exception as e:
+            first = e
+        waiting = list(snapshot.pending) + [pj for g in (snapshot.queued or {}).values() for pj in g]
+        blamed: dict[str, Exception] = {}
+        mid = len(waiting) // 2
+        for half in (waiting[:mid], waiting[mid:]):
+            self._bisect(snapshot, ctx, half, blamed)
+        for jid, e in blamed.items():  # failed after planning; no decision or explanation is written for them
+            self._bad.append((jobs.pop(jid), "planning", e))
+        if blamed:
+            try:
+                return plan(self._subset(snapshot, [pj for pj in waiting if pj.job_id not in blamed]), ctx)
+            except Exception as e:
+                first = e
+        log.error("planning failed and no single job is to blame (%s: %s); nothing placed this cycle",
+                  type(first).__name__, first, exc_info=log.isEnabledFor(logging.DEBUG))
+        return []
+
+    def _bisect(self, snapshot: Snapshot, ctx, sub: list[PendingJob], blamed: dict[str, Exception]) -> None:
+        if not sub:
+            return
+        try:
+            plan(self._subset(snapshot, sub), ctx)
+            return
+        except Exception as e:
+            if len(sub) == 1:
+                blamed[sub[0].job_id] = e
+                return
+        mid = len(sub) // 2
+        self._bisect(snapshot, ctx, sub[:mid], blamed)
+        self._bisect(snapshot, ctx, sub[mid:], blamed)
+
+    @staticmethod
+    def _subset(snapshot: Snapshot, keep: Sequence[PendingJob]) -> Snapshot:
+        """``snapshot`` with only the waiting jobs in ``keep`` (pending and queued alike)."""
+        ids = {pj.job_id for pj in keep}
+        queued = {k: [pj for pj in g if pj.job_id in ids] for k, g in (snapshot.queued or {}).items()}
+        return replace(snapshot, pending=[pj for pj in snapshot.pending if pj.job_id in ids],
+                       queued={k: g for k, g in queued.items() if g}, queued_demand=None)
+
+    def _fail_bad(self, now: datetime) -> None:
+        """Fail the jobs queued in ``self._bad`` (one short transaction, each in a savepoint)."""
+        if not self._bad:
+            return
+        bad, self._bad = self._bad, []
+        with self.store.session() as s:
+            for j, step, e in bad:
+                self._fail_in(s, j, step, e, now)
+
+    # ------------------------------------------------------------------ snapshot
+    def live_nodes(self, s, now: datetime) -> list[LiveNode]:
+        """Nodes that heartbeated within ``node_lost_after_s`` and are not marked lost."""
+        cutoff = now - timedelta(seconds=self.settings.node_lost_after_s)
+        out = []
+        for n in s.execute(select(Node).where(Node.state == "up", Node.last_heartbeat_at >= cutoff)).scalars():
+            out.append(LiveNode(n.name, n.pool, self.canon(n.gpu_type), n.gpu_count, n.gpu_memory_gb,
+                                tuple(sorted(n.healthy_gpus))))
+        return out
+
+    def _read(self, s, now: datetime):
+        now_s = now.timestamp()
+        self._now_s = now_s
+        nodes = self.live_nodes(s, now)
+        pools = self.env.pools_for(nodes)
+        waiting = self._waiting_jobs(s)
+        if not waiting:
+            return None
+        ctx = self.env.context(pools, now_s)
+        pool_index = {p.name: i for i, p in enumerate(pools)}
+        node_pos = {(p.name, nd.name): k for p in pools for k, nd in enumerate(p.nodes)}
+        live = {n.name: n for n in nodes}
+        # GPUs held by active attempts, per node: set of GPU indices
+        used: dict[str, set[int]] = defaultdict(set)
+        running: list[RunningJob] = []
+        active = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value, S.provisioning.value]))
+                           ).scalars().all()
+        for j in active:
+            try:
+                self._running_job(j, now_s, ctx, pools, pool_index, node_pos, used, running)
+            except Exception as e:  # a job holding GPUs is not failed for this (logged once); the others go on
+                self._log_failure(j.id, "snapshot (running job)", e, failed=False)
+        free = []
+        for p in pools:
+            arr = np.zeros(len(p.nodes), dtype=np.int64)
+            for k, nd in enumerate(p.nodes):
+                arr[k] = len(set(live[nd.name].healthy) - used[nd.name])
+            free.append(arr)
+        pending: list[PendingJob] = []
+        queued: dict[tuple[int, str], list[PendingJob]] = defaultdict(list)
+        jobs: dict[str, Job] = {}
+        self._tag_only = tag_only = set()
+        for j, view in waiting:
+            if isinstance(view, Exception):  # a stored spec the planner cannot read fails this job only
+                self._bad.append((j, "planning", view))
+                continue
+            args, tag = view
+            pj = PendingJob(*args)  # as pending_job(j, pool_index, ...) would build it
+            pj.committed_pool = committed = pool_index.get(j.committed_pool) if j.committed_pool else None
+            pj.review_s = (j.review_at.timestamp() if j.review_at is not None
+                           else (math.inf if committed is not None else 0.0))
+            if tag:
+                tag_only.add(j.id)
+            jobs[j.id] = j
+            if pj.committed_pool is not None and pj.review_s > now_s:
+                queued[(pj.priority, pj.team)].append(pj)
+            else:
+                pj.committed_pool = None
+                pending.append(pj)
+        # fair share: decayed GPU-hours of attempts in the last 8 half-lives
+        since = now - timedelta(seconds=8 * FAIR_SHARE_HALF_LIFE_S)
+        rows = s.execute(select(Job.team, Attempt.gpus, Attempt.started_at, Attempt.ended_at)
+                         .join(Job, Job.id == Attempt.job_id)
+                         .where(Attempt.started_at.is_not(None), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))
+                         ).all()
+        usage = decayed_usage([(r[0], r[1], r[2].timestamp(), _ts(r[3]) if r[3] else math.nan) for r in rows], now_s)
+        avail = np.array(self.env.offer_provisionable(), dtype=bool) if ctx.offers else None
+        if avail is not None and self.cloud is not None:
+            cooling = self.cloud.cooling_offers(s, now)  # no capacity / quota just now: not again for a while
+            if cooling:
+                avail &= np.array([o.offer_id not in cooling for o in ctx.offers], dtype=bool)
+        self._pending_by_id = {pj.job_id: pj for pj in pending}
+        for group in queued.values():
+            for pj in group:
+                self._pending_by_id[pj.job_id] = pj
+        snap = Snapshot(now_s=now_s, pending=pending, free=free, running=running, queued=dict(queued),
+                        offer_available=avail, team_usage=usage,
+                        healthy=[None] * len(pools))
+        nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
+        return snap, ctx, jobs, nodes_by_pool, used
+
+    def _waiting_jobs(self, s) -> list[tuple[Job, tuple | Exception]]:
+        """The ``queued`` jobs in planning order (priority, then age), each with its planner view:
+        ``(PendingJob field values without the committed pool, cloud offers left out for an unpinned
+        image)``, or the exception that building it raised.
+
+        One narrow query of ``(id, version)`` per cycle; the rows and views of jobs whose version this
+        cycle already knows are reused (``self._waiting``, detached rows), only new or changed jobs are
+        read in full and turned into views. With 10,000 queued jobs this is what keeps the snapshot
+        short: loading and converting them all took ~1.5 s a cycle on 2 cores (ORM rows, JSON specs,
+        :func:`pending_job`); a job's row and view change only with its version."""
+        order = s.execute(select(Job.id, Job.version).where(Job.state == S.queued.value)
+                          .order_by(Job.priority.desc(), Job.created_at, Job.id)).all()
+        known = self._waiting
+        miss = [jid for jid, v in order if known.get(jid, (None,))[0] != v]
+        for k in range(0, len(miss), 1000):
+            for j in s.execute(select(Job).where(Job.id.in_(miss[k:k + 1000]), Job.state == S.queued.value)
+                               ).scalars():
+                try:
+                    pj = pending_job(j, {}, self.canon)
+                    tag = self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", "")))
+                    if tag:
+                        pj.regions = frozenset()  # cloud launches need the image pinned by digest: no offer fits
+                    view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
+                except Exception as e:  # noqa: BLE001 - failed by the caller, with the reason
+                    view = e
+                known[j.id] = (j.version, j, view)
+        out, keep = [], {}
+        for jid, v in order:
+            ent = known.get(jid)
+            if ent is not None and ent[0] == v:
+                keep[jid] = ent
+                out.append((ent[1], ent[2]))
+        self._waiting = keep
+        return out
+
+    def _running_job(self, j: Job, now_s: float, ctx, pools, pool_index, node_pos, used, running: list) -> None:
+        """Adds active job ``j``'s GPUs to ``used`` and, when on-prem, its :class:`RunningJob` to ``running``."""
+        pl = j.placement or {}
+        if pl.get("kind") != "onprem":
+            return
+        alloc = []
+        for part in pl.get("nodes", []):
+            used[part["node"]].update(part["gpus"])
+            k = node_pos.get((pl.get("pool"), part["node"]))
+            if k is not None:
+                alloc.append((k, len(part["gpus"])))
+        p = pool_index.get(pl.get("pool"))
+        if p is None or not alloc:
+            return
+        gtype = pools[p].nodes[alloc[0][0]].gpu_type
+        started = _ts(j.started_at) or _ts(j.dispatched_at) or now_s
+        work = max(float(j.spec["estimated_duration_s"]) - float(j.work_done_s or 0.0), 1.0)
+        running.append(RunningJob(
+            job_id=j.id, pool=p, allocation=alloc,
+            expected_end_s=max(started + work / ctx.gpus.throughput.get(gtype, 1.0), now_s + 1.0),
+            started_s=started, priority=j.priority,
+            preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
+            team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or 1800.0),
+            checkpointable=bool(j.spec.get("checkpointable", True))))
+
+    def _tag_note(self, job_id: str) -> str:
+        """Why a job got no cloud offer, when its image is not pinned by digest."""
+        if job_id not in getattr(self, "_tag_only", ()):
+            return ""
+        return ("; cloud offers were not considered: cloud launches need the image pinned by digest "
+                "(image: repo@sha256:<64 hex>), so all ranks of a gang run the same bits")
+
+    def _unprovisionable_cloud(self, ctx, j: Job, pj: PendingJob | None, k: int = 3) -> list[dict]:
+        """The ``k`` best cloud offers for the job, costed from now, as infeasible explain alternatives
+        (their provider is not configured): what bursting would have cost, in $, kWh, kgCO2e and wait."""
+        if pj is None or not ctx.offers:
+            return []
+        idx = ctx.compatible_offers(pj)
+        if idx.size == 0:
+            return []
+        now_s = self._now_s
+        runtime, finish, dollars, energy, carbon, _ = ctx.cloud_estimates(pj, idx, now_s)
+        score = dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
+        score = np.where(np.isnan(score), np.inf, score)
+        out = []
+        for i in np.argsort(score, kind="stable")[:k]:
+            if not np.isfinite(score[i]):
+                break
+            o = ctx.offers[int(idx[i])]
+            delay = float(finish[i] - runtime[i])
+            out.append({"kind": "cloud", "target": o.offer_id, "start_s": now_s + delay, "wait_s": delay,
+                        "runtime_s": float(runtime[i]), "dollars_usd": float(dollars[i]), "energy_kwh": float(energy[i]),
+                        "carbon_kg": float(carbon[i]), "score": None, "feasible": False,
+                        "note": f"not provisionable: provider {o.provider!r} is not configured (cloud_providers)"})
+        return out
+
+    # ------------------------------------------------------------------ apply
+    def _apply(self, s, now: datetime, decisions, jobs: dict[str, Job], ctx, nodes_by_pool, used, kinds,
+               isolate: bool = False, notes: list | None = None) -> list:
+        """Step 4 inside session ``s`` (the fence already advanced). With ``isolate``, each decision runs in
+        its own savepoint and a decision that raises fails its job (:meth:`_fail_in`); the others apply.
+        Decisions that hold nothing (``wait``, and the reason of a job given no decision) are appended to
+        ``notes`` as ``(job, fields)`` for :meth:`_write_notes`, after this transaction: a burst's thousands
+        of them never hold row locks in the fenced transaction. Returns ``[(job_id, attempt)]`` to dispatch."""
+        notes = [] if notes is None else notes
+        dispatched: list[tuple[str, int]] = []
+        for d in decisions:
+            j = jobs.get(d.job_id)
+            if j is None:
+                continue
+            if not isolate:
+                self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched, notes)
+                continue
+            try:
+                with s.begin_nested():
+                    self._apply_one(s, now, d, j, ctx, nodes_by_pool, used, kinds, dispatched, notes)
+            except Exception as e:
+                self._fail_in(s, j, "apply", e, now)
+        # jobs the planner left without a decision (nothing can hold them now): say why
+        decided = {d.job_id for d in decisions}
+        for jid, j in jobs.items():
+            if jid in decided or j.committed_pool is not None:
+                continue
+            if not isolate:
+                self._explain_undecided(j, notes)
+                continue
+            try:
+                with s.begin_nested():
+                    self._explain_undecided(j, notes)
+            except Exception as e:
+                self._fail_in(s, j, "apply", e, now)
+        return dispatched
+
+    def _apply_one(self, s, now: datetime, d, j: Job, ctx, nodes_by_pool, used, kinds, dispatched: list,
+                   notes: list) -> None:
+        """One decision ``d`` for job ``j`` inside session ``s``; placed jobs are appended to ``dispatched``,
+        a ``wait`` to ``notes``."""
+        st = self.settings
+        pending_by_id = self._pending_by_id
+        kind = d.kind
+        kinds[kind.value] = kinds.get(kind.value, 0) + 1
+        rec = d.record()
+        if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
+            rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
+        rec = json_safe(rec)
+        if kind == DecisionKind.preempt:
+            for vid in d.victims:
+                v = s.get(Job, vid)
+                if v is not None and v.state in (S.starting.value, S.running.value) and v.stop_reason is None:
+                    JobStore.bump(s, v.id, v.version, now, stop_reason="preempt",
+                                  reason=f"preemption requested for higher-priority job {d.job_id}")
+                    s.add(JobEvent(job_id=v.id, at=now, from_state=v.state, to_state=v.state, version=v.version + 1,
+                                   reason=f"preemption requested for {d.job_id}"))
+            review = now + timedelta(seconds=st.cancel_grace_s + 30.0)
+            JobStore.bump(s, j.id, j.version, now, decision=rec, committed_pool=d.pool, review_at=review,
+                          reason=f"preempting {', '.join(d.victims)}; starts when their GPUs are free")
+        elif kind == DecisionKind.start:
+            nodes = nodes_by_pool[d.pool]
+            parts = []
+            ok = True
+            for rank, (k, g) in enumerate(d.allocation):
+                name, ln = nodes[k]
+                freeg = sorted(set(ln.healthy) - used[name])
+                if len(freeg) < g:
+                    ok = False
+                    break
+                pick = freeg[:g]
+                used[name].update(pick)
+                parts.append({"node": name, "gpus": pick, "rank": rank})
+            if not ok:
+                log.error("planner placed %s on more GPUs than free; left queued", d.job_id)
+                return
+            attempt = j.attempt + 1
+            gtype = nodes[d.allocation[0][0]][1].gpu_type
+            placement = {"kind": "onprem", "pool": d.pool, "gpu_type": gtype, "nodes": parts}
+            where = ", ".join(f"{p['node']} GPUs {p['gpus']}" for p in parts)
+            if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value,
+                            f"placed on pool {d.pool}: {where} (attempt {attempt})", now,
+                            placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
+                            state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
+                            committed_pool=None, review_at=None):
+                s.add(Attempt(job_id=j.id, number=attempt, kind="onprem", pool=d.pool, offer_id=None, nodes=parts,
+                              gpu_type=gtype, gpus=sum(len(p["gpus"]) for p in parts), created_at=now,
+                              rank_exits={}, reason=""))
+        elif kind == DecisionKind.provision:
+            offer = ctx.offers[d.offer_index]
+            attempt = j.attempt + 1
+            if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
+                            f"provisioning {offer.offer_id} (attempt {attempt})", now,
+                            placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
+                                       "region": offer.region, "zone": offer.zone, "gpu_type": offer.gpu_type,
+                                       "instance_type": offer.instance_type, "market": offer.market.value},
+                            attempt=attempt, decision=rec, dispatched_at=now, committed_pool=None, review_at=None,
+                            state_deadline_at=now + timedelta(seconds=st.provisioning_deadline_s)):
+                dispatched.append((j.id, attempt))  # the dispatch task hands it to provisioning
+        elif kind == DecisionKind.defer:
+            o = d.option
+            why = (f"deferred to a cheaper/cleaner window on pool {d.pool} starting {_dt(d.not_before).isoformat()}"
+                   + (f" (${o.dollars_usd:.4f}, {o.carbon_kg:.4f} kgCO2e)" if o is not None else ""))
+            JobStore.cas(s, j.id, j.version, S.queued.value, S.deferred.value, why, now,
+                         not_before=_dt(d.not_before), deferred_once=True, decision=rec, committed_pool=None,
+                         review_at=None)
+        elif kind == DecisionKind.wait:
+            review = _dt(d.not_before) if d.not_before is not None and math.isfinite(d.not_before) else None
+            o = d.option
+            why = (f"waiting for {j.spec['gpus_per_node'] * j.spec['nodes']} GPU(s) in pool {d.pool}"
+                   + (f"; expected wait {o.wait_s / 60:.0f} min" if o is not None else "")
+                   + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
+            notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
+        elif kind == DecisionKind.reject:
+            why = d.reason or "no pool or offer can hold it"
+            if self._tag_note(j.id):  # cloud offers were left out, not found wanting
+                why = why.replace("no on-prem pool and no cloud offer can", "no on-prem pool can") + self._tag_note(j.id)
+                rec["reason"] = why
+            JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
+                         finished_at=now)
+
+    def _explain_undecided(self, j: Job, notes: list) -> None:
+        """A job the planner gave no decision (nothing can hold it now): note why (for :meth:`_write_notes`)."""
+        jid = j.id
+        why = ("no live pool can hold it now and no cloud provider is configured; "
+               "waiting for a node that fits (gpus_per_node, nodes, gpu_types, min_gpu_memory_gb)")
+        if self.cloud is not None:
+            why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
+                   "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
+        if j.reason != why:
+            notes.append((j, {"reason": why}))

@@ -1,0 +1,200 @@
+"""Per-team admission limits of the API: a submit rate limit (token bucket in Redis) and the
+queued-jobs quota (checked by the store in the submit transaction).
+
+Settings: :class:`broker.service.settings.QuotaSettings` (``quotas:`` in the YAML file, per-team overrides
+under ``quotas.per_team``). Both limits answer ``429 Too Many Requests`` with a ``Retry-After``
+header (integer seconds, rounded up) and a body naming the limit::
+
+    {"detail": "quotas.submits_per_s: team 'vision' may submit 50 jobs/s (burst 200); retry after 1 s",
+     "limit": "quotas.submits_per_s", "retry_after_s": 1}
+
+Rate limit: one bucket per team (Redis key ``fedbroker:rate:<team>``) shared by every API process;
+the refill and the charge run in one Lua script, atomically, on Redis's own clock (``TIME``), so
+API hosts with skewed clocks agree. A request of ``n`` jobs (a batch charges its new items) needs
+``min(n, burst)`` tokens and takes ``n``: a batch larger than the bucket is let in once the bucket is
+full and leaves it in debt, so the long-run rate still holds. If Redis cannot be reached the limit
+**fails open** (submits are let through; the queued-jobs quota, kept in the database, still caps a
+team) and the API logs one warning a minute: a Redis outage must not stop job intake.
+
+Idempotent replays are never refused: a refused submit that repeats an existing job's idempotency
+key is answered with that job (200).
+
+Exceptions::
+
+    LimitExceeded (Exception)     limit (dotted setting name), retry_after_s (int >= 1), str(e) the detail
+     +-- RateLimitExceeded        quotas.submits_per_s
+     +-- QuotaExceeded            quotas.max_queued_jobs
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+from pydantic import BaseModel
+
+from broker.service.settings import QuotaSettings, TeamLimits
+
+__all__ = ["LimitExceeded", "RateLimitExceeded", "QuotaExceeded", "RateLimiter", "LimitBody", "TOKEN_BUCKET_LUA",
+           "quota_exceeded"]
+
+log = logging.getLogger(__name__)
+
+
+class LimitExceeded(Exception):
+    """A team hit one of its limits; answered 429 with ``Retry-After: retry_after_s``.
+
+    Attributes:
+        limit: the dotted setting that refused (``"quotas.submits_per_s"``, ``"quotas.max_queued_jobs"``).
+        retry_after_s: whole seconds to wait before trying again (>= 1).
+    """
+
+    def __init__(self, message: str, limit: str, retry_after_s: int):
+        super().__init__(message)
+        self.limit = limit
+        self.retry_after_s = max(1, int(retry_after_s))
+
+    def body(self) -> dict:
+        """The 429 response body: ``{"detail", "limit", "retry_after_s"}``."""
+        return {"detail": str(self), "limit": self.limit, "retry_after_s": self.retry_after_s}
+
+
+class RateLimitExceeded(LimitExceeded):
+    """More submits per second than ``quotas.submits_per_s`` (and ``burst``) allow."""
+
+
+class QuotaExceeded(LimitExceeded):
+    """The team would hold more unfinished jobs than ``quotas.max_queued_jobs``."""
+
+
+#: KEYS[1] the team's bucket; ARGV: rate (tokens/s), burst (tokens), n (cost). Returns
+#: {1, tokens left} when charged, {0, seconds until min(n, burst) tokens are there} when refused
+#: (as strings: Redis truncates Lua numbers to integers). Tokens may go negative (debt, see above).
+TOKEN_BUCKET_LUA = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(b[1])
+local at = tonumber(b[2])
+if tokens == nil or at == nil then
+  tokens = burst
+  at = now
+end
+if now > at then
+  tokens = math.min(burst, tokens + (now - at) * rate)
+end
+local need = math.min(n, burst)
+local ok = 0
+if tokens >= need then
+  tokens = tokens - n
+  ok = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+if ok == 1 then
+  return {1, tostring(tokens)}
+end
+return {0, tostring((need - tokens) / rate)}
+"""
+
+
+class RateLimiter:
+    """The per-team submit rate limit over Redis (see the module docstring).
+
+    Args:
+        redis_url: the Redis server (``settings.redis_url``); one connection pool per process.
+        quotas: the limits (``settings.quotas``); a team without a rate is never charged.
+        prefix: key prefix of the buckets.
+        timeout_s: socket timeout of every Redis call; after a failure Redis is not asked again for
+            ``retry_down_s`` seconds (submits are let through meanwhile).
+    """
+
+    def __init__(self, redis_url: str, quotas: QuotaSettings, prefix: str = "fedbroker:rate:",
+                 timeout_s: float = 0.5, retry_down_s: float = 5.0):
+        import redis
+
+        self.quotas = quotas
+        self.prefix = prefix
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._script = self.redis.register_script(TOKEN_BUCKET_LUA)
+        self._retry_down_s = retry_down_s
+        self._down_until = 0.0
+        self._warned_at = -math.inf
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings) -> "RateLimiter":
+        """A limiter on ``settings.redis_url`` with ``settings.quotas``."""
+        return cls(settings.redis_url, settings.quotas)
+
+    def limits(self, team: str) -> TeamLimits:
+        """The effective limits of ``team``."""
+        return self.quotas.for_team(team)
+
+    def charge(self, team: str, n: int = 1) -> None:
+        """Take ``n`` submits (jobs) from ``team``'s bucket.
+
+        Raises:
+            RateLimitExceeded: not enough tokens; ``retry_after_s`` = seconds until there are (ceil).
+            ValueError: ``n`` < 1.
+        Never raises for Redis errors: the limit fails open (a warning is logged at most once a minute).
+        """
+        if n < 1:
+            raise ValueError(f"n={n}: must be >= 1")
+        lim = self.limits(team)
+        if lim.submits_per_s is None:
+            return
+        if time.monotonic() < self._down_until:
+            return
+        import redis
+
+        try:
+            ok, value = self._script(keys=[self.prefix + team], args=[repr(lim.submits_per_s), lim.burst, n])
+        except redis.RedisError as e:
+            self._failed(e)
+            return
+        if int(ok) == 1:
+            return
+        wait = float(value)
+        retry = max(1, math.ceil(wait - 1e-9))
+        raise RateLimitExceeded(
+            f"quotas.submits_per_s: team {team!r} may submit {lim.submits_per_s:g} jobs/s (burst {lim.burst})"
+            + (f"; a request of {n} jobs" if n > 1 else "") + f"; retry after {retry} s",
+            "quotas.submits_per_s", retry)
+
+    def reset(self, team: str) -> None:
+        """Forget ``team``'s bucket (it starts full again). Raises ``redis.RedisError``."""
+        self.redis.delete(self.prefix + team)
+
+    def _failed(self, e: Exception) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._down_until = now + self._retry_down_s
+            warn = now - self._warned_at >= 60.0
+            if warn:
+                self._warned_at = now
+        if warn:
+            log.warning("rate limit: Redis unreachable (%s: %s); submits are let through without a rate limit "
+                        "until it answers (the queued-jobs quota still holds)", type(e).__name__, e)
+
+
+def quota_exceeded(team: str, limit: int, unfinished: int, n: int, retry_after_s: int) -> QuotaExceeded:
+    """The :class:`QuotaExceeded` for ``team`` holding ``unfinished`` jobs and asking for ``n`` more."""
+    return QuotaExceeded(
+        f"quotas.max_queued_jobs: team {team!r} may hold {limit} unfinished jobs and holds {unfinished}; "
+        f"{'this submit' if n == 1 else f'these {n} jobs'} would exceed it (retry after {retry_after_s} s, "
+        f"or cancel jobs)", "quotas.max_queued_jobs", retry_after_s)
+
+
+class LimitBody(BaseModel):
+    """A 429 answer's body: ``detail`` (the message), ``limit`` (the dotted setting that refused) and
+    ``retry_after_s`` (also in the ``Retry-After`` header)."""
+
+    detail: str
+    limit: str
+    retry_after_s: int

@@ -1,0 +1,701 @@
+"""Settings of the live broker: one typed schema, from a YAML file plus environment variables.
+
+Precedence (highest first): keyword arguments, environment variables
+``FEDBROKER_<FIELD>`` (nested with ``__``, e.g. ``FEDBROKER_PLANNER__POLICY=backfill``),
+the YAML file named by ``FEDBROKER_CONFIG`` (or passed to :func:`load_settings`),
+then the defaults below. Unknown keys in the file are errors naming the key, and so is a key given twice in
+one mapping (with both lines).
+
+Defaults run everything on one machine: SQLite under ``state_dir``, Redis on
+127.0.0.1:6379, the API on 127.0.0.1:8600, the planner every 2 s.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as PydanticSettingsError
+
+from broker.planner.core import PlannerConfig
+
+__all__ = ["BrokerSettings", "QuotaSettings", "TeamQuota", "TeamLimits", "AwsSettings", "AwsRegionSettings",
+           "GcpSettings", "CloudSettings", "JobsSettings", "load_settings",
+           "SettingsError", "DuplicateKeyError", "UniqueKeyLoader", "load_yaml", "aws_regions", "validation_message"]
+
+_S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
+_GS_URI = r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
+
+
+class SettingsError(ValueError):
+    """The settings file or environment is invalid; the message names the key and value."""
+
+
+#: an AZ ID (``use1-az1``, ``usw2-lax1-az1``): the same physical zone in every account
+_AZ_ID = re.compile(r"^[a-z]{2,6}[0-9]+(-[a-z0-9]+)?-az[0-9]+$")
+
+
+@functools.lru_cache(maxsize=1)
+def aws_regions() -> tuple[frozenset[str], str]:
+    """Every AWS region botocore's bundled endpoint data knows (all partitions: ``aws``, ``aws-us-gov``,
+    ``aws-cn``, ...), offline; and botocore's version. An empty set if botocore is not installed."""
+    try:
+        import boto3
+        import botocore
+    except ImportError:  # pragma: no cover - boto3 is a dependency
+        return frozenset(), ""
+    session = boto3.session.Session()
+    regions: set[str] = set()
+    for partition in session.get_available_partitions():
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(regions), botocore.__version__
+
+
+_DIRECTIONS = {"north": "n", "south": "s", "east": "e", "west": "w", "central": "c", "northeast": "ne",
+               "southeast": "se", "northwest": "nw", "southwest": "sw"}
+
+
+def az_id_prefix(region: str) -> str | None:
+    """The prefix of the region's availability zone IDs: ``us-east-1`` -> ``use1``, ``ap-northeast-1`` -> ``apne1``,
+    ``us-gov-west-1`` -> ``usgw1`` (AWS's naming of AZ IDs); ``None`` for a region name it cannot read."""
+    parts = region.split("-")
+    if len(parts) < 3 or not parts[-1].isdigit():
+        return None
+    gov = parts[1] == "gov"
+    words = parts[2:-1] if gov else parts[1:-1]
+    if len(words) != 1 or words[0] not in _DIRECTIONS:
+        return None
+    return parts[0] + ("g" if gov else "") + _DIRECTIONS[words[0]] + parts[-1]
+
+
+def _closest(word: str, choices) -> str | None:
+    """The choice closest to ``word`` (:func:`difflib.get_close_matches`); a tie goes to the longer common
+    prefix (``us-eest-1``: ``us-east-1`` rather than ``us-west-1``)."""
+    close = difflib.get_close_matches(word, sorted(choices), n=5)
+    if not close:
+        return None
+
+    def prefix(c: str) -> int:
+        return len(os.path.commonprefix([word, c]))
+
+    best = difflib.SequenceMatcher(None, word, close[0]).ratio()
+    tied = [c for c in close if difflib.SequenceMatcher(None, word, c).ratio() == best]
+    return max(tied, key=lambda c: (prefix(c), [-ord(ch) for ch in c]))
+
+
+def _zone_of_region(zone: str, region: str) -> bool:
+    """Whether ``zone`` is an availability zone NAME of ``region``: ``us-east-1a``, a Local Zone
+    (``us-west-2-lax-1a``) or a Wavelength Zone (``us-east-1-wl1-bos-wlz-1``)."""
+    suffix = r"([a-z]|-[a-z]+-[0-9]+[a-z]|-wl[0-9]+-[a-z0-9]+-wlz-[0-9]+)"
+    return re.fullmatch(re.escape(region) + suffix, zone) is not None
+
+
+class AwsRegionSettings(BaseModel):
+    """One region's network and machine image, named as ``terraform/aws`` outputs them.
+
+    ``ami_id``: the GPU machine image (docker + NVIDIA container toolkit + aws CLI);
+    ``subnet_ids_by_az``: private subnet per availability zone name (instances are created only in these
+    zones); ``subnet_ids_by_az_id``: the same subnets by AZ ID (``use1-az1``: the price catalog names
+    zones this way; the same physical zone in every account); ``security_group_id``: the nodes' group (NCCL between members); ``placement_group_name``:
+    cluster placement group used for multi-node gangs; ``instance_profile_name``: the nodes' IAM
+    instance profile (least privilege: the checkpoint bucket).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    ami_id: str = Field(pattern=r"^ami-[0-9a-f]{8,17}$")
+    subnet_ids_by_az: dict[str, str] = Field(min_length=1)
+    subnet_ids_by_az_id: dict[str, str] = Field(default_factory=dict)
+    security_group_id: str | None = Field(None, pattern=r"^sg-[0-9a-f]{8,17}$")
+    placement_group_name: str | None = None
+    instance_profile_name: str | None = None
+    launch_template_id: str | None = None  # RunInstances starts from it (root volume, encryption); our fields win
+
+    @field_validator("subnet_ids_by_az_id")
+    @classmethod
+    def _az_ids(cls, v: dict[str, str]) -> dict[str, str]:
+        for az_id in v:
+            if not _AZ_ID.match(az_id):
+                hint = ("that is a zone name: put it under subnet_ids_by_az"
+                        if re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]+[a-z]", az_id) else
+                        "AZ IDs look like use1-az1 or usw2-lax1-az1")
+                raise ValueError(f"subnet_ids_by_az_id: {az_id!r} is not an AZ ID ({hint})")
+        return v
+
+
+class AwsSettings(BaseModel):
+    """AWS burst settings: ``regions`` (region -> :class:`AwsRegionSettings`, from ``terraform output -json``),
+    ``endpoint_url`` (an EC2-compatible endpoint; ``None`` = AWS), ``key_name`` (SSH key pair, optional),
+    ``checkpoint_uri`` (``s3://bucket/prefix``: job checkpoints survive instances there; ``None`` = checkpoints
+    stay on the instance and a requeued job restarts from scratch).
+
+    Region keys must be regions botocore knows (offline endpoint data, every partition); every key of a
+    region's ``subnet_ids_by_az`` must be a zone name of that region (``us-east-1a``, ``us-west-2-lax-1a``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    regions: dict[str, AwsRegionSettings] = Field(min_length=1)
+    endpoint_url: str | None = None
+    key_name: str | None = None
+    checkpoint_uri: str | None = Field(None, pattern=_S3_URI)
+
+    @field_validator("regions")
+    @classmethod
+    def _known_regions(cls, v: dict[str, AwsRegionSettings]) -> dict[str, AwsRegionSettings]:
+        known, version = aws_regions()
+        if not known:  # pragma: no cover - no botocore: nothing to check against
+            return v
+        for region in v:
+            if region in known:
+                continue
+            close = _closest(region, known)
+            hint = (f"did you mean {close!r}?" if close else
+                    f"botocore {version} knows {len(known)} regions; a region newer than it needs a newer boto3")
+            raise ValueError(f"regions: {region!r} is not an AWS region ({hint})")
+        return v
+
+    @model_validator(mode="after")
+    def _zones_of_their_region(self) -> "AwsSettings":
+        for region, rs in self.regions.items():
+            prefix = az_id_prefix(region)
+            for az_id in rs.subnet_ids_by_az_id:
+                if prefix is not None and not az_id.startswith(prefix + "-"):
+                    raise ValueError(f"regions.{region}.subnet_ids_by_az_id: {az_id!r} is not an AZ ID of {region} "
+                                     f"(they start with {prefix}-, e.g. {prefix}-az1)")
+            for zone in rs.subnet_ids_by_az:
+                if _zone_of_region(zone, region):
+                    continue
+                if _AZ_ID.match(zone):
+                    hint = "that is an AZ ID: put it under subnet_ids_by_az_id"
+                else:
+                    hint = (f"zone names are the region and a letter, e.g. {region}a, or a Local Zone such as "
+                            f"{region}-xyz-1a")
+                raise ValueError(f"regions.{region}.subnet_ids_by_az: {zone!r} is not a zone of {region} ({hint})")
+        return self
+
+
+class GcpSettings(BaseModel):
+    """GCP burst settings, named as ``terraform/gcp`` outputs them: ``project``, ``region`` (instances are created
+    only in its zones), ``network``, ``subnetwork``, ``service_account_email``, ``gpu_image``;
+    ``api_endpoint`` (a Compute Engine-compatible endpoint; ``None`` = Google), ``operation_timeout_s`` (an insert
+    not done by then is reconciled by instance name, not failed), ``checkpoint_uri`` (``gs://bucket/prefix``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str = Field(pattern=r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+    region: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")
+    network: str = "global/networks/default"
+    subnetwork: str | None = None
+    service_account_email: str | None = None
+    gpu_image: str = "projects/deeplearning-platform-release/global/images/family/common-cu121-debian-11"
+    instance_template: str | None = None  # informational
+    api_endpoint: str | None = None
+    operation_timeout_s: float = Field(60.0, gt=0, le=3600)
+    checkpoint_uri: str | None = Field(None, pattern=_GS_URI)
+
+
+class CloudSettings(BaseModel):
+    """How the broker runs cloud instances (see :mod:`broker.service.cloud`).
+
+    Fields (units):
+        broker_id: value of the ``fedbroker-broker`` tag on every instance; the orphan sweep only touches
+            instances with this value, so two brokers in one account must differ.
+        report_url: where instances report (``POST .../v1/instances/report``); must be reachable from the
+            instances' subnets, and ``https://`` unless its host is loopback (reports carry a bearer token).
+            ``None`` = ``api_url`` + ``/v1/instances/report``.
+        checkpoint_root: instance-local directory of job checkpoints (synced with ``checkpoint_uri``).
+        start_deadline_s: seconds from instances created to the container reporting ``running``
+            (boot, driver, image pull); past it the attempt is torn down and the job requeued.
+        poll_interval_s: seconds between describe calls on the instances of active cloud attempts
+            (lost instance, spot reclaimed without a report).
+        sweep_interval_s: seconds between orphan sweeps (tagged instances with no live attempt).
+        capacity_cooldown_s: an offer that failed with no capacity is not chosen again for this long.
+        capacity_cooldown_s also applies after a spot reclaim and a start timeout on the offer.
+        quota_cooldown_s: likewise after a quota error (quota rarely frees up by itself) or an unsupported option.
+        error_cooldown_s: likewise after any other provider error (an outage, throttling): provisioning backs
+            off instead of failing jobs (attempts that created nothing do not count against max_attempts).
+        max_failover_options: options (zone -> type -> region -> provider) one attempt may try.
+        notice_grace_s: seconds between SIGTERM and SIGKILL for a container on a cloud instance.
+        checkpoint_sync_s: seconds between checkpoint uploads while a container runs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    broker_id: str = Field("fedbroker", pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
+    report_url: str | None = None
+    checkpoint_root: str = Field("/var/lib/fedbroker/checkpoints", pattern=r"^/[^\x00\n:]*$")
+    start_deadline_s: float = Field(1200.0, gt=0)
+    poll_interval_s: float = Field(30.0, gt=0)
+    sweep_interval_s: float = Field(300.0, gt=0)
+    capacity_cooldown_s: float = Field(600.0, ge=0)
+    quota_cooldown_s: float = Field(3600.0, ge=0)
+    error_cooldown_s: float = Field(120.0, ge=0)
+    max_failover_options: int = Field(8, ge=1, le=100)
+    notice_grace_s: int = Field(90, ge=0, le=600)
+    checkpoint_sync_s: int = Field(300, ge=10)
+
+    @field_validator("report_url")
+    @classmethod
+    def _report_url_https(cls, v: str | None) -> str | None:
+        """Reports carry the rank's bearer token: ``https://`` unless the host is loopback (a trial on one machine)."""
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        try:
+            u = urlsplit(v)
+            host = (u.hostname or "").lower()
+        except ValueError:
+            raise ValueError(f"report_url={v!r}: not a URL") from None
+        if u.scheme == "https" and host:
+            return v
+        if u.scheme == "http" and _is_loopback(host):
+            return v
+        raise ValueError(f"report_url={v!r}: must be an https:// URL (instance reports carry a bearer token); "
+                         f"plain http:// only for a loopback host (127.0.0.1, ::1, localhost)")
+
+
+def _is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_USER_RE = re.compile(r"^(?:[0-9]{1,10}|[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?)$")
+
+
+def _check_job_user(field: str, v: str) -> str:
+    if not isinstance(v, str) or not _USER_RE.match(v):
+        raise ValueError(f"{field}={v!r}: not a user name or numeric uid")
+    if v == "root" or (v.isdigit() and int(v) == 0):
+        raise ValueError(f"{field}={v!r}: jobs never run as root (uid 0); name an unprivileged user")
+    return v
+
+
+class JobsSettings(BaseModel):
+    """How node agents isolate the jobs they run (see :mod:`workers.isolation`).
+
+    Fields:
+        user: the user (name or numeric uid) jobs run as when the agent runs as root; ``None`` = each
+            attempt rank under a uid of its own from ``uid_range`` (jobs that share a user can signal
+            and read each other; per-attempt uids cannot). ``root`` and uid 0 are refused (a name that
+            resolves to uid 0 is refused when the agent starts). When the agent does not run as root it
+            cannot switch users: jobs run as the agent's own user (weaker: a job can then read what the
+            agent can), and a ``user`` naming anyone else is an error at agent start.
+        pool_users: ``{pool: user}``, overrides ``user`` for the agents of that pool.
+        team_users: ``{team: user}``, overrides both for that team's jobs (one user per team keeps
+            teams' working and checkpoint directories apart).
+        root: directory holding the jobs' working directories (``work/<node>/<job>/<attempt>-<rank>``,
+            one per attempt and rank, mode 0700, owned by the job's user) and checkpoint directories
+            (``checkpoints/<team>/<job>``); every directory above it must be traversable by the job
+            users. ``None`` = ``/var/lib/fedbroker/jobs`` when the agent runs as root, else
+            ``state_dir/jobs``.
+        uid_range: ``[lo, hi]`` (inclusive) of the uids a root agent gives its jobs when no user above
+            applies: each attempt rank runs under its own uid (gid = the same number), the lowest one
+            free on the host (the systemd ``DynamicUser=`` idea, :mod:`workers.dynamic_users`); default
+            ``[61184, 65519]``, systemd's range. Within ``1..2**31-1``, ``lo <= hi``, at least 16 ids.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str | None = None
+    pool_users: dict[str, str] = Field(default_factory=dict)
+    team_users: dict[str, str] = Field(default_factory=dict)
+    root: Path | None = None
+    uid_range: tuple[int, int] = (61184, 65519)
+
+    @field_validator("uid_range", mode="before")
+    @classmethod
+    def _uid_range(cls, v: Any) -> tuple[int, int]:
+        from workers.isolation import check_uid_range
+
+        return check_uid_range(v, field="uid_range")  # the message reads "setting jobs.uid_range=..."
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        return None if v is None else _check_job_user("jobs.user", v)
+
+    @field_validator("pool_users", "team_users")
+    @classmethod
+    def _users(cls, v: dict[str, str], info) -> dict[str, str]:
+        for k, u in v.items():
+            _check_job_user(f"jobs.{info.field_name}[{k!r}]", u)
+        return v
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_absolute():
+            raise ValueError(f"jobs.root={str(v)!r}: must be an absolute path")
+        return v
+
+
+class TeamQuota(BaseModel):
+    """One team's overrides of :class:`QuotaSettings` (``quotas.per_team.<team>``): a key left out
+    inherits the section's value; ``0`` or ``null`` means unlimited for that team."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_jobs: int | None = Field(None, ge=0)
+    submits_per_s: float | None = Field(None, ge=0)
+    burst: int | None = Field(None, ge=0)
+
+
+class QuotaSettings(BaseModel):
+    """Per-team admission limits of the API (enforced by :mod:`broker.service.limits`).
+
+    Fields (units; ``0`` or ``null`` = unlimited):
+        max_queued_jobs: unfinished jobs (any state but succeeded/failed/cancelled,
+            :data:`broker.states.UNFINISHED_STATES`) a team may hold; a submit that would exceed it
+            answers 429 (``Retry-After: quota_retry_after_s``). Checked in the submit transaction.
+        submits_per_s: sustained submits per second per team (token bucket in Redis, shared by every
+            API process); a batch charges one token per new item. Over it: 429 with ``Retry-After``.
+        burst: bucket size, submits. A batch bigger than ``burst`` is let in once the bucket is full and
+            leaves it in debt (so the long-run rate still holds). ``0``/``null`` with a rate: one second of
+            submits, ``ceil(submits_per_s)``.
+        quota_retry_after_s: the ``Retry-After`` of a queued-jobs 429, seconds.
+        per_team: ``team -> TeamQuota`` overrides.
+
+    The rate limit needs Redis: while Redis is unreachable submits are let through (fail open) with a
+    warning in the API's log at most once a minute; the queued-jobs quota still holds (it is in the database).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_queued_jobs: int | None = Field(10000, ge=0)
+    submits_per_s: float | None = Field(50.0, ge=0)
+    burst: int | None = Field(200, ge=0)
+    quota_retry_after_s: int = Field(30, ge=1, le=3600)
+    per_team: dict[str, TeamQuota] = Field(default_factory=dict)
+
+    def for_team(self, team: str) -> "TeamLimits":
+        """The limits that apply to ``team`` (its overrides over the section's values), ``None`` = unlimited."""
+        o = self.per_team.get(team)
+        vals = {k: getattr(self, k) for k in ("max_queued_jobs", "submits_per_s", "burst")}
+        if o is not None:
+            vals.update({k: getattr(o, k) for k in o.model_fields_set})
+        rate = vals["submits_per_s"] or None
+        burst = vals["burst"] or None
+        if rate is not None and burst is None:
+            burst = max(1, math.ceil(rate))
+        return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None, submits_per_s=rate,
+                          burst=burst if rate is not None else None)
+
+
+class TeamLimits(BaseModel):
+    """The effective limits of one team (:meth:`QuotaSettings.for_team`); ``None`` = unlimited."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_queued_jobs: int | None = None
+    submits_per_s: float | None = None
+    burst: int | None = None
+
+
+class BrokerSettings(BaseSettings):
+    """Everything the API, Celery workers, beat and node agents read.
+
+    Fields (units):
+        database_url: SQLAlchemy URL of the job store; ``postgresql+psycopg://...`` in
+            production, ``sqlite:///PATH`` for a single-machine trial (default: ``state_dir/fedbroker.db``).
+        database_schema: PostgreSQL schema holding the tables (``None`` = the default ``search_path``).
+        redis_url: Celery broker and the planner's leader lock.
+        state_dir: where the embedded database, node agents' job directories and logs live.
+        api_host, api_port: where ``fedbroker serve api`` listens.
+        api_url: where the SDK and CLI reach the API.
+        api_certfile, api_keyfile: PEM certificate (chain) and private key: ``serve api`` speaks HTTPS
+            (give both or neither; ``--certfile/--keyfile`` override them).
+        api_max_connections: open connections ``serve api`` holds at most; a request above it is a 503
+            (read timeouts and keep-alive limits: :mod:`broker.service.httpserver`).
+        cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
+            register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
+        planner: the planner's settings (policy, carbon price, ...), see :class:`PlannerConfig`.
+        cloud_providers: cloud providers whose offers may be provisioned (``aws``, ``gcp``; each needs
+            its section below); empty = on-prem only (cloud offers are still costed and shown as
+            alternatives in explain records).
+        aws, gcp: provider settings (:class:`AwsSettings`, :class:`GcpSettings`), from Terraform outputs
+            (``fedbroker cloud settings-from-terraform``).
+        cloud: how cloud instances are run and watched (:class:`CloudSettings`).
+        plan_interval_s: seconds between planning cycles (beat).
+        reconcile_interval_s: seconds between reconciler passes (beat).
+        heartbeat_interval_s: seconds between node-agent heartbeats.
+        node_lost_after_s: a node silent this long is lost; its jobs are requeued.
+        dispatch_retry_s: a ``provisioning`` job whose provision message was lost is sent again after
+            max(this, 300) seconds (on-prem agents poll; nothing to re-send).
+        starting_deadline_s: a job still ``starting`` after this long goes back to the queue.
+        provisioning_deadline_s: a job still ``provisioning`` after this long goes back to the queue.
+        cancel_grace_s: seconds between SIGTERM and SIGKILL when a job is cancelled or preempted.
+        planner_lock_ttl_s: TTL of the planner's Redis lock (a crashed leader frees it after this).
+        log_chunk_bytes, log_max_bytes: log shipping chunk size and cap per attempt and rank, bytes.
+        admin_token: DEPRECATED (a warning is logged at startup): a plaintext admin API token that always works
+            and never expires. Use ``admin_token_sha256`` for a break-glass admin, or a stored admin token
+            (``fedbroker tokens create --team ops --admin``: the bootstrap on a fresh store).
+        admin_token_sha256: SHA-256 hex digest (64 lower-case hex) of a break-glass admin token; the secret itself
+            is never in the settings (``printf %s "$TOKEN" | sha256sum``).
+        token_ttl_days: default lifetime of a new or rotated API token, days (at most 3650).
+        max_attempts: a job whose attempts keep ending without an exit code (node lost, start
+            timed out, could not be launched) fails after this many attempts.
+        jobs: how node agents isolate jobs: their user and directories (:class:`JobsSettings`).
+        intake_batch: jobs per intake transaction of a planning cycle (a burst is taken in
+            several short transactions, so a cancel never waits behind one long one).
+        intake_per_cycle: most jobs one planning cycle takes in (0: all), round-robin across teams,
+            oldest first within a team; the rest wait for the next cycle, which is requested at once.
+            Keeps a cycle short during a burst (~0.5-1 ms a job for intake and its first note on 2
+            loaded cores): 200 keeps an intake cycle near 0.2-0.3 s, so another team's job waits at most
+            about two such cycles. Default 200.
+        retention_days: days a finished (succeeded, failed, cancelled) job is kept after it
+            finished; then the reconciler deletes the job row and its events, logs, attempts and
+            cloud-instance records (a job with a cloud instance not yet terminated is kept until it
+            is). Nothing is archived; ``fedbroker jobs``/the API no longer know the job, and its
+            idempotency key may be used again. Fair share counts attempts of the last 56 days
+            (8 half-lives), so with less than that the oldest usage (weight < 5 % at 30 days) is
+            forgotten early. ``0`` keeps everything forever. Default 30.
+        retention_batch: most jobs one reconciler pass deletes (one short transaction).
+        quotas: per-team queued-jobs quota and submit rate limit (:class:`QuotaSettings`).
+        api_token_cache_s: seconds the API keeps a token it authenticated in memory (per process, at
+            most 10,000 tokens); a revoked token keeps working for up to this long. ``0`` = no cache.
+        api_workers: uvicorn worker processes of ``fedbroker serve api`` (each its own pool and cache).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FEDBROKER_", env_nested_delimiter="__", extra="forbid")
+
+    database_url: str | None = None
+    database_schema: str | None = None
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    state_dir: Path = Path(".fedbroker")
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8600, ge=1, le=65535)
+    api_url: str | None = None
+    api_certfile: Path | None = None
+    api_keyfile: Path | None = None
+    api_max_connections: int = Field(1000, ge=1, le=100_000)
+    cluster: Path | None = None
+    planner: PlannerConfig = Field(default_factory=PlannerConfig)
+    cloud_providers: tuple[str, ...] = ()
+    aws: AwsSettings | None = None
+    gcp: GcpSettings | None = None
+    cloud: CloudSettings = Field(default_factory=CloudSettings)
+    plan_interval_s: float = Field(2.0, gt=0)
+    reconcile_interval_s: float = Field(5.0, gt=0)
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    node_lost_after_s: float = Field(30.0, gt=0)
+    dispatch_retry_s: float = Field(10.0, gt=0)
+    starting_deadline_s: float = Field(120.0, gt=0)
+    provisioning_deadline_s: float = Field(900.0, gt=0)
+    cancel_grace_s: float = Field(10.0, ge=0)
+    planner_lock_ttl_s: float = Field(60.0, gt=0)
+    log_chunk_bytes: int = Field(64 * 1024, ge=1024)
+    log_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    admin_token: str | None = None
+    admin_token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    token_ttl_days: float = Field(90.0, gt=0, le=3650)
+    max_attempts: int = Field(5, ge=1)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
+    intake_batch: int = Field(250, ge=1, le=100_000)
+    intake_per_cycle: int = Field(200, ge=0, le=1_000_000)
+    retention_days: float = Field(30.0, ge=0, le=36_500)
+    retention_batch: int = Field(500, ge=1, le=100_000)
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    api_token_cache_s: float = Field(5.0, ge=0, le=300)
+    api_workers: int = Field(1, ge=1, le=64)
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
+
+    @field_validator("cloud_providers")
+    @classmethod
+    def _providers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for p in v:
+            if p not in ("aws", "gcp"):
+                raise ValueError(f"cloud_providers: {p!r} is not a known provider (aws, gcp)")
+        if len(set(v)) != len(v):
+            raise ValueError(f"cloud_providers={list(v)!r}: lists a provider twice")
+        return v
+
+    @model_validator(mode="after")
+    def _provider_sections(self) -> "BrokerSettings":
+        for p in self.cloud_providers:
+            if getattr(self, p) is None:
+                raise ValueError(f"cloud_providers lists {p!r} but the {p!r} section is missing "
+                                 f"(see `fedbroker cloud settings-from-terraform --provider {p}`)")
+        return self
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _YamlSource(settings_cls)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def effective_database_url(self) -> str:
+        """``database_url`` or the embedded SQLite file under ``state_dir``."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.state_dir / 'fedbroker.db').resolve()}"
+
+    @property
+    def effective_api_url(self) -> str:
+        """``api_url``, or ``http://api_host:api_port``."""
+        return self.api_url or f"http://{self.api_host}:{self.api_port}"
+
+    @property
+    def effective_report_url(self) -> str:
+        """Where cloud instances report: ``cloud.report_url`` or the API's ``/v1/instances/report``."""
+        return self.cloud.report_url or f"{self.effective_api_url.rstrip('/')}/v1/instances/report"
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping holds the same key twice (``path``: the keys of the mappings above it)."""
+
+    def __init__(self, key: Any, first_line: int, second_line: int, path: tuple = ()):
+        self.key, self.first_line, self.second_line, self.path = key, first_line, second_line, path
+        where = f" under {'.'.join(map(str, path))!r}" if path else ""
+        super().__init__(f"key {key!r}{where} appears twice (lines {first_line} and {second_line})")
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that raises :class:`DuplicateKeyError` on a mapping key given twice (plain
+    ``safe_load`` keeps the last one silently: two pasted ``settings-from-terraform`` outputs would drop a
+    provider). Merge keys (``<<: *anchor``) may still be overridden, as YAML intends. A document whose aliases
+    expand it beyond :attr:`MAX_EXPANDED_NODES` values raises ``yaml.YAMLError``."""
+
+    #: most nodes a document may expand to with its aliases (a "billion laughs" document of nine nested
+    #: lists of nine aliases expands to 10^9 and took minutes to validate)
+    MAX_EXPANDED_NODES = 100_000
+
+    def construct_document(self, node):
+        if self._expanded_size(node, {}) > self.MAX_EXPANDED_NODES:
+            raise yaml.YAMLError(f"the document expands to more than {self.MAX_EXPANDED_NODES} values through "
+                                 "its aliases (*name); write them out")
+        self._check_unique(node, (), set())
+        return super().construct_document(node)
+
+    def _expanded_size(self, node, sizes: dict) -> int:
+        """How many nodes ``node`` stands for with every alias expanded (memoised per node: linear time)."""
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a cycle (a recursive alias) counts once
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            n += sum(self._expanded_size(k, sizes) + self._expanded_size(v, sizes) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            n += sum(self._expanded_size(v, sizes) for v in node.value)
+        sizes[id(node)] = n
+        return n
+
+    def _check_unique(self, node, path: tuple, seen_nodes: set) -> None:
+        if id(node) in seen_nodes:  # an alias: checked where the anchor is
+            return
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    self._check_unique(value_node, path, seen_nodes)
+                    continue
+                line = key_node.start_mark.line + 1
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = self.construct_object(key_node)
+                    if key in first:
+                        raise DuplicateKeyError(key, first[key], line, path)
+                    first[key] = line
+                else:  # a complex key (a list or mapping): only its own contents are checked
+                    key = "?"
+                    self._check_unique(key_node, path + (key,), seen_nodes)
+                self._check_unique(value_node, path + (key,), seen_nodes)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._check_unique(item, path + (i,), seen_nodes)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` on a key given twice in one mapping."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Reads the YAML file named by ``FEDBROKER_CONFIG`` (a mapping of the fields above; a key given twice
+    is an error naming it and its lines)."""
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ does the work
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("FEDBROKER_CONFIG")
+        if not path:
+            return {}
+        p = Path(path)
+        try:
+            data = load_yaml(p.read_text()) or {}
+        except OSError as e:
+            raise SettingsError(f"FEDBROKER_CONFIG={path!r}: cannot read ({e.strerror or e})") from None
+        except DuplicateKeyError as e:
+            raise SettingsError(f"FEDBROKER_CONFIG={path!r}: {e}") from None
+        except yaml.YAMLError as e:
+            raise SettingsError(f"FEDBROKER_CONFIG={path!r}: not valid YAML ({e})") from None
+        if not isinstance(data, dict):
+            raise SettingsError(f"FEDBROKER_CONFIG={path!r}: must hold a mapping of settings, got {type(data).__name__}")
+        return data
+
+
+#: a validator's own message that starts by naming a field path: "regions: ...", "regions.us-east-1.x: ...", "x=..."
+_OWN_MSG = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*(: |=)")
+
+
+def validation_message(e: ValidationError, prefix: str = "setting") -> str:
+    """One line for the first error of ``e``: ``setting <dotted key>=<value>: <why>``; a message of our own
+    validators, which names its field, gets the dotted path of the section in front instead of the value
+    (``setting aws.regions: 'us-eest-1' is not an AWS region (did you mean 'us-east-1'?)``)."""
+    err = e.errors()[0]
+    parts = [str(x) for x in err["loc"]]
+    loc = ".".join(parts)
+    msg = str(err["msg"])
+    own = msg.startswith("Value error, ")
+    msg = msg.removeprefix("Value error, ")
+    if not loc:  # a rule across fields: the message names them
+        return f"settings: {msg}"
+    if own and _OWN_MSG.match(msg):
+        head = re.split(r"[.:=]", msg, maxsplit=1)[0]
+        parent = parts[:-1] if head == parts[-1] else parts
+        return f"{prefix} {'.'.join(parent + [msg])}"
+    return f"{prefix} {loc}={err.get('input')!r}: {err['msg']}"
+
+
+def load_settings(config: str | Path | None = None, **overrides) -> BrokerSettings:
+    """Settings from ``config`` (or ``$FEDBROKER_CONFIG``), the environment and ``overrides``.
+
+    Raises :class:`SettingsError` naming the first bad key and value.
+    """
+    old = os.environ.get("FEDBROKER_CONFIG")
+    try:
+        if config is not None:
+            os.environ["FEDBROKER_CONFIG"] = str(config)
+        return BrokerSettings(**overrides)
+    except PydanticSettingsError as e:  # an environment variable that is not valid JSON for a list/mapping field
+        raise SettingsError(f"{e}: a list or mapping setting takes JSON in the environment, "
+                            f"e.g. FEDBROKER_CLOUD_PROVIDERS='[\"aws\"]'") from None
+    except ValidationError as e:
+        raise SettingsError(validation_message(e)) from None
+    finally:
+        if config is not None:
+            if old is None:
+                os.environ.pop("FEDBROKER_CONFIG", None)
+            else:
+                os.environ["FEDBROKER_CONFIG"] = old

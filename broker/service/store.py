@@ -1,0 +1,948 @@
+"""The job store: the source of truth for job state (DESIGN.md §5).
+
+:class:`JobStore` wraps a SQLAlchemy engine (PostgreSQL in production, SQLite
+for a single-machine trial) and offers the operations the API, the planner
+cycle, the reconciler and the node agents need. Every state change is a
+compare-and-set on ``jobs.version`` checked against
+:data:`broker.states.ALLOWED_TRANSITIONS` and recorded in ``job_events``.
+
+Exceptions::
+
+    StoreError (ValueError)
+     +-- JobNotFound        no such job, or not visible to the asking team
+     +-- IdempotencyConflict same idempotency key, different spec
+     +-- NotCancellable     the job is already finished
+     +-- ScheduleNotFound   no such schedule, or not visible to the asking team
+     +-- ScheduleConflict   the team already has a schedule of that name
+     +-- InvalidSchedule    bad schedule name, cron, time zone, or an absolute instant in its spec
+     +-- broker.service.tokens.TokenError  token operations (unknown, expired, forbidden, bootstrap refused, ...)
+    broker.states.InvalidTransition (ValueError)
+    broker.service.limits.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from pydantic import ValidationError
+from sqlalchemy import JSON, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.service.db import Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
+from broker.model import JobSpec
+from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
+from broker.states import UNFINISHED_STATES, JobState, check_transition
+
+__all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "ScheduleNotFound",
+           "ScheduleConflict", "InvalidSchedule", "Principal", "new_job_id", "new_schedule_id", "hash_token",
+           "default_deadline", "check_schedule"]
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+#: the states a team's queued-jobs quota counts, as stored
+_UNFINISHED = sorted(x.value for x in UNFINISHED_STATES)
+
+
+class StoreError(ValueError):
+    """Base of the store's errors."""
+
+
+class JobNotFound(StoreError):
+    """No job with this id that the caller may see."""
+
+
+class IdempotencyConflict(StoreError):
+    """The idempotency key was used before, with a different spec."""
+
+
+class NotCancellable(StoreError):
+    """The job already finished."""
+
+
+class ScheduleNotFound(StoreError):
+    """No schedule with this id that the caller may see."""
+
+
+class ScheduleConflict(StoreError):
+    """The team already has a schedule with this name (names are unique per team)."""
+
+
+class InvalidSchedule(StoreError):
+    """A schedule was rejected; nothing was stored.
+
+    Attributes:
+        errors: ``[(field, value, message)]``, one per rejected field; ``field`` is dotted
+            (``"cron"``, ``"timezone"``, ``"name"``, ``"spec.deadline"``) and ``message``
+            starts with ``field=value:`` (``"cron='61 * * * *': ..."``). ``str(e)`` joins the messages.
+    """
+
+    def __init__(self, errors: list[tuple[str, Any, str]]):
+        super().__init__("; ".join(m for _, _, m in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True, init=False)
+class Principal:
+    """Who calls the API: a token's ``kind`` (:data:`broker.schemas.TOKEN_KINDS`), ``team``, ``node`` (node
+    tokens), public ``token_id`` and ``expires_at`` (``None`` for a principal not made from a stored token).
+
+    ``Principal(team, admin=True)`` still works and means ``kind="admin"``; :attr:`admin` is true for
+    the broker admin kind (sees every team)."""
+
+    team: str
+    kind: str = "member"
+    node: str | None = None
+    token_id: str | None = None
+    #: when the token stops working (UTC; ``None``: not a stored token)
+    expires_at: datetime | None = None
+
+    def __init__(self, team: str, admin: bool = False, *, kind: str | None = None, node: str | None = None,
+                 token_id: str | None = None, expires_at: datetime | None = None):
+        object.__setattr__(self, "team", team)
+        object.__setattr__(self, "kind", kind or ("admin" if admin else "member"))
+        object.__setattr__(self, "node", node)
+        object.__setattr__(self, "token_id", token_id)
+        object.__setattr__(self, "expires_at", expires_at)
+
+    @property
+    def admin(self) -> bool:
+        """Whether this is the broker admin (every team)."""
+        return self.kind == "admin"
+
+
+#: PostgreSQL driver-level insert of one :func:`broker.service.tokens.audit_row` (the submit fast path)
+_AUDIT_SQL = ("INSERT INTO audit_events (at, actor_token_id, actor_team, actor_kind, action, target, detail) "
+              "VALUES (%(at)s, %(actor_token_id)s, %(actor_team)s, %(actor_kind)s, %(action)s, %(target)s, %(detail)s)")
+
+
+def _audit_row(actor: Principal | None, action: str, target: str, detail: dict, now: datetime | None = None) -> dict:
+    """The columns of an audit event (:func:`broker.service.tokens.audit_row`)."""
+    from broker.service.tokens import audit_row
+
+    return audit_row(actor, action, target, detail, now)
+
+
+def _audit(s: Session, actor: Principal, action: str, target: str, detail: dict, now: datetime | None = None) -> None:
+    """Write an audit event inside session ``s`` (:func:`broker.service.tokens.audit`)."""
+    from broker.service.tokens import audit
+
+    audit(s, actor, action, target, detail, now)
+
+
+def new_job_id() -> str:
+    """A new job id: ``job-`` and 16 hex digits (64 random bits)."""
+    return "job-" + uuid.uuid4().hex[:16]
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 hex digest of an API token (tokens are 256-bit random, so a fast hash is enough)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_schedule_id() -> str:
+    """A new schedule id: ``sch-`` and 16 hex digits (64 random bits)."""
+    return "sch-" + uuid.uuid4().hex[:16]
+
+
+#: spec fields that hold absolute instants, with why a recurring run cannot use them
+_ABSOLUTE_FIELDS = {
+    "deadline": "a recurring run's spec cannot hold an absolute deadline; every run is relative to its fire "
+                "instant: give slack_s (seconds beyond estimated_duration_s, counted from each fire)",
+    "earliest_start": "a recurring run's spec cannot hold an absolute start (earliest_start/not_before); "
+                      "every run is submitted at its fire instant",
+    "not_after": "a recurring run's spec cannot hold an absolute latest start; every run is relative to its "
+                 "fire instant: bound it with slack_s",
+}
+
+
+def check_schedule(name: str, cron: str, timezone: str, spec: JobSpec) -> str:
+    """Check a schedule's definition without storing it (used by :meth:`JobStore.create_schedule`,
+    the API and the CLI, so all three reject the same things with the same words).
+
+    Args:
+        name: 1-200 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit.
+        cron: 5-field cron expression (:func:`broker.recurring.validate_cron`).
+        timezone: IANA zone the cron is read in (:func:`broker.recurring.validate_timezone`).
+        spec: the job every fire submits; ``deadline``, ``earliest_start`` (``not_before``)
+            and ``not_after`` must be ``None`` (use ``slack_s``: each run's deadline is its
+            fire instant + ``estimated_duration_s`` + ``slack_s``).
+
+    Returns:
+        str: the cron expression normalised (whitespace collapsed, lower case, macros expanded).
+
+    Raises:
+        InvalidSchedule: every rejected field, each message naming the field and the value.
+    """
+    from broker.recurring import ScheduleError, validate_cron, validate_timezone
+
+    errors: list[tuple[str, Any, str]] = []
+    if not isinstance(name, str) or not SCHEDULE_NAME_RE.match(name):
+        errors.append(("name", name, f"name={name!r}: 1-200 letters, digits, '.', '_' or '-', "
+                                     f"starting with a letter or digit"))
+    normalised = cron
+    try:
+        normalised = validate_cron(cron)
+    except ScheduleError as e:
+        errors.append(("cron", cron, str(e)))
+    try:
+        validate_timezone(timezone)
+    except ScheduleError as e:
+        errors.append(("timezone", timezone, str(e)))
+    for field, why in _ABSOLUTE_FIELDS.items():
+        v = getattr(spec, field)
+        if v is not None:
+            errors.append((f"spec.{field}", v, f"spec.{field}={v.isoformat()!r}: {why}"))
+    if errors:
+        raise InvalidSchedule(errors)
+    return normalised
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """SHA-256 of the spec's canonical JSON: equal specs give equal hashes."""
+    return _hash_dumped(spec.model_dump(mode="json"))
+
+
+def _hash_dumped(dumped: dict) -> str:
+    """:func:`spec_hash` of a spec already dumped with ``model_dump(mode="json")``."""
+    return hashlib.sha256(json.dumps(dumped, sort_keys=True).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _submit_sql(cols: tuple[str, ...]) -> str:
+    """PostgreSQL: a job row of columns ``cols`` and its ``submitted`` event in one statement (a
+    data-modifying CTE; psycopg named parameters, one per column)."""
+    return (f"WITH j AS (INSERT INTO jobs ({', '.join(cols)}) "
+            f"VALUES ({', '.join(f'%({c})s' for c in cols)}) RETURNING id, created_at) "
+            "INSERT INTO job_events (job_id, at, from_state, to_state, version, reason) "
+            "SELECT id, created_at, NULL, 'submitted', 1, 'submitted' FROM j")
+
+
+def default_deadline(submitted: datetime, spec: JobSpec) -> datetime:
+    """The completion deadline of a job without one, as in the simulator
+    (:func:`broker.sim.traces.default_deadline_s`): submit + duration + max(duration, 12 h),
+    or submit + duration + ``slack_s`` when the spec gives a slack."""
+    d = spec.estimated_duration_s
+    slack = spec.slack_s if spec.slack_s is not None else max(d, 12 * 3600.0)
+    start = max(submitted, spec.earliest_start) if spec.earliest_start else submitted
+    return start + timedelta(seconds=d + slack)
+
+
+def _stored_spec(raw: dict) -> JobSpec:
+    """The stored spec as a :class:`JobSpec`; a row that today's rules reject (written by an older
+    version) is shown as stored instead of failing every read that includes it."""
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError:
+        return JobSpec.model_construct(**raw)
+
+
+def _job_view(j: Job) -> JobView:
+    return JobView(id=j.id, team=j.team, name=j.name, state=j.state, version=j.version,
+                   spec=_stored_spec(j.spec), created_at=j.created_at, updated_at=j.updated_at,
+                   not_before=j.not_before, not_after=j.not_after, deadline=j.deadline, reason=j.reason,
+                   placement=j.placement, attempt=j.attempt, started_at=j.started_at, finished_at=j.finished_at,
+                   exit_code=j.exit_code, cancel_requested=j.cancel_requested, idempotency_key=j.idempotency_key,
+                   schedule_id=j.schedule_id)
+
+
+def _new_job_view(row: dict, spec: JobSpec) -> JobView:
+    """The view of a job row just written (``row``: the inserted values; ``spec``: its validated spec)."""
+    return JobView(id=row["id"], team=row["team"], name=row["name"], state=row["state"], version=row["version"],
+                   spec=spec, created_at=row["created_at"], updated_at=row["updated_at"],
+                   not_before=row["not_before"], not_after=row["not_after"], deadline=row["deadline"],
+                   reason=row["reason"], placement=None, attempt=0, started_at=None, finished_at=None,
+                   exit_code=None, cancel_requested=False, idempotency_key=row["idempotency_key"],
+                   schedule_id=row["schedule_id"])
+
+
+def _schedule_view(r: Schedule) -> ScheduleView:
+    return ScheduleView(id=r.id, team=r.team, name=r.name, cron=r.cron, timezone=r.timezone,
+                        spec=_stored_spec(r.spec), enabled=r.enabled, next_fire_at=r.next_fire_at,
+                        last_fire_at=r.last_fire_at, created_at=r.created_at, last_error=r.last_error)
+
+
+class JobStore:
+    """Operations on the job store.
+
+    Args:
+        url: SQLAlchemy URL (``postgresql+psycopg://...`` or ``sqlite:///PATH``).
+        schema: PostgreSQL schema to use (created if missing); ``None`` = default search path.
+
+    SQLite runs with WAL and a 30 s busy timeout so the API, workers and agents
+    on one machine can share the file; a missing file is created mode 0600 (in a new directory of
+    mode 0700), and :attr:`created_file` says so.
+    """
+
+    def __init__(self, url: str, schema: str | None = None, echo: bool = False):
+        self.url = url
+        self.schema = schema
+        kw: dict[str, Any] = {"echo": echo, "future": True}
+        #: an SQLite store whose file this made (a new, empty store: a wrong working directory or settings file?)
+        self.created_file = False
+        if url.startswith("sqlite"):
+            path = url.split("sqlite:///", 1)[-1]
+            if path and path != ":memory:":
+                # private to the broker's user: the file holds token hashes, specs and logs
+                Path(path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                try:
+                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                    self.created_file = True
+                except FileExistsError:
+                    pass
+            kw["connect_args"] = {"timeout": 30, "check_same_thread": False}
+        else:
+            kw["pool_pre_ping"] = True
+            kw["pool_size"] = 5
+            kw["max_overflow"] = 10
+            if schema:
+                kw["connect_args"] = {"options": f"-csearch_path={schema}"}
+        self.engine: Engine = create_engine(url, **kw)
+        if url.startswith("sqlite"):
+            @event.listens_for(self.engine, "connect")
+            def _sqlite_pragmas(dbapi_conn, _rec):  # pragma: no cover - trivial
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA foreign_keys=ON")
+                cur.execute("PRAGMA busy_timeout=30000")
+                cur.close()
+            # pysqlite's own transaction handling defers BEGIN; take the write lock at BEGIN so
+            # two writers never deadlock on a lock upgrade.
+            @event.listens_for(self.engine, "connect")
+            def _no_autobegin(dbapi_conn, _rec):  # pragma: no cover - trivial
+                dbapi_conn.isolation_level = None
+
+            @event.listens_for(self.engine, "begin")
+            def _begin_immediate(conn):  # pragma: no cover - trivial
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings) -> "JobStore":
+        """A store for :class:`broker.service.settings.BrokerSettings`."""
+        return cls(settings.effective_database_url, settings.database_schema)
+
+    # ------------------------------------------------------------------ schema
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to Alembic ``revision`` (default the latest; creates the PostgreSQL schema if needed)."""
+        from alembic import command
+        from alembic.config import Config
+
+        if self.schema and not self.url.startswith("sqlite"):
+            with self.engine.begin() as c:
+                c.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"'))
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+        with self.engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+
+    def drop_schema(self) -> None:
+        """Drop the PostgreSQL schema (tests) or every table (SQLite)."""
+        if self.schema and not self.url.startswith("sqlite"):
+            with self.engine.begin() as c:
+                c.execute(text(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE'))
+        else:
+            Base.metadata.drop_all(self.engine)
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on error."""
+        with self._sessions() as s, s.begin():
+            yield s
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(self, team: str, admin: bool = False, label: str = "", *, kind: str | None = None,
+                     ttl: Any = None, node: str | None = None) -> str:
+        """Create an API token for ``team`` and return its secret (only its hash is stored); audited
+        ``token.create`` with actor kind ``database`` (direct store access, no permission check).
+
+        ``kind`` (default ``admin`` if ``admin`` else ``member``), ``ttl`` (seconds, ``"30d"``, a timedelta;
+        default 90 days) and ``node`` as in :func:`broker.service.tokens.create_token`.
+        Raises :class:`StoreError` (:class:`broker.service.tokens.InvalidTokenRequest`) naming a bad field."""
+        from broker.service.tokens import create_token
+
+        return create_token(self, team, kind or ("admin" if admin else "member"), label=label, ttl=ttl,
+                            node=node).token
+
+    def authenticate(self, token: str, now: datetime | None = None) -> Principal | None:
+        """The principal of a valid (unrevoked, unexpired) token, else ``None``
+        (:func:`broker.service.tokens.authenticate` tells expired from unknown)."""
+        from broker.service.tokens import InvalidToken, authenticate
+
+        try:
+            return authenticate(self, token, now)
+        except InvalidToken:
+            return None
+
+    def create_node_token(self, node: str, label: str = "", ttl: Any = None) -> str:
+        """Create the credential of node ``node``'s agent (a token of kind ``node``, team
+        :data:`broker.service.tokens.NODE_TEAM`) and return its secret; audited like every token.
+        Raises :class:`broker.service.tokens.InvalidTokenRequest` for a bad node name or lifetime."""
+        from broker.service.tokens import NODE_TEAM
+
+        return self.create_token(NODE_TEAM, kind="node", label=label, ttl=ttl, node=node)
+
+    def node_of_token(self, token: str) -> str | None:
+        """The node a valid (unrevoked, unexpired) node token names, else ``None`` (other kinds included)."""
+        who = self.authenticate(token)
+        return who.node if who is not None and who.kind == "node" else None
+
+    # ------------------------------------------------------------------ submit / read
+    def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
+               now: datetime | None = None, not_after: datetime | None = None,
+               schedule_id: str | None = None, actor: Principal | None = None, max_unfinished: int | None = None,
+               quota_retry_after_s: int = 30) -> tuple[JobView, bool]:
+        """Store a new job in state ``submitted``; returns ``(job, created)``.
+
+        With ``actor`` (the API's caller) a ``job.submit`` audit event is written in the same transaction.
+
+        With an ``idempotency_key`` already used by ``team`` for the same spec, returns the
+        existing job and ``created=False``; with a different spec raises :class:`IdempotencyConflict`.
+        ``spec.team`` is overwritten by ``team`` (the caller's identity decides).
+        With ``max_unfinished`` (the team's ``quotas.max_queued_jobs``) the team's unfinished jobs are
+        counted in the same transaction (:meth:`_unfinished_after_insert`) and a job over it raises
+        :class:`broker.service.limits.QuotaExceeded` (a replay of an existing job is still answered).
+        """
+        now = now or utcnow()
+        spec = spec.model_copy(update={"team": team})
+        dumped = spec.model_dump(mode="json")
+        h = _hash_dumped(dumped)
+        job_id = new_job_id()
+        deadline = spec.deadline or default_deadline(now, spec)
+        row = dict(id=job_id, team=team, name=spec.name, spec=dumped,
+                   state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
+                   idempotency_key=idempotency_key, spec_hash=h, created_at=now, updated_at=now,
+                   not_before=spec.earliest_start, not_after=not_after or spec.not_after, deadline=deadline, reason="submitted",
+                   deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
+        # One transaction, no read before the insert: the unique (team, idempotency_key) constraint
+        # detects a repeat (also a concurrent one), and the view is built from the row written.
+        # With a quota the team's unfinished jobs are counted after the insert (the new one included).
+        try:
+            if self.engine.dialect.name == "postgresql":
+                held = self._submit_pg(row, max_unfinished, audit=None if actor is None else _audit_row(
+                    actor, "job.submit", job_id, {"team": team, "name": spec.name}, now))
+            else:
+                with self.session() as s:
+                    s.execute(insert(Job).values(**row))
+                    s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
+                                                      to_state=JobState.submitted.value, version=1, reason="submitted"))
+                    if actor is not None:
+                        _audit(s, actor, "job.submit", job_id, {"team": team, "name": spec.name}, now)
+                    held = self._unfinished_after_insert(s, team) if max_unfinished else 0
+                    if max_unfinished and held > max_unfinished:
+                        from broker.service.limits import quota_exceeded
+
+                        raise quota_exceeded(team, max_unfinished, held - 1, 1, quota_retry_after_s)
+            if max_unfinished and held > max_unfinished:  # PostgreSQL: rolled back
+                from broker.service.limits import quota_exceeded
+
+                raise quota_exceeded(team, max_unfinished, held - 1, 1, quota_retry_after_s)
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            found = self._by_key(team, idempotency_key, h)
+            if found is None:
+                raise
+            return found, False
+        return _new_job_view(row, spec), True
+
+    def _submit_pg(self, row: dict, max_unfinished: int | None, audit: dict | None = None) -> int:
+        """PostgreSQL fast path of :meth:`submit` (the API's hot path): the job ``row`` and its ``submitted``
+        event in one statement (:func:`_submit_sql`, a data-modifying CTE), then, with a quota, the team's
+        ``team_usage`` counter (see :meth:`_unfinished_after_insert`); straight on the driver's cursor
+        (SQLAlchemy's statement machinery was half of a submit's CPU). Returns the team's unfinished jobs
+        with the new one (0 without a quota); over ``max_unfinished`` the transaction is rolled back.
+        Raises :class:`IntegrityError` for a duplicate key."""
+        import psycopg
+        from psycopg.types.json import Json
+
+        with self.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            try:
+                with raw.cursor() as cur:
+                    cur.execute(_submit_sql(tuple(row)), {**row, "spec": Json(row["spec"])})
+                    if audit is not None:  # the caller's job.submit audit event, same transaction
+                        cur.execute(_AUDIT_SQL, {**audit, "detail": Json(audit["detail"])})
+                    held = 0
+                    if max_unfinished:
+                        cur.execute("SELECT unfinished FROM team_usage WHERE team = %s", (row["team"],))
+                        held = int((cur.fetchone() or (0,))[0])
+                if max_unfinished and held > max_unfinished:
+                    raw.rollback()
+                else:
+                    raw.commit()
+            except psycopg.errors.UniqueViolation as e:
+                raw.rollback()
+                raise IntegrityError("INSERT INTO jobs", None, e) from e
+            except BaseException:
+                raw.rollback()
+                raise
+        return held
+
+    def _unfinished_after_insert(self, s: Session, team: str) -> int:
+        """Inside a submit transaction ``s`` that has just inserted jobs of ``team``: how many unfinished
+        jobs (:data:`broker.states.UNFINISHED_STATES`) the team holds, the new ones included.
+
+        PostgreSQL: the ``team_usage`` counter kept by triggers on ``jobs`` (migration 0007; O(1)). The insert's
+        trigger updated the team's counter row, so this transaction holds its row lock until it commits:
+        the team's concurrent submits wait for it and then count on top of it (never over the quota);
+        other teams are not blocked. SQLite: a count (``BEGIN IMMEDIATE`` serialises every writer)."""
+        if self.engine.dialect.name == "postgresql":
+            n = s.execute(text("SELECT unfinished FROM team_usage WHERE team = :t"), {"t": team}).scalar()
+            return int(n or 0)
+        return int(s.execute(select(func.count()).select_from(Job).where(
+            Job.team == team, Job.state.in_(_UNFINISHED))).scalar_one())
+
+    def submit_many(self, team: str, items: Sequence[tuple[JobSpec, str | None, datetime | None]], *,
+                    now: datetime | None = None, max_unfinished: int | None = None,
+                    quota_retry_after_s: int = 30, actor: Principal | None = None
+                    ) -> list[tuple[JobView, bool] | IdempotencyConflict]:
+        """Store many jobs of ``team`` in one transaction (the bulk submit); per item as :meth:`submit`.
+
+        Args:
+            items: ``(spec, idempotency_key or None, not_after or None)`` per job, already validated.
+            now: aware submit instant of all of them (default: the current time).
+            max_unfinished: the team's ``quotas.max_queued_jobs``: the new jobs all count; if they do not
+                all fit, none is stored and :class:`broker.service.limits.QuotaExceeded` is raised.
+            actor: the API's caller: a ``job.submit`` audit event per new job, in the same transaction.
+
+        Returns:
+            one entry per item, in order: ``(job, created)`` (``created=False``: the key was used before
+            with the same spec, also earlier in this batch), or an :class:`IdempotencyConflict` (the key was
+            used with another spec) that stores nothing for that item.
+
+        One lookup query for every key, one multi-row insert of jobs and one of their ``submitted``
+        events. A concurrent single submit that takes one of the keys first makes the batch retry once.
+        """
+        now = now or utcnow()
+        prepared = []
+        for spec, key, not_after in items:
+            spec = spec.model_copy(update={"team": team})
+            prepared.append((spec, key, not_after, spec_hash(spec)))
+        for tries in range(3):
+            try:
+                return self._submit_many(team, prepared, now, max_unfinished, quota_retry_after_s, actor)
+            except IntegrityError:
+                if tries == 2:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _submit_many(self, team, prepared, now, max_unfinished, quota_retry_after_s, actor=None):
+        keys = sorted({k for _, k, _, _ in prepared if k is not None})
+        out: list = [None] * len(prepared)
+        with self.session() as s:
+            existing: dict[str, Job] = {}
+            for i in range(0, len(keys), 1000):
+                for j in s.execute(select(Job).where(Job.team == team,
+                                                     Job.idempotency_key.in_(keys[i:i + 1000]))).scalars():
+                    existing[j.idempotency_key] = j
+            new_rows, events, fresh = [], [], {}
+            for idx, (spec, key, not_after, h) in enumerate(prepared):
+                if key is not None and key in existing:
+                    j = existing[key]
+                    out[idx] = ((_job_view(j), False) if j.spec_hash == h else IdempotencyConflict(
+                        f"idempotency_key={key!r}: already used by job {j.id} with a different spec"))
+                    continue
+                if key is not None and key in fresh:
+                    first_h, view = fresh[key]
+                    out[idx] = ((view, False) if first_h == h else IdempotencyConflict(
+                        f"idempotency_key={key!r}: already used by job {view.id} (earlier in this batch) "
+                        f"with a different spec"))
+                    continue
+                job_id = new_job_id()
+                row = dict(id=job_id, team=team, name=spec.name, spec=spec.model_dump(mode="json"),
+                           state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
+                           idempotency_key=key, spec_hash=h, created_at=now, updated_at=now,
+                           not_before=spec.earliest_start, not_after=not_after or spec.not_after,
+                           deadline=spec.deadline or default_deadline(now, spec), reason="submitted",
+                           deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=None)
+                new_rows.append(row)
+                events.append(dict(job_id=job_id, at=now, from_state=None, to_state=JobState.submitted.value,
+                                   version=1, reason="submitted"))
+                view = _new_job_view(row, spec)
+                out[idx] = (view, True)
+                if key is not None:
+                    fresh[key] = (h, view)
+            if new_rows:
+                self._bulk_insert(s, Job.__table__, new_rows)
+                self._bulk_insert(s, JobEvent.__table__, events)
+                if actor is not None:
+                    self._bulk_insert(s, AuditEvent.__table__, [
+                        _audit_row(actor, "job.submit", r["id"], {"team": team, "name": r["name"]}, now)
+                        for r in new_rows])
+                if max_unfinished:
+                    held = self._unfinished_after_insert(s, team)
+                    if held > max_unfinished:
+                        from broker.service.limits import quota_exceeded
+
+                        raise quota_exceeded(team, max_unfinished, held - len(new_rows), len(new_rows),
+                                             quota_retry_after_s)
+        return out
+
+    def _bulk_insert(self, s: Session, table, rows: list[dict]) -> None:
+        """Insert ``rows`` (dicts with the same keys) into ``table`` inside ``s``: PostgreSQL ``COPY``
+        (10x faster than a per-row executemany at 1,000 rows), else an executemany. A duplicate key
+        raises :class:`IntegrityError` either way."""
+        if self.engine.dialect.name != "postgresql":
+            s.execute(insert(table), rows)
+            return
+        import psycopg
+        from psycopg.types.json import Json
+
+        cols = list(rows[0])
+        json_cols = {c for c in cols if isinstance(table.c[c].type, JSON)}
+        raw = s.connection().connection.driver_connection
+        names = ", ".join(f'"{c}"' for c in cols)
+        try:
+            with raw.cursor() as cur, cur.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
+                for r in rows:
+                    copy.write_row([Json(r[c]) if c in json_cols and r[c] is not None else r[c] for c in cols])
+        except psycopg.errors.UniqueViolation as e:
+            raise IntegrityError(f"COPY {table.name}", None, e) from e
+
+    def find_idempotent(self, team: str, key: str, spec: JobSpec) -> JobView | None:
+        """The job ``team`` already submitted with idempotency ``key``, if any (``spec.team`` is
+        replaced by ``team`` as in :meth:`submit`). Raises :class:`IdempotencyConflict` if that
+        job's spec differs from ``spec``. Lets the API answer a retried submit before re-checking it."""
+        return self._by_key(team, key, spec_hash(spec.model_copy(update={"team": team})))
+
+    def _by_key(self, team: str, key: str, h: str) -> JobView | None:
+        with self.session() as s:
+            j = s.execute(select(Job).where(Job.team == team, Job.idempotency_key == key)).scalar_one_or_none()
+            if j is None:
+                return None
+            if j.spec_hash != h:
+                raise IdempotencyConflict(f"idempotency_key={key!r}: already used by job {j.id} with a different spec")
+            return _job_view(j)
+
+    def get(self, job_id: str, team: str | None = None) -> JobView:
+        """The job ``job_id``; with ``team``, only if it belongs to that team. Raises :class:`JobNotFound`."""
+        with self.session() as s:
+            j = s.get(Job, job_id)
+            if j is None or (team is not None and j.team != team):
+                raise JobNotFound(f"job_id={job_id!r}: no such job" + (f" for team {team!r}" if team else ""))
+            return _job_view(j)
+
+    def list_jobs(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
+                  offset: int = 0) -> list[JobView]:
+        """Jobs newest first, filtered by ``team`` and ``states``; at most ``limit`` (1-1000)."""
+        q = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+        if team is not None:
+            q = q.where(Job.team == team)
+        if states:
+            q = q.where(Job.state.in_([JobState(x).value for x in states]))
+        with self.session() as s:
+            return [_job_view(j) for j in s.execute(q).scalars()]
+
+    def count_by_state(self) -> dict[str, int]:
+        """``state -> number of jobs``."""
+        with self.session() as s:
+            return {st: n for st, n in s.execute(select(Job.state, func.count()).group_by(Job.state))}
+
+    def events(self, job_id: str) -> list[JobEventView]:
+        """The state history of a job, oldest first."""
+        with self.session() as s:
+            rows = s.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars()
+            return [JobEventView(at=e.at, from_state=e.from_state, to_state=e.to_state, version=e.version,
+                                 reason=e.reason) for e in rows]
+
+    def attempts(self, job_id: str) -> list[AttemptView]:
+        """The attempts of a job, first first."""
+        with self.session() as s:
+            rows = s.execute(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).scalars()
+            return [AttemptView(number=a.number, kind=a.kind, pool=a.pool, offer_id=a.offer_id, nodes=a.nodes,
+                                gpu_type=a.gpu_type, gpus=a.gpus, created_at=a.created_at, started_at=a.started_at,
+                                ended_at=a.ended_at, exit_code=a.exit_code, outcome=a.outcome, reason=a.reason,
+                                failover=a.failover or [])
+                    for a in rows]
+
+    def decision(self, job_id: str) -> dict | None:
+        """The planner's latest decision record for the job (``None`` before the first cycle)."""
+        with self.session() as s:
+            return s.execute(select(Job.decision).where(Job.id == job_id)).scalar_one_or_none()
+
+    # ------------------------------------------------------------------ transitions
+    @staticmethod
+    def cas(s: Session, job_id: str, version: int, from_state: str, to_state: str, reason: str,
+            now: datetime | None = None, **fields) -> bool:
+        """Compare-and-set one job inside session ``s``: move ``from_state -> to_state`` only if
+        the row still has ``version``; also set ``fields``. Records the event. Returns whether it
+        applied. Raises :class:`broker.states.InvalidTransition` for a move not in the table."""
+        check_transition(job_id, from_state, to_state)
+        now = now or utcnow()
+        res = s.execute(update(Job).where(Job.id == job_id, Job.version == version, Job.state == from_state)
+                        .values(state=to_state, version=version + 1, updated_at=now, reason=reason, **fields))
+        if res.rowcount != 1:
+            return False
+        s.add(JobEvent(job_id=job_id, at=now, from_state=from_state, to_state=to_state, version=version + 1,
+                       reason=reason))
+        return True
+
+    @staticmethod
+    def attempt_row(s: Session, job_id: str, number: int, lock: bool = False) -> Attempt | None:
+        """Inside session ``s``: attempt ``number`` of ``job_id`` (``None`` if there is none); ``lock`` takes a row
+        lock (``SELECT ... FOR UPDATE``) so two reporters of one attempt update it one after the other."""
+        q = select(Attempt).where(Attempt.job_id == job_id, Attempt.number == number)
+        return s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
+
+    @staticmethod
+    def bump(s: Session, job_id: str, version: int, now: datetime | None = None, **fields) -> bool:
+        """Compare-and-set fields of a job without a state change (e.g. a wait decision). Returns whether it applied."""
+        res = s.execute(update(Job).where(Job.id == job_id, Job.version == version)
+                        .values(version=version + 1, updated_at=now or utcnow(), **fields))
+        return res.rowcount == 1
+
+    def transition(self, job_id: str, to_state: str, reason: str, *, expect_version: int | None = None,
+                   expect_state: str | None = None, **fields) -> bool:
+        """Read the job and compare-and-set it to ``to_state`` in one transaction.
+
+        ``expect_version``/``expect_state`` make it conditional on what the caller saw.
+        Returns whether it applied. Raises :class:`JobNotFound`, :class:`InvalidTransition`.
+        """
+        with self.session() as s:
+            j = s.get(Job, job_id)
+            if j is None:
+                raise JobNotFound(f"job_id={job_id!r}: no such job")
+            if expect_version is not None and j.version != expect_version:
+                return False
+            if expect_state is not None and j.state != expect_state:
+                return False
+            return self.cas(s, job_id, j.version, j.state, to_state, reason, **fields)
+
+    def request_cancel(self, job_id: str, team: str | None = None, reason: str = "cancelled by user",
+                       actor: Principal | None = None) -> JobView:
+        """Cancel a job: a waiting job becomes ``cancelled`` at once; a job on a node is marked
+        ``cancel_requested`` and its agent stops it (SIGTERM, grace period, SIGKILL).
+        Cancelling a cancelled job again is a no-op. With ``actor``, the change (not a no-op) is audited
+        ``job.cancel`` in its transaction. Raises :class:`JobNotFound`, :class:`NotCancellable`.
+        """
+        for _ in range(20):  # retry lost compare-and-set races
+            j = self.get(job_id, team)
+            if j.state == JobState.cancelled.value:
+                return j
+            if j.state in (JobState.succeeded.value, JobState.failed.value):
+                raise NotCancellable(f"job_id={job_id!r}: already {j.state}")
+            with self.session() as s:
+                if j.state in (JobState.running.value, JobState.starting.value):
+                    if j.cancel_requested:
+                        return j
+                    if self.bump(s, job_id, j.version, cancel_requested=True, reason=f"cancel requested: {reason}"):
+                        s.add(JobEvent(job_id=job_id, at=utcnow(), from_state=j.state, to_state=j.state,
+                                       version=j.version + 1, reason=f"cancel requested: {reason}"))
+                        if actor is not None:
+                            _audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
+                                                                   "to_state": j.state, "cancel_requested": True})
+                        break
+                else:
+                    if self.cas(s, job_id, j.version, j.state, JobState.cancelled.value, reason,
+                                finished_at=utcnow(), cancel_requested=True):
+                        if actor is not None:
+                            _audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
+                                                                   "to_state": JobState.cancelled.value})
+                        break
+        return self.get(job_id, team)
+
+    # ------------------------------------------------------------------ logs
+    def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str) -> bool:
+        """Store one log chunk; a chunk already stored (same job, attempt, rank, seq) is ignored. Returns whether stored."""
+        try:
+            with self.session() as s:
+                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=data))
+            return True
+        except IntegrityError:
+            return False
+
+    def log_chunks(self, job_id: str, attempt: int, rank: int = 0) -> list[tuple[int, str]]:
+        """``[(seq, text)]`` of an attempt's log, in order."""
+        with self.session() as s:
+            rows = s.execute(select(JobLog.seq, JobLog.data).where(
+                JobLog.job_id == job_id, JobLog.attempt == attempt, JobLog.rank == rank).order_by(JobLog.seq))
+            return [(r.seq, r.data) for r in rows]
+
+    # ------------------------------------------------------------------ nodes
+    def heartbeat(self, name: str, pool: str, gpu_type: str, gpu_count: int, gpu_memory_gb: float,
+                  healthy_gpus: Sequence[int], agent_id: str, telemetry: dict | None = None,
+                  now: datetime | None = None) -> None:
+        """Register or refresh a node (its agent calls this every ``heartbeat_interval_s``)."""
+        now = now or utcnow()
+        vals = dict(pool=pool, gpu_type=gpu_type, gpu_count=gpu_count, gpu_memory_gb=gpu_memory_gb,
+                    healthy_gpus=sorted(int(g) for g in healthy_gpus), state="up", agent_id=agent_id,
+                    last_heartbeat_at=now, telemetry=telemetry)
+        with self.session() as s:
+            n = s.get(Node, name)
+            if n is None:
+                s.add(Node(name=name, registered_at=now, **vals))
+            else:
+                for k, v in vals.items():
+                    setattr(n, k, v)
+
+    def nodes(self) -> list[NodeView]:
+        """Every node the store knows, by name."""
+        with self.session() as s:
+            return [NodeView(name=n.name, pool=n.pool, gpu_type=n.gpu_type, gpu_count=n.gpu_count,
+                             gpu_memory_gb=n.gpu_memory_gb, healthy_gpus=list(n.healthy_gpus), state=n.state,
+                             last_heartbeat_at=n.last_heartbeat_at, telemetry=n.telemetry)
+                    for n in s.execute(select(Node).order_by(Node.name)).scalars()]
+
+    # ------------------------------------------------------------------ planner fence
+    def planner_version(self) -> int:
+        """The planner fence's current version (0 before the first cycle)."""
+        with self.session() as s:
+            v = s.execute(select(PlannerState.version).where(PlannerState.id == 1)).scalar_one_or_none()
+            if v is None:
+                try:
+                    s.add(PlannerState(id=1, version=0, leader=""))
+                    s.flush()
+                except IntegrityError:
+                    pass
+                return 0
+            return int(v)
+
+    def instance_secret(self) -> bytes:
+        """The key of cloud instances' report tokens (32 random bytes), made once and kept in ``planner_state``.
+
+        Two processes asking at once get the same key: the row is only filled where it is still empty."""
+        import secrets
+
+        self.planner_version()  # makes the row
+        with self.session() as s:
+            s.execute(update(PlannerState).where(PlannerState.id == 1, PlannerState.instance_secret.is_(None))
+                      .values(instance_secret=secrets.token_hex(32)))
+        with self.session() as s:
+            return bytes.fromhex(s.execute(select(PlannerState.instance_secret).where(PlannerState.id == 1)).scalar_one())
+
+    @staticmethod
+    def advance_fence(s: Session, seen_version: int, leader: str, now: datetime) -> bool:
+        """Inside the apply transaction: bump the planner fence from ``seen_version``.
+        False if another cycle applied in between (this cycle's plan is stale and must be dropped)."""
+        res = s.execute(update(PlannerState).where(PlannerState.id == 1, PlannerState.version == seen_version)
+                        .values(version=seen_version + 1, leader=leader, cycle_at=now))
+        return res.rowcount == 1
+
+    # ------------------------------------------------------------------ schedules
+    def create_schedule(self, team: str, name: str, cron: str, timezone: str, spec: JobSpec,
+                        now: datetime | None = None, actor: Principal | None = None) -> ScheduleView:
+        """Store a recurring run: every fire of ``cron`` (read in ``timezone``'s local wall-clock
+        time, DST rules of :mod:`broker.recurring`) submits ``spec`` as a job of ``team`` (the
+        reconciler does it, with the idempotency key ``schedule:<id>:<fire instant>``).
+
+        Args:
+            team: the owning team (``spec.team`` is overwritten by it, as in :meth:`submit`).
+            name: unique per team; 1-200 letters, digits, ``.``, ``_`` or ``-``.
+            cron: 5-field cron expression; stored normalised (``"@daily"`` -> ``"0 0 * * *"``).
+            timezone: IANA zone name (``"Europe/London"``, ``"UTC"``).
+            spec: the job of every run; no absolute instants (``deadline``, ``earliest_start``/
+                ``not_before``, ``not_after`` must be ``None``): each run's deadline is its fire
+                instant + ``estimated_duration_s`` + ``slack_s`` (12 h or the duration if no slack).
+            now: aware creation instant (default: the current time); the first fire is the first
+                one strictly after it.
+            actor: the API's caller; a ``schedule.create`` audit event is written in the same transaction.
+
+        Returns:
+            ScheduleView: enabled, ``next_fire_at = next_fire(cron, timezone, now)`` (UTC), never fired.
+
+        Raises:
+            InvalidSchedule: bad name, cron or time zone, or an absolute instant in ``spec``
+                (:func:`check_schedule`).
+            ScheduleConflict: ``team`` already has a schedule called ``name``.
+            ValueError: ``now`` is naive.
+        """
+        from broker.recurring import next_fire
+
+        tz = timezone
+        now = now or utcnow()
+        if now.tzinfo is None or now.utcoffset() is None:
+            raise ValueError(f"now={now.isoformat()!r}: naive datetime; give an aware one (e.g. UTC)")
+        cron = check_schedule(name, cron, tz, spec)
+        row = Schedule(id=new_schedule_id(), team=team, name=name, cron=cron, timezone=tz,
+                       spec=spec.model_copy(update={"team": team}).model_dump(mode="json"), enabled=True,
+                       next_fire_at=next_fire(cron, tz, now), last_fire_at=None, created_at=now)
+        try:
+            with self.session() as s:
+                s.add(row)
+                s.flush()
+                if actor is not None:
+                    _audit(s, actor, "schedule.create", row.id, {"team": team, "name": name, "cron": cron,
+                                                                 "timezone": tz}, now)
+        except IntegrityError:
+            with self.session() as s:
+                other = s.execute(select(Schedule.id).where(Schedule.team == team, Schedule.name == name)).scalar()
+            if other is None:  # not the (team, name) constraint
+                raise
+            raise ScheduleConflict(f"name={name!r}: team {team!r} already has a schedule with this name "
+                                   f"({other}); delete it first or pick another name") from None
+        return self.get_schedule(row.id)
+
+    def get_schedule(self, schedule_id: str, team: str | None = None) -> ScheduleView:
+        """The schedule ``schedule_id``; with ``team``, only if it belongs to that team.
+        Raises :class:`ScheduleNotFound`."""
+        with self.session() as s:
+            r = s.get(Schedule, schedule_id)
+            if r is None or (team is not None and r.team != team):
+                raise ScheduleNotFound(f"schedule_id={schedule_id!r}: no such schedule"
+                                       + (f" for team {team!r}" if team else ""))
+            return _schedule_view(r)
+
+    def set_schedule_enabled(self, schedule_id: str, enabled: bool, team: str | None = None,
+                             now: datetime | None = None, actor: Principal | None = None) -> ScheduleView:
+        """Pause (``enabled=False``) or resume (``True``) a schedule; with ``team``, only that team's.
+
+        A paused schedule creates no jobs. Resuming a paused schedule sets ``next_fire_at`` to
+        the first fire strictly after ``now`` (default: the current time): fires missed while
+        paused are skipped, not caught up. Pausing a paused or resuming an enabled schedule
+        changes nothing. With ``actor``, a change is audited (``schedule.pause`` / ``schedule.resume``) in
+        its transaction. Returns the schedule. Raises :class:`ScheduleNotFound`.
+        """
+        from broker.recurring import next_fire
+
+        now = now or utcnow()
+        with self.session() as s:
+            q = select(Schedule).where(Schedule.id == schedule_id).with_for_update()
+            if team is not None:
+                q = q.where(Schedule.team == team)
+            r = s.execute(q).scalar_one_or_none()
+            if r is None:
+                raise ScheduleNotFound(f"schedule_id={schedule_id!r}: no such schedule"
+                                       + (f" for team {team!r}" if team else ""))
+            if enabled and not r.enabled:
+                r.next_fire_at = next_fire(r.cron, r.timezone, now)
+                r.last_error = None
+            if actor is not None and bool(enabled) != r.enabled:
+                _audit(s, actor, "schedule.resume" if enabled else "schedule.pause", r.id, {"team": r.team}, now)
+            r.enabled = bool(enabled)
+            s.flush()
+            return _schedule_view(r)
+
+    def schedules(self, team: str | None = None) -> list[ScheduleView]:
+        """Schedules ordered by team then name; only ``team``'s when given."""
+        with self.session() as s:
+            q = select(Schedule).order_by(Schedule.team, Schedule.name)
+            if team is not None:
+                q = q.where(Schedule.team == team)
+            return [_schedule_view(r) for r in s.execute(q).scalars()]
+
+    def delete_schedule(self, schedule_id: str, team: str | None = None, actor: Principal | None = None) -> bool:
+        """Delete a schedule (with ``team``, only that team's). Jobs it already created stay, with
+        their ``schedule_id``. With ``actor``, a deletion is audited ``schedule.delete`` in its
+        transaction. Returns whether a schedule was deleted."""
+        with self.session() as s:
+            q = delete(Schedule).where(Schedule.id == schedule_id)
+            if team is not None:
+                q = q.where(Schedule.team == team)
+            owner = (s.execute(select(Schedule.team).where(Schedule.id == schedule_id)).scalar_one_or_none()
+                     if actor is not None else None)
+            deleted = s.execute(q).rowcount == 1
+            if deleted and actor is not None:
+                _audit(s, actor, "schedule.delete", schedule_id, {"team": owner})
+            return deleted

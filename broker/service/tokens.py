@@ -1,0 +1,425 @@
+"""API tokens: kinds, lifetimes, the bootstrap rule, and the audit log of who changed what.
+
+Kinds (:data:`broker.schemas.TOKEN_KINDS`), each tied to one team::
+
+    member      submit, read and cancel its team's jobs; its team's schedules
+    team-admin  a member that also lists, creates (member, read-only), revokes and rotates
+                its own team's member, read-only and team-admin tokens
+    read-only   GET only, its own team (finance viewers)
+    node        scoped to one node (``node``); no job or schedule route (the agent API will take it)
+    admin       the broker admin: every team, every token operation, the audit log
+
+Every token has an expiry (``expires_at``, UTC; default lifetime ``settings.token_ttl_days``, at most
+3650 days); an expired token answers 401 ``token expired``, an unknown or revoked one 401 ``unknown
+or revoked token``. ``last_used_at`` is written at most once a minute per token (a conditional
+UPDATE, so many API processes together still write at most once a minute).
+
+Bootstrap: minting a token directly in the database (the CLI without ``--token``) works only while
+the store holds no usable (unrevoked, unexpired) admin token — a fresh install. Afterwards every
+token is minted over the API with an admin (or team-admin) token (:func:`bootstrap`).
+
+Audit: every token operation and every job or schedule change requested through the API writes one
+``audit_events`` row in the same transaction as the change (:func:`audit`): actor token id, team and
+kind (``database`` for direct store access), action, target id and a JSON detail.
+
+Exceptions::
+
+    broker.service.store.StoreError (ValueError)
+     +-- TokenError
+          +-- InvalidToken       401: unknown or revoked (also a malformed secret)
+          |    +-- TokenExpired  401: past its expires_at
+          +-- TokenNotFound      404: no token with this id visible to the caller
+          +-- TokenForbidden     403: the caller's kind may not do this
+          +-- TokenConflict      409: rotating a revoked token
+          +-- BootstrapRefused   a usable admin token exists: mint over the API instead
+          +-- InvalidTokenRequest  422: bad team, kind, node, label or lifetime; .field, .value
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, text, update
+
+from broker.service.db import ApiToken, AuditEvent, utcnow
+from broker.model import TEAM_RE
+from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
+from broker.service.store import JobStore, Principal, StoreError, hash_token
+
+__all__ = ["TOKEN_KINDS", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
+           "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",
+           "TokenConflict", "BootstrapRefused", "InvalidTokenRequest", "parse_ttl", "new_token_id", "audit",
+           "create_token", "bootstrap", "authenticate", "list_tokens", "revoke", "rotate", "audit_events",
+           "may_manage", "MANAGED_BY_TEAM_ADMIN", "CREATED_BY_TEAM_ADMIN"]
+
+#: the shortest token lifetime, seconds
+TOKEN_MIN_TTL_S = 60
+#: the default lifetime when neither the caller nor the settings give one (settings.token_ttl_days' default)
+DEFAULT_TTL_S = 90 * 86400
+#: ``last_used_at`` is written at most once per this many seconds per token
+LAST_USED_RESOLUTION_S = 60
+#: public token ids
+TOKEN_ID_RE = re.compile(r"^tok-[0-9a-f]{16}$")
+#: kinds a team admin may create in its own team
+CREATED_BY_TEAM_ADMIN = frozenset({"member", "read-only"})
+#: kinds of its own team's tokens a team admin may list, revoke and rotate
+MANAGED_BY_TEAM_ADMIN = frozenset({"member", "read-only", "team-admin"})
+_NAME_RE = TEAM_RE  # team and node names: one rule (broker.model)
+_TTL_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class TokenError(StoreError):
+    """Base of the token errors."""
+
+
+class InvalidToken(TokenError):
+    """The secret is unknown, malformed or revoked."""
+
+
+class TokenExpired(InvalidToken):
+    """The token's ``expires_at`` has passed."""
+
+
+class TokenNotFound(TokenError):
+    """No token with this id that the caller may see."""
+
+
+class TokenForbidden(TokenError):
+    """The caller's token kind may not do this."""
+
+
+class TokenConflict(TokenError):
+    """The operation does not fit the token's state (e.g. rotating a revoked token)."""
+
+
+class BootstrapRefused(TokenError):
+    """Direct-database minting while a usable admin token exists."""
+
+
+class InvalidTokenRequest(TokenError):
+    """A bad field of a token request; ``field`` and ``value`` name it, the message starts with ``field=value:``."""
+
+    def __init__(self, field: str, value: Any, why: str):
+        super().__init__(f"{field}={value!r}: {why}")
+        self.field, self.value = field, value
+
+
+#: the team recorded on node tokens (kind ``node``): they belong to a node, not a team, and no team route takes them
+NODE_TEAM = "nodes"
+
+
+def new_token_id() -> str:
+    """A new public token id: ``tok-`` and 16 hex digits (64 random bits)."""
+    return "tok-" + uuid.uuid4().hex[:16]
+
+
+def _new_secret() -> str:
+    return "fbk_" + secrets.token_urlsafe(32)
+
+
+def parse_ttl(value: str | int | float | timedelta) -> float:
+    """A token lifetime in seconds from ``"30d"``, ``"12h"``, ``"90m"``, ``"45s"``, ``"2w"``, ``"3600"`` (seconds),
+    a number of seconds or a :class:`~datetime.timedelta`.
+
+    Raises :class:`InvalidTokenRequest` (``ttl=...``) for anything else or a lifetime outside
+    [60 s, 3650 days]."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _TTL_RE.match(value.lower())):
+        seconds = float(m.group(1)) * _TTL_UNITS[m.group(2)]
+    else:
+        raise InvalidTokenRequest("ttl", value, "a lifetime such as 30d, 12h, 90m, 45s, 2w or a number of seconds")
+    if not TOKEN_MIN_TTL_S <= seconds <= TOKEN_MAX_TTL_S:
+        raise InvalidTokenRequest("ttl", value, f"must be between {TOKEN_MIN_TTL_S} s and "
+                                                f"{TOKEN_MAX_TTL_S // 86400} days (got {seconds:g} s)")
+    return seconds
+
+
+def _actor_fields(actor: Principal | None) -> dict[str, Any]:
+    if actor is None:
+        return {"actor_token_id": None, "actor_team": "", "actor_kind": "database"}
+    return {"actor_token_id": actor.token_id, "actor_team": actor.team, "actor_kind": actor.kind}
+
+
+def audit_row(actor: Principal | None, action: str, target: str, detail: dict[str, Any] | None = None,
+              now: datetime | None = None) -> dict[str, Any]:
+    """The ``audit_events`` columns recording that ``actor`` (``None`` = direct store access, kind
+    ``database``) did ``action`` to ``target`` at ``now`` (for bulk and driver-level inserts)."""
+    return {"at": now or utcnow(), "action": action, "target": target, "detail": detail or {}, **_actor_fields(actor)}
+
+
+def audit(s, actor: Principal | None, action: str, target: str, detail: dict[str, Any] | None = None,
+          now: datetime | None = None) -> None:
+    """Inside session ``s`` (the transaction of the change): record that ``actor`` (``None`` = direct store
+    access, kind ``database``) did ``action`` to ``target``. ``detail`` must be JSON-serialisable."""
+    s.execute(insert(AuditEvent).values(**audit_row(actor, action, target, detail, now)))
+
+
+def _view(r: ApiToken, now: datetime) -> TokenView:
+    return TokenView(id=r.public_id, team=r.team, kind=r.kind, label=r.label, node=r.node, created_at=r.created_at,
+                     expires_at=r.expires_at, last_used_at=r.last_used_at, revoked=bool(r.revoked),
+                     expired=r.expires_at <= now)
+
+
+def may_manage(actor: Principal, team: str, kind: str, *, create: bool = False) -> None:
+    """Raise :class:`TokenForbidden` unless ``actor`` may create (``create``) or list/revoke/rotate a ``kind``
+    token of ``team``: an admin any; a team admin its own team's (create: member and read-only; otherwise
+    also team-admin); no other kind."""
+    if actor.kind == "admin":
+        return
+    if actor.kind != "team-admin":
+        raise TokenForbidden(f"a {actor.kind} token cannot manage tokens (needs a team-admin or admin token)")
+    if team != actor.team:
+        raise TokenForbidden(f"team={team!r}: your token is a team admin of {actor.team!r} only")
+    allowed = CREATED_BY_TEAM_ADMIN if create else MANAGED_BY_TEAM_ADMIN
+    if kind not in allowed:
+        raise TokenForbidden(f"kind={kind!r}: a team admin may {'create' if create else 'manage'} only "
+                             f"{', '.join(sorted(allowed))} tokens; ask a broker admin")
+
+
+def _check_fields(team: str, kind: str, label: str, node: str | None) -> None:
+    if not isinstance(team, str) or not _NAME_RE.match(team):
+        raise InvalidTokenRequest("team", team, "1-63 letters, digits, '.', '_' or '-'")
+    if kind not in TOKEN_KINDS:
+        raise InvalidTokenRequest("kind", kind, f"one of {', '.join(TOKEN_KINDS)}")
+    if len(label) > 200:
+        raise InvalidTokenRequest("label", label[:20] + "...", "at most 200 characters")
+    if kind == "node":
+        if not node or not _NAME_RE.match(node):
+            raise InvalidTokenRequest("node", node, "a node token needs the node's name (1-63 letters, digits, "
+                                                    "'.', '_' or '-')")
+    elif node is not None:
+        raise InvalidTokenRequest("node", node, f"only node tokens name a node (kind is {kind!r})")
+
+
+def _insert(s, team: str, kind: str, label: str, node: str | None, ttl_s: float, now: datetime
+            ) -> tuple[str, ApiToken]:
+    secret = _new_secret()
+    row = ApiToken(team=team, token_hash=hash_token(secret), admin=kind == "admin", label=label, created_at=now,
+                   revoked=False, public_id=new_token_id(), kind=kind, node=node,
+                   expires_at=now + timedelta(seconds=ttl_s), last_used_at=None)
+    s.add(row)
+    s.flush()
+    return secret, row
+
+
+def _created(secret: str, row: ApiToken, now: datetime, rotated_from: str | None = None) -> CreatedToken:
+    return CreatedToken(**_view(row, now).model_dump(), token=secret, rotated_from=rotated_from)
+
+
+def _detail(row: ApiToken) -> dict[str, Any]:
+    return {"team": row.team, "kind": row.kind, "label": row.label, "node": row.node,
+            "expires_at": row.expires_at.isoformat()}
+
+
+def create_token(store: JobStore, team: str, kind: str = "member", *, label: str = "", ttl: Any = None,
+                 node: str | None = None, actor: Principal | None = None, now: datetime | None = None
+                 ) -> CreatedToken:
+    """Create a token and audit it (``token.create``) in one transaction.
+
+    Args:
+        team, kind, label, node: see :class:`broker.schemas.TokenCreateRequest`.
+        ttl: lifetime (:func:`parse_ttl`: seconds, ``"30d"``, a timedelta); ``None`` = :data:`DEFAULT_TTL_S`.
+        actor: who asks; checked with :func:`may_manage` (``None`` = direct store access, unchecked); a team
+            admin's token never makes one that outlives it (the lifetime is cut to its own expiry).
+        now: aware creation instant (default: the current time).
+    Returns: the token with its secret (shown once).
+    Raises: :class:`InvalidTokenRequest`, :class:`TokenForbidden`.
+    """
+    now = now or utcnow()
+    if kind == "node":
+        team = NODE_TEAM  # a node token belongs to a node, not to a team
+    _check_fields(team, kind, label, node)
+    ttl_s = DEFAULT_TTL_S if ttl is None else parse_ttl(ttl)
+    if actor is not None:
+        may_manage(actor, team, kind, create=True)
+        ttl_s = _within_actor(actor, ttl_s, now)
+    with store.session() as s:
+        secret, row = _insert(s, team, kind, label, node, ttl_s, now)
+        audit(s, actor, "token.create", row.public_id, _detail(row), now)
+    return _created(secret, row, now)
+
+
+def _within_actor(actor: Principal, ttl_s: float, now: datetime) -> float:
+    """``ttl_s`` cut so that a token made by a team admin never outlives the team admin's own token (a broker
+    admin's tokens are not cut); seconds. Raises :class:`InvalidTokenRequest` (``ttl``) when the team admin's
+    own token has less than :data:`TOKEN_MIN_TTL_S` left."""
+    if actor.kind != "admin" and actor.expires_at is not None:
+        left = (actor.expires_at - now).total_seconds()
+        if left < TOKEN_MIN_TTL_S:
+            raise InvalidTokenRequest("ttl", ttl_s, f"your own token expires in {max(left, 0):.0f} s: a token it "
+                                                   f"makes would live less than {TOKEN_MIN_TTL_S} s; rotate yours first")
+        return min(ttl_s, left)
+    return ttl_s
+
+
+def _usable_admin_exists(s, now: datetime) -> bool:
+    return s.execute(select(ApiToken.id).where(ApiToken.kind == "admin", ApiToken.revoked.is_(False),
+                                               ApiToken.expires_at > now).limit(1)).first() is not None
+
+
+def bootstrap(store: JobStore, team: str, kind: str = "member", *, label: str = "", ttl: Any = None,
+              node: str | None = None, now: datetime | None = None) -> CreatedToken:
+    """Mint a token directly in the database (no API token): only while the store holds no usable
+    (unrevoked, unexpired) admin token, i.e. on a fresh install; audited as ``token.bootstrap`` with
+    actor kind ``database``. The check and the insert are one transaction (PostgreSQL: the token table
+    is locked against concurrent inserts; SQLite: ``BEGIN IMMEDIATE``), so two bootstraps cannot both pass.
+
+    Arguments as :func:`create_token`. Raises :class:`BootstrapRefused` once an admin token exists,
+    :class:`InvalidTokenRequest` for bad fields.
+    """
+    now = now or utcnow()
+    _check_fields(team, kind, label, node)
+    ttl_s = DEFAULT_TTL_S if ttl is None else parse_ttl(ttl)
+    with store.session() as s:
+        if s.get_bind().dialect.name == "postgresql":
+            s.execute(text("LOCK TABLE api_tokens IN SHARE ROW EXCLUSIVE MODE"))
+        if _usable_admin_exists(s, now):
+            raise BootstrapRefused(
+                "this store already has an admin token, so tokens are no longer minted directly in the database: "
+                "create them over the API with an admin (or team-admin) token, e.g. "
+                "`fedbroker tokens create --team T --token $ADMIN_TOKEN` (or FEDBROKER_TOKEN)")
+        secret, row = _insert(s, team, kind, label, node, ttl_s, now)
+        audit(s, None, "token.bootstrap", row.public_id, _detail(row), now)
+    return _created(secret, row, now)
+
+
+def authenticate(store: JobStore, token: str, now: datetime | None = None) -> Principal:
+    """The principal of a valid token: ``kind``, ``team``, ``node``, ``token_id``.
+
+    Refreshes ``last_used_at`` when it is older than :data:`LAST_USED_RESOLUTION_S` (a conditional
+    UPDATE: at most one write a minute per token, whatever the request rate or number of processes).
+    Raises :class:`TokenExpired` (past ``expires_at``), :class:`InvalidToken` (unknown or revoked).
+    """
+    now = now or utcnow()
+    if not isinstance(token, str) or not token or len(token) > 200:
+        raise InvalidToken("unknown or revoked token")
+    with store.session() as s:
+        row = s.execute(select(ApiToken.id, ApiToken.public_id, ApiToken.team, ApiToken.kind, ApiToken.node,
+                               ApiToken.revoked, ApiToken.expires_at, ApiToken.last_used_at)
+                        .where(ApiToken.token_hash == hash_token(token))).first()
+    if row is None or row.revoked:
+        raise InvalidToken("unknown or revoked token")
+    if row.expires_at <= now:
+        raise TokenExpired(f"token expired at {row.expires_at.isoformat(timespec='seconds')} (token {row.public_id}); "
+                           "ask for a new one or rotate it: `fedbroker tokens rotate TOKEN_ID`")
+    stale = now - timedelta(seconds=LAST_USED_RESOLUTION_S)
+    if row.last_used_at is None or row.last_used_at <= stale:
+        with store.session() as s:
+            s.execute(update(ApiToken).where(ApiToken.id == row.id, (ApiToken.last_used_at.is_(None))
+                                             | (ApiToken.last_used_at <= stale)).values(last_used_at=now))
+    return Principal(row.team, kind=row.kind, node=row.node, token_id=row.public_id, expires_at=row.expires_at)
+
+
+def list_tokens(store: JobStore, actor: Principal | None = None, team: str | None = None,
+                include_revoked: bool = False, now: datetime | None = None) -> list[TokenView]:
+    """Tokens by team, then creation: an admin (or ``actor=None``) sees every team's (or ``team``'s), a team
+    admin its own team's member, read-only and team-admin tokens. Revoked ones only with ``include_revoked``.
+    Raises :class:`TokenForbidden` (another kind, or a team admin naming another team)."""
+    now = now or utcnow()
+    q = select(ApiToken).order_by(ApiToken.team, ApiToken.created_at, ApiToken.id)
+    if actor is not None and actor.kind != "admin":
+        may_manage(actor, team or actor.team, "member")
+        team = actor.team
+        q = q.where(ApiToken.kind.in_(sorted(MANAGED_BY_TEAM_ADMIN)))
+    if team is not None:
+        q = q.where(ApiToken.team == team)
+    if not include_revoked:
+        q = q.where(ApiToken.revoked.is_(False))
+    with store.session() as s:
+        return [_view(r, now) for r in s.execute(q).scalars()]
+
+
+def _visible_row(s, token_id: str, actor: Principal | None) -> ApiToken:
+    """The token row ``token_id`` for update, if ``actor`` may manage it; else :class:`TokenNotFound` (another
+    team's token looks missing) or :class:`TokenForbidden` (own team, kind not allowed)."""
+    missing = TokenNotFound(f"token_id={token_id!r}: no such token"
+                            + ("" if actor is None or actor.kind == "admin" else f" for team {actor.team!r}"))
+    if not isinstance(token_id, str) or not TOKEN_ID_RE.match(token_id):
+        raise missing
+    if actor is not None and actor.kind not in ("admin", "team-admin"):
+        raise TokenForbidden(f"a {actor.kind} token cannot manage tokens (needs a team-admin or admin token)")
+    row = s.execute(select(ApiToken).where(ApiToken.public_id == token_id).with_for_update()).scalar_one_or_none()
+    if row is None or (actor is not None and actor.kind != "admin" and row.team != actor.team):
+        raise missing
+    if actor is not None:
+        may_manage(actor, row.team, row.kind)
+    return row
+
+
+def revoke(store: JobStore, token_id: str, actor: Principal | None = None, now: datetime | None = None) -> TokenView:
+    """Revoke a token (it answers 401 from now on); audited ``token.revoke``. Revoking a revoked token changes
+    nothing and writes no event. Raises :class:`TokenNotFound`, :class:`TokenForbidden`."""
+    now = now or utcnow()
+    with store.session() as s:
+        row = _visible_row(s, token_id, actor)
+        if not row.revoked:
+            row.revoked = True
+            s.flush()
+            audit(s, actor, "token.revoke", row.public_id, _detail(row), now)
+        return _view(row, now)
+
+
+def revoke_node_tokens(store: JobStore, node: str, label: str, now: datetime | None = None) -> int:
+    """Revoke every unrevoked node token of ``node`` labelled ``label`` (direct store access: ``serve all``
+    replacing its local agent's token at each start); each audited ``token.revoke``. Returns how many."""
+    now = now or utcnow()
+    with store.session() as s:
+        rows = s.execute(select(ApiToken).where(ApiToken.kind == "node", ApiToken.node == node,
+                                                ApiToken.label == label, ApiToken.revoked.is_(False))).scalars().all()
+        for row in rows:
+            row.revoked = True
+            audit(s, None, "token.revoke", row.public_id, _detail(row), now)
+    return len(rows)
+
+
+def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: Any = None,
+           now: datetime | None = None) -> CreatedToken:
+    """Replace a token: a new secret and id with the same kind, team, label and node and a new expiry
+    (``ttl``, default :data:`DEFAULT_TTL_S`); the old token is revoked in the same transaction (audited
+    ``token.rotate`` on the old id, with the new id in the detail). An expired token may be rotated. A team
+    admin rotates its own token, or member and read-only tokens of its team (the new one never outliving its own).
+    Raises :class:`TokenNotFound`, :class:`TokenForbidden`, :class:`TokenConflict` (already revoked),
+    :class:`InvalidTokenRequest` (ttl)."""
+    now = now or utcnow()
+    ttl_s = DEFAULT_TTL_S if ttl is None else parse_ttl(ttl)
+    with store.session() as s:
+        old = _visible_row(s, token_id, actor)
+        if old.revoked:
+            raise TokenConflict(f"token_id={token_id!r}: revoked; a revoked token cannot be rotated, create a new one")
+        if actor is not None and old.public_id != actor.token_id:
+            # rotating yields a new secret: only of a kind the actor may create (a team admin rotates its own
+            # token, never another team admin's)
+            may_manage(actor, old.team, old.kind, create=True)
+        old.revoked = True
+        if actor is not None and old.public_id != actor.token_id:
+            ttl_s = _within_actor(actor, ttl_s, now)
+        secret, row = _insert(s, old.team, old.kind, old.label, old.node, ttl_s, now)
+        audit(s, actor, "token.rotate", old.public_id, {**_detail(row), "new_token_id": row.public_id}, now)
+    return _created(secret, row, now, rotated_from=old.public_id)
+
+
+def audit_events(store: JobStore, since: datetime | None = None, limit: int = 100,
+                 action: str | None = None) -> list[AuditEventView]:
+    """Audit events newest first: at or after ``since`` (aware), at most ``limit`` (1-1000), optionally of one
+    ``action``. Raises ``ValueError`` for a naive ``since`` or a ``limit`` out of range."""
+    if since is not None and since.tzinfo is None:
+        raise ValueError(f"since={since.isoformat()!r}: naive datetime; give an aware one (e.g. UTC)")
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"limit={limit}: must be between 1 and 1000")
+    q = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
+    if since is not None:
+        q = q.where(AuditEvent.at >= since)
+    if action is not None:
+        q = q.where(AuditEvent.action == action)
+    with store.session() as s:
+        return [AuditEventView(id=e.id, at=e.at, actor_token_id=e.actor_token_id, actor_team=e.actor_team,
+                               actor_kind=e.actor_kind, action=e.action, target=e.target, detail=e.detail or {})
+                for e in s.execute(q).scalars()]

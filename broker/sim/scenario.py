@@ -1,0 +1,80 @@
+"""Bundled inputs for a simulation or an offers query: pools, cloud offers, grid signals, spot traces.
+
+:func:`load_scenario` gathers everything the planner and simulator need from
+the data bundled in ``pricing/data`` and ``broker/data`` (no network). Every
+zone referenced by a pool or an offer must have a carbon series; a pool's
+price zone must have an electricity price series (else ``ValueError`` naming
+the pool and zone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker.cluster import load_cluster
+from broker.model import CloudOffer, Pool
+from broker.planner.core import GpuTable
+
+__all__ = ["Scenario", "load_scenario"]
+
+
+@dataclass
+class Scenario:
+    """Static inputs of a run.
+
+    Attributes:
+        pools: on-prem pools.
+        offers: priced cloud offers (AWS + GCP, spot + on-demand).
+        offers_skipped: reason -> catalog rows not turned into offers.
+        signals: ``pricing.signals.GridSignals`` for every zone used.
+        spot_traces: ``pricing.spot.SpotTrace`` list.
+        gpus: GPU throughput/power table.
+    """
+
+    pools: list[Pool]
+    offers: list[CloudOffer]
+    offers_skipped: dict[str, int]
+    signals: object
+    spot_traces: list = field(default_factory=list)
+    gpus: GpuTable | None = None
+
+
+def load_scenario(cluster: str | Path | None = None, with_pools: bool = True) -> Scenario:
+    """Load the default (or ``cluster``) on-prem pools and all bundled offers and signals.
+
+    Raises ``broker.cluster.ClusterError`` for a bad cluster file and ``ValueError``
+    when a pool names a zone without bundled data.
+    """
+    from pricing.carbon import available_carbon_zones
+    from pricing.catalog import load_offers
+    from pricing.electricity import available_price_zones
+    from pricing.signals import load_grid_signals
+    from pricing.spot import load_spot_traces
+
+    from pricing.power import UnknownGpuTypeError, canonical_gpu_type
+
+    pools = load_cluster(cluster) if with_pools else []
+    canon = []
+    for p in pools:  # GPU types as the power/throughput table spells them (v100 -> V100)
+        nodes = []
+        for nd in p.nodes:
+            try:
+                g = canonical_gpu_type(nd.gpu_type)
+            except UnknownGpuTypeError as e:
+                raise ValueError(f"pool {p.name!r}, node {nd.name!r}: {e}") from None
+            nodes.append(nd if g == nd.gpu_type else nd.model_copy(update={"gpu_type": g}))
+        canon.append(p.model_copy(update={"nodes": tuple(nodes)}))
+    pools = canon
+    for p in pools:
+        if p.carbon_zone not in available_carbon_zones():
+            raise ValueError(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no bundled series; "
+                             f"available: {', '.join(available_carbon_zones())}")
+        if p.price_zone not in available_price_zones():
+            raise ValueError(f"pool {p.name!r}: price_zone={p.price_zone!r} has no bundled series; "
+                             f"available: {', '.join(available_price_zones())}")
+    cat = load_offers()
+    zones = {p.carbon_zone for p in pools} | {p.price_zone for p in pools} | {o.carbon_zone for o in cat.offers}
+    signals = load_grid_signals(sorted(zones))
+    return Scenario(pools=pools, offers=list(cat.offers), offers_skipped=dict(cat.skipped), signals=signals,
+                    spot_traces=load_spot_traces(), gpus=GpuTable.from_pricing())

@@ -1,0 +1,540 @@
+"""Trace-driven discrete-event simulator: the same planner on a virtual clock.
+
+One run replays a :class:`broker.sim.traces.Trace` against on-prem pools, cloud
+offers and bundled grid signals under one policy and returns a
+:class:`broker.sim.results.PolicyRun`.
+
+Model (all times POSIX seconds, UTC):
+
+* **Events** (a heap of plain tuples): job arrival, on-prem finish, cloud
+  finish, spot interruption, wake-up (a deferred start or a queue review).
+* **Planner cycles** run like the live broker's beat tick: events are
+  coalesced to the next multiple of ``tick_s`` (60 s) and one ``plan()`` call
+  decides for everything that changed. Nothing runs when nothing happened.
+* **On-prem**: a job runs ``work / throughput(gpu type)`` seconds on its nodes.
+  Energy = GPUs x board power at 90 % utilisation x runtime x pool PUE;
+  electricity cost = energy x hourly price; carbon = energy x hourly
+  intensity; amortised cost = GPU-hours x pool $/GPU-h.
+* **Cloud**: billed from the create call (provisioning delay included) per
+  second with the offer's minimum; energy at the region's carbon intensity and
+  the provider's PUE. Spot availability and interruptions replay the bundled
+  SkyPilot spot traces (each spot offer is mapped to one trace of its
+  accelerator, tiled in time with a per-offer phase from the seed). An
+  interrupted job loses the work since its last checkpoint (all of it if not
+  checkpointable) and is planned again.
+* **Preemption**: a preempted on-prem job loses the work since its last
+  checkpoint and re-enters the queue.
+* ``cost_usd`` is the spend a policy changes: cloud bills + on-prem
+  electricity. The on-prem fleet's capital is the same under every policy;
+  its share for the GPU-hours used is reported as ``onprem_amortised_usd``.
+* Durations in the trace are taken as the jobs' true runtimes and their
+  estimates (oracle runtime estimates; a known simplification).
+
+Determinism: the same trace, cluster, offers, policy and seed give the same
+result (no wall-clock input except the measured decision latency).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from broker.model import CloudOffer, DecisionKind, Market, Pool
+from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot, plan
+from broker.sim.results import PolicyRun
+from broker.sim.traces import Trace, TraceJob
+from pricing.series import window_integral
+
+__all__ = ["SimulationConfig", "Simulator", "simulate", "SpotModel"]
+
+_ARRIVE, _FINISH, _CLOUD_FINISH, _INTERRUPT, _WAKE = 0, 1, 2, 3, 4
+
+
+@dataclass
+class SimulationConfig:
+    """Simulator settings.
+
+    Attributes:
+        tick_s: planner cycle granularity, seconds (events are coalesced to it).
+        seed: phase of the spot traces per offer (deterministic).
+        fair_share_half_life_s: half-life of the decayed team usage, seconds (7 days).
+        max_cycles: safety stop (None: no limit).
+    """
+
+    tick_s: float = 60.0
+    seed: int = 0
+    fair_share_half_life_s: float = 7 * 86400.0
+    max_cycles: int | None = None
+
+
+class SpotModel:
+    """Spot availability and interruptions of cloud offers, from real availability traces.
+
+    Each spot offer gets one trace of its accelerator (V100 offers -> the V100
+    traces, other types -> all traces), chosen by a CRC32 of the offer id, and a
+    phase ``crc32(offer id, seed) mod period``. On-demand offers are always
+    available and never interrupted.
+    """
+
+    def __init__(self, offers: Sequence[CloudOffer], traces, seed: int = 0):
+        self.offers = list(offers)
+        self.traces = list(traces)
+        n = len(self.offers)
+        self.trace_of = np.full(n, -1, dtype=np.int64)
+        self.offset = np.zeros(n)
+        if not self.traces:
+            return
+        by_acc: dict[str, list[int]] = {}
+        for i, tr in enumerate(self.traces):
+            by_acc.setdefault(tr.accelerator.upper(), []).append(i)
+        all_idx = list(range(len(self.traces)))
+        for i, o in enumerate(self.offers):
+            if o.market != Market.spot:
+                continue
+            cand = by_acc.get(o.gpu_type.split("-")[0].upper(), all_idx)
+            h = zlib.crc32(o.offer_id.encode())
+            k = cand[h % len(cand)]
+            self.trace_of[i] = k
+            self.offset[i] = zlib.crc32(f"{o.offer_id}:{seed}".encode()) % int(self.traces[k].period_s)
+        # flat arrays for a vectorised "available now" over all offers
+        base, flat = [], []
+        pos = 0
+        for tr in self.traces:
+            base.append(pos)
+            flat.append(np.asarray(tr.availability, dtype=bool))
+            pos += len(tr.availability)
+        self._flat = np.concatenate(flat)
+        self._base = np.array(base)
+        spot = self.trace_of >= 0
+        self._spot_idx = np.flatnonzero(spot)
+        k = self.trace_of[spot]
+        self._gap = np.array([self.traces[j].gap_s for j in k])
+        self._period = np.array([self.traces[j].period_s for j in k])
+        self._len = np.array([len(self.traces[j].availability) for j in k])
+        self._b = self._base[k]
+        self._off = self.offset[spot]
+
+    def available(self, t_s: float) -> np.ndarray:
+        """Bool array ``(n_offers,)``: the offer can be provisioned at ``t_s``."""
+        out = np.ones(len(self.offers), dtype=bool)
+        if self._spot_idx.size if self.traces else 0:
+            tick = np.floor(np.mod(t_s + self._off, self._period) / self._gap).astype(np.int64)
+            tick = np.minimum(tick, self._len - 1)
+            out[self._spot_idx] = self._flat[self._b + tick]
+        return out
+
+    def next_interruption(self, offer: int, t_s: float) -> float:
+        """First instant >= ``t_s`` when the offer's capacity is reclaimed (``inf`` for on-demand)."""
+        k = self.trace_of[offer]
+        if k < 0:
+            return math.inf
+        return float(self.traces[k].next_drop_after(t_s, float(self.offset[offer])))
+
+
+@dataclass(slots=True)
+class _JobState:
+    trace: TraceJob
+    pending: PendingJob | None = None
+    first_start_s: float = math.nan
+    end_s: float = math.nan
+    attempt: int = 0
+    seg_start_s: float = math.nan
+    seg_pool: int = -1
+    seg_type: str = ""
+    seg_offer: int = -1
+    seg_provision_s: float = math.nan
+    seg_runtime_s: float = 0.0
+    deferred: bool = False
+    waiting_wake: bool = False
+    cloud: bool = False
+    cost_usd: float = 0.0
+    carbon_kg: float = 0.0
+
+
+class Simulator:
+    """Replays one trace under one policy. See the module docstring for the model.
+
+    Args:
+        trace: the jobs.
+        pools: on-prem pools.
+        offers: cloud offers (ignored by on-prem-only policies).
+        signals: ``carbon(zone)`` / ``price(zone)`` series provider (``pricing.signals.GridSignals``).
+        planner_config: the policy and its settings.
+        gpus: GPU throughput/power table.
+        spot_traces: spot availability traces (``pricing.spot.load_spot_traces()``).
+        config: simulator settings.
+    """
+
+    def __init__(self, trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals,
+                 planner_config: PlannerConfig, gpus: GpuTable, spot_traces=(), config: SimulationConfig | None = None):
+        self.trace = trace
+        self.cfg = config or SimulationConfig()
+        on_prem_only = planner_config.policy in ("fifo", "backfill")
+        self.offers = [] if on_prem_only or not planner_config.cloud_enabled else list(offers)
+        self.ctx = PlannerContext(planner_config, pools, self.offers, signals, gpus)
+        self.pools = list(pools)
+        self.gpus = gpus
+        self.spot = SpotModel(self.offers, spot_traces, self.cfg.seed)
+        self.free = [np.array([n.gpu_count for n in p.nodes], dtype=np.int64) for p in self.pools]
+        self.capacity = sum(p.total_gpus for p in self.pools)
+        self._price = [signals.price(p.price_zone) for p in self.pools]
+        self._carbon = [signals.carbon(p.carbon_zone) for p in self.pools]
+        self._offer_carbon = [signals.carbon(o.carbon_zone) for o in self.offers]
+
+    # ------------------------------------------------------------------ run
+    def run(self, progress: Callable[[int, int], None] | None = None) -> PolicyRun:
+        """Run to completion; ``progress(done, total)`` is called now and then. Returns the :class:`PolicyRun`."""
+        t_wall = time.perf_counter()
+        cfg = self.cfg
+        ctx = self.ctx
+        jobs: dict[str, _JobState] = {}
+        # jobs the planner must look at next cycle (new, woken, requeued, due for review)
+        pending: dict[str, PendingJob] = {}
+        # jobs waiting in the on-prem queue: (priority, team) -> {job_id: job}, in arrival order
+        queued: dict[tuple[int, str], dict[str, PendingJob]] = {}
+        queued_key: dict[str, tuple[int, str]] = {}
+        queued_demand: dict[int, list[float]] = {}
+        running: dict[str, RunningJob] = {}
+
+        def enqueue(pj: PendingJob) -> None:
+            key = (pj.priority, pj.team)
+            queued.setdefault(key, {})[pj.job_id] = pj
+            queued_key[pj.job_id] = key
+            if pj.committed_pool is not None:
+                acc = queued_demand.setdefault(pj.committed_pool, [0.0, 0.0])
+                acc[0] += pj.gpus
+                acc[1] += pj.gpus * pj.work_s
+
+        def dequeue(jid: str) -> PendingJob | None:
+            key = queued_key.pop(jid, None)
+            if key is None:
+                return None
+            pj = queued[key].pop(jid)
+            if pj.committed_pool is not None:
+                acc = queued_demand[pj.committed_pool]
+                acc[0] -= pj.gpus
+                acc[1] -= pj.gpus * pj.work_s
+            return pj
+
+        def take(jid: str) -> None:
+            """Remove a job from wherever it waits (pending or queued)."""
+            if pending.pop(jid, None) is None:
+                dequeue(jid)
+        heap: list = []
+        seq = 0
+        for tj in self.trace.jobs:
+            heapq.heappush(heap, (tj.submit_s, seq, _ARRIVE, tj.job_id, 0))
+            seq += 1
+            jobs[tj.job_id] = _JobState(tj)
+        total = len(jobs)
+        done = 0
+        usage: dict[str, float] = {}
+        usage_t = self.trace.jobs[0].submit_s if self.trace.jobs else 0.0
+        decay = math.log(2) / cfg.fair_share_half_life_s
+        m = dict(cloud_cost=0.0, energy_cost=0.0, amort=0.0, energy=0.0, carbon=0.0, preemptions=0,
+                 interruptions=0, cloud_jobs=0, deferred=0, missing_signal_s=0.0)
+        tl_t, tl_cost, tl_carbon, tl_busy = [], [], [], []
+        busy_gpus = 0
+        busy_gpu_s = 0.0
+        wait_busy_s = 0.0  # GPU-seconds allocated while some job waited for on-prem
+        wait_span_s = 0.0
+        last_t = None
+        latencies: list[float] = []
+        rejected: dict[str, int] = {}
+        team_cost: dict[str, float] = {}
+        cycles = 0
+        tick = cfg.tick_s
+        waiting_onprem = 0
+        freed = False
+
+        def account_onprem(st: _JobState, end: float) -> None:
+            p, t = st.seg_pool, st.seg_type
+            dur = end - st.seg_start_s
+            if dur <= 0:
+                return
+            pool = self.pools[p]
+            g = st.trace.num_gpus
+            kw = g * self.gpus.busy_kw[t] * pool.pue
+            pi = window_integral(self._price[p], st.seg_start_s, dur)
+            ci = window_integral(self._carbon[p], st.seg_start_s, dur)
+            if math.isnan(pi) or math.isnan(ci):
+                m["missing_signal_s"] += dur
+                pi = 0.0 if math.isnan(pi) else pi
+                ci = 0.0 if math.isnan(ci) else ci
+            e_cost = kw * pi / 1000.0
+            amort = g * dur / 3600.0 * pool.amortised_usd_per_gpu_hour
+            carbon = kw * ci / 1000.0
+            m["energy_cost"] += e_cost
+            m["amort"] += amort
+            m["energy"] += kw * dur / 3600.0
+            m["carbon"] += carbon
+            st.cost_usd += e_cost + amort
+            st.carbon_kg += carbon
+            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + e_cost
+
+        def account_cloud(st: _JobState, end: float) -> None:
+            o = self.offers[st.seg_offer]
+            billed = max(end - st.seg_provision_s, o.min_billed_s)
+            usd = st.trace.nodes * o.usd_per_hour * billed / 3600.0
+            run = max(end - st.seg_start_s, 0.0)
+            kw = st.trace.nodes * (st.trace.gpus_per_node * self.gpus.busy_kw[o.gpu_type]
+                                   + (o.gpu_count - st.trace.gpus_per_node) * self.gpus.idle_kw[o.gpu_type]) * o.pue
+            ci = window_integral(self._offer_carbon[st.seg_offer], st.seg_start_s, run)
+            if math.isnan(ci):
+                m["missing_signal_s"] += run
+                ci = 0.0
+            m["cloud_cost"] += usd
+            m["energy"] += kw * run / 3600.0
+            m["carbon"] += kw * ci / 1000.0
+            st.cost_usd += usd
+            st.carbon_kg += kw * ci / 1000.0
+            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + usd
+
+        def requeue(st: _JobState, now: float, done_work_s: float) -> None:
+            tj = st.trace
+            pj = st.pending
+            pj.work_s = max(pj.work_s - done_work_s, 1.0)
+            pj.earliest_s = now
+            pj.committed_pool = None
+            pj.review_s = 0.0
+            st.attempt += 1
+            pending[tj.job_id] = pj
+
+        def progress_done(st: _JobState, now: float, thr: float) -> float:
+            """Reference-GPU work kept after a stop at ``now`` (checkpointed part only)."""
+            ran = max(now - st.seg_start_s, 0.0)
+            pj = st.pending
+            if not pj.checkpointable:
+                return 0.0
+            kept = math.floor(ran / pj.checkpoint_interval_s) * pj.checkpoint_interval_s
+            return kept * thr
+
+        while heap:
+            t_ev = heap[0][0]
+            now = math.ceil(t_ev / tick) * tick
+            if last_t is not None and now > last_t:
+                dt = now - last_t
+                busy_gpu_s += busy_gpus * dt
+                if waiting_onprem:
+                    wait_busy_s += busy_gpus * dt
+                    wait_span_s += self.capacity * dt
+            while heap and heap[0][0] <= now:
+                t, _, kind, jid, token = heapq.heappop(heap)
+                st = jobs[jid]
+                if kind == _ARRIVE:
+                    tj = st.trace
+                    pj = PendingJob(job_id=jid, team=tj.team, priority=tj.priority.rank, submit_s=tj.submit_s,
+                                    deadline_s=tj.deadline_s, earliest_s=tj.submit_s, work_s=tj.duration_s,
+                                    gpus_per_node=tj.gpus_per_node, nodes=tj.nodes,
+                                    gpu_types=frozenset([tj.gpu_type]) if tj.gpu_type else None,
+                                    preemptible=tj.preemptible)
+                    st.pending = pj
+                    pending[jid] = pj
+                elif token != st.attempt:
+                    continue  # stale event of an earlier attempt
+                elif kind == _FINISH:
+                    r = running.pop(jid)
+                    for node, g in r.allocation:
+                        self.free[r.pool][node] += g
+                        busy_gpus -= g
+                    freed = True
+                    account_onprem(st, t)
+                    st.end_s = t
+                    done += 1
+                elif kind == _CLOUD_FINISH:
+                    account_cloud(st, t)
+                    st.end_s = t
+                    done += 1
+                elif kind == _INTERRUPT:
+                    account_cloud(st, t)
+                    m["interruptions"] += 1
+                    thr = self.gpus.throughput[self.offers[st.seg_offer].gpu_type]
+                    requeue(st, t, progress_done(st, t, thr))
+                elif kind == _WAKE:
+                    pj = st.pending
+                    if pj is None or jid in running or not math.isnan(st.end_s):
+                        continue
+                    if jid in queued_key:
+                        if pj.review_s <= t:  # due for review: decide again
+                            dequeue(jid)
+                            pending[jid] = pj
+                    elif jid not in pending and pj.earliest_s <= t and st.waiting_wake:
+                        st.waiting_wake = False
+                        pending[jid] = pj
+            # fair-share usage decays continuously
+            if now > usage_t:
+                f = math.exp(-decay * (now - usage_t))
+                for k in usage:
+                    usage[k] *= f
+                usage_t = now
+            if not pending and not (queued_key and freed):
+                last_t = now
+                continue
+            freed = False
+            avail = self.spot.available(now) if self.offers else None
+            snap = Snapshot(now_s=now, pending=list(pending.values()), free=self.free,
+                            running=list(running.values()), offer_available=avail, team_usage=usage,
+                            queued={k: v.values() for k, v in queued.items() if v},
+                            queued_demand={p: (a[0], a[1]) for p, a in queued_demand.items()})
+            t0 = time.perf_counter()
+            decisions = plan(snap, ctx)
+            latencies.append(time.perf_counter() - t0)
+            cycles += 1
+            for d in decisions:
+                st = jobs[d.job_id]
+                pj = st.pending
+                kind = d.kind
+                if kind == DecisionKind.preempt:
+                    for vid in d.victims:
+                        r = running.pop(vid)
+                        vst = jobs[vid]
+                        for node, g in r.allocation:
+                            self.free[r.pool][node] += g
+                            busy_gpus -= g
+                        account_onprem(vst, now)
+                        m["preemptions"] += 1
+                        requeue(vst, now, progress_done(vst, now, self.gpus.throughput[vst.seg_type]))
+                    kind = DecisionKind.start
+                if kind == DecisionKind.start:
+                    p = next(i for i, pl in enumerate(self.pools) if pl.name == d.pool)
+                    node0 = d.allocation[0][0]
+                    gtype = self.pools[p].nodes[node0].gpu_type
+                    runtime = pj.work_s / self.gpus.throughput[gtype]
+                    for node, g in d.allocation:
+                        if self.free[p][node] < g:
+                            raise RuntimeError(f"planner over-allocated node {node} of pool {d.pool}")
+                        self.free[p][node] -= g
+                        busy_gpus += g
+                    take(d.job_id)
+                    st.seg_start_s, st.seg_pool, st.seg_type = now, p, gtype
+                    if math.isnan(st.first_start_s):
+                        st.first_start_s = now
+                    running[d.job_id] = RunningJob(job_id=d.job_id, pool=p, allocation=list(d.allocation),
+                                                   expected_end_s=now + runtime, started_s=now, priority=pj.priority,
+                                                   preemptible=pj.preemptible, team=pj.team,
+                                                   checkpoint_interval_s=pj.checkpoint_interval_s,
+                                                   checkpointable=pj.checkpointable)
+                    usage[pj.team] = usage.get(pj.team, 0.0) + pj.gpus * runtime / 3600.0 * self.gpus.throughput[gtype]
+                    heapq.heappush(heap, (now + runtime, seq, _FINISH, d.job_id, st.attempt))
+                    seq += 1
+                elif kind == DecisionKind.provision:
+                    o = d.offer_index
+                    offer = self.offers[o]
+                    take(d.job_id)
+                    start = now + offer.provisioning_delay_s
+                    runtime = pj.work_s / self.gpus.throughput[offer.gpu_type]
+                    st.seg_provision_s, st.seg_start_s, st.seg_offer = now, start, o
+                    if math.isnan(st.first_start_s):
+                        st.first_start_s = start
+                    if not st.cloud:
+                        st.cloud = True
+                        m["cloud_jobs"] += 1
+                    usage[pj.team] = usage.get(pj.team, 0.0) + pj.gpus * runtime / 3600.0 * self.gpus.throughput[offer.gpu_type]
+                    t_int = self.spot.next_interruption(o, start)
+                    if t_int < start + runtime:
+                        heapq.heappush(heap, (max(t_int, start), seq, _INTERRUPT, d.job_id, st.attempt))
+                    else:
+                        heapq.heappush(heap, (start + runtime, seq, _CLOUD_FINISH, d.job_id, st.attempt))
+                    seq += 1
+                elif kind == DecisionKind.defer:
+                    take(d.job_id)
+                    pj.earliest_s = d.not_before
+                    pj.deferred_once = True
+                    st.waiting_wake = True
+                    if not st.deferred:
+                        st.deferred = True
+                        m["deferred"] += 1
+                    heapq.heappush(heap, (d.not_before, seq, _WAKE, d.job_id, st.attempt))
+                    seq += 1
+                elif kind == DecisionKind.wait:
+                    p = next(i for i, pl in enumerate(self.pools) if pl.name == d.pool)
+                    take(d.job_id)
+                    pj.committed_pool = p
+                    pj.review_s = d.not_before if d.not_before is not None else math.inf
+                    enqueue(pj)
+                    if pj.review_s < math.inf:
+                        heapq.heappush(heap, (pj.review_s, seq, _WAKE, d.job_id, st.attempt))
+                        seq += 1
+                elif kind == DecisionKind.reject:
+                    take(d.job_id)
+                    reason = (d.reason.split(" can ever hold")[0] + " can ever hold the job") if d.reason else "rejected"
+                    rejected[reason] = rejected.get(reason, 0) + 1
+                    st.end_s = math.nan
+                    done += 1
+            # jobs the policy looked at but left waiting join the on-prem queue
+            for jid in list(pending):
+                pj = pending.pop(jid)
+                enqueue(pj)
+            waiting_onprem = len(queued_key)
+            tl_t.append(now)
+            tl_cost.append(m["cloud_cost"] + m["energy_cost"])
+            tl_carbon.append(m["carbon"])
+            tl_busy.append(busy_gpus)
+            last_t = now
+            if progress is not None and cycles % 2000 == 0:
+                progress(done, total)
+            if cfg.max_cycles is not None and cycles >= cfg.max_cycles:
+                break
+
+        if progress is not None:
+            progress(done, total)
+
+        # ------------------------------------------------------------ metrics
+        comp = [s for s in jobs.values() if not math.isnan(s.end_s)]
+        jct = np.array([s.end_s - s.trace.submit_s for s in comp])
+        waits = np.array([s.first_start_s - s.trace.submit_s for s in comp])
+        missed = [s.trace.job_id for s in comp if s.end_s > s.trace.deadline_s]
+        misses = len(missed)
+        unfinished = total - len(comp) - sum(rejected.values())
+        t_first = self.trace.jobs[0].submit_s if self.trace.jobs else 0.0
+        span = (last_t - t_first) if last_t is not None else 0.0
+        lat = np.array(latencies) * 1000.0
+        skipped = dict(self.trace.skipped)
+        for k, v in rejected.items():
+            skipped[f"rejected: {k}"] = v
+        if unfinished:
+            skipped["unfinished"] = unfinished
+        metrics = {
+            "jobs_submitted": total,
+            "jobs_completed": len(comp),
+            "jobs_skipped": sum(rejected.values()) + unfinished,
+            "deadline_misses": misses + unfinished,
+            "mean_jct_s": float(jct.mean()) if jct.size else math.nan,
+            "p95_jct_s": float(np.percentile(jct, 95)) if jct.size else math.nan,
+            "mean_wait_s": float(waits.mean()) if waits.size else math.nan,
+            "cost_usd": m["cloud_cost"] + m["energy_cost"],
+            "cloud_cost_usd": m["cloud_cost"],
+            "onprem_energy_cost_usd": m["energy_cost"],
+            "onprem_amortised_usd": m["amort"],
+            "energy_kwh": m["energy"],
+            "carbon_kg": m["carbon"],
+            "onprem_gpu_utilization": busy_gpu_s / (self.capacity * span) if span > 0 and self.capacity else 0.0,
+            "onprem_allocated_while_waiting": wait_busy_s / wait_span_s if wait_span_s > 0 else math.nan,
+            "cloud_jobs": m["cloud_jobs"],
+            "deferred_jobs": m["deferred"],
+            "preemptions": m["preemptions"],
+            "spot_interruptions": m["interruptions"],
+            "decision_latency_p99_ms": float(np.percentile(lat, 99)) if lat.size else 0.0,
+            "planner_cycles": cycles,
+            "missing_signal_hours": m["missing_signal_s"] / 3600.0,
+            "sim_wall_s": time.perf_counter() - t_wall,
+        }
+        return PolicyRun(policy=ctx.config.policy, metrics=metrics, timeline_t_s=np.array(tl_t),
+                         cum_cost_usd=np.array(tl_cost), cum_carbon_kg=np.array(tl_carbon),
+                         onprem_busy_gpus=np.array(tl_busy), onprem_total_gpus=self.capacity,
+                         team_cost_usd=team_cost, waits_s=waits, skipped=skipped, missed_job_ids=missed)
+
+
+def simulate(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals, policy: str,
+             planner_config: PlannerConfig | None = None, gpus: GpuTable | None = None, spot_traces=(),
+             config: SimulationConfig | None = None, progress=None) -> PolicyRun:
+    """Replay ``trace`` under ``policy``; see :class:`Simulator`. Returns a :class:`PolicyRun`."""
+    pc = (planner_config or PlannerConfig()).model_copy(update={"policy": policy})
+    sim = Simulator(trace, pools, offers, signals, pc, gpus or GpuTable.from_pricing(), spot_traces, config)
+    return sim.run(progress)
