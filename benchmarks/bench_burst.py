@@ -203,7 +203,7 @@ def main() -> None:
         Path(tmp).chmod(0o755)  # the job user (nobody when run as root) must reach jobs.root inside it
         b = LiveBroker(Path(tmp) / "broker", nodes={f"node-{i}": 8 for i in range(args.nodes)}, quotas=quotas,
                        api_workers=args.api_workers)
-        from broker.service.store import JobStore
+        from broker.service.store.core import JobStore
         from tests.conftest import PG_URL
 
         try:

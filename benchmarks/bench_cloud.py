@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> dict:
     from sqlalchemy import select
 
     from broker.service.cloud import CloudBroker, build_computes
-    from broker.service.db import Job, utcnow
+    from broker.service.store.tables import Job, utcnow
     from broker.model import CloudOffer, JobSpec, Market
     from broker.service.settings import load_settings
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -78,7 +78,7 @@ MAX_ARGV_BYTES = 1024 * 1024
 MAX_ARGS = 4096
 #: the largest gang, nodes (ranks are 0 .. MAX_NODES - 1)
 MAX_NODES = 1024
-#: the format of job ids (``broker.service.store.new_job_id``): ``job-`` and 16 hex digits
+#: the format of job ids (``broker.service.store.core.new_job_id``): ``job-`` and 16 hex digits
 JOB_ID_PATTERN = r"^job-[0-9a-f]{16}$"
 #: attempt numbers, exit codes and ranks are stored as 32-bit integers
 INT32_MAX = 2**31 - 1

@@ -10,7 +10,7 @@
 
 Every change of a job's state goes through :func:`check_transition` and is
 applied by the store with compare-and-set on the job's ``version`` column (see
-:mod:`broker.service.store`); every applied transition is recorded with its time and
+:mod:`broker.service.store.core`); every applied transition is recorded with its time and
 reason in the job's state history. Terminal states have no way out.
 
 The table follows the pattern of Ray autoscaler v2's instance manager (one

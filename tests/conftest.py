@@ -18,7 +18,7 @@ REDIS_URL = os.environ.get("FEDBROKER_TEST_REDIS", "redis://127.0.0.1:6379/15")
 @pytest.fixture
 def pg_store():
     """A :class:`JobStore` on a fresh PostgreSQL schema, dropped afterwards."""
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
     store.migrate()
@@ -29,7 +29,7 @@ def pg_store():
 @pytest.fixture(scope="module")
 def module_pg_store():
     """A :class:`JobStore` on a fresh PostgreSQL schema shared by one test module."""
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
     store.migrate()
@@ -40,7 +40,7 @@ def module_pg_store():
 @pytest.fixture
 def sqlite_store(tmp_path):
     """A :class:`JobStore` on an SQLite file in ``tmp_path``."""
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     store = JobStore(f"sqlite:///{tmp_path / 'fedbroker.db'}")
     store.migrate()

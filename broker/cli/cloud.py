@@ -205,8 +205,8 @@ def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include te
     """The broker's cloud instance records, newest first (intent rows and failed options included)."""
     from sqlalchemy import select
 
-    from broker.service.db import CloudInstance
-    from broker.service.store import JobStore
+    from broker.service.store.tables import CloudInstance
+    from broker.service.store.core import JobStore
 
     st = _settings(config)
     store = JobStore.from_settings(st)
@@ -236,7 +236,7 @@ def sweep_cmd(config: Optional[Path] = ConfigOpt,
               dry_run: bool = typer.Option(False, "--dry-run", help="List the orphans; terminate nothing.")) -> None:
     """Terminate now every instance tagged with this broker's id whose attempt is not live."""
     from broker.service.cloud import CloudBroker
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     st = _settings(config)
     if not st.cloud_providers:

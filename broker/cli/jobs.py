@@ -418,7 +418,7 @@ def register(app: typer.Typer) -> None:
                         tz: str = typer.Option("UTC", "--timezone", help="IANA time zone the cron is read in."),
                         url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Create a schedule: submit the job in FILE at every fire of --cron (local time of --timezone)."""
-        from broker.service.store import InvalidSchedule, check_schedule
+        from broker.service.store.core import InvalidSchedule, check_schedule
 
         try:
             spec = load_job_file(file)
@@ -585,7 +585,7 @@ def direct_store(config: Path | None):
     the body's own ``typer.Exit`` passes through. The store's connections are closed afterwards."""
     from broker.service.redact import mask_text, mask_url, settings_secrets
     from broker.service.settings import SettingsError, load_settings
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     try:
         settings = load_settings(config)

@@ -83,7 +83,7 @@ def _celery_level(level: str) -> str:
 
 
 def _migrate(st: BrokerSettings):
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     store = JobStore.from_settings(st)
     store.migrate()
@@ -148,7 +148,7 @@ def api_app(st: Optional[BrokerSettings] = None):
     from broker.service.api import create_app, redis_client
     from broker.service.celery_app import get_app
     from broker.service.limits import RateLimiter
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
     from broker.service.tasks import kick_planner
 
     st = st or _settings(None)

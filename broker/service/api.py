@@ -78,7 +78,7 @@ from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView,
                             SubmitRequest)
 from broker.service.settings import BrokerSettings
 from broker.states import JobState
-from broker.service.store import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
+from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
                           ScheduleConflict, ScheduleNotFound, hash_token)
 from broker.service.tokens import InvalidToken, TokenExpired
 from broker.service.tokens import authenticate as authenticate_token

@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from broker.schemas import (AuditEventView, CreatedToken, ErrorBody, TokenCreateRequest, TokenRotateRequest,
                             TokenView)
 from broker.service.settings import BrokerSettings
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from broker.service.tokens import (InvalidTokenRequest, TokenConflict, TokenForbidden, TokenNotFound, audit_events,
                            create_token, list_tokens, revoke, rotate)
 

@@ -24,10 +24,10 @@ import logging
 
 from sqlalchemy import select
 
-from broker.service.db import Attempt, Job, utcnow
+from broker.service.store.tables import Attempt, Job, utcnow
 from broker.service.reconciler import requeue_lost
 from broker.states import ON_NODE_STATES, JobState
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 
 __all__ = ["node_work", "placed_on", "mark_running", "launch_failed", "report_end", "process_gone"]
 

@@ -1,7 +1,7 @@
 """A small in-process cache of authenticated API tokens, so a burst of requests does not cost one
 database transaction per request for the token lookup.
 
-Entries are keyed by the token's SHA-256 (:func:`broker.service.store.hash_token`; the token itself is not
+Entries are keyed by the token's SHA-256 (:func:`broker.service.store.core.hash_token`; the token itself is not
 kept), live ``ttl_s`` seconds and are evicted least-recently-used beyond ``max_entries``. Only
 successful lookups are cached: a new token works at once, an unknown one is asked every time.
 Revocation therefore takes effect within ``ttl_s`` (``settings.api_token_cache_s``, default 5 s) in

@@ -31,7 +31,7 @@ A job stopped by a spot notice is requeued whatever its exit code: exit 0 after 
 "checkpointed", not "finished" (the on-prem agent treats a preempted job the same way).
 
 Instances authenticate their reports with a per-(job, attempt, rank) token: HMAC-SHA256 of
-``job|attempt|rank`` under a random key kept in the database (:meth:`broker.service.store.JobStore.instance_secret`).
+``job|attempt|rank`` under a random key kept in the database (:meth:`broker.service.store.core.JobStore.instance_secret`).
 It only lets an instance report on its own rank of its own attempt.
 """
 
@@ -48,11 +48,11 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select, update
 
-from broker.service.db import Attempt, CloudInstance, Job, JobEvent, utcnow
+from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, utcnow
 from broker.planner.core import smallest_fit
 from broker.service.reconciler import requeue_lost
 from broker.states import JobState
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from providers.base import Compute, FailoverHistory, InstanceInfo, InstanceRequest, ProviderError, idempotency_token
 
 __all__ = ["build_computes", "offer_allowed", "failover_options", "CloudBroker", "report_token", "ReportError",

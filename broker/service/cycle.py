@@ -50,12 +50,12 @@ from typing import Callable, Sequence
 import numpy as np
 from sqlalchemy import func, insert, or_, select, update
 
-from broker.service.db import Attempt, Job, JobEvent, Node, utcnow
+from broker.service.store.tables import Attempt, Job, JobEvent, Node, utcnow
 from broker.service.live import LiveEnvironment, LiveNode
 from broker.model import DecisionKind, JobSpec
 from broker.planner.core import PendingJob, RunningJob, Snapshot, plan
 from broker.states import JobState, check_transition
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from providers.launch import DIGEST_RE as _DIGEST_RE
 
 #: the field names of :class:`PendingJob`, in order (its views are cached as tuples of them)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker.service import attempts
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from broker.service.work_watch import MAX_WAIT_S, WorkWatch, work_etag
 
 __all__ = ["authenticate_node", "node_router"]

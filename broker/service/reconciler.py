@@ -32,10 +32,10 @@ from typing import Callable
 
 from sqlalchemy import delete, select, update
 
-from broker.service.db import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule, utcnow
+from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule, utcnow
 from broker.model import JobSpec
 from broker.states import JobState
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 
 __all__ = ["Reconciler", "checkpointed_work_s", "requeue_lost"]
 

@@ -63,7 +63,7 @@ class _Services:
         return get_app().fedbroker_settings
 
     def _build_store(self):
-        from broker.service.store import JobStore
+        from broker.service.store.core import JobStore
 
         return JobStore.from_settings(self.settings)
 
@@ -208,7 +208,7 @@ def reconcile() -> dict:
 @shared_task(name="fedbroker.dispatch", ignore_result=True)
 def dispatch(job_id: str, attempt: int) -> str:
     """Forward a ``provisioning`` job's attempt to the provisioning queue (idempotent)."""
-    from broker.service.db import Job
+    from broker.service.store.tables import Job
 
     with services.store.session() as s:
         j = s.get(Job, job_id)
@@ -221,8 +221,8 @@ def dispatch(job_id: str, attempt: int) -> str:
 @shared_task(name="fedbroker.provision", ignore_result=True)
 def provision(job_id: str, attempt: int) -> str:
     """Create a ``provisioning`` job's cloud instances (idempotent; one run per job at a time)."""
-    from broker.service.db import Job
-    from broker.service.store import JobStore
+    from broker.service.store.tables import Job
+    from broker.service.store.core import JobStore
 
     cloud = services.cloud
     if cloud is None:

@@ -24,7 +24,7 @@ kind (``database`` for direct store access), action, target id and a JSON detail
 
 Exceptions::
 
-    broker.service.store.StoreError (ValueError)
+    broker.service.store.core.StoreError (ValueError)
      +-- TokenError
           +-- InvalidToken       401: unknown or revoked (also a malformed secret)
           |    +-- TokenExpired  401: past its expires_at
@@ -45,10 +45,10 @@ from typing import Any
 
 from sqlalchemy import insert, select, text, update
 
-from broker.service.db import ApiToken, AuditEvent, utcnow
+from broker.service.store.tables import ApiToken, AuditEvent, utcnow
 from broker.model import TEAM_RE
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
-from broker.service.store import JobStore, Principal, StoreError, hash_token
+from broker.service.store.core import JobStore, Principal, StoreError, hash_token
 
 __all__ = ["TOKEN_KINDS", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
            "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",

@@ -30,9 +30,9 @@ from collections import defaultdict
 
 from sqlalchemy import func, select
 
-from broker.service.db import Job
+from broker.service.store.tables import Job
 from broker.states import ON_NODE_STATES
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 
 __all__ = ["WorkWatch", "work_etag", "MAX_WAIT_S", "CHECK_S"]
 

@@ -19,10 +19,10 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx on i
     from fastapi.testclient import TestClient
 
 from broker.service.api import create_app
-from broker.service.db import Attempt, Job
+from broker.service.store.tables import Attempt, Job
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.service.settings import BrokerSettings
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from tests.conftest import auth
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
@@ -93,7 +93,7 @@ def test_submit_default_deadline_and_start_window(client, make_team, store):
                                                "not_after": end.isoformat()}}, headers=h)
     assert r.status_code == 201, r.text
     j = r.json()
-    # no deadline: earliest start + duration + max(duration, 12 h) (broker.service.store.default_deadline)
+    # no deadline: earliest start + duration + max(duration, 12 h) (broker.service.store.core.default_deadline)
     assert datetime.fromisoformat(j["deadline"]) == start + timedelta(seconds=1800 + 12 * 3600)
     assert datetime.fromisoformat(j["not_before"]) == start
     assert datetime.fromisoformat(j["not_after"]) == end  # stored on the row: the planner reads it there
@@ -246,8 +246,8 @@ def test_401_without_a_valid_token(client, headers, store):
 
 
 def test_revoked_token_is_401(client, store):
-    from broker.service.db import ApiToken
-    from broker.service.store import hash_token
+    from broker.service.store.tables import ApiToken
+    from broker.service.store.core import hash_token
 
     tok = store.create_token("revokers")
     assert client.get("/v1/jobs", headers=auth(tok)).status_code == 200

@@ -162,9 +162,9 @@ def _submit_cloud_job(store, team: str = "ml", to: str = "starting", failover: l
     """A cloud job moved to ``to`` (``provisioning`` or ``starting``) at attempt 1, as the broker does."""
     from datetime import timedelta
 
-    from broker.service.db import Attempt, Job, utcnow
+    from broker.service.store.tables import Attempt, Job, utcnow
     from broker.model import JobSpec
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     view, _ = store.submit(team, JobSpec(image="ghcr.io/acme/train:1", command=["python", "train.py"], gpus_per_node=1,
                                          nodes=2, gpu_types=["V100"], estimated_duration_s=3600))
@@ -190,7 +190,7 @@ def test_sweep_dry_run_lists_orphans_and_terminates_nothing(moto_server, tmp_pat
 
     import boto3
 
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
     from providers.base import instance_tags
 
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server)

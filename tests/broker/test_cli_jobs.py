@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from broker.cli import main as cli
 from broker.service.api import create_app
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from tests.broker.test_client import ServerThread, count_jobs
 
 

@@ -19,10 +19,10 @@ import broker
 from broker.service.api import create_app
 from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, NotFound, ValidationFailed,
                            WaitTimeout)
-from broker.service.db import Job
+from broker.service.store.tables import Job
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc

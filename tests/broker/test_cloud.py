@@ -18,11 +18,11 @@ from sqlalchemy import select
 
 from broker.service.api import create_app
 from broker.service.cloud import CloudBroker, failover_options, offer_allowed, report_token
-from broker.service.db import Attempt, CloudInstance, Job, utcnow
+from broker.service.store.tables import Attempt, CloudInstance, Job, utcnow
 from broker.model import CloudOffer, JobSpec, Market
 from broker.service.reconciler import Reconciler
 from broker.service.settings import load_settings
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 from providers.aws import AwsCompute
 from providers.base import NoCapacity
 

@@ -9,12 +9,12 @@ import pytest
 from sqlalchemy import select
 
 from broker.service.cycle import PlanningCycle, decayed_usage
-from broker.service.db import Attempt, Job, utcnow
+from broker.service.store.tables import Attempt, Job, utcnow
 from broker.service.live import LiveEnvironment, replay_offset_s
 from broker.model import LATEST_INSTANT, JobSpec
 from broker.service.reconciler import Reconciler, checkpointed_work_s
 from broker.service.settings import BrokerSettings
-from broker.service.store import JobStore
+from broker.service.store.core import JobStore
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +247,7 @@ def test_a_job_that_keeps_failing_to_start_fails_after_max_attempts(pg_store, en
 
 def test_a_schedule_whose_run_cannot_be_created_is_paused_and_the_others_still_fire(any_store, env):
     """Found by a fresh user: one bad schedule's exception stopped every later schedule's run."""
-    from broker.service.db import Schedule
+    from broker.service.store.tables import Schedule
 
     store = any_store
     t0 = utcnow().replace(microsecond=0)
@@ -440,8 +440,8 @@ def test_a_cancel_during_a_large_intake_is_not_blocked_and_wins(pg_store, env):
 
     from sqlalchemy import insert
 
-    from broker.service.db import JobEvent
-    from broker.service.store import new_job_id
+    from broker.service.store.tables import JobEvent
+    from broker.service.store.core import new_job_id
 
     store = pg_store
     now = utcnow()

@@ -20,11 +20,11 @@ with warnings.catch_warnings():
 
 from broker.service.api import create_app
 from broker.service.auth_cache import TokenCache
-from broker.service.db import Job, JobEvent
+from broker.service.store.tables import Job, JobEvent
 from broker.service.limits import QuotaExceeded, RateLimiter, RateLimitExceeded
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings, QuotaSettings, SettingsError, TeamLimits, load_settings
-from broker.service.store import IdempotencyConflict, hash_token
+from broker.service.store.core import IdempotencyConflict, hash_token
 from tests.conftest import REDIS_URL, auth
 
 UTC = timezone.utc
@@ -324,7 +324,7 @@ def test_token_cache_ttl_lru_and_revocation(store):
     with TestClient(app) as c:
         assert c.get("/v1/jobs", headers=h).status_code == 200
         with store.session() as s:
-            from broker.service.db import ApiToken
+            from broker.service.store.tables import ApiToken
 
             s.execute(ApiToken.__table__.update().where(
                 ApiToken.token_hash == hash_token(h["Authorization"][7:])).values(revoked=True))
@@ -348,7 +348,7 @@ def test_team_usage_counter_follows_every_change(store):
 
     from broker.states import TERMINAL_STATES
 
-    mig = (Path(__file__).parents[2] / "broker/service/migrations/versions/0007_jobs_team_state_index.py").read_text()
+    mig = (Path(__file__).parents[2] / "broker/service/store/migrations/versions/0007_jobs_team_state_index.py").read_text()
     assert "_DONE = \"(" + ", ".join(repr(s.value) for s in sorted(TERMINAL_STATES, key=lambda s: ["succeeded", "failed", "cancelled"].index(s.value))) + ")\"" in mig
     team, other = "tu" + uuid.uuid4().hex[:8], "tv" + uuid.uuid4().hex[:8]
     spec = JobSpec.model_validate(SPEC)

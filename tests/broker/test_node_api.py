@@ -125,7 +125,7 @@ def test_launch_failed_and_lost_requeue_the_job(pg_store, rig):
 
 def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp_path):
     from broker.cli.main import app
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     db = tmp_path / "fb.db"
     cfg = tmp_path / "fb.yaml"

@@ -112,7 +112,7 @@ def test_serve_api_and_worker_never_log_secrets(tmp_path):
            "FEDBROKER_REDIS_URL": _with_password(REDIS_URL, "", redis_pw), "FEDBROKER_ADMIN_TOKEN": admin,
            "FEDBROKER_API_PORT": str(port), "FEDBROKER_STATE_DIR": str(tmp_path / "state")}
     env.pop("FEDBROKER_CONFIG")
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     JobStore(PG_URL, schema=schema).migrate()  # as `serve all` does: two processes migrating one fresh schema race
     logs = {k: open(tmp_path / f"{k}.log", "w+") for k in ("api", "worker")}

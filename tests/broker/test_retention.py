@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, select, update
 
-from broker.service.db import Attempt, CloudInstance, Job, JobEvent, JobLog, utcnow
+from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, utcnow
 from broker.model import JobSpec
 from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings

@@ -31,13 +31,13 @@ import broker.service.api
 from broker.cli import main as cli
 from broker.service.api import create_app
 from broker.client import Client, Conflict, NotFound, ValidationFailed
-from broker.service.db import Schedule
+from broker.service.store.tables import Schedule
 from broker.model import JobSpec
 from broker.service.reconciler import Reconciler
 from broker.recurring import next_fire
 from broker.schemas import ScheduleView
 from broker.service.settings import BrokerSettings
-from broker.service.store import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
+from broker.service.store.core import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
 from tests.broker.test_client import ServerThread
 from tests.conftest import auth
 

@@ -20,9 +20,9 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 from broker.service.api import create_app
-from broker.service.db import ApiToken, AuditEvent
+from broker.service.store.tables import ApiToken, AuditEvent
 from broker.service.settings import BrokerSettings
-from broker.service.store import hash_token
+from broker.service.store.core import hash_token
 from broker.service import tokens as T
 from tests.conftest import auth
 
@@ -362,7 +362,7 @@ def test_parse_ttl_refuses(bad):
 
 
 def test_principal_keeps_the_admin_flag():
-    from broker.service.store import Principal
+    from broker.service.store.core import Principal
 
     assert Principal("a", admin=True).kind == "admin" and Principal("a", True).admin
     assert Principal("a").kind == "member" and not Principal("a").admin
@@ -373,7 +373,7 @@ def test_principal_keeps_the_admin_flag():
 @pytest.fixture(params=["postgresql", "sqlite"])
 def bare_store(request, tmp_path):
     """A store with no tables yet (PostgreSQL: a fresh schema; SQLite: a new file)."""
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
     from tests.conftest import PG_URL
 
     if request.param == "postgresql":
@@ -443,7 +443,7 @@ def test_a_new_sqlite_store_is_private_and_the_cli_says_it_made_one(tmp_path):
     from typer.testing import CliRunner
 
     from broker.cli.main import app
-    from broker.service.store import JobStore
+    from broker.service.store.core import JobStore
 
     db = tmp_path / "state" / "fedbroker.db"
     cfg = tmp_path / "fb.yaml"

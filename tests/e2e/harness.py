@@ -135,7 +135,7 @@ class LiveBroker:
         p.wait(timeout=30)
 
     def start(self) -> "LiveBroker":
-        from broker.service.store import JobStore
+        from broker.service.store.core import JobStore
 
         self.dir.mkdir(parents=True, exist_ok=True)
         self.start_redis()

@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 
 from broker.client import Client
-from broker.service.db import utcnow
+from broker.service.store.tables import utcnow
 from broker.model import JobSpec
 from tests.e2e.harness import LiveBroker, wait_for
 

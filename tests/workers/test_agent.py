@@ -19,7 +19,7 @@ import uvicorn
 
 from broker.service.api import create_app
 from broker.service.cycle import PlanningCycle
-from broker.service.db import Job, utcnow
+from broker.service.store.tables import Job, utcnow
 from broker.model import JobSpec
 from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings
@@ -274,7 +274,7 @@ def test_losing_one_node_of_a_gang_tears_down_every_node(pg_store, rig, tmp_path
     later = utcnow() + timedelta(seconds=rig.settings.node_lost_after_s + 1)
     rig.agents["n1"].heartbeat()
     with pg_store.session() as s:  # n1 stays fresh at the reconciler's clock
-        from broker.service.db import Node
+        from broker.service.store.tables import Node
 
         s.get(Node, "n1").last_heartbeat_at = later
     out_rec = Reconciler(pg_store, rig.settings).run(later)
@@ -317,7 +317,7 @@ def test_agent_survives_an_api_outage_and_reports_after(pg_store, rig, tmp_path)
 
 
 def test_workers_import_nothing_that_holds_broker_secrets():
-    forbidden = ("broker.service.store", "broker.service.db", "broker.service.settings", "broker.service.tasks", "broker.service.celery_app",
+    forbidden = ("broker.service.store.core", "broker.service.store.tables", "broker.service.settings", "broker.service.tasks", "broker.service.celery_app",
                  "broker.service.reconciler", "broker.service.attempts", "sqlalchemy", "redis", "celery", "kombu")
     found = []
     for f in sorted((REPO / "workers").glob("*.py")):
@@ -333,7 +333,7 @@ def test_workers_import_nothing_that_holds_broker_secrets():
 
     code = ("import sys, workers.agent, workers.node_client, providers.nvml, broker.model; "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {('sqlalchemy', 'redis', 'celery', 'kombu')!r} "
-            "or m in ('broker.service.store', 'broker.service.db', 'broker.service.settings')))")
+            "or m in ('broker.service.store.core', 'broker.service.store.tables', 'broker.service.settings')))")
     got = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert got.stdout.strip() == "[]"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker.service.db import utcnow
+from broker.service.store.tables import utcnow
 from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings, SettingsError, load_settings
 from tests.workers.test_agent import Rig, sh

@@ -20,7 +20,7 @@ Tables:
 
 All instants are stored as timezone-aware UTC (:class:`UtcDateTime`); SQLite,
 which has no time zone type, gives them back as UTC too. Schema changes go
-through Alembic (``broker/service/migrations``); see :func:`broker.service.store.JobStore.migrate`.
+through Alembic (``broker/service/store/migrations``); see :func:`broker.service.store.core.JobStore.migrate`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Alembic environment of the job store.
 
-Run through :meth:`broker.service.store.JobStore.migrate`, which passes an open
+Run through :meth:`broker.service.store.core.JobStore.migrate`, which passes an open
 connection in ``config.attributes["connection"]``; ``alembic`` on the command
 line works too with ``-x url=postgresql+psycopg://...``.
 """
@@ -8,7 +8,7 @@ line works too with ``-x url=postgresql+psycopg://...``.
 from alembic import context
 from sqlalchemy import create_engine
 
-from broker.service.db import Base
+from broker.service.store.tables import Base
 
 target_metadata = Base.metadata
 

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.service.db import Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
+from broker.service.store.tables import Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
 from broker.model import JobSpec
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
 from broker.states import UNFINISHED_STATES, JobState, check_transition
