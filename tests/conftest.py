@@ -64,9 +64,11 @@ def make_team(store):
     """``make_team(admin=False) -> (team, auth headers)`` for a fresh team with one token in the
     test module's ``store``."""
 
+    from broker.service.tokens import create_token
+
     def make(admin: bool = False):
         team = "t" + uuid.uuid4().hex[:10]
-        return team, auth(store.create_token(team, admin=admin, label="test"))
+        return team, auth(create_token(store, team, "admin" if admin else "member", label="test").token)
 
     return make
 

@@ -133,11 +133,11 @@ def node_token(node: str = typer.Argument(..., help="The node (host) name the to
     job store directly (run it where the broker's settings are, never on the agent host); the agent
     takes it as ``FEDBROKER_NODE_TOKEN`` or ``--token-file`` (mode 0600)."""
     from broker.cli.jobs import direct_store
-    from broker.service.tokens import InvalidTokenRequest
+    from broker.service.tokens import InvalidTokenRequest, create_node_token
 
     with direct_store(config) as (_, store):
         try:
-            tok = store.create_node_token(node, label=label)
+            tok = create_node_token(store, node, label=label)
         except InvalidTokenRequest as e:
             _fail(str(e), 2)
     typer.echo(tok)

@@ -317,10 +317,10 @@ def serve_all(config: Optional[Path] = ConfigOpt,
     }
     # this command is the composition root: it holds the database credentials and mints the local
     # agent's node token; the agent gets that token and the API URL only (no config, no database URL)
-    from broker.service.tokens import revoke_node_tokens
+    from broker.service.tokens import create_node_token, revoke_node_tokens
 
     revoke_node_tokens(store, node, SERVE_ALL_LABEL)  # the token of an earlier start stops working
-    agent_env = agent_environment(store.create_node_token(node, label=SERVE_ALL_LABEL), st.effective_api_url)
+    agent_env = agent_environment(create_node_token(store, node, label=SERVE_ALL_LABEL), st.effective_api_url)
     stop = _stop_on_signals()
     # the API first, the others once it listens: started together, the four children's imports share the
     # CPUs and the API took 10-15 s to answer (connections refused meanwhile); alone it takes ~3 s

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from broker.service import attempts
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES
 from broker.service.store.core import JobStore
+from broker.service.tokens import node_of_token
 from broker.service.work_watch import MAX_WAIT_S, WorkWatch, work_etag
 
 __all__ = ["authenticate_node", "node_router"]
@@ -59,7 +60,7 @@ def authenticate_node(store: JobStore, token: str) -> str | None:
     unrevoked and unexpired."""
     if not token:
         return None
-    return store.node_of_token(token)
+    return node_of_token(store, token)
 
 
 class NodeHeartbeat(BaseModel):

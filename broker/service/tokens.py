@@ -22,6 +22,10 @@ Audit: every token operation and every job or schedule change requested through 
 ``audit_events`` row in the same transaction as the change (:func:`audit`): actor token id, team and
 kind (``database`` for direct store access), action, target id and a JSON detail.
 
+The rows are read and written by the store's repository :mod:`broker.service.store.tokens`; this module holds
+the rules. Direct store access (the CLI, ``serve all``, tests): :func:`create_token`, :func:`create_node_token`,
+:func:`principal_of` (``None`` instead of an error), :func:`node_of_token`.
+
 Exceptions::
 
     broker.service.store.core.StoreError (ValueError)
@@ -43,18 +47,19 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
-
-from broker.service.store.tables import ApiToken, AuditEvent, utcnow
 from broker.model import TEAM_RE
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
-from broker.service.store.core import JobStore, Principal, StoreError, hash_token
+from broker.service.store import tokens as repo
+from broker.service.store.core import JobStore, StoreError
+from broker.service.store.tables import ApiToken, utcnow
+from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 
 __all__ = ["TOKEN_KINDS", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
            "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",
            "TokenConflict", "BootstrapRefused", "InvalidTokenRequest", "parse_ttl", "new_token_id", "audit",
-           "create_token", "bootstrap", "authenticate", "list_tokens", "revoke", "rotate", "audit_events",
-           "may_manage", "MANAGED_BY_TEAM_ADMIN", "CREATED_BY_TEAM_ADMIN"]
+           "audit_row", "create_token", "create_node_token", "bootstrap", "authenticate", "principal_of",
+           "node_of_token", "list_tokens", "revoke", "rotate", "audit_events", "may_manage", "MANAGED_BY_TEAM_ADMIN",
+           "CREATED_BY_TEAM_ADMIN"]
 
 #: the shortest token lifetime, seconds
 TOKEN_MIN_TTL_S = 60
@@ -142,26 +147,6 @@ def parse_ttl(value: str | int | float | timedelta) -> float:
     return seconds
 
 
-def _actor_fields(actor: Principal | None) -> dict[str, Any]:
-    if actor is None:
-        return {"actor_token_id": None, "actor_team": "", "actor_kind": "database"}
-    return {"actor_token_id": actor.token_id, "actor_team": actor.team, "actor_kind": actor.kind}
-
-
-def audit_row(actor: Principal | None, action: str, target: str, detail: dict[str, Any] | None = None,
-              now: datetime | None = None) -> dict[str, Any]:
-    """The ``audit_events`` columns recording that ``actor`` (``None`` = direct store access, kind
-    ``database``) did ``action`` to ``target`` at ``now`` (for bulk and driver-level inserts)."""
-    return {"at": now or utcnow(), "action": action, "target": target, "detail": detail or {}, **_actor_fields(actor)}
-
-
-def audit(s, actor: Principal | None, action: str, target: str, detail: dict[str, Any] | None = None,
-          now: datetime | None = None) -> None:
-    """Inside session ``s`` (the transaction of the change): record that ``actor`` (``None`` = direct store
-    access, kind ``database``) did ``action`` to ``target``. ``detail`` must be JSON-serialisable."""
-    s.execute(insert(AuditEvent).values(**audit_row(actor, action, target, detail, now)))
-
-
 def _view(r: ApiToken, now: datetime) -> TokenView:
     return TokenView(id=r.public_id, team=r.team, kind=r.kind, label=r.label, node=r.node, created_at=r.created_at,
                      expires_at=r.expires_at, last_used_at=r.last_used_at, revoked=bool(r.revoked),
@@ -202,11 +187,8 @@ def _check_fields(team: str, kind: str, label: str, node: str | None) -> None:
 def _insert(s, team: str, kind: str, label: str, node: str | None, ttl_s: float, now: datetime
             ) -> tuple[str, ApiToken]:
     secret = _new_secret()
-    row = ApiToken(team=team, token_hash=hash_token(secret), admin=kind == "admin", label=label, created_at=now,
-                   revoked=False, public_id=new_token_id(), kind=kind, node=node,
-                   expires_at=now + timedelta(seconds=ttl_s), last_used_at=None)
-    s.add(row)
-    s.flush()
+    row = repo.add_token(s, public_id=new_token_id(), team=team, kind=kind, label=label, node=node,
+                         token_hash=hash_token(secret), created_at=now, expires_at=now + timedelta(seconds=ttl_s))
     return secret, row
 
 
@@ -260,11 +242,6 @@ def _within_actor(actor: Principal, ttl_s: float, now: datetime) -> float:
     return ttl_s
 
 
-def _usable_admin_exists(s, now: datetime) -> bool:
-    return s.execute(select(ApiToken.id).where(ApiToken.kind == "admin", ApiToken.revoked.is_(False),
-                                               ApiToken.expires_at > now).limit(1)).first() is not None
-
-
 def bootstrap(store: JobStore, team: str, kind: str = "member", *, label: str = "", ttl: Any = None,
               node: str | None = None, now: datetime | None = None) -> CreatedToken:
     """Mint a token directly in the database (no API token): only while the store holds no usable
@@ -279,9 +256,8 @@ def bootstrap(store: JobStore, team: str, kind: str = "member", *, label: str = 
     _check_fields(team, kind, label, node)
     ttl_s = DEFAULT_TTL_S if ttl is None else parse_ttl(ttl)
     with store.session() as s:
-        if s.get_bind().dialect.name == "postgresql":
-            s.execute(text("LOCK TABLE api_tokens IN SHARE ROW EXCLUSIVE MODE"))
-        if _usable_admin_exists(s, now):
+        repo.lock_tokens_for_bootstrap(s)
+        if repo.usable_admin_exists(s, now):
             raise BootstrapRefused(
                 "this store already has an admin token, so tokens are no longer minted directly in the database: "
                 "create them over the API with an admin (or team-admin) token, e.g. "
@@ -302,9 +278,7 @@ def authenticate(store: JobStore, token: str, now: datetime | None = None) -> Pr
     if not isinstance(token, str) or not token or len(token) > 200:
         raise InvalidToken("unknown or revoked token")
     with store.session() as s:
-        row = s.execute(select(ApiToken.id, ApiToken.public_id, ApiToken.team, ApiToken.kind, ApiToken.node,
-                               ApiToken.revoked, ApiToken.expires_at, ApiToken.last_used_at)
-                        .where(ApiToken.token_hash == hash_token(token))).first()
+        row = repo.by_hash(s, hash_token(token))
     if row is None or row.revoked:
         raise InvalidToken("unknown or revoked token")
     if row.expires_at <= now:
@@ -313,9 +287,30 @@ def authenticate(store: JobStore, token: str, now: datetime | None = None) -> Pr
     stale = now - timedelta(seconds=LAST_USED_RESOLUTION_S)
     if row.last_used_at is None or row.last_used_at <= stale:
         with store.session() as s:
-            s.execute(update(ApiToken).where(ApiToken.id == row.id, (ApiToken.last_used_at.is_(None))
-                                             | (ApiToken.last_used_at <= stale)).values(last_used_at=now))
+            repo.touch_last_used(s, row.id, now, stale)
     return Principal(row.team, kind=row.kind, node=row.node, token_id=row.public_id, expires_at=row.expires_at)
+
+
+def principal_of(store: JobStore, token: str, now: datetime | None = None) -> Principal | None:
+    """The principal of a valid (unrevoked, unexpired) token, else ``None`` (:func:`authenticate`, which
+    tells expired from unknown, without the error)."""
+    try:
+        return authenticate(store, token, now)
+    except InvalidToken:
+        return None
+
+
+def node_of_token(store: JobStore, token: str) -> str | None:
+    """The node a valid (unrevoked, unexpired) node token names, else ``None`` (other kinds included)."""
+    who = principal_of(store, token)
+    return who.node if who is not None and who.kind == "node" else None
+
+
+def create_node_token(store: JobStore, node: str, label: str = "", ttl: Any = None) -> str:
+    """Create the credential of node ``node``'s agent (kind ``node``, team :data:`NODE_TEAM`) directly in the
+    store and return its secret; audited ``token.create`` like every token (actor kind ``database``).
+    ``ttl`` as :func:`create_token`. Raises :class:`InvalidTokenRequest` for a bad node name or lifetime."""
+    return create_token(store, NODE_TEAM, "node", label=label, ttl=ttl, node=node).token
 
 
 def list_tokens(store: JobStore, actor: Principal | None = None, team: str | None = None,
@@ -324,17 +319,13 @@ def list_tokens(store: JobStore, actor: Principal | None = None, team: str | Non
     admin its own team's member, read-only and team-admin tokens. Revoked ones only with ``include_revoked``.
     Raises :class:`TokenForbidden` (another kind, or a team admin naming another team)."""
     now = now or utcnow()
-    q = select(ApiToken).order_by(ApiToken.team, ApiToken.created_at, ApiToken.id)
+    kinds = None
     if actor is not None and actor.kind != "admin":
         may_manage(actor, team or actor.team, "member")
         team = actor.team
-        q = q.where(ApiToken.kind.in_(sorted(MANAGED_BY_TEAM_ADMIN)))
-    if team is not None:
-        q = q.where(ApiToken.team == team)
-    if not include_revoked:
-        q = q.where(ApiToken.revoked.is_(False))
+        kinds = MANAGED_BY_TEAM_ADMIN
     with store.session() as s:
-        return [_view(r, now) for r in s.execute(q).scalars()]
+        return [_view(r, now) for r in repo.token_rows(s, team, kinds, include_revoked)]
 
 
 def _visible_row(s, token_id: str, actor: Principal | None) -> ApiToken:
@@ -346,7 +337,7 @@ def _visible_row(s, token_id: str, actor: Principal | None) -> ApiToken:
         raise missing
     if actor is not None and actor.kind not in ("admin", "team-admin"):
         raise TokenForbidden(f"a {actor.kind} token cannot manage tokens (needs a team-admin or admin token)")
-    row = s.execute(select(ApiToken).where(ApiToken.public_id == token_id).with_for_update()).scalar_one_or_none()
+    row = repo.token_for_update(s, token_id)
     if row is None or (actor is not None and actor.kind != "admin" and row.team != actor.team):
         raise missing
     if actor is not None:
@@ -372,8 +363,7 @@ def revoke_node_tokens(store: JobStore, node: str, label: str, now: datetime | N
     replacing its local agent's token at each start); each audited ``token.revoke``. Returns how many."""
     now = now or utcnow()
     with store.session() as s:
-        rows = s.execute(select(ApiToken).where(ApiToken.kind == "node", ApiToken.node == node,
-                                                ApiToken.label == label, ApiToken.revoked.is_(False))).scalars().all()
+        rows = repo.node_token_rows(s, node, label)
         for row in rows:
             row.revoked = True
             audit(s, None, "token.revoke", row.public_id, _detail(row), now)
@@ -414,12 +404,7 @@ def audit_events(store: JobStore, since: datetime | None = None, limit: int = 10
         raise ValueError(f"since={since.isoformat()!r}: naive datetime; give an aware one (e.g. UTC)")
     if not 1 <= limit <= 1000:
         raise ValueError(f"limit={limit}: must be between 1 and 1000")
-    q = select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
-    if since is not None:
-        q = q.where(AuditEvent.at >= since)
-    if action is not None:
-        q = q.where(AuditEvent.action == action)
     with store.session() as s:
         return [AuditEventView(id=e.id, at=e.at, actor_token_id=e.actor_token_id, actor_team=e.actor_team,
                                actor_kind=e.actor_kind, action=e.action, target=e.target, detail=e.detail or {})
-                for e in s.execute(q).scalars()]
+                for e in repo.audit_event_rows(s, since, limit, action)]

@@ -23,6 +23,7 @@ from broker.service.store.tables import Attempt, Job
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
+from broker.service.tokens import create_token
 from tests.conftest import auth
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
@@ -249,7 +250,7 @@ def test_revoked_token_is_401(client, store):
     from broker.service.store.tables import ApiToken
     from broker.service.store.core import hash_token
 
-    tok = store.create_token("revokers")
+    tok = create_token(store, "revokers").token
     assert client.get("/v1/jobs", headers=auth(tok)).status_code == 200
     with store.session() as s:
         s.execute(ApiToken.__table__.update().where(ApiToken.token_hash == hash_token(tok)).values(revoked=True))
@@ -479,7 +480,7 @@ def test_openapi_lists_paths(client):
 def test_sqlite_store_round_trip(tmp_path):
     st = JobStore(f"sqlite:///{tmp_path / 'fb.db'}")
     st.migrate()
-    tok = st.create_token("solo")
+    tok = create_token(st, "solo").token
     with TestClient(create_app(st)) as c:
         assert c.get("/healthz").json() == {"status": "ok", "database": "ok"}
         h = {**auth(tok), "Idempotency-Key": "once"}
@@ -495,7 +496,7 @@ def test_sqlite_store_round_trip(tmp_path):
 def test_sqlite_validation_stores_nothing(tmp_path):
     st = JobStore(f"sqlite:///{tmp_path / 'fb.db'}")
     st.migrate()
-    tok = st.create_token("solo")
+    tok = create_token(st, "solo").token
     with TestClient(create_app(st)) as c:
         r = c.post("/v1/jobs", json={"spec": {"command": []}}, headers=auth(tok))
     assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("spec.command=[]: needs at least a program")

@@ -38,6 +38,7 @@ from broker.service.api import create_app
 from broker.service.cloud import REPORT_EVENTS, ReportError
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
+from broker.service.tokens import create_node_token, create_token
 
 #: examples per operation and phase (29 operations x 3 or 4 callers)
 MAX_EXAMPLES = 30
@@ -65,14 +66,14 @@ def world(module_pg_store):
     """The app over a fresh store, with team A's job and schedule and the tokens of teams A and B."""
     store = module_pg_store
     team_a, team_b = "a" + uuid.uuid4().hex[:8], "b" + uuid.uuid4().hex[:8]
-    tok_a = store.create_token(team_a, label="schemathesis")
-    tok_b = store.create_token(team_b, label="schemathesis")
+    tok_a = create_token(store, team_a, label="schemathesis").token
+    tok_b = create_token(store, team_b, label="schemathesis").token
     now = datetime.now(timezone.utc)
     spec = JobSpec(command=["python", "train.py"], deadline=now + timedelta(days=2))
     job, _ = store.submit(team_a, spec, now=now)
     sched = store.create_schedule(team_a, "nightly", "0 2 * * *", "UTC",
                                   JobSpec(command=["python", "train.py"], slack_s=3600), now=now)
-    node_a, node_b = store.create_node_token("n-a"), store.create_node_token("n-b")
+    node_a, node_b = create_node_token(store, "n-a"), create_node_token(store, "n-b")
     app = create_app(store, BrokerSettings(admin_token="admin-" + uuid.uuid4().hex), cloud=_StandInCloud(tok_a))
     return {"app": app, "job_id": job.id, "schedule_id": sched.id,
             "tokens": {"valid": tok_a, "missing": None, "foreign": tok_b},

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from broker.cli.main import app
 from broker.service.settings import load_settings
+from broker.service.tokens import create_token
 
 AWS_OUT = {
     "region": {"sensitive": False, "type": "string", "value": "us-east-1"},
@@ -257,7 +258,7 @@ def test_cancel_and_explain_of_a_cloud_job(sqlite_store, monkeypatch):
     from tests.broker.test_client import ServerThread
 
     monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
-    token = sqlite_store.create_token("ml")
+    token = create_token(sqlite_store, "ml").token
     jid = _submit_cloud_job(sqlite_store, failover=[
         {"option": "aws:us-east-1a:p3.2xlarge:spot", "error": "NoCapacity", "message": "no p3.2xlarge in us-east-1a",
          "at": "2030-01-01T00:00:00+00:00"},

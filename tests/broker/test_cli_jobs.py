@@ -14,6 +14,7 @@ from broker.cli import main as cli
 from broker.service.api import create_app
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.service.store.core import JobStore
+from broker.service.tokens import create_token, principal_of
 from tests.broker.test_client import ServerThread, count_jobs
 
 
@@ -46,7 +47,7 @@ def run(monkeypatch, server, store):
     """``run(*args, env=None) -> Result``: invoke ``fedbroker`` as a fresh team (``run.team``)."""
     monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
     team = "t" + uuid.uuid4().hex[:10]
-    token = store.create_token(team)
+    token = create_token(store, team).token
     runner = CliRunner()
 
     def invoke(*args, env: dict | None = None):
@@ -202,7 +203,7 @@ def test_tokens_create(tmp_path):
     token = r.stdout.strip()
     assert token.startswith("fbk_")
     st = JobStore(f"sqlite:///{db}")
-    p = st.authenticate(token)
+    p = principal_of(st, token)
     assert p is not None and (p.team, p.admin) == ("vision", False)
     st.engine.dispose()
     r = CliRunner().invoke(cli.app, ["tokens", "create", "--team", "bad team!"],
@@ -243,9 +244,9 @@ def test_tokens_bootstrap_rule_direct_database(tmp_path):
     admin = create("--team", "ops", "--admin", "--ttl", "30d", "--label", "root")
     assert admin.exit_code == 0, admin.output
     st = JobStore(f"sqlite:///{tmp_path / 'fb.db'}")
-    p = st.authenticate(admin.stdout.strip())
+    p = principal_of(st, admin.stdout.strip())
     assert (p.kind, p.team) == ("admin", "ops")
-    assert st.authenticate(member.stdout.strip()).kind == "member"
+    assert principal_of(st, member.stdout.strip()).kind == "member"
     st.engine.dispose()
     assert "admin token tok-" in admin.stderr and "for team 'ops', expires " in admin.stderr
     for args in (("--team", "ops", "--admin"), ("--team", "vision")):
@@ -260,7 +261,7 @@ def test_tokens_bootstrap_rule_direct_database(tmp_path):
 
 def test_tokens_over_the_api(server, store):
     team = "t" + uuid.uuid4().hex[:10]
-    admin = store.create_token("ops", admin=True)
+    admin = create_token(store, "ops", "admin").token
     runner = CliRunner()
 
     def run(*args, token=admin):
@@ -277,17 +278,17 @@ def test_tokens_over_the_api(server, store):
     assert r.exit_code == 0, r.output
     new_secret = r.stdout.strip()
     assert new_secret.startswith("fbk_") and f"replaces {made['id']} (now revoked)" in r.stderr
-    new = store.authenticate(new_secret)
-    assert (new.kind, new.team) == ("read-only", team) and store.authenticate(made["token"]) is None
+    new = principal_of(store, new_secret)
+    assert (new.kind, new.team) == ("read-only", team) and principal_of(store, made["token"]) is None
     r = run("tokens", "revoke", new.token_id)
     assert r.exit_code == 0 and r.stdout.strip() == f"{new.token_id} revoked (read-only of {team})"
-    assert store.authenticate(new_secret) is None
+    assert principal_of(store, new_secret) is None
     r = run("audit", "--action", "token.revoke", "--limit", "1", "--json")
     assert r.exit_code == 0
     [ev] = json.loads(r.stdout)
     assert (ev["action"], ev["target"], ev["actor_kind"], ev["actor_team"]) == ("token.revoke", new.token_id, "admin", "ops")
     # a member token may not manage tokens: the API's 403, exit 1
-    member = store.create_token(team)
+    member = create_token(store, team).token
     r = run("tokens", "list", token=member)
     assert r.exit_code == 1 and "403 a member token cannot manage tokens" in r.stderr
     r = run("tokens", "create", "--team", team, token=member)

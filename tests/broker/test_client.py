@@ -23,6 +23,7 @@ from broker.service.store.tables import Job
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
+from broker.service.tokens import create_token
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
@@ -164,7 +165,7 @@ def team_client(store, server):
 
     def make(**kw):
         team = "t" + uuid.uuid4().hex[:10]
-        c = Client(server.url, store.create_token(team), **kw)
+        c = Client(server.url, create_token(store, team).token, **kw)
         made.append(c)
         return team, c
 
@@ -329,7 +330,7 @@ def test_logs_explain_nodes(team_client, store):
 
 
 def test_env_defaults(monkeypatch, server, store):
-    tok = store.create_token("envteam")
+    tok = create_token(store, "envteam").token
     monkeypatch.setenv("FEDBROKER_API_URL", server.url + "/")
     monkeypatch.setenv("FEDBROKER_TOKEN", tok)
     c = Client()

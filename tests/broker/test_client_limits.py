@@ -13,6 +13,7 @@ from broker.service.api import create_app
 from broker.client import Client, RateLimited, ValidationFailed
 from broker.service.limits import RateLimiter
 from broker.service.settings import BrokerSettings, QuotaSettings
+from broker.service.tokens import create_token
 from tests.broker.test_client import ServerThread, count_jobs
 from tests.conftest import REDIS_URL
 
@@ -37,7 +38,7 @@ def server(store):
 
 def _client(store, server, team: str | None = None, **kw) -> tuple[str, Client]:
     team = team or "t" + uuid.uuid4().hex[:10]
-    return team, Client(server.url, store.create_token(team), **kw)
+    return team, Client(server.url, create_token(store, team).token, **kw)
 
 
 def test_submit_waits_out_429_by_retry_after(store, server):

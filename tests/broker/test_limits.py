@@ -25,6 +25,7 @@ from broker.service.limits import QuotaExceeded, RateLimiter, RateLimitExceeded
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings, QuotaSettings, SettingsError, TeamLimits, load_settings
 from broker.service.store.core import IdempotencyConflict, hash_token
+from broker.service.tokens import create_token
 from tests.conftest import REDIS_URL, auth
 
 UTC = timezone.utc
@@ -38,7 +39,7 @@ def store(module_pg_store):
 
 def _team(store):
     team = "t" + uuid.uuid4().hex[:10]
-    return team, auth(store.create_token(team, label="test"))
+    return team, auth(create_token(store, team, label="test").token)
 
 
 def _limiter(quotas: QuotaSettings, url: str = REDIS_URL) -> RateLimiter:
@@ -103,7 +104,7 @@ def test_rate_limit_retry_after_rounds_up_and_per_team_override(store):
     quotas = QuotaSettings(submits_per_s=0.25, burst=1, max_queued_jobs=0,
                            per_team={"unlimited-team": {"submits_per_s": 0}})
     team, h = _team(store)
-    free = auth(store.create_token("unlimited-team", label="test"))
+    free = auth(create_token(store, "unlimited-team", label="test").token)
     with _client(store, quotas, _limiter(quotas)) as c:
         assert c.post("/v1/jobs", json={"spec": SPEC}, headers=h).status_code == 201
         r = c.post("/v1/jobs", json={"spec": SPEC}, headers=h)

@@ -19,6 +19,7 @@ from broker.model import JobSpec
 from broker.service.node_api import authenticate_node
 from broker.cli.serve import agent_environment
 from broker.service.settings import BrokerSettings
+from broker.service.tokens import create_node_token, create_token, node_of_token
 
 ADMIN = "admin-secret-for-tests"
 
@@ -34,7 +35,7 @@ def rig(pg_store):
     settings = BrokerSettings(admin_token=ADMIN, max_attempts=3)
     changed = []
     c = TestClient(create_app(pg_store, settings, on_submit=changed.append))
-    tok = {n: {"Authorization": f"Bearer {pg_store.create_node_token(n)}"} for n in ("n1", "n2")}
+    tok = {n: {"Authorization": f"Bearer {create_node_token(pg_store, n)}"} for n in ("n1", "n2")}
     assert c.post("/v1/node/heartbeat", json=hb(1, []), headers=tok["n1"]).json() == {"node": "n1"}
     assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=tok["n2"]).json() == {"node": "n2"}
     jid = pg_store.submit("ml", JobSpec(command=["true"], estimated_duration_s=60.0))[0].id
@@ -89,14 +90,14 @@ def test_a_node_token_is_refused_by_every_team_route(pg_store, rig):
 
 def test_team_admin_and_missing_tokens_are_refused_by_node_routes(pg_store, rig):
     c, tok, jid, _ = rig
-    team = {"Authorization": f"Bearer {pg_store.create_token('ml')}"}
-    admin = {"Authorization": f"Bearer {pg_store.create_token('ops', admin=True)}"}
+    team = {"Authorization": f"Bearer {create_token(pg_store, 'ml').token}"}
+    admin = {"Authorization": f"Bearer {create_token(pg_store, 'ops', 'admin').token}"}
     for h in (team, admin, {"Authorization": f"Bearer {ADMIN}"}, {"Authorization": "Bearer fbn_nope"}, {}):
         assert c.get("/v1/node/work", headers=h).status_code == 401
         assert c.post(f"/v1/node/attempts/{jid}/1/0/running", headers=h).status_code == 401
         assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=h).status_code == 401
     assert pg_store.get(jid).state == "starting"
-    assert authenticate_node(pg_store, pg_store.create_token("node-x")) is None  # a team called like a node
+    assert authenticate_node(pg_store, create_token(pg_store, "node-x").token) is None  # a team called like a node
     assert authenticate_node(pg_store, "") is None
 
 
@@ -133,7 +134,7 @@ def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp
     r = CliRunner().invoke(app, ["nodes", "token", "gpu-01", "--config", str(cfg)])
     assert r.exit_code == 0, r.output
     token = r.stdout.strip().splitlines()[0]
-    assert JobStore(f"sqlite:///{db}").node_of_token(token) == "gpu-01"
+    assert node_of_token(JobStore(f"sqlite:///{db}"), token) == "gpu-01"
     r = CliRunner().invoke(app, ["nodes", "token", "bad name", "--config", str(cfg)])
     assert r.exit_code == 2 and "node='bad name'" in r.output
     env = agent_environment("fbn_x", "http://127.0.0.1:8000", base={

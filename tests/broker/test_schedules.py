@@ -38,6 +38,7 @@ from broker.recurring import next_fire
 from broker.schemas import ScheduleView
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
+from broker.service.tokens import create_token
 from tests.broker.test_client import ServerThread
 from tests.conftest import auth
 
@@ -86,7 +87,7 @@ class Fresh:
 
     def team(self) -> tuple[str, dict]:
         team = "t" + uuid.uuid4().hex[:10]
-        return team, auth(self.store.create_token(team))
+        return team, auth(create_token(self.store, team).token)
 
     def reconcile(self, now: datetime) -> int:
         """One reconciler pass by a new Reconciler (another beat); returns the jobs it created."""
@@ -345,7 +346,7 @@ def test_store_create_get_pause_resume_delete(any_store):
 # ----------------------------------------------------------------------------- SDK and CLI
 def test_sdk(server, store):
     team = "t" + uuid.uuid4().hex[:10]
-    with Client(server.url, store.create_token(team)) as c:
+    with Client(server.url, create_token(store, team).token) as c:
         x = c.create_schedule("nightly", "30 2 * * *", JobSpec.model_validate(SPEC), timezone=NY)
         assert isinstance(x, ScheduleView) and SID_RE.match(x.id)
         assert (x.team, x.name, x.cron, x.timezone, x.enabled) == (team, "nightly", "30 2 * * *", NY, True)
@@ -391,7 +392,7 @@ slack_s: 21600
 def test_cli(server, store, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
     team = "t" + uuid.uuid4().hex[:10]
-    env = {"FEDBROKER_API_URL": server.url, "FEDBROKER_TOKEN": store.create_token(team), "FEDBROKER_CONFIG": None}
+    env = {"FEDBROKER_API_URL": server.url, "FEDBROKER_TOKEN": create_token(store, team).token, "FEDBROKER_CONFIG": None}
     runner = CliRunner()
 
     def run(*args):

@@ -80,7 +80,7 @@ def test_read_only_token_reads_but_cannot_write(client, store):
 
 def test_node_token_may_not_use_job_or_schedule_routes(client, store):
     tok, tid = mint(store, "ops", "node", node="gpu-01")
-    p = store.authenticate(tok)
+    p = T.principal_of(store, tok)
     assert (p.kind, p.team, p.node, p.token_id, p.admin) == ("node", T.NODE_TEAM, "gpu-01", tid, False)  # no team
     for method, path in [("get", "/v1/jobs"), ("post", "/v1/jobs"), ("get", "/v1/jobs/job-0123456789abcdef"),
                          ("get", "/v1/schedules"), ("get", "/v1/tokens"), ("get", "/v1/audit")]:
@@ -137,7 +137,7 @@ def test_a_team_admin_never_makes_a_token_that_outlives_its_own(client, store):
     ta, _ = mint(store, team, "team-admin", ttl=2 * 86400)  # expires in 2 days
     r = client.post("/v1/tokens", json={"kind": "member", "ttl_s": 10 * 365 * 86400}, headers=auth(ta))
     assert r.status_code == 201, r.text
-    ta_expiry = store.authenticate(ta).expires_at
+    ta_expiry = T.principal_of(store, ta).expires_at
     assert datetime.fromisoformat(r.json()["expires_at"]) == ta_expiry  # cut to the team admin's own expiry
     r = client.post(f"/v1/tokens/{r.json()['id']}/rotate", json={"ttl_s": 10 * 365 * 86400}, headers=auth(ta))
     assert r.status_code == 201 and datetime.fromisoformat(r.json()["expires_at"]) == ta_expiry
@@ -181,7 +181,7 @@ def test_expired_token_is_401_token_expired(client, store):
     assert r.status_code == 401 and r.json()["detail"] == "token expired"
     r = client.get("/v1/jobs", headers=auth("fbk_unknown"))
     assert r.status_code == 401 and r.json()["detail"] == "unknown or revoked token"
-    assert store.authenticate(tok) is None
+    assert T.principal_of(store, tok) is None
 
 
 def test_revoke_and_rotate_over_the_api(client, store):
@@ -276,7 +276,7 @@ def test_bootstrap_only_on_a_fresh_store(any_store):
     first = T.bootstrap(any_store, "vision")  # the README's first token: member, no admin yet
     assert (first.kind, first.team) == ("member", "vision")
     admin = T.bootstrap(any_store, "ops", "admin", label="root")
-    assert any_store.authenticate(admin.token).admin
+    assert T.principal_of(any_store, admin.token).admin
     with pytest.raises(T.BootstrapRefused, match="already has an admin token"):
         T.bootstrap(any_store, "ops", "admin")
     with pytest.raises(T.BootstrapRefused):
@@ -322,15 +322,15 @@ def test_expiry_and_kinds_at_the_store(any_store):
     with pytest.raises(T.InvalidToken):
         T.authenticate(any_store, "fbk_nothing")
     # the old signature still works: admin flag, label, default lifetime 90 days
-    legacy = any_store.create_token("solo", admin=True, label="x")
-    p = any_store.authenticate(legacy)
+    legacy = T.create_token(any_store, "solo", "admin", label="x").token
+    p = T.principal_of(any_store, legacy)
     assert (p.kind, p.admin, p.team) == ("admin", True, "solo")
     with any_store.session() as s:
         r = s.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(legacy))).scalar_one()
         assert (r.admin, r.kind, r.label) == (True, "admin", "x")
         assert timedelta(days=90) - timedelta(seconds=5) < r.expires_at - r.created_at <= timedelta(days=90)
-    tok = any_store.create_token("solo", kind="team-admin", ttl=3600)
-    assert any_store.authenticate(tok).kind == "team-admin"
+    tok = T.create_token(any_store, "solo", "team-admin", ttl=3600).token
+    assert T.principal_of(any_store, tok).kind == "team-admin"
 
 
 @pytest.mark.parametrize("text, seconds", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("45s", None),
@@ -396,7 +396,7 @@ def test_migration_0004_maps_existing_tokens(bare_store):
                       {"t": team, "h": hash_token(secret), "a": admin, "c": made.replace(tzinfo=None)
                        if bare_store.url.startswith("sqlite") else made, "r": False})
     bare_store.migrate()
-    a, m = bare_store.authenticate("fbk_old-admin"), bare_store.authenticate("fbk_old-member")
+    a, m = T.principal_of(bare_store, "fbk_old-admin"), T.principal_of(bare_store, "fbk_old-member")
     assert (a.kind, a.team, a.admin) == ("admin", "ops", True)
     assert (m.kind, m.team, m.admin) == ("member", "vision", False)
     assert T.TOKEN_ID_RE.match(a.token_id) and T.TOKEN_ID_RE.match(m.token_id) and a.token_id != m.token_id
@@ -428,11 +428,11 @@ def test_serve_all_replaces_its_agents_node_token(store):
     from broker.cli.serve import SERVE_ALL_LABEL
 
     node = "vm-" + uuid.uuid4().hex[:6]
-    old = [store.create_node_token(node, label=SERVE_ALL_LABEL) for _ in range(2)]
-    kept = [store.create_node_token(node, label="rack 4"), store.create_node_token(node + "x", label=SERVE_ALL_LABEL)]
+    old = [T.create_node_token(store, node, label=SERVE_ALL_LABEL) for _ in range(2)]
+    kept = [T.create_node_token(store, node, label="rack 4"), T.create_node_token(store, node + "x", label=SERVE_ALL_LABEL)]
     assert T.revoke_node_tokens(store, node, SERVE_ALL_LABEL) == 2
-    assert [store.node_of_token(t) for t in old] == [None, None]
-    assert [store.node_of_token(t) for t in kept] == [node, node + "x"]
+    assert [T.node_of_token(store, t) for t in old] == [None, None]
+    assert [T.node_of_token(store, t) for t in kept] == [node, node + "x"]
     assert T.revoke_node_tokens(store, node, SERVE_ALL_LABEL) == 0
 
 
@@ -477,4 +477,4 @@ def test_a_team_admin_about_to_expire_cannot_make_tokens(client, store):
     ta, _ = mint(store, team, "team-admin", ttl=120)
     later = datetime.now(UTC) + timedelta(seconds=90)  # 30 s left: less than the 60 s a token must live
     with pytest.raises(T.InvalidTokenRequest, match=r"ttl=.*your own token expires in 30 s"):
-        T.create_token(store, team, "member", actor=store.authenticate(ta), now=later)
+        T.create_token(store, team, "member", actor=T.principal_of(store, ta), now=later)

@@ -118,8 +118,9 @@ class LiveBroker:
     def start_agent(self, node: str) -> None:
         """An agent as on a host of its own: the API URL and a node token, no settings file, no database."""
         from broker.cli.serve import agent_environment
+        from broker.service.tokens import create_node_token
 
-        env = agent_environment(self.store.create_node_token(node), self.url, base=self.env)
+        env = agent_environment(create_node_token(self.store, node), self.url, base=self.env)
         self._spawn(f"agent-{node}", "agent", "--name", node, "--pool", "local", "--nvml", "fake",
                     "--fake-gpus", str(self.nodes[node]), "--state-dir", str(self.dir / "state"), env=env)
 
@@ -152,7 +153,9 @@ class LiveBroker:
         return self
 
     def token(self, team: str, admin: bool = False) -> str:
-        return self.store.create_token(team, admin=admin)
+        from broker.service.tokens import create_token
+
+        return create_token(self.store, team, "admin" if admin else "member").token
 
     def logs(self) -> str:
         """The tail of every process log (for assertion messages)."""

@@ -23,6 +23,7 @@ from broker.service.store.tables import Job, utcnow
 from broker.model import JobSpec
 from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings
+from broker.service.tokens import create_node_token
 from providers.nvml import FakeNvmlBackend
 from workers.agent import RENDEZVOUS_PORT, NodeAgent
 from workers.node_client import NodeClient
@@ -75,7 +76,7 @@ class Rig:
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
                                        jobs={"root": str(tmp_path / "jobs")})
         self.api = ApiServer(store, self.settings).start()
-        self.tokens = {n: store.create_node_token(n) for n in nodes}
+        self.tokens = {n: create_node_token(store, n) for n in nodes}
         self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}
         self.agents = {n: self.new_agent(n) for n in nodes}
         for a in self.agents.values():

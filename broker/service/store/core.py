@@ -28,7 +28,6 @@ import json
 import os
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -39,7 +38,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.service.store.tables import Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule, utcnow
+from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule,
+                                        utcnow)
+from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 from broker.model import JobSpec
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
 from broker.states import UNFINISHED_STATES, JobState, check_transition
@@ -91,62 +92,14 @@ class InvalidSchedule(StoreError):
         self.errors = errors
 
 
-@dataclass(frozen=True, init=False)
-class Principal:
-    """Who calls the API: a token's ``kind`` (:data:`broker.schemas.TOKEN_KINDS`), ``team``, ``node`` (node
-    tokens), public ``token_id`` and ``expires_at`` (``None`` for a principal not made from a stored token).
-
-    ``Principal(team, admin=True)`` still works and means ``kind="admin"``; :attr:`admin` is true for
-    the broker admin kind (sees every team)."""
-
-    team: str
-    kind: str = "member"
-    node: str | None = None
-    token_id: str | None = None
-    #: when the token stops working (UTC; ``None``: not a stored token)
-    expires_at: datetime | None = None
-
-    def __init__(self, team: str, admin: bool = False, *, kind: str | None = None, node: str | None = None,
-                 token_id: str | None = None, expires_at: datetime | None = None):
-        object.__setattr__(self, "team", team)
-        object.__setattr__(self, "kind", kind or ("admin" if admin else "member"))
-        object.__setattr__(self, "node", node)
-        object.__setattr__(self, "token_id", token_id)
-        object.__setattr__(self, "expires_at", expires_at)
-
-    @property
-    def admin(self) -> bool:
-        """Whether this is the broker admin (every team)."""
-        return self.kind == "admin"
-
-
-#: PostgreSQL driver-level insert of one :func:`broker.service.tokens.audit_row` (the submit fast path)
+#: PostgreSQL driver-level insert of one :func:`broker.service.store.tokens.audit_row` (the submit fast path)
 _AUDIT_SQL = ("INSERT INTO audit_events (at, actor_token_id, actor_team, actor_kind, action, target, detail) "
               "VALUES (%(at)s, %(actor_token_id)s, %(actor_team)s, %(actor_kind)s, %(action)s, %(target)s, %(detail)s)")
-
-
-def _audit_row(actor: Principal | None, action: str, target: str, detail: dict, now: datetime | None = None) -> dict:
-    """The columns of an audit event (:func:`broker.service.tokens.audit_row`)."""
-    from broker.service.tokens import audit_row
-
-    return audit_row(actor, action, target, detail, now)
-
-
-def _audit(s: Session, actor: Principal, action: str, target: str, detail: dict, now: datetime | None = None) -> None:
-    """Write an audit event inside session ``s`` (:func:`broker.service.tokens.audit`)."""
-    from broker.service.tokens import audit
-
-    audit(s, actor, action, target, detail, now)
 
 
 def new_job_id() -> str:
     """A new job id: ``job-`` and 16 hex digits (64 random bits)."""
     return "job-" + uuid.uuid4().hex[:16]
-
-
-def hash_token(token: str) -> str:
-    """SHA-256 hex digest of an API token (tokens are 256-bit random, so a fast hash is enough)."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def new_schedule_id() -> str:
@@ -361,43 +314,6 @@ class JobStore:
         with self._sessions() as s, s.begin():
             yield s
 
-    # ------------------------------------------------------------------ tokens
-    def create_token(self, team: str, admin: bool = False, label: str = "", *, kind: str | None = None,
-                     ttl: Any = None, node: str | None = None) -> str:
-        """Create an API token for ``team`` and return its secret (only its hash is stored); audited
-        ``token.create`` with actor kind ``database`` (direct store access, no permission check).
-
-        ``kind`` (default ``admin`` if ``admin`` else ``member``), ``ttl`` (seconds, ``"30d"``, a timedelta;
-        default 90 days) and ``node`` as in :func:`broker.service.tokens.create_token`.
-        Raises :class:`StoreError` (:class:`broker.service.tokens.InvalidTokenRequest`) naming a bad field."""
-        from broker.service.tokens import create_token
-
-        return create_token(self, team, kind or ("admin" if admin else "member"), label=label, ttl=ttl,
-                            node=node).token
-
-    def authenticate(self, token: str, now: datetime | None = None) -> Principal | None:
-        """The principal of a valid (unrevoked, unexpired) token, else ``None``
-        (:func:`broker.service.tokens.authenticate` tells expired from unknown)."""
-        from broker.service.tokens import InvalidToken, authenticate
-
-        try:
-            return authenticate(self, token, now)
-        except InvalidToken:
-            return None
-
-    def create_node_token(self, node: str, label: str = "", ttl: Any = None) -> str:
-        """Create the credential of node ``node``'s agent (a token of kind ``node``, team
-        :data:`broker.service.tokens.NODE_TEAM`) and return its secret; audited like every token.
-        Raises :class:`broker.service.tokens.InvalidTokenRequest` for a bad node name or lifetime."""
-        from broker.service.tokens import NODE_TEAM
-
-        return self.create_token(NODE_TEAM, kind="node", label=label, ttl=ttl, node=node)
-
-    def node_of_token(self, token: str) -> str | None:
-        """The node a valid (unrevoked, unexpired) node token names, else ``None`` (other kinds included)."""
-        who = self.authenticate(token)
-        return who.node if who is not None and who.kind == "node" else None
-
     # ------------------------------------------------------------------ submit / read
     def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
                now: datetime | None = None, not_after: datetime | None = None,
@@ -430,7 +346,7 @@ class JobStore:
         # With a quota the team's unfinished jobs are counted after the insert (the new one included).
         try:
             if self.engine.dialect.name == "postgresql":
-                held = self._submit_pg(row, max_unfinished, audit=None if actor is None else _audit_row(
+                held = self._submit_pg(row, max_unfinished, audit_event=None if actor is None else audit_row(
                     actor, "job.submit", job_id, {"team": team, "name": spec.name}, now))
             else:
                 with self.session() as s:
@@ -438,7 +354,7 @@ class JobStore:
                     s.execute(insert(JobEvent).values(job_id=job_id, at=now, from_state=None,
                                                       to_state=JobState.submitted.value, version=1, reason="submitted"))
                     if actor is not None:
-                        _audit(s, actor, "job.submit", job_id, {"team": team, "name": spec.name}, now)
+                        audit(s, actor, "job.submit", job_id, {"team": team, "name": spec.name}, now)
                     held = self._unfinished_after_insert(s, team) if max_unfinished else 0
                     if max_unfinished and held > max_unfinished:
                         from broker.service.limits import quota_exceeded
@@ -457,7 +373,7 @@ class JobStore:
             return found, False
         return _new_job_view(row, spec), True
 
-    def _submit_pg(self, row: dict, max_unfinished: int | None, audit: dict | None = None) -> int:
+    def _submit_pg(self, row: dict, max_unfinished: int | None, audit_event: dict | None = None) -> int:
         """PostgreSQL fast path of :meth:`submit` (the API's hot path): the job ``row`` and its ``submitted``
         event in one statement (:func:`_submit_sql`, a data-modifying CTE), then, with a quota, the team's
         ``team_usage`` counter (see :meth:`_unfinished_after_insert`); straight on the driver's cursor
@@ -465,19 +381,21 @@ class JobStore:
         with the new one (0 without a quota); over ``max_unfinished`` the transaction is rolled back.
         Raises :class:`IntegrityError` for a duplicate key."""
         import psycopg
+        from psycopg.rows import dict_row
         from psycopg.types.json import Json
 
         with self.engine.connect() as conn:
             raw = conn.connection.driver_connection
             try:
-                with raw.cursor() as cur:
+                with raw.cursor(row_factory=dict_row) as cur:
                     cur.execute(_submit_sql(tuple(row)), {**row, "spec": Json(row["spec"])})
-                    if audit is not None:  # the caller's job.submit audit event, same transaction
-                        cur.execute(_AUDIT_SQL, {**audit, "detail": Json(audit["detail"])})
+                    if audit_event is not None:  # the caller's job.submit audit event, same transaction
+                        cur.execute(_AUDIT_SQL, {**audit_event, "detail": Json(audit_event["detail"])})
                     held = 0
                     if max_unfinished:
                         cur.execute("SELECT unfinished FROM team_usage WHERE team = %s", (row["team"],))
-                        held = int((cur.fetchone() or (0,))[0])
+                        usage = cur.fetchone()
+                        held = int(usage["unfinished"]) if usage is not None else 0
                 if max_unfinished and held > max_unfinished:
                     raw.rollback()
                 else:
@@ -579,7 +497,7 @@ class JobStore:
                 self._bulk_insert(s, JobEvent.__table__, events)
                 if actor is not None:
                     self._bulk_insert(s, AuditEvent.__table__, [
-                        _audit_row(actor, "job.submit", r["id"], {"team": team, "name": r["name"]}, now)
+                        audit_row(actor, "job.submit", r["id"], {"team": team, "name": r["name"]}, now)
                         for r in new_rows])
                 if max_unfinished:
                     held = self._unfinished_after_insert(s, team)
@@ -644,11 +562,6 @@ class JobStore:
             q = q.where(Job.state.in_([JobState(x).value for x in states]))
         with self.session() as s:
             return [_job_view(j) for j in s.execute(q).scalars()]
-
-    def count_by_state(self) -> dict[str, int]:
-        """``state -> number of jobs``."""
-        with self.session() as s:
-            return {st: n for st, n in s.execute(select(Job.state, func.count()).group_by(Job.state))}
 
     def events(self, job_id: str) -> list[JobEventView]:
         """The state history of a job, oldest first."""
@@ -741,14 +654,14 @@ class JobStore:
                         s.add(JobEvent(job_id=job_id, at=utcnow(), from_state=j.state, to_state=j.state,
                                        version=j.version + 1, reason=f"cancel requested: {reason}"))
                         if actor is not None:
-                            _audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
+                            audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
                                                                    "to_state": j.state, "cancel_requested": True})
                         break
                 else:
                     if self.cas(s, job_id, j.version, j.state, JobState.cancelled.value, reason,
                                 finished_at=utcnow(), cancel_requested=True):
                         if actor is not None:
-                            _audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
+                            audit(s, actor, "job.cancel", job_id, {"team": j.team, "from_state": j.state,
                                                                    "to_state": JobState.cancelled.value})
                         break
         return self.get(job_id, team)
@@ -873,7 +786,7 @@ class JobStore:
                 s.add(row)
                 s.flush()
                 if actor is not None:
-                    _audit(s, actor, "schedule.create", row.id, {"team": team, "name": name, "cron": cron,
+                    audit(s, actor, "schedule.create", row.id, {"team": team, "name": name, "cron": cron,
                                                                  "timezone": tz}, now)
         except IntegrityError:
             with self.session() as s:
@@ -919,7 +832,7 @@ class JobStore:
                 r.next_fire_at = next_fire(r.cron, r.timezone, now)
                 r.last_error = None
             if actor is not None and bool(enabled) != r.enabled:
-                _audit(s, actor, "schedule.resume" if enabled else "schedule.pause", r.id, {"team": r.team}, now)
+                audit(s, actor, "schedule.resume" if enabled else "schedule.pause", r.id, {"team": r.team}, now)
             r.enabled = bool(enabled)
             s.flush()
             return _schedule_view(r)
@@ -944,5 +857,5 @@ class JobStore:
                      if actor is not None else None)
             deleted = s.execute(q).rowcount == 1
             if deleted and actor is not None:
-                _audit(s, actor, "schedule.delete", schedule_id, {"team": owner})
+                audit(s, actor, "schedule.delete", schedule_id, {"team": owner})
             return deleted
