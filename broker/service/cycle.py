@@ -48,9 +48,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Sequence
 
 import numpy as np
-from sqlalchemy import func, insert, or_, select, update
-
-from broker.service.store.tables import Attempt, Job, JobEvent, Node, utcnow
+from broker.service.store import planning as planning_rows
+from broker.service.store.tables import Job, utcnow
 from broker.service.live import LiveEnvironment, LiveNode
 from broker.model import DecisionKind, JobSpec
 from broker.planner.core import PendingJob, RunningJob, Snapshot, plan
@@ -263,26 +262,15 @@ class PlanningCycle:
         n = 0
         size = int(self.settings.intake_batch)
         cap = int(getattr(self.settings, "intake_per_cycle", 0) or 0)
-        due = or_(
-            Job.state == S.submitted.value,
-            (Job.state == S.deferred.value) & (Job.not_before <= now),
-            (Job.state.in_([S.queued.value, S.deferred.value])) & (Job.not_after < now),
-        )
-        rn = func.row_number().over(partition_by=Job.team, order_by=(Job.created_at, Job.id)).label("rn")
-        sub = select(Job.id, Job.created_at, rn).where(due).subquery()
-        q = select(sub.c.id).order_by(sub.c.rn, sub.c.created_at, sub.c.id)
-        if cap > 0:
-            q = q.limit(cap + 1)
         with self.store.session() as s:
-            ids = list(s.execute(q).scalars())
+            ids = planning_rows.intake_ids(s, now, cap + 1 if cap > 0 else None)
         self.intake_capped = cap > 0 and len(ids) > cap
         if self.intake_capped:
             ids = ids[:cap]
         for k in range(0, len(ids), size):
             chunk = ids[k:k + size]
             with self.store.session() as s:
-                rows = s.execute(select(Job).where(Job.id.in_(chunk), due)
-                                 .order_by(Job.created_at, Job.id)).scalars().all()
+                rows = planning_rows.intake_rows(s, chunk, now)
             if rows:
                 n += self._intake_batch(rows, now)
         return n
@@ -309,22 +297,16 @@ class PlanningCycle:
         moves whose job still has the version read, and write them with one bulk ``UPDATE`` (by primary
         key, under the locks) and one bulk event ``INSERT``. With ``isolate``, job by job instead, each
         a compare-and-set in a savepoint; a job whose move raises is failed. Returns the moves applied."""
-        ids = [j.id for j, *_ in moves]
-        held = {r.id: (r.version, r.state) for r in s.execute(
-            select(Job.id, Job.version, Job.state).where(Job.id.in_(ids)).with_for_update(skip_locked=True))}
+        held = planning_rows.lock_free_rows(s, [j.id for j, *_ in moves])
         if not isolate:
-            todo = [m for m in moves if held.get(m[0].id) == (m[0].version, m[0].state)]
-            for j, to_state, _, _ in todo:
-                check_transition(j.id, j.state, to_state)
-            if todo:
-                s.execute(update(Job), [
-                    dict(id=j.id, state=to_state, version=j.version + 1, updated_at=now, reason=why,
-                         not_before=fields.get("not_before", j.not_before), finished_at=fields.get("finished_at"))
-                    for j, to_state, why, fields in todo])
-                s.execute(insert(JobEvent), [
-                    dict(job_id=j.id, at=now, from_state=j.state, to_state=to_state, version=j.version + 1, reason=why)
-                    for j, to_state, why, _ in todo])
-            return len(todo)
+            todo = []
+            for move in moves:
+                j, to_state = move[0], move[1]
+                r = held.get(j.id)
+                if r is not None and (r.version, r.state) == (j.version, j.state):
+                    check_transition(j.id, j.state, to_state)
+                    todo.append(move)
+            return planning_rows.write_moves(s, todo, now)
         n = 0
         for j, to_state, why, fields in moves:
             if j.id not in held:  # a cancel (or another writer) holds it: next cycle
@@ -440,16 +422,8 @@ class PlanningCycle:
             chunk = notes[k:k + size]
             try:
                 with self.store.session() as s:
-                    held = {r.id: r.version for r in s.execute(select(Job.id, Job.version).where(
-                        Job.id.in_([j.id for j, _ in chunk])).with_for_update(skip_locked=True))}
-                    groups: dict[tuple[str, ...], list[dict]] = defaultdict(list)
-                    for j, fields in chunk:
-                        if held.get(j.id) == j.version:
-                            groups[tuple(sorted(fields))].append(
-                                dict(id=j.id, version=j.version + 1, updated_at=now, **fields))
-                    for rows in groups.values():
-                        s.execute(update(Job), rows)
-                        n += len(rows)
+                    written, held = planning_rows.write_notes(s, chunk, now)
+                n += written
                 self._noted(chunk, held)
                 continue
             except Exception as e:
@@ -541,7 +515,7 @@ class PlanningCycle:
         """Nodes that heartbeated within ``node_lost_after_s`` and are not marked lost."""
         cutoff = now - timedelta(seconds=self.settings.node_lost_after_s)
         out = []
-        for n in s.execute(select(Node).where(Node.state == "up", Node.last_heartbeat_at >= cutoff)).scalars():
+        for n in planning_rows.live_node_rows(s, cutoff):
             out.append(LiveNode(n.name, n.pool, self.canon(n.gpu_type), n.gpu_count, n.gpu_memory_gb,
                                 tuple(sorted(n.healthy_gpus))))
         return out
@@ -561,9 +535,7 @@ class PlanningCycle:
         # GPUs held by active attempts, per node: set of GPU indices
         used: dict[str, set[int]] = defaultdict(set)
         running: list[RunningJob] = []
-        active = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value, S.provisioning.value]))
-                           ).scalars().all()
-        for j in active:
+        for j in planning_rows.active_job_rows(s):
             try:
                 self._running_job(j, now_s, ctx, pools, pool_index, node_pos, used, running)
             except Exception as e:  # a job holding GPUs is not failed for this (logged once); the others go on
@@ -597,11 +569,8 @@ class PlanningCycle:
                 pending.append(pj)
         # fair share: decayed GPU-hours of attempts in the last 8 half-lives
         since = now - timedelta(seconds=8 * FAIR_SHARE_HALF_LIFE_S)
-        rows = s.execute(select(Job.team, Attempt.gpus, Attempt.started_at, Attempt.ended_at)
-                         .join(Job, Job.id == Attempt.job_id)
-                         .where(Attempt.started_at.is_not(None), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))
-                         ).all()
-        usage = decayed_usage([(r[0], r[1], r[2].timestamp(), _ts(r[3]) if r[3] else math.nan) for r in rows], now_s)
+        usage = decayed_usage([(r.team, r.gpus, r.started_at.timestamp(), _ts(r.ended_at) if r.ended_at else math.nan)
+                               for r in planning_rows.gpu_usage_rows(s, since)], now_s)
         avail = np.array(self.env.offer_provisionable(), dtype=bool) if ctx.offers else None
         if avail is not None and self.cloud is not None:
             cooling = self.cloud.cooling_offers(s, now)  # no capacity / quota just now: not again for a while
@@ -627,27 +596,24 @@ class PlanningCycle:
         read in full and turned into views. With 10,000 queued jobs this is what keeps the snapshot
         short: loading and converting them all took ~1.5 s a cycle on 2 cores (ORM rows, JSON specs,
         :func:`pending_job`); a job's row and view change only with its version."""
-        order = s.execute(select(Job.id, Job.version).where(Job.state == S.queued.value)
-                          .order_by(Job.priority.desc(), Job.created_at, Job.id)).all()
+        order = planning_rows.queued_order(s)
         known = self._waiting
-        miss = [jid for jid, v in order if known.get(jid, (None,))[0] != v]
-        for k in range(0, len(miss), 1000):
-            for j in s.execute(select(Job).where(Job.id.in_(miss[k:k + 1000]), Job.state == S.queued.value)
-                               ).scalars():
-                try:
-                    pj = pending_job(j, {}, self.canon)
-                    tag = self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", "")))
-                    if tag:
-                        pj.regions = frozenset()  # cloud launches need the image pinned by digest: no offer fits
-                    view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
-                except Exception as e:  # noqa: BLE001 - failed by the caller, with the reason
-                    view = e
-                known[j.id] = (j.version, j, view)
+        miss = [r.id for r in order if known.get(r.id, (None,))[0] != r.version]
+        for j in planning_rows.queued_rows(s, miss):
+            try:
+                pj = pending_job(j, {}, self.canon)
+                tag = self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", "")))
+                if tag:
+                    pj.regions = frozenset()  # cloud launches need the image pinned by digest: no offer fits
+                view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
+            except Exception as e:  # noqa: BLE001 - failed by the caller, with the reason
+                view = e
+            known[j.id] = (j.version, j, view)
         out, keep = [], {}
-        for jid, v in order:
-            ent = known.get(jid)
-            if ent is not None and ent[0] == v:
-                keep[jid] = ent
+        for r in order:
+            ent = known.get(r.id)
+            if ent is not None and ent[0] == r.version:
+                keep[r.id] = ent
                 out.append((ent[1], ent[2]))
         self._waiting = keep
         return out
@@ -759,12 +725,10 @@ class PlanningCycle:
         rec = json_safe(rec)
         if kind == DecisionKind.preempt:
             for vid in d.victims:
-                v = s.get(Job, vid)
+                v = planning_rows.job_row(s, vid)
                 if v is not None and v.state in (S.starting.value, S.running.value) and v.stop_reason is None:
-                    JobStore.bump(s, v.id, v.version, now, stop_reason="preempt",
-                                  reason=f"preemption requested for higher-priority job {d.job_id}")
-                    s.add(JobEvent(job_id=v.id, at=now, from_state=v.state, to_state=v.state, version=v.version + 1,
-                                   reason=f"preemption requested for {d.job_id}"))
+                    planning_rows.flag(s, v, now, f"preemption requested for {d.job_id}", stop_reason="preempt",
+                                 reason=f"preemption requested for higher-priority job {d.job_id}")
             review = now + timedelta(seconds=st.cancel_grace_s + 30.0)
             JobStore.bump(s, j.id, j.version, now, decision=rec, committed_pool=d.pool, review_at=review,
                           reason=f"preempting {', '.join(d.victims)}; starts when their GPUs are free")
@@ -793,9 +757,7 @@ class PlanningCycle:
                             placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
                             state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
                             committed_pool=None, review_at=None):
-                s.add(Attempt(job_id=j.id, number=attempt, kind="onprem", pool=d.pool, offer_id=None, nodes=parts,
-                              gpu_type=gtype, gpus=sum(len(p["gpus"]) for p in parts), created_at=now,
-                              rank_exits={}, reason=""))
+                planning_rows.add_onprem_attempt(s, j.id, attempt, d.pool, parts, gtype, now)
         elif kind == DecisionKind.provision:
             offer = ctx.offers[d.offer_index]
             attempt = j.attempt + 1
