@@ -725,7 +725,7 @@ class PlanningCycle:
         rec = json_safe(rec)
         if kind == DecisionKind.preempt:
             for vid in d.victims:
-                v = planning_rows.job_row(s, vid)
+                v = JobStore.job_row(s, vid)
                 if v is not None and v.state in (S.starting.value, S.running.value) and v.stop_reason is None:
                     planning_rows.flag(s, v, now, f"preemption requested for {d.job_id}", stop_reason="preempt",
                                  reason=f"preemption requested for higher-priority job {d.job_id}")

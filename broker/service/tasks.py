@@ -208,10 +208,10 @@ def reconcile() -> dict:
 @shared_task(name="fedbroker.dispatch", ignore_result=True)
 def dispatch(job_id: str, attempt: int) -> str:
     """Forward a ``provisioning`` job's attempt to the provisioning queue (idempotent)."""
-    from broker.service.store.tables import Job
+    from broker.service.store.core import JobStore
 
     with services.store.session() as s:
-        j = s.get(Job, job_id)
+        j = JobStore.job_row(s, job_id)
         if j is not None and j.state == "provisioning" and j.attempt == attempt:
             get_app().send_task("fedbroker.provision", args=[job_id, attempt], queue="provisioning")
             return "sent to provisioning"
@@ -221,13 +221,12 @@ def dispatch(job_id: str, attempt: int) -> str:
 @shared_task(name="fedbroker.provision", ignore_result=True)
 def provision(job_id: str, attempt: int) -> str:
     """Create a ``provisioning`` job's cloud instances (idempotent; one run per job at a time)."""
-    from broker.service.store.tables import Job
     from broker.service.store.core import JobStore
 
     cloud = services.cloud
     if cloud is None:
         with services.store.session() as s:
-            j = s.get(Job, job_id)
+            j = JobStore.job_row(s, job_id)
             if j is None or j.state != "provisioning" or j.attempt != attempt:
                 return "stale"
             JobStore.cas(s, j.id, j.version, "provisioning", "queued",

@@ -26,12 +26,8 @@ import hashlib
 import json
 import threading
 import time
-from collections import defaultdict
 
-from sqlalchemy import func, select
-
-from broker.service.store.tables import Job
-from broker.states import ON_NODE_STATES
+from broker.service.store import nodes as node_rows
 from broker.service.store.core import JobStore
 
 __all__ = ["WorkWatch", "work_etag", "MAX_WAIT_S", "CHECK_S"]
@@ -40,7 +36,6 @@ __all__ = ["WorkWatch", "work_etag", "MAX_WAIT_S", "CHECK_S"]
 MAX_WAIT_S = 10.0
 #: how often a waiting long-poll's node is checked for changes, seconds
 CHECK_S = 0.1
-_ACTIVE = ON_NODE_STATES
 
 
 def work_etag(work: list[dict]) -> str:
@@ -68,7 +63,7 @@ class WorkWatch:
         self.check_s = check_s
         self._lock = threading.Lock()
         self._read_at = -1e9
-        self._fingerprint: tuple | None = None
+        self._fingerprint: node_rows.OnNodeFingerprint | None = None
         self._nodes: dict[str, frozenset] = {}
 
     def node_state(self, node: str) -> frozenset:
@@ -81,16 +76,8 @@ class WorkWatch:
 
     def _refresh(self) -> None:
         with self.store.session() as s:
-            # count, sum of versions and newest change: a job leaving the active set while another enters at
-            # the same version moves the newest updated_at even when count and sum stay equal
-            fp = tuple(s.execute(select(func.count(), func.coalesce(func.sum(Job.version), 0), func.max(Job.updated_at))
-                                 .where(Job.state.in_(_ACTIVE))).one())
+            fp = node_rows.on_node_fingerprint(s)  # count, sum of versions and newest change
             if fp != self._fingerprint:
-                nodes: dict[str, set] = defaultdict(set)
-                for jid, version, placement in s.execute(
-                        select(Job.id, Job.version, Job.placement).where(Job.state.in_(_ACTIVE))):
-                    for part in (placement or {}).get("nodes", []):
-                        nodes[part.get("node")].add((jid, version))
-                self._nodes = {n: frozenset(v) for n, v in nodes.items()}
+                self._nodes = node_rows.on_node_placements(s)
                 self._fingerprint = fp
         self._read_at = time.monotonic()

@@ -308,6 +308,12 @@ class JobStore:
             Base.metadata.drop_all(self.engine)
         self.engine.dispose()
 
+    def ping(self) -> None:
+        """One database round trip (``SELECT 1``) on a fresh connection; raises the driver's error when the
+        database cannot be reached (the API's ``/healthz``)."""
+        with self.engine.connect() as c:
+            c.execute(text("SELECT 1"))
+
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A session in one transaction: committed on success, rolled back on error."""
@@ -601,6 +607,12 @@ class JobStore:
         s.add(JobEvent(job_id=job_id, at=now, from_state=from_state, to_state=to_state, version=version + 1,
                        reason=reason))
         return True
+
+    @staticmethod
+    def job_row(s: Session, job_id: str) -> Job | None:
+        """Inside session ``s``: the row of job ``job_id`` (``None`` if there is none), for a caller that
+        compare-and-sets it in the same transaction (:meth:`cas`, :meth:`bump`)."""
+        return s.get(Job, job_id)
 
     @staticmethod
     def attempt_row(s: Session, job_id: str, number: int, lock: bool = False) -> Attempt | None:

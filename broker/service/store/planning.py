@@ -10,7 +10,7 @@ transactions (one short transaction per intake or notes batch; the apply in one 
   (``FOR UPDATE SKIP LOCKED``), :func:`write_moves` (one bulk compare-and-set batch);
 * snapshot: :func:`live_node_rows`, :func:`queued_order`, :func:`queued_rows`, :func:`active_job_rows`,
   :func:`gpu_usage_rows` (fair share);
-* apply: :func:`job_row`, :func:`flag`, :func:`add_onprem_attempt`, :func:`write_notes`.
+* apply (rows read with :meth:`~broker.service.store.core.JobStore.job_row`): :func:`flag`, :func:`add_onprem_attempt`, :func:`write_notes`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from broker.service.store.tables import Attempt, Job, JobEvent, Node
 from broker.states import JobState
 
 __all__ = ["INTAKE_STATES", "intake_ids", "intake_rows", "lock_free_rows", "write_moves", "live_node_rows",
-           "queued_order", "queued_rows", "active_job_rows", "gpu_usage_rows", "job_row", "flag",
+           "queued_order", "queued_rows", "active_job_rows", "gpu_usage_rows", "flag",
            "add_onprem_attempt", "write_notes", "ACTIVE_STATES"]
 
 S = JobState
@@ -131,11 +131,6 @@ def gpu_usage_rows(s: Session, ended_since: datetime) -> list[Row]:
 
 
 # ----------------------------------------------------------------------------- apply
-def job_row(s: Session, job_id: str) -> Job | None:
-    """The row of job ``job_id`` in ``s`` (``None`` if there is none)."""
-    return s.get(Job, job_id)
-
-
 def flag(s: Session, j: Job, now: datetime, event_reason: str, **fields) -> bool:
     """Inside ``s``: compare-and-set ``fields`` on job ``j`` without a state change (:meth:`JobStore.bump`
     from ``j.version``) and, when it applied, record a same-state event with ``event_reason`` (e.g. a
