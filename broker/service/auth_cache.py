@@ -13,11 +13,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, NamedTuple, TypeVar
 
 __all__ = ["TokenCache"]
 
 P = TypeVar("P")
+
+
+class _Entry(NamedTuple):
+    """A cached principal and the clock reading (``clock()`` seconds) at which it stops being served."""
+
+    expires_at: float
+    principal: object
 
 
 class TokenCache(Generic[P]):
@@ -34,7 +41,7 @@ class TokenCache(Generic[P]):
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: OrderedDict[str, tuple[float, P]] = OrderedDict()
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: str) -> P | None:
@@ -45,18 +52,18 @@ class TokenCache(Generic[P]):
             hit = self._entries.get(key)
             if hit is None:
                 return None
-            if hit[0] <= self._clock():
+            if hit.expires_at <= self._clock():
                 del self._entries[key]
                 return None
             self._entries.move_to_end(key)
-            return hit[1]
+            return hit.principal
 
     def put(self, key: str, principal: P) -> None:
         """Remember ``principal`` for ``key`` for ``ttl_s`` seconds (a no-op when the cache is disabled)."""
         if self.ttl_s <= 0:
             return
         with self._lock:
-            self._entries[key] = (self._clock() + self.ttl_s, principal)
+            self._entries[key] = _Entry(self._clock() + self.ttl_s, principal)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)

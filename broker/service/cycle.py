@@ -45,7 +45,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 from broker.service.store import planning as planning_rows
@@ -66,6 +66,16 @@ log = logging.getLogger("fedbroker.cycle")
 S = JobState
 #: half-life of the fair-share usage decay, seconds (7 days, as in the simulator's default)
 FAIR_SHARE_HALF_LIFE_S = 7 * 86400.0
+
+
+class _Waiting(NamedTuple):
+    """A queued job kept between cycles (:meth:`PlanningCycle._waiting_jobs`): its ``version``, its detached
+    ``row`` and its planner ``view`` (``(PendingJob field values, cloud offers left out)``, or the exception
+    building it raised), valid while the job stays at ``version``."""
+
+    version: int
+    row: Job
+    view: tuple | Exception
 
 
 @dataclass
@@ -176,7 +186,7 @@ class PlanningCycle:
         self._failed_logged: set[str] = set()  # jobs whose per-job failure was logged
         self._bad: list[tuple[Job, str, Exception]] = []  # (job, step, error) to fail after the read / plan
         self.intake_capped = False  # the last intake left due jobs for the next cycle (intake_per_cycle)
-        self._waiting: dict[str, tuple[int, Job, tuple | Exception]] = {}  # queued job -> (version, row, view)
+        self._waiting: dict[str, _Waiting] = {}  # queued job id -> its row and planner view at a version
 
     # ------------------------------------------------------------------ public
     def run(self, now: datetime | None = None) -> CycleResult:
@@ -301,7 +311,7 @@ class PlanningCycle:
         if not isolate:
             todo = []
             for move in moves:
-                j, to_state = move[0], move[1]
+                j, to_state, _, _ = move
                 r = held.get(j.id)
                 if r is not None and (r.version, r.state) == (j.version, j.state):
                     check_transition(j.id, j.state, to_state)
@@ -445,13 +455,13 @@ class PlanningCycle:
         known = self._waiting
         for j, fields_ in chunk:
             ent = known.get(j.id)
-            if ent is None or ent[1] is not j or held.get(j.id) != j.version:
+            if ent is None or ent.row is not j or held.get(j.id) != j.version:
                 continue
             for k, v in fields_.items():
                 if k != "decision":  # not read by the cycle; the stored record is the one to read
                     setattr(j, k, v)
-            j.version = ent[0] + 1
-            known[j.id] = (j.version, j, ent[2])
+            j.version = ent.version + 1
+            known[j.id] = ent._replace(version=j.version)
 
     # ------------------------------------------------------------------ planning, isolated per job
     def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
@@ -598,7 +608,7 @@ class PlanningCycle:
         :func:`pending_job`); a job's row and view change only with its version."""
         order = planning_rows.queued_order(s)
         known = self._waiting
-        miss = [r.id for r in order if known.get(r.id, (None,))[0] != r.version]
+        miss = [r.id for r in order if r.id not in known or known[r.id].version != r.version]
         for j in planning_rows.queued_rows(s, miss):
             try:
                 pj = pending_job(j, {}, self.canon)
@@ -608,13 +618,13 @@ class PlanningCycle:
                 view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
             except Exception as e:  # noqa: BLE001 - failed by the caller, with the reason
                 view = e
-            known[j.id] = (j.version, j, view)
+            known[j.id] = _Waiting(j.version, j, view)
         out, keep = [], {}
         for r in order:
             ent = known.get(r.id)
-            if ent is not None and ent[0] == r.version:
+            if ent is not None and ent.version == r.version:
                 keep[r.id] = ent
-                out.append((ent[1], ent[2]))
+                out.append((ent.row, ent.view))
         self._waiting = keep
         return out
 
