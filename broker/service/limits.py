@@ -23,7 +23,7 @@ Exceptions::
 
     LimitExceeded (Exception)     limit (dotted setting name), retry_after_s (int >= 1), str(e) the detail
      +-- RateLimitExceeded        quotas.submits_per_s
-     +-- QuotaExceeded            quotas.max_queued_jobs
+     +-- QuotaExceeded            quotas.max_queued_jobs (raised by the store: broker.service.store.quota)
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import time
 from pydantic import BaseModel
 
 from broker.service.settings import QuotaSettings, TeamLimits
+from broker.service.store.quota import LimitExceeded, QuotaExceeded, quota_exceeded
 
 __all__ = ["LimitExceeded", "RateLimitExceeded", "QuotaExceeded", "RateLimiter", "LimitBody", "TOKEN_BUCKET_LUA",
            "quota_exceeded"]
@@ -43,30 +44,8 @@ __all__ = ["LimitExceeded", "RateLimitExceeded", "QuotaExceeded", "RateLimiter",
 log = logging.getLogger(__name__)
 
 
-class LimitExceeded(Exception):
-    """A team hit one of its limits; answered 429 with ``Retry-After: retry_after_s``.
-
-    Attributes:
-        limit: the dotted setting that refused (``"quotas.submits_per_s"``, ``"quotas.max_queued_jobs"``).
-        retry_after_s: whole seconds to wait before trying again (>= 1).
-    """
-
-    def __init__(self, message: str, limit: str, retry_after_s: int):
-        super().__init__(message)
-        self.limit = limit
-        self.retry_after_s = max(1, int(retry_after_s))
-
-    def body(self) -> dict:
-        """The 429 response body: ``{"detail", "limit", "retry_after_s"}``."""
-        return {"detail": str(self), "limit": self.limit, "retry_after_s": self.retry_after_s}
-
-
 class RateLimitExceeded(LimitExceeded):
     """More submits per second than ``quotas.submits_per_s`` (and ``burst``) allow."""
-
-
-class QuotaExceeded(LimitExceeded):
-    """The team would hold more unfinished jobs than ``quotas.max_queued_jobs``."""
 
 
 #: KEYS[1] the team's bucket; ARGV: rate (tokens/s), burst (tokens), n (cost). Returns
@@ -181,14 +160,6 @@ class RateLimiter:
         if warn:
             log.warning("rate limit: Redis unreachable (%s: %s); submits are let through without a rate limit "
                         "until it answers (the queued-jobs quota still holds)", type(e).__name__, e)
-
-
-def quota_exceeded(team: str, limit: int, unfinished: int, n: int, retry_after_s: int) -> QuotaExceeded:
-    """The :class:`QuotaExceeded` for ``team`` holding ``unfinished`` jobs and asking for ``n`` more."""
-    return QuotaExceeded(
-        f"quotas.max_queued_jobs: team {team!r} may hold {limit} unfinished jobs and holds {unfinished}; "
-        f"{'this submit' if n == 1 else f'these {n} jobs'} would exceed it (retry after {retry_after_s} s, "
-        f"or cancel jobs)", "quotas.max_queued_jobs", retry_after_s)
 
 
 class LimitBody(BaseModel):

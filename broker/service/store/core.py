@@ -17,7 +17,7 @@ Exceptions::
      +-- InvalidSchedule    bad schedule name, cron, time zone, or an absolute instant in its spec
      +-- broker.service.tokens.TokenError  token operations (unknown, expired, forbidden, bootstrap refused, ...)
     broker.states.InvalidTransition (ValueError)
-    broker.service.limits.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs
+    broker.service.store.quota.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule,
                                         utcnow)
+from broker.service.store.quota import quota_exceeded
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 from broker.model import JobSpec
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
@@ -334,7 +335,7 @@ class JobStore:
         ``spec.team`` is overwritten by ``team`` (the caller's identity decides).
         With ``max_unfinished`` (the team's ``quotas.max_queued_jobs``) the team's unfinished jobs are
         counted in the same transaction (:meth:`_unfinished_after_insert`) and a job over it raises
-        :class:`broker.service.limits.QuotaExceeded` (a replay of an existing job is still answered).
+        :class:`broker.service.store.quota.QuotaExceeded` (a replay of an existing job is still answered).
         """
         now = now or utcnow()
         spec = spec.model_copy(update={"team": team})
@@ -363,12 +364,8 @@ class JobStore:
                         audit(s, actor, "job.submit", job_id, {"team": team, "name": spec.name}, now)
                     held = self._unfinished_after_insert(s, team) if max_unfinished else 0
                     if max_unfinished and held > max_unfinished:
-                        from broker.service.limits import quota_exceeded
-
                         raise quota_exceeded(team, max_unfinished, held - 1, 1, quota_retry_after_s)
             if max_unfinished and held > max_unfinished:  # PostgreSQL: rolled back
-                from broker.service.limits import quota_exceeded
-
                 raise quota_exceeded(team, max_unfinished, held - 1, 1, quota_retry_after_s)
         except IntegrityError:
             if idempotency_key is None:
@@ -438,7 +435,7 @@ class JobStore:
             items: ``(spec, idempotency_key or None, not_after or None)`` per job, already validated.
             now: aware submit instant of all of them (default: the current time).
             max_unfinished: the team's ``quotas.max_queued_jobs``: the new jobs all count; if they do not
-                all fit, none is stored and :class:`broker.service.limits.QuotaExceeded` is raised.
+                all fit, none is stored and :class:`broker.service.store.quota.QuotaExceeded` is raised.
             actor: the API's caller: a ``job.submit`` audit event per new job, in the same transaction.
 
         Returns:
@@ -508,8 +505,6 @@ class JobStore:
                 if max_unfinished:
                     held = self._unfinished_after_insert(s, team)
                     if held > max_unfinished:
-                        from broker.service.limits import quota_exceeded
-
                         raise quota_exceeded(team, max_unfinished, held - len(new_rows), len(new_rows),
                                              quota_retry_after_s)
         return out
