@@ -1,5 +1,9 @@
 """One live planning cycle: store -> snapshot -> ``plan()`` -> fenced compare-and-set -> dispatches.
 
+This module holds the cycle's steps and rules; the rows are read and written by the store
+(:mod:`broker.service.store.planning`, and :class:`JobStore` for the fence and single-job compare-and-sets)
+in the transactions this module opens.
+
 :meth:`PlanningCycle.run` does, in order:
 
 1. **Intake** (per-job compare-and-set, safe to repeat): ``submitted`` jobs become
