@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker.model import CloudOffer, Market, Pool
 from broker.planner.costs import cloud_bill_usd, cloud_cost, cloud_kw, cloud_runtime, onprem_cost, onprem_kw, score
+from pricing import power
 from pricing.series import HourlySeries, SeriesError, SeriesStack, window_integral
 
 __all__ = [
@@ -151,8 +152,6 @@ class GpuTable:
     @classmethod
     def from_pricing(cls, utilisation: float | None = None) -> "GpuTable":
         """Table for every GPU type in ``pricing.power.GPU_SPECS`` at ``utilisation`` (default: the module's)."""
-        from pricing import power
-
         u = power.DEFAULT_UTILISATION if utilisation is None else utilisation
         thr, busy, idle = {}, {}, {}
         for name in power.GPU_SPECS:

@@ -32,7 +32,7 @@ import numpy as np
 
 from broker.model import Decision, DecisionKind, LazyOptions, OptionEstimate
 from broker.planner.core import PendingJob, PlannerContext, Snapshot
-from broker.planner.costs import score
+from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
                                         never_fits_reason, run_onprem_queue, work_bucket)
 
@@ -550,10 +550,11 @@ def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, 
                 victims.append((r, g))
                 free += g
             if free >= job.gpus_per_node and victims:
-                # lost GPU-hours re-done later, at the amortised rate plus energy at today's price
-                price_now = ctx.pool_price_now(p, now)
-                cost = lost_gpu_s / 3600.0 * (pool.amortised_usd_per_gpu_hour
-                                              + ctx.gpus.busy_kw[t] * pool.pue * price_now / 1000.0)
+                # lost GPU-hours re-done later, at the amortised rate plus one GPU-hour's electricity at
+                # today's price (the tariff integral of one hour is the price x 1 h)
+                gpu_hour_usd = pool.amortised_usd_per_gpu_hour + load_tariff_usd(
+                    onprem_kw(1, ctx.gpus.busy_kw[t], pool.pue), ctx.pool_price_now(p, now))
+                cost = lost_gpu_s / 3600.0 * gpu_hour_usd
                 if best is None or cost < best[0]:
                     best = (cost, node, victims)
         if best is None:

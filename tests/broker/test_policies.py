@@ -1,4 +1,4 @@
-"""Tests for broker.planner.policies: one small schedule per rule, exact decisions."""
+"""Tests for the policies (broker.planner.fifo, backfill, cheapest, federated): small schedules, exact decisions."""
 
 from __future__ import annotations
 
