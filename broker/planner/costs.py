@@ -13,7 +13,8 @@ and the live cycle for their tables. Grid signals come in as window integrals
 (:mod:`pricing.series`): a tariff in USD/MWh x h, a carbon intensity in gCO2e/kWh x h,
 each over the run's window; a NaN integral (no data) gives NaN USD or kgCO2e, never 0.
 Callers pass the integrals because each has its fastest way to get them (one window,
-a stack of zones, prefix sums over start slots).
+a stack of zones, prefix sums over start slots). Nothing here raises: bad input shows
+as NaN (or a NumPy broadcasting error for mismatched shapes).
 """
 
 from __future__ import annotations
