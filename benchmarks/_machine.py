@@ -46,7 +46,7 @@ def code_version() -> dict:
 
 def parse_policies(ap, text: str) -> list[str]:
     """Comma-separated policy names from ``--policies``; ``ap.error`` (exit 2) names unknown ones."""
-    from broker.planner.core import POLICIES
+    from broker.planner.core import POLICY_NAMES as POLICIES
 
     policies = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]

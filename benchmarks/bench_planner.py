@@ -60,7 +60,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.model import Pool, PoolNode  # noqa: E402
-from broker.planner.core import POLICIES, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot, plan  # noqa: E402
+from broker.planner.core import POLICY_NAMES as POLICIES  # noqa: E402
+from broker.planner.core import PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot  # noqa: E402
+from broker.planner.registry import plan  # noqa: E402
 from broker.sim.scenario import load_scenario  # noqa: E402
 from broker.sim.simulator import SpotModel  # noqa: E402
 from broker.sim.traces import load_philly  # noqa: E402

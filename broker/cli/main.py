@@ -18,16 +18,18 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import typer
 from rich.console import Console
+
+from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
+from broker.planner.costs import score
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedbroker: hybrid-cloud, energy-aware federation broker for GPU training jobs.")
 # Piped output keeps wide tables readable instead of wrapping them at 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 200)
-POLICY_NAMES = ("fifo", "backfill", "cheapest", "federated")
 
 
 def _fail(msg: str) -> None:
@@ -175,7 +177,7 @@ def offers(
     """List the options for one request, cheapest (or cleanest) first."""
     from rich.table import Table
 
-    from broker.planner.core import PendingJob, PlannerConfig, PlannerContext
+    from broker.planner.core import PlannerConfig
     from broker.sim.scenario import load_scenario
     from pricing.power import UnknownGpuTypeError, canonical_gpu_type
 
@@ -211,40 +213,72 @@ def offers(
     job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
                      work_s=hours * 3600.0, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
                      regions=frozenset([region]) if region else None)
-    rows = []
-    idx = ctx.compatible_offers(job)
-    if idx.size:
-        runtime, finish, dollars, energy, carbon, usd_h = ctx.cloud_estimates(job, idx, now)
-        for k, o in enumerate(idx):
-            off = scen.offers[o]
-            rows.append((off.provider, off.region, off.zone, off.instance_type, off.gpu_type, off.market.value,
-                         float(usd_h[k]), float(runtime[k]), float(dollars[k]), float(energy[k]), float(carbon[k])))
-    for p, pool in enumerate(scen.pools):
-        for gt in ctx.pool_types(p):
-            if gtypes is not None and gt not in gtypes or region:
-                continue
-            nodes_ok = sum(1 for n in pool.nodes if n.gpu_type == gt and n.gpu_count >= count)
-            if nodes_ok < nodes:
-                continue
-            r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, gt, job, now)
-            rows.append(("onprem", pool.name, pool.carbon_zone, "-", gt, "owned",
-                         (e_cost + amort) / (r / 3600.0), r, e_cost + amort, energy, carbon))
+    rows = option_rows(ctx, job, now, cloud_only=bool(region))
     if not rows:
         _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"
               + (f" in region {region!r}" if region else "") + ("" if spot else " on-demand"))
-    if any(math.isnan(r[10]) for r in rows):
+    if any(math.isnan(r.carbon_kg) for r in rows):
         console.print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
-    key = {"cost": lambda r: (r[8], r[10]), "carbon": lambda r: (r[10], r[8]),
-           "score": lambda r: (r[8] + carbon_price / 1000.0 * r[10], r[8])}[sort]
-    rows.sort(key=lambda r: (math.isnan(r[10]),) + key(r))
+    # the score of a query prices carbon only: it has no priority, so no value of time for the wait
+    key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
+           "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
+    rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
     tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {hours:g} V100-hours from {_iso(now)}")
     for c in ("provider", "region", "zone", "instance", "gpu", "market", "$/hour", "runtime h", "total $", "kWh", "kgCO2e"):
         tab.add_column(c, justify="right" if c in ("$/hour", "runtime h", "total $", "kWh", "kgCO2e") else "left")
     for r in rows[:top]:
-        tab.add_row(*r[:6], f"{r[6]:.3f}", f"{r[7] / 3600:.2f}", f"{r[8]:.2f}", f"{r[9]:.2f}",
-                    "n/a" if math.isnan(r[10]) else f"{r[10]:.3f}")
+        tab.add_row(*r[:6], f"{r.usd_per_hour:.3f}", f"{r.runtime_s / 3600:.2f}", f"{r.dollars_usd:.2f}",
+                    f"{r.energy_kwh:.2f}", "n/a" if math.isnan(r.carbon_kg) else f"{r.carbon_kg:.3f}")
     console.print(tab)
     console.print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
+
+
+class OptionRow(NamedTuple):
+    """One row of ``fedbroker offers``: where, what, and its cost over the whole run."""
+
+    provider: str
+    region: str
+    zone: str
+    instance: str
+    gpu_type: str
+    market: str
+    usd_per_hour: float
+    runtime_s: float
+    dollars_usd: float
+    energy_kwh: float
+    carbon_kg: float
+
+
+def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only: bool = False) -> list[OptionRow]:
+    """Every cloud offer and on-prem pool GPU type that can hold ``job``, costed from ``start_s``.
+
+    Cloud rows: :meth:`PlannerContext.cloud_estimates` (expected spot rework, the bill from the
+    create call). On-prem rows (unless ``cloud_only``): :meth:`PlannerContext.onprem_estimate`
+    with the amortised capital in the USD and the USD per hour. The same cost model as the
+    planner's explain records and the simulator's accounting (:mod:`broker.planner.costs`).
+    """
+    rows = []
+    idx = ctx.compatible_offers(job)
+    if idx.size:
+        est = ctx.cloud_estimates(job, idx, start_s)
+        for k, o in enumerate(idx):
+            off = ctx.offers[o]
+            rows.append(OptionRow(off.provider, off.region, off.zone, off.instance_type, off.gpu_type, off.market.value,
+                                  float(est.usd_per_hour[k]), float(est.runtime_s[k]), float(est.dollars_usd[k]),
+                                  float(est.energy_kwh[k]), float(est.carbon_kg[k])))
+    if cloud_only:
+        return rows
+    for p, pool in enumerate(ctx.pools):
+        for gt in ctx.pool_types(p):
+            if job.gpu_types is not None and gt not in job.gpu_types:
+                continue
+            if sum(1 for n in pool.nodes if n.gpu_type == gt and n.gpu_count >= job.gpus_per_node) < job.nodes:
+                continue
+            r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, gt, job, start_s)
+            dollars = e_cost + amort
+            rows.append(OptionRow("onprem", pool.name, pool.carbon_zone, "-", gt, "owned", dollars / (r / 3600.0), r,
+                                  dollars, energy, carbon))
+    return rows
 
 
 from broker.cli.serve import register as _register_serve  # noqa: E402

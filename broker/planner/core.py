@@ -1,58 +1,71 @@
-"""The planner: a pure function ``plan(snapshot) -> decisions`` (DESIGN.md §3-§4).
+"""The planner's inputs: a snapshot of one cycle, the settings, and the static context with its caches.
 
 The planner does no I/O. The live broker and the simulator both build a
 :class:`Snapshot` (pending jobs, free on-prem capacity, running jobs, cloud
-offers, grid signals, team usage) and apply the returned decisions.
+offers, grid signals, team usage) and apply the decisions that
+:func:`broker.planner.registry.plan` returns.
 
 Static inputs that do not change between cycles (pools, offers, GPU tables,
 grid signals) live in a :class:`PlannerContext`, which also caches values
-derived from them (offer arrays, per-pool effective energy price series, the
-offers and pools compatible with each job shape). Per-cycle caches (per-shape
-offer rankings and start-slot tables) live in the cycle (:class:`broker.planner.policies.Cycle`).
-No cache changes a result: a cycle's decisions depend only on the snapshot and
-the context's inputs.
+derived from them (offer arrays, the offers and pools compatible with each job
+shape) and costs options with the one cost model (:mod:`broker.planner.costs`).
+Per-cycle caches (per-shape offer rankings and start-slot tables) live in the
+cycle (:class:`broker.planner.policy_base.Cycle`). No cache changes a result: a
+cycle's decisions depend only on the snapshot and the context's inputs.
 
-Policies (selected by ``PlannerConfig.policy``), see :mod:`broker.planner.policies`:
+The policies (:class:`PolicyName`, selected by ``PlannerConfig.policy``) are
+modules of this package, bound to their names in :mod:`broker.planner.registry`.
 
-* ``fifo``      on-prem only, first come first served, no backfill;
-* ``backfill``  on-prem only, priority -> fair share -> age, EASY backfill;
-* ``cheapest``  on-prem if it fits now, else the cheapest cloud offer now;
-* ``federated`` the unified objective over on-prem + cloud, now or later.
-
-Objective for job j, option o, start t (USD-equivalent, lower is better)::
-
-    score = dollars(j,o,t) + carbon_price x kgCO2e(j,o,t)
-          + value_of_time(j) x (t - now + provisioning delay)
-
-Errors: :class:`PlannerError` for an inconsistent snapshot (names the field).
+Errors: :class:`PlannerError` for an inconsistent snapshot or context (names the field).
 """
 
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence
+from enum import StrEnum
+from typing import Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker.model import CloudOffer, Market, Pool
-from pricing.series import SeriesError, SeriesStack, window_integral
+from broker.planner.costs import cloud_bill_usd, cloud_cost, cloud_kw, cloud_runtime, onprem_cost, onprem_kw, score
+from pricing import power
+from pricing.series import HourlySeries, SeriesError, SeriesStack, window_integral
 
 __all__ = [
+    "PolicyName",
+    "POLICY_NAMES",
     "PlannerConfig",
     "PlannerContext",
+    "CloudEstimate",
     "GpuTable",
     "PendingJob",
     "RunningJob",
     "Snapshot",
     "PlannerError",
-    "plan",
+    "smallest_fit",
 ]
 
-PolicyName = Literal["fifo", "backfill", "cheapest", "federated"]
-POLICIES: tuple[str, ...] = ("fifo", "backfill", "cheapest", "federated")
+
+class PolicyName(StrEnum):
+    """The planning policies, by the name settings, the CLI and reports use (the one place they are spelled).
+
+    * ``fifo``: on-prem only, first come first served, no backfill (:mod:`broker.planner.fifo`);
+    * ``backfill``: on-prem only, priority -> fair share -> age, EASY backfill (:mod:`broker.planner.backfill`);
+    * ``cheapest``: on-prem if it fits now, else the cheapest cloud offer now (:mod:`broker.planner.cheapest`);
+    * ``federated``: the ARCHITECTURE §4 score over on-prem and cloud, now or later (:mod:`broker.planner.federated`).
+    """
+
+    fifo = "fifo"
+    backfill = "backfill"
+    cheapest = "cheapest"
+    federated = "federated"
+
+
+#: every policy name, in the order reports list them
+POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in PolicyName)
 
 
 class PlannerError(ValueError):
@@ -63,7 +76,7 @@ class PlannerConfig(BaseModel):
     """Typed planner settings.
 
     Fields (units):
-        policy: one of ``fifo``, ``backfill``, ``cheapest``, ``federated``.
+        policy: a :class:`PolicyName` (``fifo``, ``backfill``, ``cheapest`` or ``federated``).
         carbon_price_usd_per_tonne: USD per tCO2e in the objective. Default 190:
             the US EPA's 2023 social cost of carbon (2.0 % discount rate, 2020 emissions).
         value_of_time_usd_per_gpu_hour: USD per GPU per hour of waiting, normal priority.
@@ -99,7 +112,7 @@ class PlannerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    policy: PolicyName = "federated"
+    policy: PolicyName = PolicyName.federated
     carbon_price_usd_per_tonne: float = Field(190.0, ge=0)
     value_of_time_usd_per_gpu_hour: float = Field(0.002, ge=0)
     priority_time_multiplier: tuple[float, float, float, float] = (0.5, 1.0, 10.0, 50.0)
@@ -139,8 +152,6 @@ class GpuTable:
     @classmethod
     def from_pricing(cls, utilisation: float | None = None) -> "GpuTable":
         """Table for every GPU type in ``pricing.power.GPU_SPECS`` at ``utilisation`` (default: the module's)."""
-        from pricing import power
-
         u = power.DEFAULT_UTILISATION if utilisation is None else utilisation
         thr, busy, idle = {}, {}, {}
         for name in power.GPU_SPECS:
@@ -239,6 +250,29 @@ class Snapshot:
     healthy: Sequence[np.ndarray | None] | None = None
 
 
+class CloudEstimate(NamedTuple):
+    """Costs of cloud options, from :mod:`broker.planner.costs`: arrays of one shape (offers, or jobs x offers;
+    :meth:`PlannerContext.cloud_estimates`) or floats (one offer; :meth:`PlannerContext.cloud_scalar`).
+
+    Attributes:
+        runtime_s: runtime incl. the expected spot rework, seconds.
+        finish_bound_s: pessimistic seconds from the create call to completion (deadline checks).
+        delay_s: provisioning delay, seconds (the wait before the run starts).
+        dollars_usd: the expected bill, USD.
+        energy_kwh: facility energy, kWh.
+        carbon_kg: emissions over the run's window, kgCO2e (NaN: no carbon data).
+        usd_per_hour: price of all the job's instances, USD/h.
+    """
+
+    runtime_s: np.ndarray
+    finish_bound_s: np.ndarray
+    delay_s: np.ndarray
+    dollars_usd: np.ndarray
+    energy_kwh: np.ndarray
+    carbon_kg: np.ndarray
+    usd_per_hour: np.ndarray
+
+
 class PlannerContext:
     """Static planning inputs and caches derived from them.
 
@@ -265,11 +299,10 @@ class PlannerContext:
         self._pool_node_mem = [np.array([n.gpu_memory_gb for n in p.nodes]) for p in self.pools]
         self._pool_types = [sorted(set(t)) for t in self._pool_node_types]
         self.pool_capacity = [p.total_gpus for p in self.pools]
-        # effective energy price per pool: USD per kWh of facility energy incl. carbon price
-        cp = config.carbon_price_usd_per_tonne
         self._pool_price = []
         self._pool_carbon = []
-        self._pool_effective = []
+        #: per pool, the marginal score of one kWh at each hour (USD/kWh: tariff + carbon price x intensity)
+        self._pool_kwh_score = []
         for p in self.pools:
             for t in set(n.gpu_type for n in p.nodes):
                 if t not in gpus.throughput:
@@ -282,7 +315,7 @@ class PlannerContext:
                 raise PlannerError(f"pool {p.name!r}: price_zone={p.price_zone!r} has no series")
             self._pool_price.append(pr)
             self._pool_carbon.append(ci)
-            self._pool_effective.append(_combine_effective(pr, ci, cp))
+            self._pool_kwh_score.append(_kwh_score_series(pr, ci, config.carbon_price_usd_per_tonne))
         # offer arrays for vectorised scoring
         n = len(self.offers)
         self.offer_gpu_type = [o.gpu_type for o in self.offers]
@@ -299,13 +332,12 @@ class PlannerContext:
         self.offer_busy_kw = np.array([gpus.busy_kw.get(o.gpu_type, np.nan) for o in self.offers])
         self.offer_idle_kw = np.array([gpus.idle_kw.get(o.gpu_type, np.nan) for o in self.offers])
         zones = sorted(set(o.carbon_zone for o in self.offers))
-        zone_series = {z: signals.carbon(z) for z in zones}
         self.offer_ids = [o.offer_id for o in self.offers]
-        #: per offer, plain floats for the scalar (one job, one offer) cost path
-        self.offer_rows = [
+        #: per offer, plain floats for :meth:`cloud_scalar` (one job on one offer)
+        self._offer_floats = [
             (float(self.offer_thr[i]), bool(self.offer_spot[i]), o.interruption_rate_per_hour, o.provisioning_delay_s,
              o.min_billed_s, o.usd_per_hour, o.gpu_count, float(self.offer_busy_kw[i]), float(self.offer_idle_kw[i]),
-             o.pue, zone_series[o.carbon_zone])
+             o.pue, signals.carbon(o.carbon_zone))
             for i, o in enumerate(self.offers)]
         self.zones = zones
         zi = {z: i for i, z in enumerate(zones)}
@@ -334,21 +366,18 @@ class PlannerContext:
         return self.config.value_of_time_usd_per_gpu_hour * job.gpus * m
 
     def onprem_estimate(self, pool: int, gpu_type: str, job: PendingJob, start_s: float):
-        """Exact cost of ``job`` on ``pool``'s ``gpu_type`` GPUs starting at ``start_s``.
+        """Cost of ``job`` on ``pool``'s ``gpu_type`` GPUs from ``start_s`` (:func:`broker.planner.costs.onprem_cost`).
 
-        Returns ``(runtime_s, energy_cost_usd, amortised_usd, energy_kwh, carbon_kg)``:
-        energy = GPUs x busy power (kW) x runtime (h) x PUE; energy cost and carbon
-        integrate the hourly price (USD/MWh) and intensity (gCO2e/kWh) over
-        ``[start_s, start_s + runtime]``; NaN when the window leaves the signal coverage.
+        Returns ``(runtime_s, energy_cost_usd, amortised_usd, energy_kwh, carbon_kg)`` as floats;
+        the energy cost and carbon are NaN when the window leaves the signal coverage.
         """
         p = self.pools[pool]
         runtime = job.work_s / self.gpus.throughput[gpu_type]
-        kw = job.gpus * self.gpus.busy_kw[gpu_type] * p.pue
-        hours = runtime / 3600.0
-        price_int = window_integral(self._pool_price[pool], start_s, runtime)  # USD/MWh x h
-        ci_int = window_integral(self._pool_carbon[pool], start_s, runtime)  # g/kWh x h
-        return (runtime, kw * price_int / 1000.0, job.gpus * hours * p.amortised_usd_per_gpu_hour,
-                kw * hours, kw * ci_int / 1000.0)
+        c = onprem_cost(runtime, gpus=job.gpus, kw=onprem_kw(job.gpus, self.gpus.busy_kw[gpu_type], p.pue),
+                        usd_per_gpu_hour=p.amortised_usd_per_gpu_hour,
+                        tariff_integral=window_integral(self._pool_price[pool], start_s, runtime),
+                        carbon_integral=window_integral(self._pool_carbon[pool], start_s, runtime))
+        return runtime, c.energy_usd, c.amortised_usd, c.energy_kwh, c.carbon_kg
 
     def pool_price_now(self, pool: int, now_s: float) -> float:
         """Electricity price of ``pool`` at ``now_s``, USD/MWh (0 if missing: only used to cost lost work)."""
@@ -356,19 +385,20 @@ class PlannerContext:
         return 0.0 if math.isnan(v) else v
 
     def onprem_costs(self, pool: int, gpu_type: str, gpus: int, runtime_s: np.ndarray, starts_s: np.ndarray):
-        """Vectorised :meth:`onprem_estimate`: arrays ``(energy_cost_usd, amortised_usd, energy_kwh, carbon_kg)``
-        for ``gpus`` GPUs of ``gpu_type`` running ``runtime_s`` from ``starts_s`` (same shapes)."""
+        """Vectorised :meth:`onprem_estimate`: an :class:`~broker.planner.costs.OnpremCost` of arrays
+        ``(energy_usd, amortised_usd, energy_kwh, carbon_kg)`` for ``gpus`` GPUs of ``gpu_type`` running
+        ``runtime_s`` from ``starts_s`` (same shapes)."""
         p = self.pools[pool]
-        kw = gpus * self.gpus.busy_kw[gpu_type] * p.pue
-        hours = runtime_s / 3600.0
         ps, cs = self._pool_price[pool], self._pool_carbon[pool]
         if starts_s.size <= 8:  # NumPy's per-call overhead dominates tiny batches (one job per cycle)
-            price = np.array([window_integral(ps, s, d) for s, d in zip(starts_s.tolist(), runtime_s.tolist())])
-            ci = np.array([window_integral(cs, s, d) for s, d in zip(starts_s.tolist(), runtime_s.tolist())])
+            windows = list(zip(starts_s.tolist(), runtime_s.tolist()))
+            tariff = np.array([window_integral(ps, s, d) for s, d in windows])
+            carbon = np.array([window_integral(cs, s, d) for s, d in windows])
         else:
-            price = ps.integrals(starts_s, runtime_s)
-            ci = cs.integrals(starts_s, runtime_s)
-        return kw * price / 1000.0, gpus * hours * p.amortised_usd_per_gpu_hour, kw * hours, kw * ci / 1000.0
+            tariff, carbon = ps.integrals(starts_s, runtime_s), cs.integrals(starts_s, runtime_s)
+        return onprem_cost(runtime_s, gpus=gpus, kw=onprem_kw(gpus, self.gpus.busy_kw[gpu_type], p.pue),
+                           usd_per_gpu_hour=p.amortised_usd_per_gpu_hour, tariff_integral=tariff,
+                           carbon_integral=carbon)
 
     def zone_integrals(self, zone_index: np.ndarray, starts_s: np.ndarray, durations_s: np.ndarray) -> np.ndarray:
         """Carbon-intensity window integrals (gCO2e/kWh x h) for offer zones ``zone_index`` (flat arrays)."""
@@ -380,97 +410,66 @@ class PlannerContext:
             out[m] = self.zone_carbon[z].integrals(starts_s[m], durations_s[m])
         return out
 
+    def pool_kwh_score_integrals(self, pool: int, starts_s: np.ndarray, runtime_s: float) -> np.ndarray:
+        """``pool``'s score of one kWh (USD/kWh) integrated over each window ``[starts_s, + runtime_s]``: USD per kW
+        of load, carbon priced in (NaN where data is missing). One integral per window instead of two."""
+        return self._pool_kwh_score[pool].integrals(starts_s, runtime_s)
+
     def amortised_in_score(self) -> bool:
         """True if the on-prem amortised cost counts in the score (``onprem_cost_basis``)."""
         return self.config.onprem_cost_basis == "amortised"
 
-    def pool_effective_integrals(self, pool: int, starts: np.ndarray, duration_s: float) -> np.ndarray:
-        """∫ (price/1000 + carbon_price x CI/1e6) dt over each window: USD per kW, shape like ``starts``."""
-        return self._pool_effective[pool].integrals(starts, duration_s)
+    def cloud_estimates(self, job: PendingJob, idx: np.ndarray, start_s: float,
+                        work_s: np.ndarray | None = None) -> CloudEstimate:
+        """Cost of ``job`` on offers ``idx`` (``(m,)``) when provisioning starts at ``start_s``.
 
-    def cloud_estimates(self, job: PendingJob, idx: np.ndarray, start_s: float):
-        """Vectorised cost of ``job`` on offers ``idx`` starting provisioning at ``start_s``.
-
-        Returns arrays over ``idx``: ``(runtime_s, finish_offset_s, dollars_usd,
-        energy_kwh, carbon_kg, usd_per_hour)``. Spot offers add the expected
-        rework of interruptions: ``rate x runtime_h`` interruptions, each losing
-        half a checkpoint interval (half the run if not checkpointable) plus the
-        restart overhead.
+        The cost model is :mod:`broker.planner.costs` (:func:`~broker.planner.costs.cloud_runtime`,
+        :func:`~broker.planner.costs.cloud_cost`). With ``work_s`` (shape ``(n,)``, reference-GPU
+        seconds) the fields are ``(n, m)`` arrays for ``n`` jobs of ``job``'s shape; otherwise ``(m,)``
+        arrays for ``job`` itself.
         """
-        thr = self.offer_thr[idx]
-        runtime = job.work_s / thr
-        spot = self.offer_spot[idx]
-        rate = self.offer_rate[idx]
-        lost_each = (job.checkpoint_interval_s / 2.0 if job.checkpointable else runtime / 2.0) + self.config.restart_overhead_s
-        rework = np.where(spot, rate * runtime / 3600.0 * lost_each, 0.0)
-        eff_runtime = runtime + rework
-        delay = self.offer_delay[idx]
-        instances = job.nodes
-        # billing starts at the create call: boot and image pull are billed too
-        billed = np.maximum(eff_runtime + delay, self.offer_min_billed[idx])
-        usd_h = instances * self.offer_price[idx]
-        dollars = usd_h * billed / 3600.0
-        gcount = self.offer_gpu_count[idx]
-        kw = instances * (job.gpus_per_node * self.offer_busy_kw[idx]
-                          + (gcount - job.gpus_per_node) * self.offer_idle_kw[idx]) * self.offer_pue[idx]
-        energy = kw * eff_runtime / 3600.0
-        zones = self.offer_zone[idx]
-        t0 = start_s + delay
-        if self._zone_stack is not None:
-            carbon = kw * self._zone_stack.integrals(zones, t0, eff_runtime) / 1000.0
+        thr, delay = self.offer_thr[idx], self.offer_delay[idx]
+        spot, rate = self.offer_spot[idx], self.offer_rate[idx]
+        kw = cloud_kw(job.nodes, job.gpus_per_node, self.offer_gpu_count[idx], self.offer_busy_kw[idx],
+                      self.offer_idle_kw[idx], self.offer_pue[idx])
+        usd_h, min_billed, zones = job.nodes * self.offer_price[idx], self.offer_min_billed[idx], self.offer_zone[idx]
+        if work_s is None:
+            runtime = job.work_s / thr
         else:
-            carbon = np.empty(idx.size)
-            for z in np.unique(zones):
-                m = zones == z
-                carbon[m] = kw[m] * self.zone_carbon[z].integrals(t0[m], eff_runtime[m]) / 1000.0
-        return eff_runtime, delay + eff_runtime, dollars, energy, carbon, usd_h
+            runtime = work_s[:, None] / thr[None, :]
+            delay, spot, rate, kw, usd_h, min_billed = (a[None, :] for a in (delay, spot, rate, kw, usd_h, min_billed))
+        run = cloud_runtime(runtime, spot, rate, delay, checkpointable=job.checkpointable,
+                            checkpoint_interval_s=job.checkpoint_interval_s, restart_s=self.config.restart_overhead_s)
+        eff = run.expected_s
+        if work_s is None:
+            ci = self.zone_integrals(zones, start_s + delay, eff)
+        else:
+            shape = eff.shape
+            ci = self.zone_integrals(np.broadcast_to(zones, shape).ravel(),
+                                     np.broadcast_to(start_s + delay, shape).ravel(), eff.ravel()).reshape(shape)
+            delay, usd_h = np.broadcast_to(delay, shape), np.broadcast_to(usd_h, shape)
+        c = cloud_cost(eff, delay, usd_per_hour=usd_h, min_billed_s=min_billed, kw=kw, carbon_integral=ci)
+        return CloudEstimate(eff, run.finish_bound_s, delay, c.dollars_usd, c.energy_kwh, c.carbon_kg, usd_h)
+
+    def cloud_scalar(self, job: PendingJob, offer: int, start_s: float) -> CloudEstimate:
+        """:meth:`cloud_estimates` of ``job`` on one offer, in plain floats (the same formulas, for per-job
+        exact costs where NumPy's per-call cost would dominate)."""
+        thr, spot, rate, delay, min_billed, price, count, busy, idle, pue, zone = self._offer_floats[offer]
+        run = cloud_runtime(job.work_s / thr, spot, rate, delay, checkpointable=job.checkpointable,
+                            checkpoint_interval_s=job.checkpoint_interval_s, restart_s=self.config.restart_overhead_s)
+        eff = run.expected_s
+        usd_h = job.nodes * price
+        c = cloud_cost(eff, delay, usd_per_hour=usd_h, min_billed_s=min_billed,
+                       kw=cloud_kw(job.nodes, job.gpus_per_node, count, busy, idle, pue),
+                       carbon_integral=window_integral(zone, start_s + delay, eff))
+        return CloudEstimate(eff, run.finish_bound_s, delay, c.dollars_usd, c.energy_kwh, c.carbon_kg, usd_h)
 
     def cloud_dollars(self, job: PendingJob, offer: int) -> float:
-        """Expected USD of ``job`` on ``offer`` (as :meth:`cloud_scalar`, without the carbon window)."""
-        thr, spot, rate, delay, min_billed, price, *_ = self.offer_rows[offer]
-        runtime = job.work_s / thr
-        if spot:
-            lost = (job.checkpoint_interval_s / 2.0 if job.checkpointable else runtime / 2.0) + self.config.restart_overhead_s
-            runtime += rate * runtime / 3600.0 * lost
-        return job.nodes * price * max(runtime + delay, min_billed) / 3600.0
-
-    def cloud_scalar(self, job: PendingJob, offer: int, start_s: float):
-        """One job on one offer, same model as :meth:`cloud_estimates` + :meth:`cloud_finish_bound`.
-
-        Returns ``(runtime_s incl. expected rework, pessimistic finish offset s, dollars_usd,
-        energy_kwh, carbon_kg, usd_per_hour)``. Plain-float arithmetic: for per-job exact costs.
-        """
-        thr, spot, rate, delay, min_billed, price, count, busy, idle, pue, zone = self.offer_rows[offer]
-        runtime = job.work_s / thr
-        restart = self.config.restart_overhead_s
-        if spot:
-            lost = (job.checkpoint_interval_s / 2.0 if job.checkpointable else runtime / 2.0) + restart
-            mean = rate * runtime / 3600.0
-            eff = runtime + mean * lost
-            lost_hi = (job.checkpoint_interval_s if job.checkpointable else runtime) + restart + delay
-            finish = delay + runtime + (mean + 2.0 * math.sqrt(mean)) * lost_hi
-        else:
-            eff = runtime
-            finish = delay + runtime
-        usd_h = job.nodes * price
-        dollars = usd_h * max(eff + delay, min_billed) / 3600.0
-        kw = job.nodes * (job.gpus_per_node * busy + (count - job.gpus_per_node) * idle) * pue
-        carbon = kw * window_integral(zone, start_s + delay, eff) / 1000.0
-        return eff, finish, dollars, kw * eff / 3600.0, carbon, usd_h
-
-    def cloud_finish_bound(self, job: PendingJob, idx: np.ndarray) -> np.ndarray:
-        """Pessimistic seconds from now to completion on offers ``idx``, for deadline checks.
-
-        On-demand: provisioning delay + runtime. Spot: interruptions are Poisson with
-        mean ``m = rate x runtime_h``; the bound takes ``m + 2 sqrt(m)`` of them (about
-        the 97.5th percentile), each costing the lost work plus a new provisioning delay.
-        """
-        runtime = job.work_s / self.offer_thr[idx]
-        delay = self.offer_delay[idx]
-        mean = np.where(self.offer_spot[idx], self.offer_rate[idx] * runtime / 3600.0, 0.0)
-        k = mean + 2.0 * np.sqrt(mean)
-        lost_each = (job.checkpoint_interval_s if job.checkpointable else runtime) + self.config.restart_overhead_s + delay
-        return delay + runtime + k * lost_each
+        """The expected bill of :meth:`cloud_scalar`, USD, without the carbon window (to rank offers by price)."""
+        thr, spot, rate, delay, min_billed, price, *_ = self._offer_floats[offer]
+        run = cloud_runtime(job.work_s / thr, spot, rate, delay, checkpointable=job.checkpointable,
+                            checkpoint_interval_s=job.checkpoint_interval_s, restart_s=self.config.restart_overhead_s)
+        return cloud_bill_usd(run.expected_s, delay, job.nodes * price, min_billed)
 
     def compatible_offers(self, job: PendingJob) -> np.ndarray:
         """Indexes of offers that can hold ``job`` (GPU type, count, memory, market, region); cached per shape."""
@@ -500,6 +499,20 @@ class PlannerContext:
         return res
 
 
+def _kwh_score_series(price: HourlySeries, carbon: HourlySeries, carbon_price_usd_per_tonne: float) -> HourlySeries:
+    """The score of one kWh at each hour of ``carbon``'s grid, USD/kWh: :func:`broker.planner.costs.score` of
+    the tariff (USD/MWh / 1000) and the emissions (gCO2e/kWh / 1000 kg), no wait. ``price`` is read onto the
+    carbon grid by index arithmetic (both hourly, UTC); NaN where either is missing."""
+    t = carbon.times_s()
+    idx = np.floor((t - price.start_s) / price.interval_s).astype(np.int64)
+    inside = (idx >= 0) & (idx < price.values.size)
+    tariff = np.full(t.size, np.nan)
+    tariff[inside] = price.values[idx[inside]]
+    values = score(tariff / 1000.0, carbon.values / 1000.0, 0.0, 0.0, carbon_price_usd_per_tonne)
+    return HourlySeries(zone=carbon.zone, unit="USD/kWh", start_s=carbon.start_s, values=values,
+                        interval_s=carbon.interval_s)
+
+
 def smallest_fit(n: int) -> int:
     """The largest instance GPU count a single-node job of ``n`` GPUs may take: the next power of two
     (instance shapes are 1, 2, 4, 8, 16 GPUs; no paying for idle GPUs beyond the smallest shape that holds it)."""
@@ -507,41 +520,3 @@ def smallest_fit(n: int) -> int:
     while p < n:
         p *= 2
     return p
-
-
-def _combine_effective(price, carbon, carbon_price_usd_per_tonne: float):
-    """Series of USD per kWh: price (USD/MWh)/1000 + CI (g/kWh) x carbon price (USD/t)/1e6, on the carbon grid."""
-    from pricing.series import HourlySeries
-
-    t = carbon.times_s()
-    # align price onto the carbon series grid by index arithmetic (both hourly, UTC)
-    off = (t - price.start_s) / price.interval_s
-    idx = np.floor(off).astype(np.int64)
-    inside = (idx >= 0) & (idx < price.values.size)
-    pv = np.full(t.size, np.nan)
-    pv[inside] = price.values[idx[inside]]
-    vals = pv / 1000.0 + carbon.values * carbon_price_usd_per_tonne / 1e6
-    return HourlySeries(zone=carbon.zone, unit="USD/kWh", start_s=carbon.start_s, values=vals,
-                        interval_s=carbon.interval_s)
-
-
-def plan(snapshot: Snapshot, ctx: PlannerContext):
-    """Decide for the jobs in ``snapshot`` under ``ctx.config.policy``.
-
-    Returns a list of :class:`broker.model.Decision`. Pure: reads the snapshot
-    and the context, writes neither (the context's caches aside).
-    Raises :class:`PlannerError` for an inconsistent snapshot.
-    """
-    from broker.planner import policies
-
-    if len(snapshot.free) != len(ctx.pools):
-        raise PlannerError(f"free: {len(snapshot.free)} arrays for {len(ctx.pools)} pools")
-    # A big cycle allocates ~5 small objects per job and no reference cycles; pausing the
-    # cyclic garbage collector meanwhile saves ~40 % of a 100k-job cycle.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return policies.POLICY_FUNCS[ctx.config.policy](snapshot, ctx)
-    finally:
-        if gc_was_enabled:
-            gc.enable()

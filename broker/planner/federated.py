@@ -19,7 +19,8 @@ How a 100k-job cycle stays near a second (measured in BENCHMARKS.md):
   table, exact costs on the shape's top-ranked cloud offers, and the choice;
 * explanations (the best rejected options) of batch decisions are built on read.
 
-Shared machinery (capacity index, queue pass, reservations) is in :mod:`broker.planner.policies`.
+Shared machinery (capacity index, queue pass, reservations) is in :mod:`broker.planner.policy_base`;
+the cost model and the score in :mod:`broker.planner.costs`.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ import numpy as np
 
 from broker.model import Decision, DecisionKind, LazyOptions, OptionEstimate
 from broker.planner.core import PendingJob, PlannerContext, Snapshot
-from broker.planner.policies import (_NO_OFFERS, INF, N_ALTERNATIVES, NAN, Cycle, _decision, _eligible, _merged_queue,
-                             _never_fits_reason, _option, _run_onprem_queue, _work_bucket)
+from broker.planner.costs import load_tariff_usd, onprem_kw, score
+from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
+                                        never_fits_reason, run_onprem_queue, work_bucket)
 
 __all__ = ["plan_federated", "CLOUD_TOP"]
 
@@ -53,32 +55,6 @@ class _PoolQueueState:
         self.gpu_seconds = 0.0
 
 
-def _wait_estimate(cy: Cycle, pool: int, job: PendingJob, gpu_type: str, ahead: _PoolQueueState,
-                   runtime_s: float) -> float:
-    """Expected seconds until ``job`` starts on ``pool``.
-
-    A job short enough to backfill (it would end before the reservation's shadow
-    time, or there is no reservation) waits only until running jobs' expected ends
-    free its own GPUs. Otherwise it also waits for the queue ahead: the later of
-    (a) the release time of the GPUs of the queue ahead plus its own and (b) the
-    queue's work spread over the pool (fluid estimate). The estimate only picks
-    between waiting and the cloud: a waiting job is reviewed again at the latest
-    instant the cloud can still meet its deadline.
-    """
-    free_now = cy.index[pool].total_free.get(gpu_type, 0)
-    backfillable = pool not in cy.reservation or cy.now + runtime_s <= cy.shadow_s
-    queue_gpus = 0 if backfillable else ahead.gpus
-    need = queue_gpus + job.gpus - free_now
-    t_rel = 0.0
-    if need > 0:
-        times, cum = cy.release_arrays(pool)
-        if times.size:
-            i = int(np.searchsorted(cum, need))
-            t_rel = float(times[min(i, times.size - 1)]) - cy.now
-    fluid = 0.0 if backfillable else ahead.gpu_seconds / max(cy.ctx.pool_capacity[pool], 1)
-    return max(t_rel, fluid, 0.0)
-
-
 def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     """The unified objective over on-prem and cloud, now or in a later window (module docstring).
 
@@ -90,14 +66,14 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     cy = Cycle(snap, ctx)
     cfg = ctx.config
     now = cy.now
-    eligible = _eligible(snap)
+    eligible = eligible_jobs(snap)
     committed = [j for j in eligible if j.committed_pool is not None and j.review_s > now]
     review = [j for j in eligible if j.committed_pool is not None and j.review_s <= now]
     fresh = [j for j in eligible if j.committed_pool is None]
     late: list[PendingJob] = []
-    res = _run_onprem_queue(cy, _merged_queue(cy, committed, cy.queue_key), backfill=True,
-                            target_fn=lambda j: [(p, t) for p, t in cy.onprem_targets(j) if p == j.committed_pool],
-                            late=late)
+    res = run_onprem_queue(cy, merged_queue(cy, committed, cy.queue_key), backfill=True,
+                           target_fn=lambda j: [(p, t) for p, t in cy.onprem_targets(j) if p == j.committed_pool],
+                           late=late)
     review = review + late
     cy.reservation, cy.shadow_s = res.reservation, res.shadow_s
     # demand ahead per pool: everything still waiting in the committed queue
@@ -139,11 +115,11 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         sk = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions)
         hit = by_shape.get(sk)
         if hit is None:
-            compat = ctx.compatible_offers(job) if cloud_ok else _NO_OFFERS
+            compat = ctx.compatible_offers(job) if cloud_ok else NO_OFFERS
             hit = by_shape[sk] = (cy.onprem_targets(job), compat, cy.available(compat))
         targets, compat, offers = hit
         if not targets and compat.size == 0:
-            cy.reject(job, _never_fits_reason(job, cloud=cloud_ok))
+            cy.reject(job, never_fits_reason(job, cloud=cloud_ok))
             continue
         if not targets and offers.size == 0:
             continue  # only the cloud can hold it and no offer is available now: no decision this cycle
@@ -169,7 +145,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
                 tentative.append((p, fits[ti], job.gpus_per_node))
                 fits = [f if k == ti else None for k, f in enumerate(fits)]
             key = (sk, job.checkpointable, job.checkpoint_interval_s, job.priority, job.deferrable, job.deferred_once,
-                   job.max_usd_per_hour, _work_bucket(job.work_s), ti is not None)
+                   job.max_usd_per_hour, work_bucket(job.work_s), ti is not None)
             b = batches.get(key)
             if b is None:
                 b = batches[key] = [[], targets, offers, [], []]
@@ -192,10 +168,18 @@ _KIND_NAMES = ("now", "wait", "defer")
 def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget):
     """On-prem option per (job, target), vectorised over ``jobs`` of one shape.
 
+    Expected wait: a job short enough to backfill (it would end before the reservation's
+    shadow time, or there is no reservation) waits only until running jobs' expected ends
+    free its own GPUs. Otherwise it also waits for the queue ahead: the later of (a) the
+    release time of the GPUs of the queue ahead plus its own and (b) the queue's work
+    spread over the pool (fluid estimate). The estimate only picks between waiting and the
+    cloud: a waiting job is reviewed again at the latest instant the cloud can still meet
+    its deadline. A job may instead be deferred to the best start slot of the horizon.
+
     Returns a list of dicts of arrays over jobs, one per target.
     """
     ctx, cfg, now = cy.ctx, cy.ctx.config, cy.now
-    cp_kg = cfg.carbon_price_usd_per_tonne / 1000.0
+    cp = cfg.carbon_price_usd_per_tonne
     amort_in = ctx.amortised_in_score()
     job0 = jobs[0]
     n = len(jobs)
@@ -205,7 +189,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         runtime = work / ctx.gpus.throughput[t]
         fit = np.array([f[ti] is not None for f in fits], dtype=bool)
         fnow = np.array([f[ti] for f in free_now], dtype=np.float64)
-        # expected wait (see _wait_estimate): own GPUs if backfillable, else the queue ahead too
+        # expected wait: own GPUs if backfillable, else the queue ahead too
         backfillable = np.full(n, p not in cy.reservation) | (now + runtime <= cy.shadow_s)
         need = np.where(backfillable, 0.0, ahead[p].gpus) + job0.gpus - fnow
         times, cum = cy.release_arrays(p)
@@ -217,7 +201,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         wait = np.where(fit, 0.0, np.maximum(np.maximum(t_rel, fluid), 0.0))
         first = now + wait
         e, am, en, c = ctx.onprem_costs(p, t, job0.gpus, runtime, first)
-        score_first = e + (am if amort_in else 0.0) + cp_kg * c + vot_h * wait / 3600.0
+        score_first = score(e + (am if amort_in else 0.0), c, wait, vot_h, cp)
         s, r = first, runtime
         kind = np.where(fit, _NOW, _WAIT)
         if deferrable:
@@ -234,7 +218,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
             if ok.any():
                 s_k = now + kbest * cfg.slot_s
                 e2, am2, en2, c2 = ctx.onprem_costs(p, t, job0.gpus, runtime, s_k)
-                score_k = e2 + (am2 if amort_in else 0.0) + cp_kg * c2 + vot_h * (s_k - now) / 3600.0
+                score_k = score(e2 + (am2 if amort_in else 0.0), c2, s_k - now, vot_h, cp)
                 gain = score_first - score_k
                 thresh = np.maximum(cfg.min_defer_saving_usd, cfg.min_defer_saving_fraction * np.abs(score_first))
                 take = ok & (np.isnan(score_first) | (~np.isnan(score_k) & (gain >= thresh)))
@@ -243,9 +227,9 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
                 kind = np.where(take, _DEFER, kind)
         dollars = e + am
         feasible = (s + r <= latest_finish) & (dollars <= budget) & ~np.isnan(dollars) & ~np.isnan(c)
-        score = np.where(feasible, e + (am if amort_in else 0.0) + cp_kg * c + vot_h * (s - now) / 3600.0, INF)
+        sc = np.where(feasible, score(e + (am if amort_in else 0.0), c, s - now, vot_h, cp), INF)
         cols.append({"p": p, "t": t, "start": s, "runtime": r, "dollars": dollars, "energy": en, "carbon": c,
-                     "score": score, "feasible": feasible, "finish": s + r, "kind": kind, "wait": wait})
+                     "score": sc, "feasible": feasible, "finish": s + r, "kind": kind, "wait": wait})
     return cols
 
 
@@ -287,33 +271,13 @@ _CLOUD_FIELDS = ("runtime", "finish", "dollars", "energy", "carbon", "usd_h", "s
 
 
 def _cloud_matrix(ctx: PlannerContext, job0: PendingJob, work: np.ndarray, cand: np.ndarray, now: float, vot_h: float):
-    """Exact costs of jobs (``work``, shape ``(n,)``) on offers ``cand`` (``(m,)``): dict of ``(n, m)`` arrays.
-
-    Same model as :meth:`PlannerContext.cloud_scalar` (expected spot rework, pessimistic finish).
-    """
-    thr = ctx.offer_thr[cand][None, :]
-    spot = ctx.offer_spot[cand][None, :]
-    rate = ctx.offer_rate[cand][None, :]
-    delay = ctx.offer_delay[cand][None, :]
-    restart = ctx.config.restart_overhead_s
-    runtime = work[:, None] / thr
-    mean = np.where(spot, rate * runtime / 3600.0, 0.0)
-    if job0.checkpointable:
-        lost, lost_hi = job0.checkpoint_interval_s / 2.0 + restart, job0.checkpoint_interval_s + restart + delay
-    else:
-        lost, lost_hi = runtime / 2.0 + restart, runtime + restart + delay
-    eff = runtime + mean * lost
-    finish = delay + runtime + (mean + 2.0 * np.sqrt(mean)) * lost_hi
-    usd_h = job0.nodes * ctx.offer_price[cand][None, :]
-    dollars = usd_h * np.maximum(eff + delay, ctx.offer_min_billed[cand][None, :]) / 3600.0
-    kw = (job0.nodes * (job0.gpus_per_node * ctx.offer_busy_kw[cand] + (ctx.offer_gpu_count[cand] - job0.gpus_per_node)
-                        * ctx.offer_idle_kw[cand]) * ctx.offer_pue[cand])[None, :]
-    zones = np.broadcast_to(ctx.offer_zone[cand][None, :], eff.shape)
-    carbon = kw * ctx.zone_integrals(zones.ravel(), np.broadcast_to(now + delay, eff.shape).ravel(),
-                                     eff.ravel()).reshape(eff.shape) / 1000.0
-    score = dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon + vot_h * delay / 3600.0
-    return {"runtime": eff, "finish": finish, "dollars": dollars, "energy": kw * eff / 3600.0, "carbon": carbon,
-            "usd_h": np.broadcast_to(usd_h, eff.shape), "score": score, "delay": np.broadcast_to(delay, eff.shape)}
+    """Costs and scores of jobs (``work``, shape ``(n,)``) on offers ``cand`` (``(m,)``): dict of ``(n, m)`` arrays
+    (:meth:`PlannerContext.cloud_estimates`; the score waits out the provisioning delay)."""
+    est = ctx.cloud_estimates(job0, cand, now, work_s=work)
+    return {"runtime": est.runtime_s, "finish": est.finish_bound_s, "dollars": est.dollars_usd,
+            "energy": est.energy_kwh, "carbon": est.carbon_kg, "usd_h": est.usd_per_hour,
+            "score": score(est.dollars_usd, est.carbon_kg, est.delay_s, vot_h, ctx.config.carbon_price_usd_per_tonne),
+            "delay": est.delay_s}
 
 
 def _cloud_feasible(est, latest_finish: np.ndarray, budget: float, max_usd_h: float | None, now: float) -> np.ndarray:
@@ -497,8 +461,8 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
     if not options:
         if targets:
             p = targets[0][0]
-            cy.decisions.append(_decision(job.job_id, DecisionKind.wait, pool=ctx.pools[p].name,
-                                          not_before=now + 3600.0, reason="no cloud offer available now"))
+            cy.decisions.append(Decision(job.job_id, DecisionKind.wait, pool=ctx.pools[p].name,
+                                         not_before=now + 3600.0, reason="no cloud offer available now"))
         return
     feasible_opts = [o for o in options if o[1] == 0]
     if job.committed_pool is not None and any(o[2].kind == "cloud" for o in feasible_opts):
@@ -521,8 +485,8 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         o = how["offer"]
         if job.team in budgets:
             budgets[job.team] -= opt.dollars_usd
-        cy.decisions.append(_decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
-                                      alternatives=alts, reason="best score: cloud"))
+        cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
+                                     alternatives=alts, reason="best score: cloud"))
         return
     p, t = how["p"], how["t"]
     if job.team in budgets:
@@ -530,8 +494,8 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
     if how["kind"] == "now":
         cy.start(job, p, t, how["nodes"], option=opt, alternatives=alts, reason="best score: on-prem now")
     elif how["kind"] == "defer":
-        cy.decisions.append(_decision(job.job_id, DecisionKind.defer, option=opt, pool=ctx.pools[p].name,
-                                      not_before=opt.start_s, alternatives=alts, reason=opt.note))
+        cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=opt, pool=ctx.pools[p].name,
+                                     not_before=opt.start_s, alternatives=alts, reason=opt.note))
     else:
         # Look again when the cloud must be chosen to still meet the deadline (with a margin
         # for spot rework and capacity), or after the expected wait if there is no cloud
@@ -544,8 +508,8 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
             review = max(job.deadline_s - cfg.deadline_margin_s - cloud_finish - margin, now + cfg.min_review_s)
         else:
             review = now + max(how["wait"], cfg.min_review_s)
-        cy.decisions.append(_decision(job.job_id, DecisionKind.wait, option=opt, pool=ctx.pools[p].name,
-                                      not_before=review, alternatives=alts, reason=opt.note))
+        cy.decisions.append(Decision(job.job_id, DecisionKind.wait, option=opt, pool=ctx.pools[p].name,
+                                     not_before=review, alternatives=alts, reason=opt.note))
 
 
 def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, alts) -> bool:
@@ -586,10 +550,11 @@ def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, 
                 victims.append((r, g))
                 free += g
             if free >= job.gpus_per_node and victims:
-                # lost GPU-hours re-done later, at the amortised rate plus energy at today's price
-                price_now = ctx.pool_price_now(p, now)
-                cost = lost_gpu_s / 3600.0 * (pool.amortised_usd_per_gpu_hour
-                                              + ctx.gpus.busy_kw[t] * pool.pue * price_now / 1000.0)
+                # lost GPU-hours re-done later, at the amortised rate plus one GPU-hour's electricity at
+                # today's price (the tariff integral of one hour is the price x 1 h)
+                gpu_hour_usd = pool.amortised_usd_per_gpu_hour + load_tariff_usd(
+                    onprem_kw(1, ctx.gpus.busy_kw[t], pool.pue), ctx.pool_price_now(p, now))
+                cost = lost_gpu_s / 3600.0 * gpu_hour_usd
                 if best is None or cost < best[0]:
                     best = (cost, node, victims)
         if best is None:
@@ -597,20 +562,22 @@ def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, 
         cost, node, victims = best
         r_, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, t, job, now)
         dollars = e_cost + amort
-        score = e_cost + (amort if ctx.amortised_in_score() else 0.0) + cost + cfg.carbon_price_usd_per_tonne / 1000.0 * carbon
-        if not (score < (best_opt.score if best_opt.feasible else INF)):
+        sc = score(e_cost + (amort if ctx.amortised_in_score() else 0.0) + cost, carbon, 0.0, ctx.value_of_time(job),
+                   cfg.carbon_price_usd_per_tonne)
+        if not (sc < (best_opt.score if best_opt.feasible else INF)):
             continue
         for r, g in victims:
             for n2, g2 in r.allocation:
                 ix.give(n2, g2)
         ix.take([node], job.gpus_per_node)
         bisect.insort(cy.releases(p), (now + r_, node, job.gpus_per_node))
-        opt = _option(kind="onprem", target=pool.name, start_s=now, wait_s=0.0, runtime_s=r_, dollars_usd=dollars + cost,
-                      energy_kwh=energy, carbon_kg=carbon, score=score, note=f"preempts {len(victims)} job(s)")
-        cy.decisions.append(_decision(job.job_id, DecisionKind.preempt, option=opt, pool=pool.name,
-                                      allocation=((node, job.gpus_per_node),),
-                                      victims=tuple(r.job_id for r, _ in victims), alternatives=(best_opt,) + tuple(alts),
-                                      reason=f"preemption costs ${cost:.2f} in lost work, less than the best alternative"))
+        opt = OptionEstimate(kind="onprem", target=pool.name, start_s=now, wait_s=0.0, runtime_s=r_,
+                             dollars_usd=dollars + cost, energy_kwh=energy, carbon_kg=carbon, score=sc,
+                             note=f"preempts {len(victims)} job(s)")
+        cy.decisions.append(Decision(job.job_id, DecisionKind.preempt, option=opt, pool=pool.name,
+                                     allocation=((node, job.gpus_per_node),),
+                                     victims=tuple(r.job_id for r, _ in victims), alternatives=(best_opt,) + tuple(alts),
+                                     reason=f"preemption costs ${cost:.2f} in lost work, less than the best alternative"))
         return True
     return False
 

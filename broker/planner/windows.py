@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from broker.planner.costs import load_emissions_kg, load_energy_kwh, load_tariff_usd
 from pricing.series import HourlySeries
 
 __all__ = ["WindowChoice", "best_start", "PREFER", "MAX_CANDIDATES"]
@@ -112,7 +113,8 @@ def best_start(
     ``reason`` says when the window was clamped. The job draws a constant
     ``power_kw`` for ``runtime_s`` from
     each candidate start; window integrals come from
-    :meth:`HourlySeries.integrals` (value x hours, fractional hours interpolated).
+    :meth:`HourlySeries.integrals` (value x hours, fractional hours interpolated), costed
+    with the load formulas of :mod:`broker.planner.costs`.
 
     * ``prefer="cheapest"`` minimises cost USD
       ``= power_kw x ∫price dt / 1000`` (price USD/MWh, hours); needs ``price``.
@@ -179,9 +181,9 @@ def best_start(
         clamp_note = f"; window clamped to the {'price' if prefer == 'cheapest' else 'carbon'} series' end {_iso(ranked.end_s)}"
     starts = candidate_starts(earliest, latest, slot)
     k = int(starts.size)
-    carbon_kg = kw * carbon.integrals(starts, runtime) / 1000.0
-    cost_usd = kw * price.integrals(starts, runtime) / 1000.0 if price is not None else np.full(k, np.nan)
-    energy = kw * runtime / 3600.0
+    carbon_kg = load_emissions_kg(kw, carbon.integrals(starts, runtime))
+    cost_usd = load_tariff_usd(kw, price.integrals(starts, runtime)) if price is not None else np.full(k, np.nan)
+    energy = load_energy_kwh(kw, runtime)
     obj, what, unit = (cost_usd, "price", "USD") if prefer == "cheapest" else (carbon_kg, "carbon", "kgCO2e")
 
     ok = ~np.isnan(obj)

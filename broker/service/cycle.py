@@ -56,7 +56,9 @@ from broker.service.store import planning as planning_rows
 from broker.service.store.tables import Job, utcnow
 from broker.service.live import LiveEnvironment, LiveNode
 from broker.model import DecisionKind, JobSpec
-from broker.planner.core import PendingJob, RunningJob, Snapshot, plan
+from broker.planner.core import PendingJob, RunningJob, Snapshot
+from broker.planner.costs import score
+from broker.planner.registry import plan
 from broker.states import JobState, check_transition
 from broker.service.store.core import JobStore
 from providers.launch import DIGEST_RE as _DIGEST_RE
@@ -673,18 +675,20 @@ class PlanningCycle:
         if idx.size == 0:
             return []
         now_s = self._now_s
-        runtime, finish, dollars, energy, carbon, _ = ctx.cloud_estimates(pj, idx, now_s)
-        score = dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
-        score = np.where(np.isnan(score), np.inf, score)
+        est = ctx.cloud_estimates(pj, idx, now_s)
+        # ranked by the score of dollars and carbon only: these offers cannot be provisioned, so no value of time
+        rank = score(est.dollars_usd, est.carbon_kg, est.delay_s, 0.0, ctx.config.carbon_price_usd_per_tonne)
+        rank = np.where(np.isnan(rank), np.inf, rank)
         out = []
-        for i in np.argsort(score, kind="stable")[:k]:
-            if not np.isfinite(score[i]):
+        for i in np.argsort(rank, kind="stable")[:k]:
+            if not np.isfinite(rank[i]):
                 break
             o = ctx.offers[int(idx[i])]
-            delay = float(finish[i] - runtime[i])
+            delay = float(est.delay_s[i])
             out.append({"kind": "cloud", "target": o.offer_id, "start_s": now_s + delay, "wait_s": delay,
-                        "runtime_s": float(runtime[i]), "dollars_usd": float(dollars[i]), "energy_kwh": float(energy[i]),
-                        "carbon_kg": float(carbon[i]), "score": None, "feasible": False,
+                        "runtime_s": float(est.runtime_s[i]), "dollars_usd": float(est.dollars_usd[i]),
+                        "energy_kwh": float(est.energy_kwh[i]), "carbon_kg": float(est.carbon_kg[i]),
+                        "score": None, "feasible": False,
                         "note": f"not provisionable: provider {o.provider!r} is not configured (cloud_providers)"})
         return out
 

@@ -24,6 +24,8 @@ Model (all times POSIX seconds, UTC):
   checkpointable) and is planned again.
 * **Preemption**: a preempted on-prem job loses the work since its last
   checkpoint and re-enters the queue.
+* Both are costed with the planner's cost model (:mod:`broker.planner.costs`) on the
+  realised run, so a run without surprises costs what its explain record said.
 * ``cost_usd`` is the spend a policy changes: cloud bills + on-prem
   electricity. The on-prem fleet's capital is the same under every policy;
   its share for the GPU-hours used is reported as ``onprem_amortised_usd``.
@@ -46,7 +48,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from broker.model import CloudOffer, DecisionKind, Market, Pool
-from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot, plan
+from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob, Snapshot
+from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
+from broker.planner.registry import POLICIES, plan
 from broker.sim.results import PolicyRun
 from broker.sim.traces import Trace, TraceJob
 from pricing.series import window_integral
@@ -175,8 +179,8 @@ class Simulator:
                  planner_config: PlannerConfig, gpus: GpuTable, spot_traces=(), config: SimulationConfig | None = None):
         self.trace = trace
         self.cfg = config or SimulationConfig()
-        on_prem_only = planner_config.policy in ("fifo", "backfill")
-        self.offers = [] if on_prem_only or not planner_config.cloud_enabled else list(offers)
+        uses_cloud = POLICIES[planner_config.policy].uses_cloud and planner_config.cloud_enabled
+        self.offers = list(offers) if uses_cloud else []
         self.ctx = PlannerContext(planner_config, pools, self.offers, signals, gpus)
         self.pools = list(pools)
         self.gpus = gpus
@@ -260,41 +264,41 @@ class Simulator:
                 return
             pool = self.pools[p]
             g = st.trace.num_gpus
-            kw = g * self.gpus.busy_kw[t] * pool.pue
             pi = window_integral(self._price[p], st.seg_start_s, dur)
             ci = window_integral(self._carbon[p], st.seg_start_s, dur)
             if math.isnan(pi) or math.isnan(ci):
                 m["missing_signal_s"] += dur
                 pi = 0.0 if math.isnan(pi) else pi
                 ci = 0.0 if math.isnan(ci) else ci
-            e_cost = kw * pi / 1000.0
-            amort = g * dur / 3600.0 * pool.amortised_usd_per_gpu_hour
-            carbon = kw * ci / 1000.0
-            m["energy_cost"] += e_cost
-            m["amort"] += amort
-            m["energy"] += kw * dur / 3600.0
-            m["carbon"] += carbon
-            st.cost_usd += e_cost + amort
-            st.carbon_kg += carbon
-            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + e_cost
+            c = onprem_cost(dur, gpus=g, kw=onprem_kw(g, self.gpus.busy_kw[t], pool.pue),
+                            usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour, tariff_integral=pi, carbon_integral=ci)
+            m["energy_cost"] += c.energy_usd
+            m["amort"] += c.amortised_usd
+            m["energy"] += c.energy_kwh
+            m["carbon"] += c.carbon_kg
+            st.cost_usd += c.dollars_usd
+            st.carbon_kg += c.carbon_kg
+            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + c.energy_usd
 
         def account_cloud(st: _JobState, end: float) -> None:
             o = self.offers[st.seg_offer]
-            billed = max(end - st.seg_provision_s, o.min_billed_s)
-            usd = st.trace.nodes * o.usd_per_hour * billed / 3600.0
+            tj = st.trace
+            # billed from the create call: the provisioning delay, then the run (interrupted or not)
             run = max(end - st.seg_start_s, 0.0)
-            kw = st.trace.nodes * (st.trace.gpus_per_node * self.gpus.busy_kw[o.gpu_type]
-                                   + (o.gpu_count - st.trace.gpus_per_node) * self.gpus.idle_kw[o.gpu_type]) * o.pue
             ci = window_integral(self._offer_carbon[st.seg_offer], st.seg_start_s, run)
             if math.isnan(ci):
                 m["missing_signal_s"] += run
                 ci = 0.0
-            m["cloud_cost"] += usd
-            m["energy"] += kw * run / 3600.0
-            m["carbon"] += kw * ci / 1000.0
-            st.cost_usd += usd
-            st.carbon_kg += kw * ci / 1000.0
-            team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + usd
+            c = cloud_cost(run, st.seg_start_s - st.seg_provision_s, usd_per_hour=tj.nodes * o.usd_per_hour,
+                           min_billed_s=o.min_billed_s, carbon_integral=ci,
+                           kw=cloud_kw(tj.nodes, tj.gpus_per_node, o.gpu_count, self.gpus.busy_kw[o.gpu_type],
+                                       self.gpus.idle_kw[o.gpu_type], o.pue))
+            m["cloud_cost"] += c.dollars_usd
+            m["energy"] += c.energy_kwh
+            m["carbon"] += c.carbon_kg
+            st.cost_usd += c.dollars_usd
+            st.carbon_kg += c.carbon_kg
+            team_cost[tj.team] = team_cost.get(tj.team, 0.0) + c.dollars_usd
 
         def requeue(st: _JobState, now: float, done_work_s: float) -> None:
             tj = st.trace
@@ -535,6 +539,6 @@ def simulate(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], 
              planner_config: PlannerConfig | None = None, gpus: GpuTable | None = None, spot_traces=(),
              config: SimulationConfig | None = None, progress=None) -> PolicyRun:
     """Replay ``trace`` under ``policy``; see :class:`Simulator`. Returns a :class:`PolicyRun`."""
-    pc = (planner_config or PlannerConfig()).model_copy(update={"policy": policy})
+    pc = (planner_config or PlannerConfig()).model_copy(update={"policy": PolicyName(policy)})
     sim = Simulator(trace, pools, offers, signals, pc, gpus or GpuTable.from_pricing(), spot_traces, config)
     return sim.run(progress)

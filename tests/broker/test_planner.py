@@ -1,4 +1,4 @@
-"""Tests for broker.planner.core's cost model: PlannerContext.onprem_estimate / cloud_estimates / compatible_offers."""
+"""Tests for PlannerContext's costing (onprem_estimate / cloud_estimates) and compatible_offers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from broker.planner.core import PlannerError, plan
+from broker.planner.core import PlannerError
+from broker.planner.registry import plan
 from tests.broker.builders import (H, T0, FakeSignals, make_ctx, make_job, make_offer, make_pool,
                                    make_snapshot, pad)
 
@@ -76,7 +77,7 @@ def _offers():
 def test_cloud_estimate_spot_rework_checkpointable():
     ctx = make_ctx([_pool()], _offers(), signals=SIGNALS, restart_overhead_s=300.0)
     job = make_job("j").gpus(3).work(4 * H).checkpoint(1800).build()
-    runtime, finish, dollars, kwh, kg, usd_h = ctx.cloud_estimates(job, np.array([0, 1]), T0 + 3300)
+    runtime, bound, delay, dollars, kwh, kg, usd_h = ctx.cloud_estimates(job, np.array([0, 1]), T0 + 3300)
     # A100 runtime = 14400 / 2 = 7200 s (2 h)
     # spot rework: 0.1/h x 2 h = 0.2 interruptions x (1800/2 + 300 restart) = 0.2 x 1200 = 240 s -> 7440 s
     # billed from the create call: 7440 + 300 = 7740 s -> 3.0 USD/h x 7740/3600 = 6.45 USD
@@ -84,7 +85,10 @@ def test_cloud_estimate_spot_rework_checkpointable():
     # carbon window starts after boot: [T0+3600, +7440 s] = hours [1, 3.0667]:
     #   50 + 80 + (240/3600) x 200 = 143.333.. g/kWh.h -> 1.386 x 143.333../1000 kg
     assert runtime.tolist() == [approx(7440.0), approx(7200.0)]
-    assert finish.tolist() == [approx(7740.0), approx(7500.0)]
+    assert (delay + runtime).tolist() == [approx(7740.0), approx(7500.0)]
+    # pessimistic finish: 0.2 + 2 sqrt(0.2) interruptions, each losing a whole interval + restart + a new boot
+    # (1800 + 300 + 300 = 2400 s): 300 + 7200 + 1.0944272 x 2400 = 10126.625 s; on-demand 300 + 7200
+    assert bound.tolist() == [approx(7500.0 + (0.2 + 2 * math.sqrt(0.2)) * 2400.0), approx(7500.0)]
     assert dollars[0] == approx(6.45)
     # on-demand: no rework, billed 7500 s x 5 USD/h = 10.4166.. USD
     assert dollars[1] == approx(5.0 * 7500 / 3600)
@@ -98,18 +102,20 @@ def test_cloud_estimate_spot_rework_checkpointable():
 def test_cloud_estimate_spot_rework_not_checkpointable():
     ctx = make_ctx([_pool()], _offers(), signals=SIGNALS, restart_overhead_s=300.0)
     job = make_job("j").gpus(3).work(4 * H).checkpoint(None).build()
-    runtime, finish, dollars, *_ = ctx.cloud_estimates(job, np.array([0]), T0)
+    runtime, bound, delay, dollars, *_ = ctx.cloud_estimates(job, np.array([0]), T0)
     # lost per interruption = half the run (3600) + 300 = 3900 s; 0.2 x 3900 = 780 s -> 7980 s
     # billed 7980 + 300 = 8280 s x 3 USD/h = 6.9 USD
     assert runtime[0] == approx(7980.0)
-    assert finish[0] == approx(8280.0)
+    assert delay[0] + runtime[0] == approx(8280.0)
+    # pessimistic: each interruption loses the whole run + restart + boot (7200 + 300 + 300 = 7800 s)
+    assert bound[0] == approx(7500.0 + (0.2 + 2 * math.sqrt(0.2)) * 7800.0)
     assert dollars[0] == approx(6.9)
 
 
 def test_cloud_estimate_billing_minimum_and_gang_instances():
     ctx = make_ctx([_pool()], _offers(), signals=SIGNALS)
     short = make_job("s").gpus(1).work(30).build()
-    runtime, finish, dollars, kwh, kg, usd_h = ctx.cloud_estimates(short, np.array([2]), T0)
+    runtime, finish, delay, dollars, kwh, kg, usd_h = ctx.cloud_estimates(short, np.array([2]), T0)
     # 30 s on V100, no boot delay: billed max(30, 120) = 120 s x 0.9 USD/h = 0.03 USD
     # energy and carbon count only the 30 s run: 0.3 kW x 1.1 = 0.33 kW x 30 s = 0.00275 kWh; CZ2 300 g -> 0.000825 kg
     assert runtime[0] == approx(30.0) and finish[0] == approx(30.0)
@@ -117,7 +123,7 @@ def test_cloud_estimate_billing_minimum_and_gang_instances():
     assert kwh[0] == approx(0.33 * 30 / 3600)
     assert kg[0] == approx(0.33 * 300 * 30 / 3600 / 1000)
     gang = make_job("g").gpus(1).nodes(3).work(H).build()
-    _, _, dollars, kwh, _, usd_h = ctx.cloud_estimates(gang, np.array([2]), T0)
+    _, _, _, dollars, kwh, _, usd_h = ctx.cloud_estimates(gang, np.array([2]), T0)
     # 3 instances x 0.9 USD/h x 1 h = 2.7 USD; 3 x 0.33 kW x 1 h = 0.99 kWh
     assert dollars[0] == approx(2.7) and kwh[0] == approx(0.99) and usd_h[0] == approx(2.7)
 

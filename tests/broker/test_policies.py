@@ -1,4 +1,4 @@
-"""Tests for broker.planner.policies: one small schedule per rule, exact decisions."""
+"""Tests for the policies (broker.planner.fifo, backfill, cheapest, federated): small schedules, exact decisions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from broker.model import DecisionKind
-from broker.planner.core import plan
+from broker.planner.registry import plan
 from tests.broker.builders import (H, T0, FakeSignals, make_ctx, make_job, make_offer, make_pool, make_running,
                                    make_snapshot, pad)
 
@@ -535,7 +535,7 @@ def test_cheapest_provisions_the_cheapest_available_offer(case):
         job = pending[d.job_id]
         idx = ctx.compatible_offers(job)
         idx = idx[snap.offer_available[idx]]
-        dollars = ctx.cloud_estimates(job, idx, NOW)[2]
+        dollars = ctx.cloud_estimates(job, idx, NOW).dollars_usd
         assert d.option.dollars_usd == approx(float(dollars.min()))
 
 

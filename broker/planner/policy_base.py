@@ -1,6 +1,6 @@
-"""Scheduling policies: each states its objective; shared constraints live in :class:`Cycle`.
+"""What every policy shares: the cycle's working state, the on-prem queue pass, the common rules.
 
-Shared rules (all policies):
+Rules of all policies (:class:`Cycle`, :func:`run_onprem_queue`):
 
 * a job starts on-prem only where the whole gang fits now (all-or-nothing),
   on nodes of one GPU type in one pool (homogeneous gang), best-fit;
@@ -11,16 +11,9 @@ Shared rules (all policies):
   nodes from the expected ends of running jobs); a later job may start now
   only if it ends before the shadow time or stays off the reserved nodes.
 
-Policy objectives:
-
-* ``fifo``: start in submission order; the first job that does not fit blocks the rest.
-* ``backfill``: on-prem only; EASY backfill over the priority/fair-share order.
-* ``cheapest``: on-prem if it fits now, else the cheapest cloud offer now (total USD).
-* ``federated``: minimise the DESIGN.md §4 score over on-prem (now, a later
-  window, or waiting in the queue) and every cloud offer, subject to the
-  deadline, budget, price cap and gang rules; preempt lower-priority
-  preemptible jobs when that scores better. It lives in :mod:`broker.planner.federated`
-  and builds on the machinery here.
+Each policy is its own module (:mod:`broker.planner.fifo`, :mod:`~broker.planner.backfill`,
+:mod:`~broker.planner.cheapest`, :mod:`~broker.planner.federated`) stating its objective;
+:mod:`broker.planner.registry` binds them to their names.
 """
 
 from __future__ import annotations
@@ -33,31 +26,28 @@ from typing import Callable
 
 import numpy as np
 
-from broker.planner.capacity import FreeIndex, shadow_time
 from broker.model import Decision, DecisionKind, OptionEstimate
+from broker.planner.capacity import FreeIndex, shadow_time
 from broker.planner.core import PendingJob, PlannerContext, Snapshot
+from broker.planner.costs import onprem_kw, score
 
-__all__ = ["POLICY_FUNCS", "Cycle"]
+__all__ = ["Cycle", "QueueResult", "run_onprem_queue", "merged_queue", "eligible_jobs", "submission_order",
+           "never_fits_reason", "work_bucket", "INF", "NAN", "NO_OFFERS", "N_ALTERNATIVES"]
 
 INF = float("inf")
 NAN = float("nan")
-_NO_OFFERS = np.zeros(0, np.int64)
+#: an empty offer index array (no cloud offer to consider)
+NO_OFFERS = np.zeros(0, np.int64)
+#: how many rejected options a decision's explanation lists
 N_ALTERNATIVES = 3
 #: jobs whose work differs by less than this factor share one cached ranking and slot table
 #: (log buckets); their exact costs are still computed per job
 _LOG_BUCKET = math.log(1.5)
 
 
-def _work_bucket(work_s: float) -> int:
+def work_bucket(work_s: float) -> int:
+    """The x1.5 log bucket of ``work_s`` (seconds): jobs of one bucket share per-cycle rankings and slot tables."""
     return int(math.floor(math.log(max(work_s, 1.0)) / _LOG_BUCKET))
-
-
-def _decision(job_id: str, kind: DecisionKind, **kw) -> Decision:
-    return Decision(job_id, kind, **kw)
-
-
-def _option(**kw) -> OptionEstimate:
-    return OptionEstimate(**kw)
 
 
 class Cycle:
@@ -120,7 +110,7 @@ class Cycle:
     # ------------------------------------------------------------ per-shape caches (one cycle)
     def _rep_job(self, job: PendingJob) -> PendingJob:
         rep = copy.copy(job)
-        rep.work_s = math.exp((_work_bucket(job.work_s) + 0.5) * _LOG_BUCKET)
+        rep.work_s = math.exp((work_bucket(job.work_s) + 0.5) * _LOG_BUCKET)
         return rep
 
     def cloud_ranking(self, job: PendingJob, offers: np.ndarray, by: str = "score") -> np.ndarray:
@@ -131,27 +121,28 @@ class Cycle:
         cycle from a representative job (DESIGN.md §4: score per shape, not per job).
         """
         key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
-               job.checkpointable, job.checkpoint_interval_s, job.priority, _work_bucket(job.work_s), by, id(offers))
+               job.checkpointable, job.checkpoint_interval_s, job.priority, work_bucket(job.work_s), by, id(offers))
         hit = self._cloud_rank.get(key)
         if hit is None:
             ctx = self.ctx
             rep = self._rep_job(job)
-            runtime, _, dollars, energy, carbon, usd_h = ctx.cloud_estimates(rep, offers, self.now)
+            est = ctx.cloud_estimates(rep, offers, self.now)
             if by == "dollars":
-                score = dollars
+                rank = est.dollars_usd
             else:
-                score = (dollars + ctx.config.carbon_price_usd_per_tonne / 1000.0 * carbon
-                         + ctx.value_of_time(rep) * ctx.offer_delay[offers] / 3600.0)
-            score = np.where(np.isnan(score), INF, score)
-            hit = offers[np.argsort(score, kind="stable")]
+                rank = score(est.dollars_usd, est.carbon_kg, est.delay_s, ctx.value_of_time(rep),
+                             ctx.config.carbon_price_usd_per_tonne)
+            rank = np.where(np.isnan(rank), INF, rank)
+            hit = offers[np.argsort(rank, kind="stable")]
             self._cloud_rank[key] = hit
         return hit
 
     def slot_scores(self, pool: int, gpu_type: str, job: PendingJob) -> np.ndarray:
         """Score per GPU (USD) of starting at slot ``k`` (``now + k x slot_s``, k = 0..horizon) for
-        ``job``'s work bucket and priority: energy price + carbon price over the window + value of
-        time. Cached per (pool, GPU type, bucket, priority) for the cycle; INF where data is missing."""
-        key = (pool, gpu_type, _work_bucket(job.work_s), job.priority)
+        ``job``'s work bucket and priority: electricity at the window's tariff + carbon price x the
+        window's emissions + value of time (the marginal score; the chosen slot is costed exactly
+        afterwards). Cached per (pool, GPU type, bucket, priority) for the cycle; INF where data is missing."""
+        key = (pool, gpu_type, work_bucket(job.work_s), job.priority)
         hit = self._slot_scores.get(key)
         if hit is None:
             ctx, cfg = self.ctx, self.ctx.config
@@ -159,9 +150,10 @@ class Cycle:
             runtime = rep.work_s / ctx.gpus.throughput[gpu_type]
             k = np.arange(int(cfg.horizon_s // cfg.slot_s) + 1)
             starts = self.now + cfg.slot_s * k
-            kw_per_gpu = ctx.gpus.busy_kw[gpu_type] * ctx.pools[pool].pue
-            vot_per_gpu = ctx.value_of_time(rep) / rep.gpus
-            hit = kw_per_gpu * ctx.pool_effective_integrals(pool, starts, runtime) + vot_per_gpu * (starts - self.now) / 3600.0
+            kw_per_gpu = onprem_kw(1, ctx.gpus.busy_kw[gpu_type], ctx.pools[pool].pue)
+            # the per-kWh score series prices carbon already: the energy's score, then the wait's
+            hit = score(kw_per_gpu * ctx.pool_kwh_score_integrals(pool, starts, runtime), 0.0, starts - self.now,
+                        ctx.value_of_time(rep) / rep.gpus, cfg.carbon_price_usd_per_tonne)
             hit = np.where(np.isnan(hit), INF, hit)
             self._slot_scores[key] = hit
         return hit
@@ -239,12 +231,12 @@ class Cycle:
         rel = self.releases(pool)
         for i in nodes:
             bisect.insort(rel, (end, i, job.gpus_per_node))
-        if option is None:
+        if option is None:  # fifo, backfill, cheapest: the record's score is the marginal (or amortised) dollars
             runtime, e_cost, amort, energy, carbon = self.ctx.onprem_estimate(pool, gpu_type, job, self.now)
-            option = _option(kind="onprem", target=self.ctx.pools[pool].name, start_s=self.now, wait_s=0.0,
-                             runtime_s=runtime, dollars_usd=e_cost + amort, energy_kwh=energy, carbon_kg=carbon,
-                             score=e_cost + (amort if self.ctx.amortised_in_score() else 0.0))
-        self.decisions.append(_decision(job.job_id, DecisionKind.start, option=option, pool=self.ctx.pools[pool].name,
+            option = OptionEstimate(kind="onprem", target=self.ctx.pools[pool].name, start_s=self.now, wait_s=0.0,
+                                    runtime_s=runtime, dollars_usd=e_cost + amort, energy_kwh=energy, carbon_kg=carbon,
+                                    score=e_cost + (amort if self.ctx.amortised_in_score() else 0.0))
+        self.decisions.append(Decision(job.job_id, DecisionKind.start, option=option, pool=self.ctx.pools[pool].name,
                                         allocation=tuple((i, job.gpus_per_node) for i in nodes),
                                         alternatives=tuple(alternatives), reason=reason))
 
@@ -267,7 +259,7 @@ class Cycle:
         return False
 
     def reject(self, job: PendingJob, reason: str) -> None:
-        self.decisions.append(_decision(job.job_id, DecisionKind.reject, reason=reason))
+        self.decisions.append(Decision(job.job_id, DecisionKind.reject, reason=reason))
 
 
 # ---------------------------------------------------------------- on-prem queue
@@ -290,8 +282,8 @@ class QueueResult:
         self.shadow_s = INF
 
 
-def _run_onprem_queue(cy: Cycle, queue, backfill: bool, target_fn: Callable, reject_unplaceable: bool = False,
-                      late: list | None = None) -> QueueResult:
+def run_onprem_queue(cy: Cycle, queue, backfill: bool, target_fn: Callable, reject_unplaceable: bool = False,
+                     late: list | None = None) -> QueueResult:
     """Start queued jobs in ``queue`` order (an iterable, consumed lazily).
 
     Without ``backfill`` the first job that does not fit blocks the rest (FIFO).
@@ -313,7 +305,7 @@ def _run_onprem_queue(cy: Cycle, queue, backfill: bool, target_fn: Callable, rej
         targets = target_fn(job)
         if not targets:
             if reject_unplaceable:
-                cy.reject(job, _never_fits_reason(job, cloud=False))
+                cy.reject(job, never_fits_reason(job, cloud=False))
             continue
         if late is not None:
             fastest = max(cy.ctx.gpus.throughput[t] for _, t in targets)
@@ -354,18 +346,20 @@ def _add_started(res: QueueResult, job: PendingJob) -> None:
         acc[1] += job.gpus * job.work_s
 
 
-def _never_fits_reason(job: PendingJob, cloud: bool) -> str:
+def never_fits_reason(job: PendingJob, cloud: bool) -> str:
+    """The reason of a rejection: no pool (and, with ``cloud``, no offer) can ever hold ``job``'s gang."""
     where = "no on-prem pool" + (" and no cloud offer" if cloud else "")
     return (f"{where} can ever hold {job.nodes}x{job.gpus_per_node} GPUs "
             f"(types={sorted(job.gpu_types) if job.gpu_types else 'any'}, min_mem={job.min_mem_gb} GB)")
 
 
-def _eligible(snap: Snapshot) -> list[PendingJob]:
+def eligible_jobs(snap: Snapshot) -> list[PendingJob]:
+    """The snapshot's pending jobs that may start now (``earliest_s`` has come)."""
     now = snap.now_s
     return [j for j in snap.pending if j.earliest_s <= now]
 
 
-def _merged_queue(cy: Cycle, extra: list[PendingJob], key):
+def merged_queue(cy: Cycle, extra: list[PendingJob], key):
     """Lazy merge of ``extra`` (sorted here) and the snapshot's queued groups, in ``key`` order.
 
     Each group of ``Snapshot.queued`` is already in submission order and shares one
@@ -382,70 +376,6 @@ def _merged_queue(cy: Cycle, extra: list[PendingJob], key):
     return heapq.merge(*iters, key=key)
 
 
-def _fifo_key(j: PendingJob):
+def submission_order(j: PendingJob):
+    """Sort key: submission time, then job id (``fifo``'s queue order)."""
     return (j.submit_s, j.job_id)
-
-
-# ---------------------------------------------------------------- fifo / backfill
-def plan_fifo(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
-    """On-prem only, strict submission order, no backfill."""
-    cy = Cycle(snap, ctx)
-    queue = _merged_queue(cy, _eligible(snap), _fifo_key)
-    _run_onprem_queue(cy, queue, backfill=False, target_fn=cy.onprem_targets, reject_unplaceable=True)
-    return cy.decisions
-
-
-def plan_backfill(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
-    """On-prem only; priority, fair share, age; EASY backfill."""
-    cy = Cycle(snap, ctx)
-    queue = _merged_queue(cy, _eligible(snap), cy.queue_key)
-    _run_onprem_queue(cy, queue, backfill=True, target_fn=cy.onprem_targets, reject_unplaceable=True)
-    return cy.decisions
-
-
-# ---------------------------------------------------------------- cheapest
-def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
-    """On-prem if it fits now, else the cheapest available cloud offer now (spot where allowed)."""
-    cy = Cycle(snap, ctx)
-    eligible = _eligible(snap)
-    committed = [j for j in eligible if j.committed_pool is not None]
-    fresh = sorted((j for j in eligible if j.committed_pool is None), key=_fifo_key)
-    _run_onprem_queue(cy, _merged_queue(cy, committed, _fifo_key), backfill=False, target_fn=cy.onprem_targets)
-    for job in fresh:
-        targets = cy.onprem_targets(job)
-        if not targets and not (ctx.config.cloud_enabled and ctx.compatible_offers(job).size):
-            cy.reject(job, _never_fits_reason(job, cloud=ctx.config.cloud_enabled))
-            continue
-        if targets and cy.try_start_now(job, targets):
-            continue
-        idx = cy.available(ctx.compatible_offers(job) if ctx.config.cloud_enabled else _NO_OFFERS)
-        if idx.size:
-            # the shape's ranking by total USD (representative work), then the exact cheapest of its top few
-            top = cy.cloud_ranking(job, idx, by="dollars")[:N_ALTERNATIVES + 1].tolist()
-            o = min(top, key=lambda o: (ctx.cloud_dollars(job, o), o))
-            eff, _, dollars, energy, carbon, _ = ctx.cloud_scalar(job, o, cy.now)
-            delay = ctx.offer_rows[o][3]
-            opt = _option(kind="cloud", target=ctx.offer_ids[o], start_s=cy.now + delay, wait_s=delay, runtime_s=eff,
-                          dollars_usd=dollars, energy_kwh=energy, carbon_kg=carbon, score=dollars)
-            cy.decisions.append(_decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
-                                          reason="on-prem full; cheapest offer now"))
-        elif targets:
-            cy.decisions.append(_decision(job.job_id, DecisionKind.wait, pool=ctx.pools[targets[0][0]].name,
-                                          not_before=INF, reason="on-prem full and no cloud offer available"))
-        else:
-            cy.reject(job, "no on-prem pool fits and no cloud offer is available")
-    return cy.decisions
-
-
-POLICY_FUNCS: dict[str, Callable[[Snapshot, PlannerContext], list[Decision]]] = {
-    "fifo": plan_fifo,
-    "backfill": plan_backfill,
-    "cheapest": plan_cheapest,
-    "federated": lambda snap, ctx: _federated().plan_federated(snap, ctx),
-}
-
-
-def _federated():
-    from broker.planner import federated  # the product policy lives in its own module (it imports this one)
-
-    return federated
