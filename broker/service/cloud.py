@@ -50,7 +50,7 @@ from sqlalchemy import or_, select, update
 
 from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, utcnow
 from broker.planner.core import smallest_fit
-from broker.service.reconciler import requeue_lost
+from broker.service.lifecycle import requeue_lost
 from broker.states import JobState
 from broker.service.store.core import JobStore
 from providers.base import Compute, FailoverHistory, InstanceInfo, InstanceRequest, ProviderError, idempotency_token
