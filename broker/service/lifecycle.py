@@ -173,7 +173,7 @@ def mark_running(s, j: Job, att: Attempt | None, now: datetime, reason: str) -> 
     if not JobStore.cas(s, j.id, j.version, S.starting.value, S.running.value, reason, now,
                         started_at=j.started_at or now, state_deadline_at=None):
         return False
-    s.refresh(j)
+    repo.reload(s, j)
     if att is not None and att.started_at is None:
         att.started_at = now
     return True

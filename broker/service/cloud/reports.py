@@ -120,7 +120,7 @@ class Reports:
                     ended = True  # a stale report changes nothing, but its instance must go
                     out = "stale"
                     break
-                row.last_report_at, row.last_event = now, event
+                instances.note_report(row, event, now)
                 if event == "notice" and (j.placement or {}).get("market") != "spot":
                     out = "ignored: a notice from an instance that is not spot"
                     break

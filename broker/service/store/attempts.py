@@ -3,7 +3,7 @@
 Functions take an open :class:`~sqlalchemy.orm.Session` (``s``, from :meth:`JobStore.session`) so the caller
 decides the transaction; job state moves themselves stay :meth:`JobStore.cas` / :meth:`JobStore.bump`.
 
-* attempts — :func:`job_row`, :func:`attempt_row`, :func:`add_attempt`, :func:`bump_with_event`;
+* attempts — :func:`job_row`, :func:`reload`, :func:`attempt_row`, :func:`add_attempt`, :func:`bump_with_event`;
 * node work — :func:`onprem_work_rows` (what :func:`broker.service.attempts.node_work` lists);
 * reconciler — :func:`jobs_in_states`, :func:`mark_silent_nodes_lost`, :func:`lost_node_names`,
   :func:`due_schedules`, :func:`pause_schedule`, :func:`advance_schedule`, :func:`purge_finished`.
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule
 
-__all__ = ["job_row", "attempt_row", "add_attempt", "bump_with_event", "onprem_work_rows", "jobs_in_states",
+__all__ = ["job_row", "reload", "attempt_row", "add_attempt", "bump_with_event", "onprem_work_rows", "jobs_in_states",
            "mark_silent_nodes_lost", "lost_node_names", "due_schedules", "pause_schedule", "advance_schedule",
            "purge_finished"]
 
@@ -29,6 +29,12 @@ __all__ = ["job_row", "attempt_row", "add_attempt", "bump_with_event", "onprem_w
 def job_row(s: Session, job_id: str) -> Job | None:
     """Inside ``s``: the job's row (``None`` if there is none)."""
     return s.get(Job, job_id)
+
+
+def reload(s: Session, row: Any) -> None:
+    """Inside ``s``: read ``row`` (a job or attempt) again from the database (after a compare-and-set wrote it
+    with a bulk ``UPDATE`` the ORM does not see)."""
+    s.refresh(row)
 
 
 def attempt_row(s: Session, job_id: str, number: int, lock: bool = False) -> Attempt | None:

@@ -8,7 +8,7 @@ of an instance row's state goes through :func:`move`: checked against
 
 * intents and creates — :func:`record_intent`, :func:`record_failures`, :func:`mark_created`,
   :func:`mark_gang_rank_dropped`, :func:`add_cloud_attempt`;
-* reports — :func:`report_row`, :func:`claim_report_seq`;
+* reports — :func:`report_row`, :func:`claim_report_seq`, :func:`note_report`;
 * cooldown — :func:`recent_errors`, :func:`mark_attempt_error`;
 * watch and teardown — :func:`active_cloud_jobs`, :func:`live_attempts`, :func:`silent_ranks`,
   :func:`live_rows`, :func:`end_teardown`, :func:`attempts_with_live_rows`, :func:`mark_swept`;
@@ -27,7 +27,7 @@ from broker.instance_states import LIVE_INSTANCE_STATES, InstanceState, check_in
 from broker.service.store.tables import Attempt, CloudInstance, CloudInstanceEvent, Job
 
 __all__ = ["move", "record_intent", "record_failures", "mark_created", "mark_gang_rank_dropped",
-           "add_cloud_attempt", "report_row", "claim_report_seq", "recent_errors", "mark_attempt_error",
+           "add_cloud_attempt", "report_row", "claim_report_seq", "note_report", "recent_errors", "mark_attempt_error",
            "active_cloud_jobs", "live_attempts", "silent_ranks", "live_rows", "end_teardown",
            "attempts_with_live_rows", "mark_swept", "instance_rows", "instance_history"]
 
@@ -132,6 +132,12 @@ def claim_report_seq(s: Session, row_id: int, seq: int) -> bool:
     return s.execute(update(CloudInstance).where(
         CloudInstance.id == row_id, or_(CloudInstance.report_seq.is_(None), CloudInstance.report_seq < seq)
     ).values(report_seq=seq)).rowcount == 1
+
+
+def note_report(row: CloudInstance, event: str, now: datetime) -> None:
+    """The instance of ``row`` reported ``event`` at ``now`` (UTC): its last report (a rank that never reported is
+    silent, see :func:`silent_ranks`)."""
+    row.last_report_at, row.last_event = now, event
 
 
 # ---------------------------------------------------------------------- cooldown
