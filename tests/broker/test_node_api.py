@@ -156,6 +156,27 @@ def test_a_failed_rank_of_an_onprem_gang_stops_the_others_and_its_exit_code_is_t
     assert (a.outcome, a.exit_code) == ("failed", 3)
 
 
+def test_the_usage_hook_sees_each_ended_attempt_once(pg_store, rig, monkeypatch):
+    """``lifecycle.record_usage`` (where the finance ledger will write) is called once per ended attempt, in
+    the transaction that ends it, with the attempt's end already set: a launch failure, then a success."""
+    from broker.service import lifecycle
+
+    seen = []
+    monkeypatch.setattr(lifecycle, "record_usage",
+                        lambda s, att, now: seen.append((att.number, att.outcome, att.exit_code, att.ended_at == now)))
+    c, tok, jid, _ = rig
+    assert c.post(f"/v1/node/attempts/{jid}/1/0/launch-failed", json={"reason": "no such image"},
+                  headers=tok["n2"]).json() == {"changed": True}
+    assert seen == [(1, "launch_failed", None, True)]
+    settings = BrokerSettings(admin_token=ADMIN, max_attempts=3)
+    PlanningCycle(pg_store, LiveEnvironment(settings.planner), settings).run()
+    assert pg_store.get(jid).attempt == 2
+    for path, body in (("running", None), ("ended", {"exit_code": 0}), ("ended", {"exit_code": 0})):
+        c.post(f"/v1/node/attempts/{jid}/2/0/{path}", json=body, headers=tok["n2"])
+    assert pg_store.get(jid).state == "succeeded"
+    assert seen == [(1, "launch_failed", None, True), (2, "succeeded", 0, True)]
+
+
 def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp_path):
     from broker.cli.main import app
     from broker.service.store.core import JobStore
