@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from broker.planner.core import smallest_fit
+from broker.service.cloud.adapters import offer_allowed
 from broker.service import lifecycle
 from broker.service.store import attempts as jobs
 from broker.service.store import cloud as instances
@@ -103,8 +104,6 @@ class Provisioning:
         from broker.model import JobSpec
         from providers.launch import cloud_init, launch_spec
         from providers.provisioner import ProvisioningFailed, provision_gang
-
-        from broker.service.cloud.adapters import offer_allowed
 
         now = now or utcnow()
         with self.store.session() as s:
