@@ -58,6 +58,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from providers.base import (
+    check_outputs,
     MANAGED_TAG,
     Compute,
     InstanceInfo,
@@ -71,7 +72,8 @@ from providers.base import (
     Unsupported,
 )
 
-__all__ = ["QUOTA_CODES", "TOKEN_TAG", "AwsCompute", "map_client_error", "quota_bucket"]
+__all__ = ["QUOTA_CODES", "TOKEN_TAG", "AwsCompute", "map_client_error", "quota_bucket", "compute_from_settings",
+           "offer_in_network", "settings_from_terraform", "TERRAFORM_OUTPUTS"]
 
 log = logging.getLogger(__name__)
 
@@ -433,3 +435,52 @@ class AwsCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
             launched_at=i.get("LaunchTime"),
             spot=i.get("InstanceLifecycle") == "spot",
         )
+
+
+# ---------------------------------------------------------------------- registry functions (providers.registry)
+#: terraform output name -> settings key (terraform/aws/outputs.tf, per region)
+TERRAFORM_OUTPUTS = {"ami_id": "ami_id", "subnet_ids_by_az": "subnet_ids_by_az",
+                     "subnet_ids_by_az_id": "subnet_ids_by_az_id", "security_group_id": "security_group_id",
+                     "placement_group_name": "placement_group_name", "instance_profile_name": "instance_profile_name",
+                     "launch_template_id": "launch_template_id"}
+
+
+def compute_from_settings(section: Any) -> AwsCompute:
+    """The adapter for the broker's ``aws`` settings section (``endpoint_url``, ``key_name`` and ``regions``:
+    region -> ``ami_id``, ``security_group_id``, ``subnet_ids_by_az`` / ``subnet_ids_by_az_id`` (zone name or
+    zone ID -> subnet), ``placement_group_name``, ``instance_profile_name``, ``launch_template_id``)."""
+    regions = section.regions
+    return AwsCompute(
+        endpoint_url=section.endpoint_url, regions=sorted(regions),
+        ami_by_region={r: c.ami_id for r, c in regions.items()},
+        security_group_by_region={r: c.security_group_id for r, c in regions.items() if c.security_group_id},
+        subnet_by_zone={z: sub for c in regions.values() for z, sub in {**c.subnet_ids_by_az, **c.subnet_ids_by_az_id}.items()},
+        region_by_zone={z: r for r, c in regions.items() for z in {**c.subnet_ids_by_az, **c.subnet_ids_by_az_id}},
+        key_name=section.key_name,
+        placement_group_by_region={r: c.placement_group_name for r, c in regions.items() if c.placement_group_name},
+        instance_profile_by_region={r: c.instance_profile_name for r, c in regions.items() if c.instance_profile_name},
+        launch_template_by_region={r: c.launch_template_id for r, c in regions.items() if c.launch_template_id})
+
+
+def offer_in_network(section: Any, offer: Any) -> bool:
+    """Whether ``offer``'s zone has a subnet in the ``aws`` settings section (``subnet_ids_by_az`` or
+    ``subnet_ids_by_az_id`` of its region)."""
+    reg = section.regions.get(offer.region)
+    return reg is not None and (offer.zone in reg.subnet_ids_by_az or offer.zone in reg.subnet_ids_by_az_id)
+
+
+def settings_from_terraform(files: list[tuple[Any, dict]]) -> dict:
+    """The ``aws`` settings section (``{"regions": {region: {...}}}``) for ``[(path, outputs)]``: one
+    ``terraform output -json`` of ``terraform/aws`` per region (its ``region`` output keys it). Raises
+    ``ValueError`` naming the file and the missing, null or repeated output."""
+    regions: dict[str, dict] = {}
+    for f, out in files:
+        check_outputs(f, out, ("region", "ami_id", "subnet_ids_by_az"), (), "terraform/aws")
+        region = out.get("region")
+        if not isinstance(region, str) or not region:
+            raise ValueError(f"{f}: output 'region' is missing (terraform/aws outputs it)")
+        if region in regions:
+            raise ValueError(f"{f}: region {region!r} is given twice")
+        check_outputs(f, out, (), ("ami_id", "subnet_ids_by_az"), "terraform/aws")
+        regions[region] = {key: out[name] for name, key in TERRAFORM_OUTPUTS.items() if out.get(name) is not None}
+    return {"regions": regions}

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 __all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throttled", "InstanceRequest",
            "InstanceInfo", "Compute", "SupportsQuotaPreflight", "SupportsSweep", "FailoverHistory", "FailoverAttempt",
-           "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG"]
+           "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG", "check_outputs"]
 
 #: tag/label key on every instance the broker creates; its value is the broker id
 MANAGED_TAG = "fedbroker-broker"
@@ -215,3 +215,17 @@ def instance_tags(job_id: str, attempt: int, rank: int, team: str, broker_id: st
     """Tags put on every instance at creation (cost allocation and the orphan sweep)."""
     return {MANAGED_TAG: broker_id, "fedbroker-job": job_id, "fedbroker-attempt": str(attempt),
             "fedbroker-rank": str(rank), "fedbroker-team": team}
+
+
+def check_outputs(path: Any, out: dict, not_null: tuple[str, ...], required: tuple[str, ...], module: str) -> None:
+    """Check one ``terraform output -json`` mapping (``{name: value}``) read from ``path``: ``ValueError`` naming
+    the file and the first output of ``not_null`` whose value is null (an apply that did not finish, or a
+    module whose resource was not created), then the ``required`` outputs missing (``module``: the Terraform
+    module that outputs them, e.g. ``terraform/aws``)."""
+    for name in not_null:
+        if name in out and out[name] is None:
+            raise ValueError(f"{path}: output {name!r} is null (did `terraform apply` finish? "
+                             f"`terraform output {name}` shows it)")
+    missing = [k for k in required if k not in out]
+    if missing:
+        raise ValueError(f"{path}: outputs {missing} are missing ({module} outputs them)")

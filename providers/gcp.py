@@ -124,12 +124,12 @@ from google.api_core import retry as gretry
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import compute_v1
 
-from providers.base import (MANAGED_TAG, Compute, InstanceInfo, InstanceRequest, NoCapacity, ProviderError,
+from providers.base import (MANAGED_TAG, check_outputs, Compute, InstanceInfo, InstanceRequest, NoCapacity, ProviderError,
                             QuotaExceeded, SupportsQuotaPreflight, SupportsSweep, Throttled, Unsupported, as_uuid)
 
 __all__ = ["GcpCompute", "instance_name", "label_key", "label_value", "gce_accelerator", "GCE_ACCELERATORS",
            "GCE_GPU_QUOTA_METRICS", "PREEMPTIBLE_PREFIX", "gpu_quota_metric", "zone_region", "DEFAULT_IMAGE",
-           "map_state"]
+           "map_state", "compute_from_settings", "offer_in_network", "settings_from_terraform", "TERRAFORM_OUTPUTS"]
 
 log = logging.getLogger(__name__)
 
@@ -603,3 +603,36 @@ def _classify(codes: list[str], http_status: int, message: str, option: str | No
     if pick(UNSUPPORTED_CODES) or http_status in (400, 404):
         return Unsupported(message, option=option, code=pick(UNSUPPORTED_CODES) or code)
     return ProviderError(message, option=option, code=code)
+
+
+# ---------------------------------------------------------------------- registry functions (providers.registry)
+#: terraform output name -> settings key (terraform/gcp/outputs.tf)
+TERRAFORM_OUTPUTS = {"project": "project", "region": "region", "network": "network", "subnetwork": "subnetwork",
+                     "service_account_email": "service_account_email", "gpu_image": "gpu_image",
+                     "instance_template": "instance_template"}
+
+
+def compute_from_settings(section: Any) -> GcpCompute:
+    """The adapter for the broker's ``gcp`` settings section (``project``, ``gpu_image``, ``network``,
+    ``subnetwork``, ``service_account_email``, ``operation_timeout_s``; ``api_endpoint`` set: a fake or
+    emulator, through :meth:`GcpCompute.for_endpoint`)."""
+    kw = dict(image=section.gpu_image, network=section.network, subnetwork=section.subnetwork,
+              service_account=section.service_account_email, op_timeout_s=section.operation_timeout_s)
+    if section.api_endpoint:
+        return GcpCompute.for_endpoint(section.project, section.api_endpoint, **kw)
+    return GcpCompute(section.project, **kw)
+
+
+def offer_in_network(section: Any, offer: Any) -> bool:
+    """Whether ``offer`` is in the ``gcp`` settings section's region (its subnetwork is regional)."""
+    return offer.region == section.region
+
+
+def settings_from_terraform(files: list[tuple[Any, dict]]) -> dict:
+    """The ``gcp`` settings section for ``[(path, outputs)]``: exactly one ``terraform output -json`` of
+    ``terraform/gcp``. Raises ``ValueError`` naming the file and the missing or null output."""
+    if len(files) != 1:
+        raise ValueError(f"gcp: give exactly one outputs file, got {len(files)}")
+    f, out = files[0]
+    check_outputs(f, out, ("project", "region"), ("project", "region"), "terraform/gcp")
+    return {key: out[name] for name, key in TERRAFORM_OUTPUTS.items() if out.get(name) is not None}

@@ -36,17 +36,6 @@ __all__ = ["register", "cloud_app", "settings_from_terraform", "find_orphans", "
 cloud_app = typer.Typer(no_args_is_help=True, help="Cloud instances: settings from Terraform outputs, the "
                                                     "instance records, the orphan sweep.")
 
-#: terraform output name -> settings key (terraform/aws/outputs.tf, per region)
-AWS_OUTPUTS = {"ami_id": "ami_id", "subnet_ids_by_az": "subnet_ids_by_az", "subnet_ids_by_az_id": "subnet_ids_by_az_id",
-               "security_group_id": "security_group_id",
-               "placement_group_name": "placement_group_name", "instance_profile_name": "instance_profile_name",
-               "launch_template_id": "launch_template_id"}
-#: terraform output name -> settings key (terraform/gcp/outputs.tf)
-GCP_OUTPUTS = {"project": "project", "region": "region", "network": "network", "subnetwork": "subnetwork",
-               "service_account_email": "service_account_email", "gpu_image": "gpu_image",
-               "instance_template": "instance_template"}
-
-
 def _outputs(path: Path) -> dict:
     """``{name: value}`` of one ``terraform output -json`` file; ValueError naming the file."""
     try:
@@ -65,52 +54,25 @@ def _outputs(path: Path) -> dict:
     return out
 
 
-def _not_null(path: Path, out: dict, required: tuple[str, ...]) -> None:
-    """ValueError naming the first of the ``required`` outputs whose value is null (an apply that did not
-    finish, or a module whose resource was not created)."""
-    for name in required:
-        if name in out and out[name] is None:
-            raise ValueError(f"{path}: output {name!r} is null (did `terraform apply` finish? "
-                             f"`terraform output {name}` shows it)")
-
-
 def settings_from_terraform(provider: str, files: list[Path]) -> dict:
     """The settings mapping (``{"cloud_providers": [...], provider: {...}}``) for Terraform output files.
 
     AWS: one file per region (each ``terraform/aws`` apply is one region; its ``region`` output keys it).
-    GCP: exactly one file. The result is checked against :class:`broker.service.settings.BrokerSettings`.
+    GCP: exactly one file. The provider's own function (its ``terraform`` line in :mod:`providers.registry`)
+    reads the outputs; the result is checked against its section of :class:`broker.service.settings.BrokerSettings`.
     Raises ``ValueError`` naming the file and the missing or bad output."""
-    from broker.service.settings import AwsSettings, GcpSettings
+    from typing import get_args
 
-    if provider == "aws":
-        regions: dict[str, dict] = {}
-        for f in files:
-            out = _outputs(f)
-            _not_null(f, out, ("region", "ami_id", "subnet_ids_by_az"))
-            region = out.get("region")
-            if not isinstance(region, str) or not region:
-                raise ValueError(f"{f}: output 'region' is missing (terraform/aws outputs it)")
-            if region in regions:
-                raise ValueError(f"{f}: region {region!r} is given twice")
-            missing = [k for k in ("ami_id", "subnet_ids_by_az") if k not in out]
-            if missing:
-                raise ValueError(f"{f}: outputs {missing} are missing (terraform/aws outputs them)")
-            regions[region] = {key: out[name] for name, key in AWS_OUTPUTS.items() if out.get(name) is not None}
-        section = {"regions": regions}
-        AwsSettings.model_validate(section)
-    elif provider == "gcp":
-        if len(files) != 1:
-            raise ValueError(f"gcp: give exactly one outputs file, got {len(files)}")
-        out = _outputs(files[0])
-        _not_null(files[0], out, ("project", "region"))
-        missing = [k for k in ("project", "region") if k not in out]
-        if missing:
-            raise ValueError(f"{files[0]}: outputs {missing} are missing (terraform/gcp outputs them)")
-        section = {key: out[name] for name, key in GCP_OUTPUTS.items() if out.get(name) is not None}
-        GcpSettings.model_validate(section)
-    else:
-        raise ValueError(f"provider={provider!r}: must be aws or gcp")
-    return {"cloud_providers": [provider], provider: section}
+    from broker.service.settings import BrokerSettings
+    from providers.registry import PROVIDERS
+
+    if provider not in PROVIDERS:
+        raise ValueError(f"provider={provider!r}: must be {' or '.join(PROVIDERS)}")
+    e = PROVIDERS[provider]
+    section = e.load("terraform")([(f, _outputs(f)) for f in files])
+    model = next(a for a in get_args(BrokerSettings.model_fields[e.settings_section].annotation) if a is not type(None))
+    model.model_validate(section)
+    return {"cloud_providers": [provider], e.settings_section: section}
 
 
 @cloud_app.command("settings-from-terraform")
@@ -203,21 +165,13 @@ def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include te
                   limit: int = typer.Option(100, "--limit", min=1, max=10000), config: Optional[Path] = ConfigOpt,
                   as_json: bool = JsonOpt) -> None:
     """The broker's cloud instance records, newest first (intent rows and failed options included)."""
-    from sqlalchemy import select
-
-    from broker.service.store.tables import CloudInstance
+    from broker.service.store import cloud as instances
     from broker.service.store.core import JobStore
 
     st = _settings(config)
     store = JobStore.from_settings(st)
-    q = select(CloudInstance).order_by(CloudInstance.id.desc()).limit(limit)
-    if not show_all:
-        q = q.where(CloudInstance.state.in_(("intent", "running", "terminating")))
     with _database(st), store.session() as s:
-        rows = [{"job_id": r.job_id, "attempt": r.attempt, "rank": r.rank, "offer_id": r.offer_id, "state": r.state,
-                 "instance_id": r.provider_instance_id, "private_ip": r.private_ip, "created_at": r.created_at,
-                 "updated_at": r.updated_at, "last_event": r.last_event, "error": r.error}
-                for r in s.execute(q).scalars()]
+        rows = instances.instance_rows(s, limit, live_only=not show_all)
     if as_json:
         _echo_json(rows)
         return

@@ -26,61 +26,21 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
 from __future__ import annotations
 
 import logging
-import math
 from datetime import datetime, timedelta
 from typing import Callable
 
-from sqlalchemy import delete, select, update
-
-from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule, utcnow
+from broker.instance_states import LIVE_INSTANCE_STATES
 from broker.model import JobSpec
-from broker.states import JobState
+from broker.service.lifecycle import requeue_lost
+from broker.service.store import attempts as repo
 from broker.service.store.core import JobStore
+from broker.service.store.tables import utcnow
+from broker.states import TERMINAL_STATES, JobState
 
-__all__ = ["Reconciler", "checkpointed_work_s", "requeue_lost"]
+__all__ = ["Reconciler"]
 
 log = logging.getLogger("fedbroker.reconciler")
 S = JobState
-
-
-def checkpointed_work_s(spec: dict, ran_s: float, throughput: float = 1.0) -> float:
-    """Reference-GPU seconds kept by a job stopped after ``ran_s`` seconds: whole checkpoint
-    intervals times the GPU's relative throughput; 0 for a job that does not checkpoint."""
-    if not spec.get("checkpointable", True) or ran_s <= 0:
-        return 0.0
-    every = float(spec.get("checkpoint_interval_s") or 1800.0)
-    return math.floor(ran_s / every) * every * throughput
-
-
-def requeue_lost(s, j: Job, now: datetime, why: str, outcome: str = "lost", max_attempts: int | None = None) -> bool:
-    """Inside session ``s``: end the job's current attempt with ``outcome`` and put the job back
-    in the queue (``running -> interrupted -> queued`` or ``starting -> queued``). A job that has
-    used ``max_attempts`` attempts fails instead (``None``: no limit). The work kept is counted from
-    the attempt's own start; the job's ``started_at`` is cleared (the next attempt sets it again).
-    Returns whether applied."""
-    a = JobStore.attempt_row(s, j.id, j.attempt)
-    if a is not None and a.ended_at is None:
-        a.ended_at, a.outcome, a.reason = now, outcome, why
-    version, state = j.version, j.state  # the ORM may refresh ``j`` after the first compare-and-set
-    if max_attempts is not None and j.attempt >= max_attempts and state in (
-            S.starting.value, S.running.value, S.provisioning.value):
-        return JobStore.cas(s, j.id, version, state, S.failed.value,
-                            f"gave up after {j.attempt} attempts; the last: {why}", now, finished_at=now)
-    if state == S.running.value:
-        started = (a.started_at if a is not None and a.started_at else None) or j.started_at
-        ran = (now - started).total_seconds() if started else 0.0
-        kept = checkpointed_work_s(j.spec, ran)
-        if not JobStore.cas(s, j.id, version, S.running.value, S.interrupted.value, why, now,
-                            work_done_s=(j.work_done_s or 0.0) + kept):
-            return False
-        return JobStore.cas(s, j.id, version + 1, S.interrupted.value, S.queued.value,
-                            f"requeued after interruption ({why}); {kept:.0f} s of work kept from checkpoints", now,
-                            placement=None, stop_reason=None, dispatched_at=None, state_deadline_at=None,
-                            committed_pool=None, review_at=None, started_at=None)
-    if state in (S.starting.value, S.provisioning.value):
-        return JobStore.cas(s, j.id, version, state, S.queued.value, why, now, placement=None, stop_reason=None,
-                            dispatched_at=None, state_deadline_at=None, committed_pool=None, review_at=None)
-    return False
 
 
 class Reconciler:
@@ -131,41 +91,23 @@ class Reconciler:
         ``running``, ``terminating``) and rows locked by another writer are skipped. A no-op when
         ``retention_days`` is 0. Returns the rows deleted per table: ``jobs``, ``events``, ``logs``,
         ``attempts``, ``cloud_instances``."""
-        from broker.service.cloud import LIVE_ROW_STATES
-
-        out = {"jobs": 0, "events": 0, "logs": 0, "attempts": 0, "cloud_instances": 0}
         days = float(self.settings.retention_days)
         if days <= 0:
-            return out
+            return {"jobs": 0, "events": 0, "logs": 0, "attempts": 0, "cloud_instances": 0}
         cutoff = (now or utcnow()) - timedelta(days=days)
-        live_cloud = select(CloudInstance.job_id).where(CloudInstance.state.in_(LIVE_ROW_STATES))
         with self.store.session() as s:
-            ids = s.execute(select(Job.id).where(
-                Job.state.in_([S.succeeded.value, S.failed.value, S.cancelled.value]), Job.finished_at < cutoff,
-                Job.id.not_in(live_cloud)).order_by(Job.finished_at, Job.id).limit(int(self.settings.retention_batch))
-                .with_for_update(skip_locked=True)).scalars().all()
-            if not ids:
-                return out
-            for key, table in (("events", JobEvent), ("logs", JobLog), ("attempts", Attempt),
-                               ("cloud_instances", CloudInstance)):
-                out[key] = s.execute(delete(table).where(table.job_id.in_(ids))).rowcount
-            out["jobs"] = s.execute(delete(Job).where(Job.id.in_(ids))).rowcount
-        return out
+            return repo.purge_finished(s, sorted(x.value for x in TERMINAL_STATES), cutoff,
+                                       int(self.settings.retention_batch), LIVE_INSTANCE_STATES)
 
     # ------------------------------------------------------------------ 1. lost nodes
     def _lost_nodes(self, now: datetime, out: dict) -> None:
         cutoff = now - timedelta(seconds=self.settings.node_lost_after_s)
         with self.store.session() as s:
-            lost = s.execute(select(Node.name).where(Node.state == "up", Node.last_heartbeat_at < cutoff)).scalars().all()
-            for name in lost:
-                # only if still silent (a heartbeat may have landed since the read)
-                r = s.execute(update(Node).where(Node.name == name, Node.state == "up", Node.last_heartbeat_at < cutoff)
-                              .values(state="lost"))
-                out["lost_nodes"] += r.rowcount
-            down = set(s.execute(select(Node.name).where(Node.state == "lost")).scalars())
+            out["lost_nodes"] += repo.mark_silent_nodes_lost(s, cutoff)
+            down = repo.lost_node_names(s)
             if not down:
                 return
-            active = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.running.value]))).scalars().all()
+            active = repo.jobs_in_states(s, [S.starting.value, S.running.value])
             for j in active:
                 pl = j.placement or {}
                 if pl.get("kind") != "onprem":
@@ -181,7 +123,7 @@ class Reconciler:
         provision_before = now - timedelta(seconds=max(self.settings.dispatch_retry_s, 300.0))
         resend = []
         with self.store.session() as s:
-            rows = s.execute(select(Job).where(Job.state.in_([S.starting.value, S.provisioning.value]))).scalars().all()
+            rows = repo.jobs_in_states(s, [S.starting.value, S.provisioning.value])
             for j in rows:
                 cloud = (j.placement or {}).get("kind") == "cloud"
                 if j.state_deadline_at is not None and j.state_deadline_at < now:
@@ -212,8 +154,7 @@ class Reconciler:
         from broker.recurring import due_fires, next_fire
 
         with self.store.session() as s:
-            due = s.execute(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)).scalars().all()
-            due = [(d.id, d.team, d.cron, d.timezone, d.spec, d.last_fire_at, d.created_at, d.next_fire_at) for d in due]
+            due = repo.due_schedules(s, now)
         for sid, team, cron, tz, spec, last, created, nxt in due:
             fires = []
             try:
@@ -228,10 +169,8 @@ class Reconciler:
                 log.exception("schedule %s (team %s) could not create its run; pausing it", sid, team)
                 out.setdefault("schedule_errors", {})[sid] = f"{type(e).__name__}: {e}"
                 with self.store.session() as s:
-                    s.execute(update(Schedule).where(Schedule.id == sid).values(
-                        enabled=False, last_error=f"paused at {now.isoformat(timespec='seconds')}: "
-                                                  f"its run could not be created ({type(e).__name__}: {e})"[:2000]))
+                    repo.pause_schedule(s, sid, f"paused at {now.isoformat(timespec='seconds')}: "
+                                                f"its run could not be created ({type(e).__name__}: {e})")
                 continue
             with self.store.session() as s:
-                s.execute(update(Schedule).where(Schedule.id == sid, Schedule.next_fire_at == nxt)
-                          .values(next_fire_at=new_next, last_fire_at=fires[-1] if fires else last))
+                repo.advance_schedule(s, sid, nxt, new_next, fires[-1] if fires else last)

@@ -193,6 +193,28 @@ def test_no_capacity_in_one_zone_moves_the_attempt_to_the_next_and_cools_the_off
         assert cb.cooling_offers(s, utcnow() + timedelta(seconds=settings.cloud.capacity_cooldown_s + 1)) == set()
 
 
+def test_every_instance_state_change_is_in_the_instance_history(pg_store, settings):
+    """The history of a 1-node attempt whose first zone has no capacity: the failed option's row is written
+    (intent) and fails; the next option's row is written, created (running) and terminated when the job ends."""
+    from broker.service.store import cloud as instances
+
+    compute = adapter(settings, NoCapacityIn, zones={"us-east-1a"})
+    cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": compute})
+    jid = place(pg_store, spec(nodes=1), OFFERS[0])
+    assert cb.provision(jid, 1).startswith("starting on aws:us-east-1c:p3.2xlarge:spot")
+    iid = pg_store.get(jid).placement["nodes"][0]["instance_id"]
+    assert cb.report(jid, 1, 0, "exited", 0) == "succeeded"
+    with pg_store.session() as s:
+        got = [(h["offer_id"], h["from_state"], h["to_state"], h["reason"]) for h in instances.instance_history(s, jid)]
+        rows = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid).order_by(CloudInstance.id)).scalars()
+        assert [r.state for r in rows] == ["failed", "terminated"]
+    a, c = OFFERS[0].offer_id, "aws:us-east-1c:p3.2xlarge:spot"
+    nocap = "NoCapacity: We currently do not have sufficient p3.2xlarge capacity in us-east-1a"
+    assert got == [(a, None, "intent", f"intent to create on {a}"), (c, None, "intent", f"intent to create on {c}"),
+                   (a, "intent", "failed", nocap), (c, "intent", "running", f"created {iid}"),
+                   (c, "running", "terminated", "the attempt ended")]
+
+
 def test_every_option_failing_requeues_the_job_with_the_history(pg_store, settings):
     compute = adapter(settings, NoCapacityIn, zones={"us-east-1a", "us-east-1b", "us-east-1c"})
     cb = CloudBroker(pg_store, settings, offers=OFFERS, computes={"aws": compute})

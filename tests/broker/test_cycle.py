@@ -12,7 +12,8 @@ from broker.service.cycle import PlanningCycle, decayed_usage
 from broker.service.store.tables import Attempt, Job, utcnow
 from broker.service.live import LiveEnvironment, replay_offset_s
 from broker.model import LATEST_INSTANT, JobSpec
-from broker.service.reconciler import Reconciler, checkpointed_work_s
+from broker.service.lifecycle import checkpointed_work_s
+from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
 

@@ -124,6 +124,60 @@ def test_launch_failed_and_lost_requeue_the_job(pg_store, rig):
     assert changed == [jid]
 
 
+def test_a_failed_rank_of_an_onprem_gang_stops_the_others_and_its_exit_code_is_the_jobs(pg_store):
+    """The attempt lifecycle is the cloud's on-prem too: rank 1 fails with 3, the gang is asked to stop
+    (``peer-ended``, recorded in the job's history), rank 0 is stopped (143) and the job fails with 3."""
+    settings = BrokerSettings(admin_token=ADMIN, max_attempts=3)
+    c = TestClient(create_app(pg_store, settings))
+    tok = {n: {"Authorization": f"Bearer {pg_store.create_node_token(n)}"} for n in ("g1", "g2")}
+    for n in tok:
+        assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=tok[n]).json() == {"node": n}
+    jid = pg_store.submit("ml", JobSpec(command=["true"], nodes=2, gpus_per_node=1, estimated_duration_s=60.0))[0].id
+    PlanningCycle(pg_store, LiveEnvironment(settings.planner), settings).run()
+    assert pg_store.get(jid).state == "starting"
+    ranks = {}
+    for n in tok:
+        [w] = c.get("/v1/node/work", headers=tok[n]).json()["work"]
+        ranks[w["rank"]] = n
+    assert sorted(ranks) == [0, 1]
+    for r, n in ranks.items():
+        c.post(f"/v1/node/attempts/{jid}/1/{r}/running", headers=tok[n])
+    assert c.post(f"/v1/node/attempts/{jid}/1/1/ended", json={"exit_code": 3}, headers=tok[ranks[1]]).json() == {
+        "recorded": True, "changed": False}
+    assert pg_store.get(jid).state == "running"
+    assert pg_store.events(jid)[-1].reason == f"rank 1 on {ranks[1]} ended (3); stopping the other ranks"
+    [w] = c.get("/v1/node/work", headers=tok[ranks[0]]).json()["work"]  # the agent of rank 0 sees the stop
+    assert (w["rank"], w["stop_reason"]) == (0, "peer-ended")
+    assert c.get("/v1/node/work", headers=tok[ranks[1]]).json()["work"] == []  # rank 1's end is recorded
+    assert c.post(f"/v1/node/attempts/{jid}/1/0/ended", json={"exit_code": 143}, headers=tok[ranks[0]]).json() == {
+        "recorded": True, "changed": True}
+    j = pg_store.get(jid)
+    assert (j.state, j.exit_code, j.reason) == ("failed", 3, "ranks ended with {'1': 3, '0': 143}")
+    [a] = pg_store.attempts(jid)
+    assert (a.outcome, a.exit_code) == ("failed", 3)
+
+
+def test_the_usage_hook_sees_each_ended_attempt_once(pg_store, rig, monkeypatch):
+    """``lifecycle.record_usage`` (where the finance ledger will write) is called once per ended attempt, in
+    the transaction that ends it, with the attempt's end already set: a launch failure, then a success."""
+    from broker.service import lifecycle
+
+    seen = []
+    monkeypatch.setattr(lifecycle, "record_usage",
+                        lambda s, att, now: seen.append((att.number, att.outcome, att.exit_code, att.ended_at == now)))
+    c, tok, jid, _ = rig
+    assert c.post(f"/v1/node/attempts/{jid}/1/0/launch-failed", json={"reason": "no such image"},
+                  headers=tok["n2"]).json() == {"changed": True}
+    assert seen == [(1, "launch_failed", None, True)]
+    settings = BrokerSettings(admin_token=ADMIN, max_attempts=3)
+    PlanningCycle(pg_store, LiveEnvironment(settings.planner), settings).run()
+    assert pg_store.get(jid).attempt == 2
+    for path, body in (("running", None), ("ended", {"exit_code": 0}), ("ended", {"exit_code": 0})):
+        c.post(f"/v1/node/attempts/{jid}/2/0/{path}", json=body, headers=tok["n2"])
+    assert pg_store.get(jid).state == "succeeded"
+    assert seen == [(1, "launch_failed", None, True), (2, "succeeded", 0, True)]
+
+
 def test_node_tokens_are_minted_by_the_cli_and_agents_get_no_broker_settings(tmp_path):
     from broker.cli.main import app
     from broker.service.store.core import JobStore

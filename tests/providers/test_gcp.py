@@ -10,7 +10,6 @@ import pytest
 
 pytest.importorskip("google.cloud.compute_v1")
 
-from google.auth.credentials import AnonymousCredentials  # noqa: E402
 from google.cloud import compute_v1  # noqa: E402
 
 from providers.base import (MANAGED_TAG, FailoverHistory, InstanceRequest, NoCapacity, ProviderError,  # noqa: E402
@@ -32,16 +31,7 @@ def fake():
 
 @pytest.fixture
 def gcp(fake):
-    opts = {"api_endpoint": fake.endpoint}
-    return GcpCompute(
-        PROJECT,
-        instances_client=compute_v1.InstancesClient(transport="rest", client_options=opts,
-                                                    credentials=AnonymousCredentials()),
-        zone_operations_client=compute_v1.ZoneOperationsClient(transport="rest", client_options=opts,
-                                                               credentials=AnonymousCredentials()),
-        regions_client=compute_v1.RegionsClient(transport="rest", client_options=opts,
-                                                credentials=AnonymousCredentials()),
-        op_timeout_s=5.0, poll_interval_s=0.02)
+    return GcpCompute.for_endpoint(PROJECT, fake.endpoint, op_timeout_s=5.0, poll_interval_s=0.02)
 
 
 def req(job="job-0123456789abcdef", attempt=1, rank=0, zone=ZA, itype="n1-standard-8", market="spot",

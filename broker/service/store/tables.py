@@ -11,6 +11,8 @@ Tables:
 * ``nodes`` — on-prem hosts: inventory, healthy GPUs, last heartbeat and NVML telemetry.
 * ``cloud_instances`` — cloud instances with their intent records (a row is written
   *before* the provider's create call; see DESIGN.md §5).
+* ``cloud_instance_events`` — the instance state history: every state change of a ``cloud_instances``
+  row (:mod:`broker.instance_states`) with time and reason.
 * ``schedules`` — recurring runs (cron expression + IANA time zone) that create jobs.
 * ``api_tokens`` — API tokens (kind, team, expiry, last use), stored as SHA-256 hashes only.
 * ``audit_events`` — who (token id, team, kind) did what (token operations, job submits and
@@ -33,7 +35,7 @@ from sqlalchemy import (JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, 
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "Schedule",
+__all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "CloudInstanceEvent", "Schedule",
            "ApiToken", "AuditEvent", "PlannerState", "utcnow"]
 
 
@@ -246,6 +248,23 @@ class CloudInstance(Base):
     report_seq: Mapped[int | None]
     #: the provider's error when the create failed, or why the instance was terminated
     error: Mapped[str | None] = mapped_column(Text)
+
+
+class CloudInstanceEvent(Base):
+    """One state change of a cloud instance row (``from_state`` ``None``: the row was written), UTC."""
+
+    __tablename__ = "cloud_instance_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    instance_row_id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), ForeignKey("cloud_instances.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    at: Mapped[datetime]
+    from_state: Mapped[str | None] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
 
 
 class Schedule(Base):
