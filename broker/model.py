@@ -1,4 +1,4 @@
-"""Domain model: job specs, on-prem pools, cloud offers and planner decisions.
+"""Domain model: job specs, on-prem pools, cloud offers (defined in :mod:`pricing.offers`) and planner decisions.
 
 All user-facing objects are pydantic v2 models; invalid input raises
 ``pydantic.ValidationError`` whose message names the field and the value.
@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
+from pricing.offers import CloudOffer, Market  # re-exported: the offer model lives with the prices
+
 __all__ = [
     "PriorityClass",
     "Market",
@@ -32,6 +34,9 @@ __all__ = [
     "Decision",
     "DECISION_ADAPTER",
     "LazyOptions",
+    "DEFAULT_UID_RANGE",
+    "MIN_UID_RANGE_SIZE",
+    "check_uid_range",
 ]
 
 # Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
@@ -60,13 +65,6 @@ class PriorityClass(str, Enum):
 _PRIORITY_RANK = {PriorityClass.low: 0, PriorityClass.normal: 1, PriorityClass.high: 2, PriorityClass.critical: 3}
 
 
-class Market(str, Enum):
-    """Cloud purchase market."""
-
-    spot = "spot"
-    on_demand = "on_demand"
-
-
 #: bounds of any instant in a job spec (UTC): later ones overflow date arithmetic and the database
 EARLIEST_INSTANT = datetime(2000, 1, 1, tzinfo=timezone.utc)
 LATEST_INSTANT = datetime(2200, 1, 1, tzinfo=timezone.utc)
@@ -82,6 +80,32 @@ MAX_NODES = 1024
 JOB_ID_PATTERN = r"^job-[0-9a-f]{16}$"
 #: attempt numbers, exit codes and ranks are stored as 32-bit integers
 INT32_MAX = 2**31 - 1
+
+
+# The uids a root node agent gives its jobs (``jobs.uid_range``): checked by the broker's settings
+# (:class:`broker.service.settings.JobsSettings`) and by the agent (:mod:`workers.isolation`).
+
+#: systemd's dynamic-user range (``DynamicUser=``), inclusive
+DEFAULT_UID_RANGE = (61184, 65519)
+#: the fewest ids a ``jobs.uid_range`` may hold
+MIN_UID_RANGE_SIZE = 16
+
+
+def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, int]:
+    """``value`` as ``(lo, hi)``, inclusive. Raises ``ValueError`` naming ``field`` unless it is two ints with
+    ``1 <= lo <= hi <= 2**31-1`` holding at least :data:`MIN_UID_RANGE_SIZE` ids (0, root, is never in it)."""
+    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
+        shown = list(value) if isinstance(value, (list, tuple)) else value
+        raise ValueError(f"{field}={shown!r}: must be [lo, hi], two integer uids")
+    lo, hi = value
+    if lo < 1 or hi > INT32_MAX:
+        raise ValueError(f"{field}={list(value)!r}: must lie within 1..{INT32_MAX} (uid 0 is root)")
+    if lo > hi:
+        raise ValueError(f"{field}={list(value)!r}: lo must be <= hi")
+    if hi - lo + 1 < MIN_UID_RANGE_SIZE:
+        raise ValueError(f"{field}={list(value)!r}: holds {hi - lo + 1} ids, at least {MIN_UID_RANGE_SIZE} needed")
+    return int(lo), int(hi)
 
 
 #: text without NUL (what :func:`_text` checks), as a JSON-schema pattern
@@ -302,48 +326,6 @@ class Pool(BaseModel):
     @property
     def total_gpus(self) -> int:
         return sum(n.gpu_count for n in self.nodes)
-
-
-class CloudOffer(BaseModel):
-    """A priced cloud option: one instance type in one zone and market.
-
-    Fields:
-        provider: ``"aws"`` or ``"gcp"``.
-        region, zone: provider region and zone.
-        instance_type: e.g. ``p3.2xlarge`` or ``a2-highgpu-1g``.
-        gpu_type: canonical GPU type (``V100``, ``A100``, ``A100-80GB``, ``H100``, ``L4``, ``T4`` ...).
-        gpu_count: GPUs per instance.
-        gpu_memory_gb: memory per GPU, GB.
-        market: spot or on-demand.
-        usd_per_hour: price of one instance, USD/hour.
-        carbon_zone: grid zone of the region (see ``pricing.regions``).
-        provisioning_delay_s: expected seconds from create call to a running container.
-        pue: data-centre PUE used for energy.
-        interruption_rate_per_hour: expected spot interruptions per instance-hour (0 for on-demand).
-        min_billed_s: minimum billed seconds per instance (per-second billing after it).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    provider: Literal["aws", "gcp"]
-    region: str
-    zone: str
-    instance_type: str
-    gpu_type: str
-    gpu_count: int = Field(ge=1, le=16)
-    gpu_memory_gb: float = Field(gt=0)
-    market: Market
-    usd_per_hour: float = Field(gt=0)
-    carbon_zone: str
-    provisioning_delay_s: float = Field(300.0, ge=0)
-    pue: float = Field(1.1, ge=1.0, le=3.0)
-    interruption_rate_per_hour: float = Field(0.0, ge=0)
-    min_billed_s: float = Field(60.0, ge=0)
-
-    @property
-    def offer_id(self) -> str:
-        """Stable id ``provider:zone:instance_type:market``."""
-        return f"{self.provider}:{self.zone}:{self.instance_type}:{self.market.value}"
 
 
 class DecisionKind(str, Enum):
