@@ -37,6 +37,12 @@ __all__ = [
     "DEFAULT_UID_RANGE",
     "MIN_UID_RANGE_SIZE",
     "check_uid_range",
+    "WEEK_S",
+    "FAIR_SHARE_HALF_LIFE_S",
+    "DEFAULT_CHECKPOINT_INTERVAL_S",
+    "DEFAULT_SLACK_FACTOR",
+    "DEFAULT_MIN_SLACK_S",
+    "default_slack_s",
 ]
 
 # Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
@@ -63,6 +69,28 @@ class PriorityClass(str, Enum):
 
 
 _PRIORITY_RANK = {PriorityClass.low: 0, PriorityClass.normal: 1, PriorityClass.high: 2, PriorityClass.critical: 3}
+
+#: seconds in a week (time-series replay shifts, trace week shifts, token lifetimes)
+WEEK_S = 7 * 86400.0
+#: half-life of a team's decayed GPU-hour usage, the fair-share term of queue order, seconds (7 days; the live
+#: cycle and the simulator both decay with it)
+FAIR_SHARE_HALF_LIFE_S = WEEK_S
+#: checkpoint interval of a job spec that gives none, seconds (30 min): work since the last checkpoint is lost
+#: when an attempt is interrupted
+DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0
+#: the slack of a job without a deadline or ``slack_s``: ``max(DEFAULT_SLACK_FACTOR x duration,
+#: DEFAULT_MIN_SLACK_S)`` (:func:`default_slack_s`); traces record no deadlines, so the simulator uses it too
+DEFAULT_SLACK_FACTOR = 1.0
+DEFAULT_MIN_SLACK_S = 12 * 3600.0
+
+
+def default_slack_s(duration_s: float, slack_factor: float = DEFAULT_SLACK_FACTOR,
+                    min_slack_s: float = DEFAULT_MIN_SLACK_S) -> float:
+    """Seconds of slack beyond ``duration_s`` (seconds) for a job that gives no deadline and no slack:
+    ``max(slack_factor x duration_s, min_slack_s)`` (defaults: one duration, at least 12 h). The store's
+    default deadline (:func:`broker.service.store.core.default_deadline`) and the trace loaders
+    (:func:`broker.sim.traces.default_deadline_s`) both use it."""
+    return max(slack_factor * duration_s, min_slack_s)
 
 
 #: bounds of any instant in a job spec (UTC): later ones overflow date arithmetic and the database
@@ -198,7 +226,7 @@ class JobSpec(BaseModel):
     spot_allowed: bool = True
     preemptible: bool = False
     checkpointable: bool = True
-    checkpoint_interval_s: float = Field(1800.0, gt=0, le=MAX_SPAN_S)
+    checkpoint_interval_s: float = Field(DEFAULT_CHECKPOINT_INTERVAL_S, gt=0, le=MAX_SPAN_S)
     allowed_regions: tuple[str, ...] = Field((), max_length=256, json_schema_extra={"items": _SHORT_NAME})
     max_price_usd_per_hour: float | None = Field(None, gt=0, le=1e6)
     deferrable: bool = True

@@ -37,7 +37,7 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.model import CloudOffer, Market, Pool
+from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, CloudOffer, Market, Pool
 from pricing.series import SeriesError, SeriesStack, window_integral
 
 __all__ = [
@@ -174,7 +174,7 @@ class PendingJob:
     spot_ok: bool = True
     preemptible: bool = False
     checkpointable: bool = True
-    checkpoint_interval_s: float = 1800.0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     regions: frozenset[str] | None = None
     max_usd_per_hour: float | None = None
     deferrable: bool = True
@@ -203,7 +203,7 @@ class RunningJob:
     priority: int
     preemptible: bool
     team: str = "default"
-    checkpoint_interval_s: float = 1800.0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     checkpointable: bool = True
 
 

@@ -33,7 +33,7 @@ from typing import Callable
 from sqlalchemy import delete, select, update
 
 from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule, utcnow
-from broker.model import JobSpec
+from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, JobSpec
 from broker.states import JobState
 from broker.service.store.core import JobStore
 
@@ -48,7 +48,7 @@ def checkpointed_work_s(spec: dict, ran_s: float, throughput: float = 1.0) -> fl
     intervals times the GPU's relative throughput; 0 for a job that does not checkpoint."""
     if not spec.get("checkpointable", True) or ran_s <= 0:
         return 0.0
-    every = float(spec.get("checkpoint_interval_s") or 1800.0)
+    every = float(spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S)
     return math.floor(ran_s / every) * every * throughput
 
 
