@@ -14,7 +14,7 @@ from broker.cli import main as cli
 from broker.service.api import create_app
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.service.store.core import JobStore
-from tests.broker.test_client import ServerThread, count_jobs
+from tests.broker.harness import ServerThread, count_jobs
 
 
 JOB_YAML = """\
