@@ -34,9 +34,6 @@ __all__ = [
     "Decision",
     "DECISION_ADAPTER",
     "LazyOptions",
-    "DEFAULT_UID_RANGE",
-    "MIN_UID_RANGE_SIZE",
-    "check_uid_range",
     "WEEK_S",
     "FAIR_SHARE_HALF_LIFE_S",
     "DEFAULT_CHECKPOINT_INTERVAL_S",
@@ -108,32 +105,6 @@ MAX_NODES = 1024
 JOB_ID_PATTERN = r"^job-[0-9a-f]{16}$"
 #: attempt numbers, exit codes and ranks are stored as 32-bit integers
 INT32_MAX = 2**31 - 1
-
-
-# The uids a root node agent gives its jobs (``jobs.uid_range``): checked by the broker's settings
-# (:class:`broker.service.settings.JobsSettings`) and by the agent (:mod:`workers.isolation`).
-
-#: systemd's dynamic-user range (``DynamicUser=``), inclusive
-DEFAULT_UID_RANGE = (61184, 65519)
-#: the fewest ids a ``jobs.uid_range`` may hold
-MIN_UID_RANGE_SIZE = 16
-
-
-def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, int]:
-    """``value`` as ``(lo, hi)``, inclusive. Raises ``ValueError`` naming ``field`` unless it is two ints with
-    ``1 <= lo <= hi <= 2**31-1`` holding at least :data:`MIN_UID_RANGE_SIZE` ids (0, root, is never in it)."""
-    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        shown = list(value) if isinstance(value, (list, tuple)) else value
-        raise ValueError(f"{field}={shown!r}: must be [lo, hi], two integer uids")
-    lo, hi = value
-    if lo < 1 or hi > INT32_MAX:
-        raise ValueError(f"{field}={list(value)!r}: must lie within 1..{INT32_MAX} (uid 0 is root)")
-    if lo > hi:
-        raise ValueError(f"{field}={list(value)!r}: lo must be <= hi")
-    if hi - lo + 1 < MIN_UID_RANGE_SIZE:
-        raise ValueError(f"{field}={list(value)!r}: holds {hi - lo + 1} ids, at least {MIN_UID_RANGE_SIZE} needed")
-    return int(lo), int(hi)
 
 
 #: text without NUL (what :func:`_text` checks), as a JSON-schema pattern

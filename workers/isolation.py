@@ -38,7 +38,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.model import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, check_uid_range  # the rule the broker's settings check too
+from broker.job_uids import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, check_uid_range  # the rule the broker's settings check too
 
 __all__ = ["JobUser", "no_new_privileges", "DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "check_uid_range", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
            "private_dir", "DEFAULT_ROOT_JOBS_DIR"]

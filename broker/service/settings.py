@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
-from broker.model import DEFAULT_UID_RANGE, check_uid_range
+from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.planner.core import PlannerConfig
 
 __all__ = ["BrokerSettings", "QuotaSettings", "TeamQuota", "TeamLimits", "AwsSettings", "AwsRegionSettings",

@@ -87,7 +87,9 @@ def test_the_job_uid_range_rule_is_one_rule_for_settings_and_agents():
     from broker.service.settings import JobsSettings
     from workers.isolation import check_uid_range
 
-    assert check_uid_range is model.check_uid_range
-    assert JobsSettings().uid_range == model.DEFAULT_UID_RANGE == (61184, 65519)
+    import broker.job_uids as job_uids
+
+    assert check_uid_range is job_uids.check_uid_range
+    assert JobsSettings().uid_range == job_uids.DEFAULT_UID_RANGE == (61184, 65519)
     with pytest.raises(ValueError, match=r"jobs.uid_range=\[100, 114\]: holds 15 ids, at least 16 needed"):
         check_uid_range([100, 114])
