@@ -19,8 +19,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/fedbroker simulate --trace philly --policy fifo,backfill,cheapest,federated --out $(OUT)
 
-## Run the test suite.
+## Check the import rules (pyproject.toml [tool.importlinter]), then run the test suite.
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

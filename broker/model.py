@@ -1,4 +1,4 @@
-"""Domain model: job specs, on-prem pools, cloud offers and planner decisions.
+"""Domain model: job specs, on-prem pools, cloud offers (defined in :mod:`pricing.offers`) and planner decisions.
 
 All user-facing objects are pydantic v2 models; invalid input raises
 ``pydantic.ValidationError`` whose message names the field and the value.
@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
+from pricing.offers import CloudOffer, Market  # re-exported: the offer model lives with the prices
+
 __all__ = [
     "PriorityClass",
     "Market",
@@ -32,6 +34,12 @@ __all__ = [
     "Decision",
     "DECISION_ADAPTER",
     "LazyOptions",
+    "WEEK_S",
+    "FAIR_SHARE_HALF_LIFE_S",
+    "DEFAULT_CHECKPOINT_INTERVAL_S",
+    "DEFAULT_SLACK_FACTOR",
+    "DEFAULT_MIN_SLACK_S",
+    "default_slack_s",
 ]
 
 # Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
@@ -59,12 +67,27 @@ class PriorityClass(str, Enum):
 
 _PRIORITY_RANK = {PriorityClass.low: 0, PriorityClass.normal: 1, PriorityClass.high: 2, PriorityClass.critical: 3}
 
+#: seconds in a week (time-series replay shifts, trace week shifts, token lifetimes)
+WEEK_S = 7 * 86400.0
+#: half-life of a team's decayed GPU-hour usage, the fair-share term of queue order, seconds (7 days; the live
+#: cycle and the simulator both decay with it)
+FAIR_SHARE_HALF_LIFE_S = WEEK_S
+#: checkpoint interval of a job spec that gives none, seconds (30 min): work since the last checkpoint is lost
+#: when an attempt is interrupted
+DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0
+#: the slack of a job without a deadline or ``slack_s``: ``max(DEFAULT_SLACK_FACTOR x duration,
+#: DEFAULT_MIN_SLACK_S)`` (:func:`default_slack_s`); traces record no deadlines, so the simulator uses it too
+DEFAULT_SLACK_FACTOR = 1.0
+DEFAULT_MIN_SLACK_S = 12 * 3600.0
 
-class Market(str, Enum):
-    """Cloud purchase market."""
 
-    spot = "spot"
-    on_demand = "on_demand"
+def default_slack_s(duration_s: float, slack_factor: float = DEFAULT_SLACK_FACTOR,
+                    min_slack_s: float = DEFAULT_MIN_SLACK_S) -> float:
+    """Seconds of slack beyond ``duration_s`` (seconds) for a job that gives no deadline and no slack:
+    ``max(slack_factor x duration_s, min_slack_s)`` (defaults: one duration, at least 12 h). The store's
+    default deadline (:func:`broker.service.store.core.default_deadline`) and the trace loaders
+    (:func:`broker.sim.traces.default_deadline_s`) both use it."""
+    return max(slack_factor * duration_s, min_slack_s)
 
 
 #: bounds of any instant in a job spec (UTC): later ones overflow date arithmetic and the database
@@ -174,7 +197,7 @@ class JobSpec(BaseModel):
     spot_allowed: bool = True
     preemptible: bool = False
     checkpointable: bool = True
-    checkpoint_interval_s: float = Field(1800.0, gt=0, le=MAX_SPAN_S)
+    checkpoint_interval_s: float = Field(DEFAULT_CHECKPOINT_INTERVAL_S, gt=0, le=MAX_SPAN_S)
     allowed_regions: tuple[str, ...] = Field((), max_length=256, json_schema_extra={"items": _SHORT_NAME})
     max_price_usd_per_hour: float | None = Field(None, gt=0, le=1e6)
     deferrable: bool = True
@@ -302,48 +325,6 @@ class Pool(BaseModel):
     @property
     def total_gpus(self) -> int:
         return sum(n.gpu_count for n in self.nodes)
-
-
-class CloudOffer(BaseModel):
-    """A priced cloud option: one instance type in one zone and market.
-
-    Fields:
-        provider: ``"aws"`` or ``"gcp"``.
-        region, zone: provider region and zone.
-        instance_type: e.g. ``p3.2xlarge`` or ``a2-highgpu-1g``.
-        gpu_type: canonical GPU type (``V100``, ``A100``, ``A100-80GB``, ``H100``, ``L4``, ``T4`` ...).
-        gpu_count: GPUs per instance.
-        gpu_memory_gb: memory per GPU, GB.
-        market: spot or on-demand.
-        usd_per_hour: price of one instance, USD/hour.
-        carbon_zone: grid zone of the region (see ``pricing.regions``).
-        provisioning_delay_s: expected seconds from create call to a running container.
-        pue: data-centre PUE used for energy.
-        interruption_rate_per_hour: expected spot interruptions per instance-hour (0 for on-demand).
-        min_billed_s: minimum billed seconds per instance (per-second billing after it).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    provider: Literal["aws", "gcp"]
-    region: str
-    zone: str
-    instance_type: str
-    gpu_type: str
-    gpu_count: int = Field(ge=1, le=16)
-    gpu_memory_gb: float = Field(gt=0)
-    market: Market
-    usd_per_hour: float = Field(gt=0)
-    carbon_zone: str
-    provisioning_delay_s: float = Field(300.0, ge=0)
-    pue: float = Field(1.1, ge=1.0, le=3.0)
-    interruption_rate_per_hour: float = Field(0.0, ge=0)
-    min_billed_s: float = Field(60.0, ge=0)
-
-    @property
-    def offer_id(self) -> str:
-        """Stable id ``provider:zone:instance_type:market``."""
-        return f"{self.provider}:{self.zone}:{self.instance_type}:{self.market.value}"
 
 
 class DecisionKind(str, Enum):

@@ -9,10 +9,11 @@ Modules (one idea each):
 * :mod:`pricing.regions` — (provider, region) -> grid zone table.
 * :mod:`pricing.power` — GPU specs, power model, cloud PUE.
 * :mod:`pricing.spot` — spot availability traces and interruption rates.
-* :mod:`pricing.catalog` — priced AWS/GCP GPU offers (``CloudOffer``).
+* :mod:`pricing.offers` — :class:`CloudOffer` (a priced cloud option) and :class:`Market`.
+* :mod:`pricing.catalog` — priced AWS/GCP GPU offers from the bundled catalogs.
 * :mod:`pricing.signals` — :class:`GridSignals` for the planner.
 * :mod:`pricing.errors` — the exception tree (all ``ValueError``).
 
-Data lives in ``pricing/data`` (built by ``scripts/bundle_data.py``; sources
-and licences in ``pricing/data/SOURCES.md``).
+Imports nothing from ``broker`` (an import-linter contract in ``pyproject.toml``). Data lives in
+``pricing/data`` (built by ``scripts/bundle_data.py``; sources and licences in ``pricing/data/SOURCES.md``).
 """

@@ -49,9 +49,9 @@ from typing import Iterable
 
 import pandas as pd
 
-from broker.model import CloudOffer, Market
 from pricing._data import data_path
 from pricing.errors import UnknownGpuTypeError
+from pricing.offers import MIN_BILLED_S, CloudOffer, Market
 from pricing.power import CLOUD_PUE, GPU_SPECS, canonical_gpu_type
 from pricing.regions import PROVIDERS, grid_zone_for
 from pricing.spot import SpotTrace, load_spot_traces, pooled_interruption_rate
@@ -70,12 +70,6 @@ GCP_CATALOG_FILE = "gcp_gpu_vms_skypilot_schema_anycloud_2026-05-20.csv.gz"
 #: minutes) plus pulling a multi-GB NCCL training image; we use 5 min for both
 #: providers since no bundled measurement tells them apart.
 PROVISIONING_DELAY_S: MappingProxyType[str, float] = MappingProxyType({"aws": 300.0, "gcp": 300.0})
-
-#: Minimum billed seconds per instance. AWS: per-second billing with a 60-s
-#: minimum for Linux On-Demand and Spot (EC2 pricing page, "Per Second
-#: Billing"); GCP: per-second billing with a 1-minute minimum for VMs and GPUs
-#: (Compute Engine "VM instance pricing" / billing model).
-MIN_BILLED_S = 60.0
 
 #: Fixed-GPU GCP machine families: instance type -> (catalog accelerator name, count).
 GCP_FIXED_GPU_VMS: MappingProxyType[str, tuple[str, int]] = MappingProxyType({

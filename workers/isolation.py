@@ -38,36 +38,13 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.job_uids import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, check_uid_range  # the rule the broker's settings check too
 
 __all__ = ["JobUser", "no_new_privileges", "DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "check_uid_range", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
            "private_dir", "DEFAULT_ROOT_JOBS_DIR"]
 
 #: jobs root of an agent that runs as root (every parent is world-traversable on a standard host)
 DEFAULT_ROOT_JOBS_DIR = Path("/var/lib/fedbroker/jobs")
-
-
-#: systemd's dynamic-user range (``DynamicUser=``), inclusive
-DEFAULT_UID_RANGE = (61184, 65519)
-#: the fewest ids a ``jobs.uid_range`` may hold
-MIN_UID_RANGE_SIZE = 16
-_MAX_ID = 2 ** 31 - 1
-
-
-def check_uid_range(value: object, field: str = "jobs.uid_range") -> tuple[int, int]:
-    """``value`` as ``(lo, hi)``, inclusive. Raises ``ValueError`` naming ``field`` unless it is two ints with
-    ``1 <= lo <= hi <= 2**31-1`` holding at least :data:`MIN_UID_RANGE_SIZE` ids (0, root, is never in it)."""
-    if (isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or len(value) != 2
-            or any(isinstance(v, bool) or not isinstance(v, int) for v in value)):
-        shown = list(value) if isinstance(value, (list, tuple)) else value
-        raise ValueError(f"{field}={shown!r}: must be [lo, hi], two integer uids")
-    lo, hi = value
-    if lo < 1 or hi > _MAX_ID:
-        raise ValueError(f"{field}={list(value)!r}: must lie within 1..{_MAX_ID} (uid 0 is root)")
-    if lo > hi:
-        raise ValueError(f"{field}={list(value)!r}: lo must be <= hi")
-    if hi - lo + 1 < MIN_UID_RANGE_SIZE:
-        raise ValueError(f"{field}={list(value)!r}: holds {hi - lo + 1} ids, at least {MIN_UID_RANGE_SIZE} needed")
-    return int(lo), int(hi)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """``fedbroker serve {api,worker,beat,agent,all}``: the live broker's processes.
 
 * ``api`` — the HTTP API (uvicorn), migrates the schema first;
-* ``worker`` — a Celery worker on the ``planning``, ``dispatch`` and ``provisioning`` queues;
+* ``worker`` — a Celery worker on the ``planning`` and ``provisioning`` queues (and, for one release, the
+  ``dispatch`` queue an earlier release sent cloud placements to);
 * ``beat`` — Celery beat: a planning cycle every ``plan_interval_s``, a reconciler pass every
   ``reconcile_interval_s`` (safe to run twice);
 * ``agent`` — the node agent of this host (:mod:`workers.agent`): polls the node API with a
@@ -142,36 +143,25 @@ def serve_api(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option(
 
 
 def api_app(st: Optional[BrokerSettings] = None):
-    """The API as ``serve api`` runs it (planner wake-ups through Celery, cloud reports, the Redis rate
-    limit, ``/healthz``'s Redis check), for ``st`` or :func:`broker.service.settings.load_settings`; the factory of
-    each uvicorn worker process."""
-    from broker.service.api import create_app, redis_client
-    from broker.service.celery_app import get_app
-    from broker.service.limits import RateLimiter
-    from broker.service.store.core import JobStore
-    from broker.service.tasks import kick_planner
+    """The API as ``serve api`` runs it, for ``st`` or the settings :func:`_settings` loads (secrets masked in
+    the logs): :func:`broker.service.wiring.build_api`, the one composition root. The factory of each uvicorn
+    worker process of ``serve api --workers N``."""
+    from broker.service.wiring import build_api
 
-    st = st or _settings(None)
-    get_app(st)
-    store = JobStore.from_settings(st)
-    cloud = None
-    if st.cloud_providers:  # cloud instances report here
-        from broker.service.cloud import CloudBroker
-        from broker.service.tasks import send_teardown
-
-        cloud = CloudBroker(store, st, teardown=send_teardown)
-    return create_app(store, st, on_submit=lambda job_id: kick_planner(), cloud=cloud,
-                      redis=redis_client(st.redis_url), rate_limiter=RateLimiter.from_settings(st))
+    return build_api(st or _settings(None))
 
 
 @serve_app.command("worker")
 def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Option("info", "--log-level"),
                  queues: str = typer.Option("planning,dispatch,provisioning", "--queues",
-                                            help="Comma-separated queues to take (planning, dispatch, provisioning); "
-                                                 "e.g. a second worker with --queues provisioning keeps slow cloud "
-                                                 "create calls off the planner's way.")) -> None:
-    """Celery worker for planning, dispatch and provisioning tasks (one task at a time; run more
-    workers for more throughput).
+                                            help="Comma-separated queues to take: planning, provisioning (cloud "
+                                                 "placements go straight there); e.g. a second worker with --queues "
+                                                 "provisioning keeps slow cloud create calls off the planner's way. "
+                                                 "dispatch (in the default for one release) only drains messages an "
+                                                 "earlier release queued there.")) -> None:
+    """Celery worker for planning and provisioning tasks (one task at a time; run more workers for more
+    throughput). The ``dispatch`` queue, taken by default for one release, only holds ``fedbroker.dispatch``
+    messages an earlier release queued (cloud placements now go straight to ``provisioning``).
 
     It uses Celery's ``solo`` pool: with the ``threads`` pool, kombu's Redis transport lost
     its consumer after a Redis restart (``'NoneType' object has no attribute 'hostname'``,
@@ -181,7 +171,7 @@ def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Opti
     bad = [q for q in wanted if q not in ("planning", "dispatch", "provisioning")]
     if not wanted or bad:
         what = f"unknown queue(s) {', '.join(bad)}" if bad else "no queue given"
-        typer.echo(f"error: --queues={queues!r}: {what}; use planning, dispatch and/or provisioning", err=True)
+        typer.echo(f"error: --queues={queues!r}: {what}; use planning and/or provisioning", err=True)
         raise typer.Exit(2)
     from broker.service.celery_app import get_app
 

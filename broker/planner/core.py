@@ -29,7 +29,7 @@ from typing import Literal, Mapping, NamedTuple, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from broker.model import CloudOffer, Market, Pool
+from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, CloudOffer, Market, Pool
 from broker.planner.costs import cloud_bill_usd, cloud_cost, cloud_kw, cloud_runtime, onprem_cost, onprem_kw, score
 from pricing import power
 from pricing.series import HourlySeries, SeriesError, SeriesStack, window_integral
@@ -185,7 +185,7 @@ class PendingJob:
     spot_ok: bool = True
     preemptible: bool = False
     checkpointable: bool = True
-    checkpoint_interval_s: float = 1800.0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     regions: frozenset[str] | None = None
     max_usd_per_hour: float | None = None
     deferrable: bool = True
@@ -214,7 +214,7 @@ class RunningJob:
     priority: int
     preemptible: bool
     team: str = "default"
-    checkpoint_interval_s: float = 1800.0
+    checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     checkpointable: bool = True
 
 

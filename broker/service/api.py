@@ -82,7 +82,7 @@ from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, Job
 from broker.service.tokens import InvalidToken, TokenExpired
 from broker.service.tokens import authenticate as authenticate_token
 
-__all__ = ["create_app", "app_from_settings", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
+__all__ = ["create_app", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
 
 log = logging.getLogger(__name__)
 
@@ -738,27 +738,6 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     register_token_routes(app, store, settings, Caller)
     return app
-
-
-def app_from_settings() -> FastAPI:
-    """The API for :func:`broker.service.settings.load_settings` (``uvicorn --factory broker.service.api:app_from_settings``).
-
-    Brings the store's schema to the latest migration first (idempotent), so a fresh
-    embedded SQLite trial works without a separate step.
-    """
-    from broker.service.settings import load_settings
-
-    settings = load_settings()
-    store = JobStore.from_settings(settings)
-    store.migrate()
-    cloud = None
-    if settings.cloud_providers:
-        from broker.service.cloud import CloudBroker
-        from broker.service.tasks import send_teardown
-
-        cloud = CloudBroker(store, settings, teardown=send_teardown)
-    return create_app(store, settings, cloud=cloud, redis=redis_client(settings.redis_url),
-                      rate_limiter=RateLimiter.from_settings(settings))
 
 
 def redis_client(url: str):

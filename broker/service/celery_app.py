@@ -4,10 +4,12 @@ Queues:
 
 * ``planning`` — ``fedbroker.plan`` (one planning cycle, under the leader lock) and
   ``fedbroker.reconcile`` (lost nodes, state deadlines, re-dispatch, recurring runs);
-* ``dispatch`` — ``fedbroker.dispatch``: "advance this placed cloud job": hands it to provisioning
-  (on-prem jobs need no message: node agents poll the node API, :mod:`broker.service.node_api`);
 * ``provisioning`` — ``fedbroker.provision`` and ``fedbroker.teardown`` (cloud instances: create calls take
   seconds, a GCE operation up to ``gcp.operation_timeout_s``; run a worker of its own on this queue in production).
+  A placed cloud job goes straight here (on-prem jobs need no message: node agents poll the node API,
+  :mod:`broker.service.node_api`);
+* ``dispatch`` — only ``fedbroker.dispatch``, the relay to provisioning of earlier releases: declared for one
+  release so messages already queued there still run; remove it with the task next release.
 
 Rules from DESIGN.md §5: every task is short and idempotent; ``acks_late`` with
 prefetch 1, so a task whose worker dies is delivered again; nothing is ever

@@ -55,7 +55,7 @@ import numpy as np
 from broker.service.store import planning as planning_rows
 from broker.service.store.tables import Job, utcnow
 from broker.service.live import LiveEnvironment, LiveNode
-from broker.model import DecisionKind, JobSpec
+from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, DecisionKind, JobSpec
 from broker.planner.core import PendingJob, RunningJob, Snapshot
 from broker.planner.costs import score
 from broker.planner.registry import plan
@@ -70,8 +70,6 @@ __all__ = ["PlanningCycle", "CycleResult", "pending_job", "decayed_usage", "json
 
 log = logging.getLogger("fedbroker.cycle")
 S = JobState
-#: half-life of the fair-share usage decay, seconds (7 days, as in the simulator's default)
-FAIR_SHARE_HALF_LIFE_S = 7 * 86400.0
 
 
 class _Waiting(NamedTuple):
@@ -130,7 +128,7 @@ def pending_job(j: Job, pool_index: dict[str, int], canon: Callable[[str], str])
         gpu_types=frozenset(canon(t) for t in types) if types else None,
         min_mem_gb=float(spec.get("min_gpu_memory_gb") or 0.0), spot_ok=bool(spec.get("spot_allowed", True)),
         preemptible=bool(spec.get("preemptible", False)), checkpointable=bool(spec.get("checkpointable", True)),
-        checkpoint_interval_s=float(spec.get("checkpoint_interval_s") or 1800.0),
+        checkpoint_interval_s=float(spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S),
         regions=frozenset(regions) if regions else None, max_usd_per_hour=spec.get("max_price_usd_per_hour"),
         deferrable=bool(spec.get("deferrable", True)) and spec.get("window", "planner") == "planner",
         committed_pool=committed, deferred_once=bool(j.deferred_once),
@@ -656,7 +654,7 @@ class PlanningCycle:
             expected_end_s=max(started + work / ctx.gpus.throughput.get(gtype, 1.0), now_s + 1.0),
             started_s=started, priority=j.priority,
             preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
-            team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or 1800.0),
+            team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S),
             checkpointable=bool(j.spec.get("checkpointable", True))))
 
     def _tag_note(self, job_id: str) -> str:

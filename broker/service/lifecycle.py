@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from broker.model import JobSpec
+from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, JobSpec
 from broker.service.store import attempts as repo
 from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, Job
@@ -43,8 +43,6 @@ S = JobState
 #: stopped so is requeued whatever its exit code (exit 0 after SIGTERM usually means "checkpointed", not
 #: "finished") and does not count against ``max_attempts``.
 STOP_REASONS = {"spot": "spot interruption", "preempt": "preempted by a higher-priority job"}
-#: checkpoint interval (seconds) of a stored spec that gives none: the default of ``JobSpec.checkpoint_interval_s``
-DEFAULT_CHECKPOINT_INTERVAL_S: float = JobSpec.model_fields["checkpoint_interval_s"].default
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from broker import DATA_DIR
-from broker.model import CloudOffer, Pool, PoolNode
+from broker.model import WEEK_S, CloudOffer, Pool, PoolNode
 from broker.planner.core import GpuTable, PlannerConfig, PlannerContext
 from pricing.series import HourlySeries
 
 __all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "ReplayedSignals", "LiveEnvironment", "LiveNode"]
 
 LIVE_CLUSTER_PATH = DATA_DIR / "local_cluster.yaml"
-WEEK_S = 7 * 86400.0
 
 
 def replay_offset_s(series_start_s: float, series_end_s: float, now_s: float, ahead_s: float) -> float:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
+from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.planner.core import PlannerConfig
 
 __all__ = ["BrokerSettings", "QuotaSettings", "TeamQuota", "TeamLimits", "AwsSettings", "AwsRegionSettings",
@@ -316,13 +317,11 @@ class JobsSettings(BaseModel):
     pool_users: dict[str, str] = Field(default_factory=dict)
     team_users: dict[str, str] = Field(default_factory=dict)
     root: Path | None = None
-    uid_range: tuple[int, int] = (61184, 65519)
+    uid_range: tuple[int, int] = DEFAULT_UID_RANGE
 
     @field_validator("uid_range", mode="before")
     @classmethod
     def _uid_range(cls, v: Any) -> tuple[int, int]:
-        from workers.isolation import check_uid_range
-
         return check_uid_range(v, field="uid_range")  # the message reads "setting jobs.uid_range=..."
 
     @field_validator("user")

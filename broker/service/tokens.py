@@ -47,7 +47,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.model import TEAM_RE
+from broker.model import TEAM_RE, WEEK_S
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.service.store import tokens as repo
 from broker.service.store.core import JobStore, StoreError
@@ -75,7 +75,7 @@ CREATED_BY_TEAM_ADMIN = frozenset({"member", "read-only"})
 MANAGED_BY_TEAM_ADMIN = frozenset({"member", "read-only", "team-admin"})
 _NAME_RE = TEAM_RE  # team and node names: one rule (broker.model)
 _TTL_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
-_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": WEEK_S}
 
 
 class TokenError(StoreError):

@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from broker.model import CloudOffer, DecisionKind, Market, Pool
+from broker.model import FAIR_SHARE_HALF_LIFE_S, CloudOffer, DecisionKind, Market, Pool
 from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob, Snapshot
 from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
 from broker.planner.registry import POLICIES, plan
@@ -73,7 +73,7 @@ class SimulationConfig:
 
     tick_s: float = 60.0
     seed: int = 0
-    fair_share_half_life_s: float = 7 * 86400.0
+    fair_share_half_life_s: float = FAIR_SHARE_HALF_LIFE_S
     max_cycles: int | None = None
 
 

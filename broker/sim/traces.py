@@ -99,7 +99,6 @@ import csv
 import gzip
 import io
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -110,7 +109,8 @@ import numpy as np
 import pandas as pd
 
 from broker import DATA_DIR
-from broker.model import PriorityClass
+from broker.model import (DEFAULT_MIN_SLACK_S, DEFAULT_SLACK_FACTOR, MAX_NODES, TEAM_RE, WEEK_S, PriorityClass,
+                          default_slack_s)
 
 __all__ = [
     "TraceError",
@@ -129,12 +129,9 @@ __all__ = [
 PHILLY_PATH = DATA_DIR / "philly_jobs_pollux_osdi21.csv.gz"
 #: Default start for the Philly week shift: a Monday, like the trace's first day 2017-09-04.
 PHILLY_DEFAULT_START = datetime(2023, 9, 4)
-#: Seconds in a week.
-WEEK_S = 7 * 86400
-
-_WEEK_NS = WEEK_S * 10**9
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # same as broker.model team names
-_MAX_NODES = 1024  # JobSpec.nodes upper bound
+_WEEK_NS = int(WEEK_S) * 10**9
+_NAME_RE = TEAM_RE  # team names
+_MAX_NODES = MAX_NODES  # JobSpec.nodes upper bound
 _TRUE = {"true", "1", "yes", "y", "t"}
 _FALSE = {"false", "0", "no", "n", "f", ""}
 _PRIORITIES = {p.value: p for p in PriorityClass}
@@ -229,10 +226,10 @@ def gang_shape(num_gpus: int) -> tuple[int, int]:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def default_deadline_s(submit_s: float, duration_s: float, slack_factor: float = 1.0,
-                       min_slack_s: float = 12 * 3600) -> float:
+def default_deadline_s(submit_s: float, duration_s: float, slack_factor: float = DEFAULT_SLACK_FACTOR,
+                       min_slack_s: float = DEFAULT_MIN_SLACK_S) -> float:
     """Deadline (POSIX s) for a job without one: ``submit + duration + max(slack_factor x duration, min_slack_s)``."""
-    return submit_s + duration_s + max(slack_factor * duration_s, min_slack_s)
+    return submit_s + duration_s + default_slack_s(duration_s, slack_factor, min_slack_s)
 
 
 # --------------------------------------------------------------------------- reading
@@ -499,7 +496,7 @@ def _assemble(*, ids: np.ndarray, submit: np.ndarray, parsed: dict[str, np.ndarr
         s = float(submit[i])
         d = float(dur[i])
         r = float(rel[i]) if rel is not None else math.nan
-        deadline = s + r if r == r else s + d + max(slack_factor * d, min_slack_s)
+        deadline = s + r if r == r else s + d + default_slack_s(d, slack_factor, min_slack_s)
         jobs.append(TraceJob(
             job_id=str(ids[i]),
             submit_s=s,
@@ -529,7 +526,7 @@ def _check_args(limit: int | None, slack_factor: float, min_slack_s: float) -> N
 
 
 def load_philly(path: str | Path | None = None, *, start: datetime | None = None, limit: int | None = None,
-                slack_factor: float = 1.0, min_slack_s: float = 12 * 3600,
+                slack_factor: float = DEFAULT_SLACK_FACTOR, min_slack_s: float = DEFAULT_MIN_SLACK_S,
                 site_tz: str = "America/Los_Angeles") -> Trace:
     """Load the Philly trace (Pollux OSDI'21 CSV) and shift it onto 2023.
 
@@ -601,7 +598,7 @@ def _parse_submit(raw: str, tz: ZoneInfo) -> tuple[int, float]:
 
 
 def load_generic_csv(path: str | Path, *, start: datetime | None = None, limit: int | None = None,
-                     slack_factor: float = 1.0, min_slack_s: float = 12 * 3600, site_tz: str = "UTC") -> Trace:
+                     slack_factor: float = DEFAULT_SLACK_FACTOR, min_slack_s: float = DEFAULT_MIN_SLACK_S, site_tz: str = "UTC") -> Trace:
     """Load a trace in the generic CSV schema (module docstring).
 
     Args:

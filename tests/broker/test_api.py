@@ -12,7 +12,6 @@ import warnings
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import func, select
 
 with warnings.catch_warnings():  # starlette's TestClient warns about httpx on import
     warnings.simplefilter("ignore")
@@ -24,6 +23,7 @@ from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
 from broker.service.tokens import create_token
+from tests.broker.harness import count_jobs
 from tests.conftest import auth
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
@@ -53,11 +53,6 @@ def client(store, submitted):
         yield c
 
 
-
-
-def count_jobs(store: JobStore, team: str) -> int:
-    with store.session() as s:
-        return s.execute(select(func.count()).select_from(Job).where(Job.team == team)).scalar_one()
 
 
 # ----------------------------------------------------------------------------- submit

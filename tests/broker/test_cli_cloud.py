@@ -255,7 +255,7 @@ def test_cancel_and_explain_of_a_cloud_job(sqlite_store, monkeypatch):
 
     from broker.cli import main as cli
     from broker.service.api import create_app
-    from tests.broker.test_client import ServerThread
+    from tests.broker.harness import ServerThread
 
     monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
     token = create_token(sqlite_store, "ml").token

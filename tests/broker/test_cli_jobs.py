@@ -15,7 +15,7 @@ from broker.service.api import create_app
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
 from broker.service.store.core import JobStore
 from broker.service.tokens import create_token, principal_of
-from tests.broker.test_client import ServerThread, count_jobs
+from tests.broker.harness import ServerThread, count_jobs
 
 
 JOB_YAML = """\

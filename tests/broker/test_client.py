@@ -1,7 +1,5 @@
-"""The SDK (broker.Client) against a real uvicorn server in a background thread, on PostgreSQL.
-
-:class:`ServerThread` and :class:`DropFirstResponseProxy` are reused by ``test_cli_jobs.py``.
-"""
+"""The SDK (broker.Client) against a real uvicorn server in a background thread
+(:class:`tests.broker.harness.ServerThread`), on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,51 +10,19 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import uvicorn
-from sqlalchemy import func, select
 
 import broker
 from broker.service.api import create_app
 from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, NotFound, ValidationFailed,
                            WaitTimeout)
-from broker.service.store.tables import Job
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
 from broker.service.tokens import create_token
+from tests.broker.harness import ServerThread, count_jobs
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex
 UTC = timezone.utc
-
-
-class ServerThread:
-    """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread.
-
-    ``with ServerThread(app) as srv: srv.url`` — started when the block is entered, stopped after.
-    """
-
-    def __init__(self, app):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> "ServerThread":
-        self.thread.start()
-        end = time.monotonic() + 15
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > end:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.sock.close()
 
 
 def _read_http_message(conn: socket.socket) -> bytes:
@@ -172,11 +138,6 @@ def team_client(store, server):
     yield make
     for c in made:
         c.close()
-
-
-def count_jobs(store: JobStore, team: str) -> int:
-    with store.session() as s:
-        return s.execute(select(func.count()).select_from(Job).where(Job.team == team)).scalar_one()
 
 
 def future(hours: float) -> datetime:

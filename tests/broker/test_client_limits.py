@@ -14,7 +14,7 @@ from broker.client import Client, RateLimited, ValidationFailed
 from broker.service.limits import RateLimiter
 from broker.service.settings import BrokerSettings, QuotaSettings
 from broker.service.tokens import create_token
-from tests.broker.test_client import ServerThread, count_jobs
+from tests.broker.harness import ServerThread, count_jobs
 from tests.conftest import REDIS_URL
 
 SPEC = {"command": ["/bin/true"], "gpus_per_node": 1, "estimated_duration_s": 60}

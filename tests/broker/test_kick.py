@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from broker.service import tasks
+from broker.service import wiring
 from tests.conftest import REDIS_URL
 
 
@@ -31,23 +31,23 @@ def _wait_for_calls(sent: _Sent, n: int, timeout_s: float = 3.0) -> None:
 @pytest.fixture
 def kick(monkeypatch):
     r = redis.Redis.from_url(REDIS_URL)
-    r.delete(tasks.KICK_KEY)
+    r.delete(wiring.KICK_KEY)
     sent = _Sent()
-    monkeypatch.setitem(tasks.services.__dict__, "redis", r)
-    monkeypatch.setattr(tasks, "get_app", lambda: sent)
-    monkeypatch.setattr(tasks, "_last_kick", -1e9)
+    monkeypatch.setitem(wiring.services.__dict__, "redis", r)
+    monkeypatch.setattr(wiring, "get_app", lambda: sent)
+    monkeypatch.setattr(wiring, "_last_kick", -1e9)
     yield sent, r
-    t = tasks._trailing
+    t = wiring._trailing
     if t is not None:
         t.cancel()
-    tasks._trailing = None
-    r.delete(tasks.KICK_KEY)
+    wiring._trailing = None
+    r.delete(wiring.KICK_KEY)
 
 
 def test_kicks_within_the_window_send_one_now_and_one_trailing_kick(kick):
     sent, _ = kick
-    assert tasks.kick_planner(debounce_ms=300) is True
-    assert [tasks.kick_planner(debounce_ms=300) for _ in range(50)] == [False] * 50
+    assert wiring.kick_planner(debounce_ms=300) is True
+    assert [wiring.kick_planner(debounce_ms=300) for _ in range(50)] == [False] * 50
     assert sent.calls == [("fedbroker.plan", "planning")]  # 51 submits, one kick so far
     _wait_for_calls(sent, 2)
     time.sleep(0.7)  # two windows more: no further kick
@@ -56,16 +56,16 @@ def test_kicks_within_the_window_send_one_now_and_one_trailing_kick(kick):
 
 def test_a_lone_kick_arms_no_trailing_kick(kick):
     sent, _ = kick
-    assert tasks.kick_planner(debounce_ms=100) is True
+    assert wiring.kick_planner(debounce_ms=100) is True
     time.sleep(0.3)
     assert sent.calls == [("fedbroker.plan", "planning")]
-    assert tasks._trailing is None
+    assert wiring._trailing is None
 
 
 def test_a_kick_suppressed_by_another_process_is_retried_after_the_window(kick):
     sent, r = kick
-    r.set(tasks.KICK_KEY, b"1", px=150)  # another API process kicked just now
-    assert tasks.kick_planner(debounce_ms=150) is False
+    r.set(wiring.KICK_KEY, b"1", px=150)  # another API process kicked just now
+    assert wiring.kick_planner(debounce_ms=150) is False
     assert sent.calls == []
     _wait_for_calls(sent, 1)
     assert sent.calls == [("fedbroker.plan", "planning")]

@@ -129,7 +129,7 @@ def test_a_failed_rank_of_an_onprem_gang_stops_the_others_and_its_exit_code_is_t
     (``peer-ended``, recorded in the job's history), rank 0 is stopped (143) and the job fails with 3."""
     settings = BrokerSettings(admin_token=ADMIN, max_attempts=3)
     c = TestClient(create_app(pg_store, settings))
-    tok = {n: {"Authorization": f"Bearer {pg_store.create_node_token(n)}"} for n in ("g1", "g2")}
+    tok = {n: {"Authorization": f"Bearer {create_node_token(pg_store, n)}"} for n in ("g1", "g2")}
     for n in tok:
         assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=tok[n]).json() == {"node": n}
     jid = pg_store.submit("ml", JobSpec(command=["true"], nodes=2, gpus_per_node=1, estimated_duration_s=60.0))[0].id

@@ -39,7 +39,7 @@ from broker.schemas import ScheduleView
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import InvalidSchedule, JobStore, ScheduleConflict, ScheduleNotFound
 from broker.service.tokens import create_token
-from tests.broker.test_client import ServerThread
+from tests.broker.harness import ServerThread
 from tests.conftest import auth
 
 ADMIN = "admin-secret-" + uuid.uuid4().hex

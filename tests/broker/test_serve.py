@@ -9,12 +9,14 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
+import pytest
 import requests
 
-from broker.cli.serve import _celery_level, _logging
-from tests.conftest import REDIS_URL
+from broker.cli.serve import _celery_level, _logging, _settings
+from tests.conftest import REDIS_URL, auth
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,3 +101,84 @@ def test_serve_warns_about_a_settings_file_other_users_can_read(tmp_path, caplog
     with caplog.at_level(logging.WARNING, logger="fedbroker.serve"):
         _settings(cfg)
     assert [r for r in caplog.records if r.name == "fedbroker.serve"] == []
+
+
+# ----------------------------------------------------------------------------- the composition root (#10)
+@pytest.fixture
+def api_config(tmp_path, monkeypatch):
+    """A settings file for an API process on an SQLite store in ``tmp_path`` and the test Redis; no other
+    ``FEDBROKER_*`` variable in the environment."""
+    for k in [k for k in os.environ if k.startswith("FEDBROKER_")]:
+        monkeypatch.delenv(k)
+    cfg = tmp_path / "fb.yaml"
+    cfg.write_text(f"database_url: sqlite:///{tmp_path / 'fb.db'}\nredis_url: {REDIS_URL}\nstate_dir: {tmp_path}\n")
+    os.chmod(cfg, 0o600)
+    monkeypatch.setenv("FEDBROKER_CONFIG", str(cfg))
+    return cfg
+
+
+def _submit_kicks(app, database_url: str, monkeypatch) -> list[str]:
+    """Submit one job to ``app``; the planner kicks that followed (``wiring.kick_planner`` recorded)."""
+    from broker.service import wiring
+    from broker.service.store.core import JobStore
+
+    kicks: list[str] = []
+    monkeypatch.setattr(wiring, "kick_planner", lambda debounce_ms=200: kicks.append("plan") or True)
+    token = JobStore(database_url).create_token("vision", label="test")
+    with warnings.catch_warnings():  # starlette's TestClient warns about httpx on import
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+    with TestClient(app) as c:
+        r = c.post("/v1/jobs", json={"spec": {"command": ["true"], "estimated_duration_s": 600}}, headers=auth(token))
+    assert r.status_code == 201, r.text
+    return kicks
+
+
+def test_an_api_process_built_by_app_from_settings_kicks_the_planner_on_submit(api_config, tmp_path, monkeypatch):
+    from broker.service.wiring import app_from_settings
+
+    app = app_from_settings()  # the uvicorn factory: it migrates the fresh SQLite store itself
+    assert _submit_kicks(app, f"sqlite:///{tmp_path / 'fb.db'}", monkeypatch) == ["plan"]
+
+
+def test_an_api_process_of_serve_api_kicks_the_planner_on_submit(api_config, tmp_path, monkeypatch):
+    from broker.cli.serve import _migrate, api_app  # api_app: the factory of each `serve api --workers N` process
+
+    _migrate(_settings(api_config))
+    assert _submit_kicks(api_app(), f"sqlite:///{tmp_path / 'fb.db'}", monkeypatch) == ["plan"]
+
+
+class _Sent:
+    """Records ``send_task`` calls instead of queueing them on a Celery broker."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, list, str]] = []
+
+    def send_task(self, name, args=None, queue=None, **kw):
+        self.calls.append((name, args, queue))
+
+
+def test_a_cloud_placement_goes_straight_to_the_provisioning_queue(monkeypatch):
+    from broker.service import wiring
+    from broker.service.settings import BrokerSettings
+
+    sent = _Sent()
+    monkeypatch.setattr(wiring, "get_app", lambda settings=None: sent)
+    svc = wiring.Services()
+    svc.__dict__.update(settings=BrokerSettings(), store=object(), env=object(), cloud=None)
+    assert svc.cycle.dispatch is wiring.send_provision and svc.reconciler.dispatch is wiring.send_provision
+    svc.cycle.dispatch("job-00000000000000aa", 3)
+    wiring.send_teardown("job-00000000000000aa", 3)
+    assert sent.calls == [("fedbroker.provision", ["job-00000000000000aa", 3], "provisioning"),
+                          ("fedbroker.teardown", ["job-00000000000000aa", 3], "provisioning")]
+
+
+def test_the_dispatch_relay_stays_registered_for_messages_already_queued():
+    from broker.service.celery_app import make_celery
+    from broker.service.settings import BrokerSettings
+
+    app = make_celery(BrokerSettings())
+    app.loader.import_default_modules()
+    assert {"fedbroker.plan", "fedbroker.reconcile", "fedbroker.provision", "fedbroker.teardown",
+            "fedbroker.dispatch"} <= set(app.tasks)
+    assert app.conf.task_routes["fedbroker.dispatch"] == {"queue": "dispatch"}

@@ -6,6 +6,7 @@ import pytest
 from broker.service.live import LiveEnvironment
 from broker.service.settings import BrokerSettings
 from tests.jobdirs import tmp_path  # noqa: F401 - the fixture
+from tests.workers.rig import Rig
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +18,7 @@ def env():
 @pytest.fixture
 def rig(pg_store, env, tmp_path):
     """``rig({"n1": 2, ...}) -> Rig``: node agents with fake GPUs against a live API over ``pg_store``
-    (:class:`tests.workers.test_agent.Rig`); their API servers are stopped afterwards."""
-    from tests.workers.test_agent import Rig
-
+    (:class:`tests.workers.rig.Rig`); their API servers are stopped afterwards."""
     made = []
 
     def make(nodes: dict[str, int]):

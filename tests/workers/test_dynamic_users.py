@@ -27,7 +27,7 @@ import yaml
 from broker.service.store.tables import utcnow
 from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings, SettingsError, load_settings
-from tests.workers.test_agent import Rig, sh
+from tests.workers.rig import Rig, sh
 from workers.dynamic_users import (STALE_LEASE_S, UidRangeExhausted, allocate_uid, dynamic_user, hand_over, kill_uid,
                                    processes_of_uid, reclaim, release_uid)
 from workers.runtime import AttemptKey, ProcessRuntime

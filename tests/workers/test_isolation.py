@@ -22,7 +22,7 @@ import pytest
 
 from broker.service.settings import JobsSettings, load_settings, SettingsError
 from providers.launch import SAFE_PATH
-from tests.workers.test_agent import Rig, sh
+from tests.workers.rig import Rig, sh
 from workers.isolation import JobUser, check_reachable, prepare_jobs_root, private_dir, resolve_job_user
 from workers.runtime import AttemptKey, ProcessRuntime
 

@@ -42,7 +42,7 @@ from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEven
                                         utcnow)
 from broker.service.store.quota import quota_exceeded
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
-from broker.model import JobSpec
+from broker.model import JobSpec, default_slack_s
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
 from broker.states import UNFINISHED_STATES, JobState, check_transition
 
@@ -186,7 +186,7 @@ def default_deadline(submitted: datetime, spec: JobSpec) -> datetime:
     (:func:`broker.sim.traces.default_deadline_s`): submit + duration + max(duration, 12 h),
     or submit + duration + ``slack_s`` when the spec gives a slack."""
     d = spec.estimated_duration_s
-    slack = spec.slack_s if spec.slack_s is not None else max(d, 12 * 3600.0)
+    slack = spec.slack_s if spec.slack_s is not None else default_slack_s(d)
     start = max(submitted, spec.earliest_start) if spec.earliest_start else submitted
     return start + timedelta(seconds=d + slack)
 

@@ -1,0 +1,101 @@
+"""The rig of the tests that run real jobs: a live API in a thread, the planning cycle and node agents with fake
+GPUs, stepped by hand (the ``rig`` fixture of tests/workers/conftest.py builds it); :func:`sh` job specs."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+from broker.model import JobSpec
+from broker.service.api import create_app
+from broker.service.cycle import PlanningCycle
+from broker.service.settings import BrokerSettings
+from broker.service.tokens import create_node_token
+from providers.nvml import FakeNvmlBackend
+from workers.agent import NodeAgent
+from workers.node_client import NodeClient
+from workers.runtime import ProcessRuntime
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ApiServer:
+    """The API app served by uvicorn in a thread on 127.0.0.1 (stop and start again on the same port)."""
+
+    def __init__(self, store, settings):
+        self.app = create_app(store, settings)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = None
+        self.thread = None
+
+    def start(self) -> "ApiServer":
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server.install_signal_handlers = lambda: None  # not the main thread
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        end = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < end, "the API server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+            self.thread.join(timeout=10)
+            self.server = None
+
+
+class Rig:
+    """A store, an API server, the live planning cycle and one agent per node, stepped by hand."""
+
+    def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
+        self.store = store
+        self.tmp = tmp_path
+        # jobs run under per-attempt uids here (the tests run as root): the agent's state is private, the jobs' root is not
+        self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
+                                       jobs={"root": str(tmp_path / "jobs")})
+        self.api = ApiServer(store, self.settings).start()
+        self.tokens = {n: create_node_token(store, n) for n in nodes}
+        self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}
+        self.agents = {n: self.new_agent(n) for n in nodes}
+        for a in self.agents.values():
+            a.heartbeat()
+        self.cycle = PlanningCycle(store, env, self.settings)
+
+    def new_agent(self, name: str) -> NodeAgent:
+        return NodeAgent(NodeClient(self.api.url, self.tokens[name]), name, "local", self.backends[name],
+                         state_dir=self.tmp / "state", runtime=ProcessRuntime(self.tmp / "state" / "agents" / name),
+                         lease_root=self.tmp / "leases")  # this rig's uid leases: other tests' agents hold none
+
+    def step(self) -> None:
+        self.cycle.run()
+        for a in self.agents.values():
+            a.supervise_once()
+
+    def until(self, pred, timeout: float = 20.0, what: str = "condition"):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.step()
+            got = pred()
+            if got:
+                return got
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def state(self, job_id: str) -> str:
+        return self.store.get(job_id).state
+
+
+def sh(script: str, **kw) -> JobSpec:
+    kw.setdefault("estimated_duration_s", 60.0)
+    return JobSpec(command=["/bin/sh", "-c", script], **kw)
