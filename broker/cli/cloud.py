@@ -29,7 +29,8 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.jobs import JsonOpt, _console, _echo_json, _fail, _t
+from broker.cli.console import JsonOpt, current_console, echo_json, fail, utc_text
+
 
 __all__ = ["register", "cloud_app", "settings_from_terraform", "find_orphans", "NO_TABLES"]
 
@@ -87,9 +88,9 @@ def settings_cmd(provider: str = typer.Option(..., "--provider", help="aws or gc
     try:
         data = settings_from_terraform(provider, files)
     except ValidationError as e:
-        _fail(validation_message(e, prefix=f"{provider} settings from {', '.join(map(str, files))}:"), code=2)
+        fail(validation_message(e, prefix=f"{provider} settings from {', '.join(map(str, files))}:"), code=2)
     except ValueError as e:
-        _fail(str(e), code=2)
+        fail(str(e), code=2)
     typer.echo(f"# fedbroker settings for {provider}, from {', '.join(str(f) for f in files)}\n"
                "# (merge into the file FEDBROKER_CONFIG names; add checkpoint_uri for checkpoints that survive"
                " instances)")
@@ -102,7 +103,7 @@ def _settings(config: Optional[Path]):
     try:
         return load_settings(config)
     except SettingsError as e:
-        _fail(str(e), code=2)
+        fail(str(e), code=2)
 
 
 ConfigOpt = typer.Option(None, "--config", help="Settings YAML (default: $FEDBROKER_CONFIG).")
@@ -123,10 +124,10 @@ def _database(st):
     except (OperationalError, ProgrammingError) as e:
         why = str(getattr(e, "orig", None) or e)
         if "no such table" in why or ("relation" in why and "does not exist" in why) or "UndefinedTable" in why:
-            _fail(NO_TABLES, code=2)
+            fail(NO_TABLES, code=2)
         from broker.service.redact import mask_url
 
-        _fail(f"cannot query the broker's database ({mask_url(st.effective_database_url)}): {why.strip()}")
+        fail(f"cannot query the broker's database ({mask_url(st.effective_database_url)}): {why.strip()}")
 
 
 def _attempt_key(inst) -> tuple[str, int] | None:
@@ -173,16 +174,16 @@ def instances_cmd(show_all: bool = typer.Option(False, "--all", help="Include te
     with _database(st), store.session() as s:
         rows = instances.instance_rows(s, limit, live_only=not show_all)
     if as_json:
-        _echo_json(rows)
+        echo_json(rows)
         return
     tab = Table(title=f"{len(rows)} cloud instance record(s)")
     for col in ("job", "att", "rank", "option", "state", "instance", "address", "updated", "last report", "error"):
         tab.add_column(col)
     for r in rows:
         tab.add_row(r["job_id"], str(r["attempt"]), str(r["rank"]), escape(r["offer_id"]), r["state"],
-                    r["instance_id"] or "-", r["private_ip"] or "-", _t(r["updated_at"]), r["last_event"] or "-",
+                    r["instance_id"] or "-", r["private_ip"] or "-", utc_text(r["updated_at"]), r["last_event"] or "-",
                     escape((r["error"] or "")[:80]))
-    _console().print(tab)
+    current_console().print(tab)
 
 
 @cloud_app.command("sweep")
@@ -194,7 +195,7 @@ def sweep_cmd(config: Optional[Path] = ConfigOpt,
 
     st = _settings(config)
     if not st.cloud_providers:
-        _fail("no cloud provider is configured (cloud_providers is empty)", code=2)
+        fail("no cloud provider is configured (cloud_providers is empty)", code=2)
     cb = CloudBroker(JobStore.from_settings(st), st)
     if dry_run:
         with _database(st):

@@ -38,53 +38,26 @@ import math
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from broker.cli.console import (JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, show, stderr,
+                                utc_text)
+
 __all__ = ["register", "load_job_file"]
 
-_err = Console(stderr=True, width=200, highlight=False)
 
-UrlOpt = typer.Option(None, "--url", envvar="FEDBROKER_API_URL", help="Broker API URL (default: settings' api_url).")
-TokenOpt = typer.Option(None, "--token", envvar="FEDBROKER_TOKEN", help="API token.", show_default=False)
-JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 
 
 class JobFileError(ValueError):
     """A job file that cannot be read, parsed or validated; the message names the file, field and value."""
 
 
-def _console() -> Console:
-    from broker.cli import main as cli  # the shared console of the fedbroker app (tests widen it)
-
-    return cli.console
-
-
-def _fail(msg: str, code: int = 1) -> None:
-    _err.print(f"[red]error:[/red] {escape(msg)}")
-    raise typer.Exit(code)
-
-
-def _echo_json(obj: Any) -> None:
-    from pydantic_core import to_jsonable_python
-
-    typer.echo(json.dumps(to_jsonable_python(obj), indent=2))
-
-
-def _show(obj: Any, as_json: bool, human) -> None:
-    """Print ``obj`` as JSON (``--json``) or with ``human(obj)``."""
-    if as_json:
-        _echo_json(obj)
-    else:
-        human(obj)
-
-
 def _print_schedule_line(x) -> None:
-    _console().print(escape(_schedule_line(x)), highlight=False)
+    current_console().print(escape(_schedule_line(x)), highlight=False)
 
 
 def load_job_file(path: Path):
@@ -140,37 +113,6 @@ def load_job_file(path: Path):
         raise JobFileError(f"{path}: " + "; ".join(parts)) from None
 
 
-def _client(url: str | None, token: str | None):
-    from broker.client import Client
-    from broker.service.settings import SettingsError
-
-    try:
-        return Client(url=url, token=token, retries=3)
-    except (SettingsError, ValueError) as e:
-        _fail(str(e).replace("url=", "--url=").replace("token:", "--token (or FEDBROKER_TOKEN):"), 2)
-
-
-def _call(c, fn, *args, **kwargs):
-    """Run one SDK call; exit 1 with the broker's message on an API error or an unreachable broker
-    (:class:`broker.client.WaitTimeout` is re-raised for the caller)."""
-    from broker.client import BrokerError, BrokerUnavailable, WaitTimeout
-
-    try:
-        return fn(*args, **kwargs)
-    except WaitTimeout:
-        raise
-    except BrokerUnavailable as e:
-        if e.status is None:
-            _fail(f"cannot reach the broker at {c.url} (is `fedbroker serve` running?): {e}")
-        _fail(str(e))
-    except BrokerError as e:
-        _fail(str(e))
-
-
-def _t(v: datetime | None) -> str:
-    return v.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z") if v else "-"
-
-
 def _placement(p: dict | None) -> str:
     if not p:
         return "-"
@@ -181,14 +123,14 @@ def _placement(p: dict | None) -> str:
 
 
 def _print_job(job) -> None:
-    con = _console()
+    con = current_console()
     s = job.spec
     rows = [("job", job.id), ("name", job.name or "-"), ("team", job.team), ("state", job.state),
             ("reason", job.reason or "-"), ("placement", _placement(job.placement)),
             ("gpus", f"{s.nodes} x {s.gpus_per_node} {'/'.join(s.gpu_types) or 'any'}"),
-            ("attempt", str(job.attempt)), ("submitted", _t(job.created_at)), ("not before", _t(job.not_before)),
-            ("not after", _t(job.not_after)), ("deadline", _t(job.deadline)), ("started", _t(job.started_at)),
-            ("finished", _t(job.finished_at))]
+            ("attempt", str(job.attempt)), ("submitted", utc_text(job.created_at)), ("not before", utc_text(job.not_before)),
+            ("not after", utc_text(job.not_after)), ("deadline", utc_text(job.deadline)), ("started", utc_text(job.started_at)),
+            ("finished", utc_text(job.finished_at))]
     if job.exit_code is not None:
         rows.append(("exit code", str(job.exit_code)))
     if job.cancel_requested and job.state != "cancelled":
@@ -218,21 +160,21 @@ def _print_schedules(scheds) -> None:
         tab.add_column(col, overflow="fold")
     for x in scheds:
         tab.add_row(x.id, x.team, escape(x.name), escape(x.cron), x.timezone, "active" if x.enabled else "paused",
-                    _t(x.next_fire_at) if x.enabled else "-", _t(x.last_fire_at),
+                    utc_text(x.next_fire_at) if x.enabled else "-", utc_text(x.last_fire_at),
                     f"{x.spec.nodes}x{x.spec.gpus_per_node}")
-    _console().print(tab)
+    current_console().print(tab)
 
 
 def _schedule_line(x) -> str:
-    state = f"next run {_t(x.next_fire_at)}" if x.enabled else "paused"
+    state = f"next run {utc_text(x.next_fire_at)}" if x.enabled else "paused"
     return f"{x.id} {x.name}: cron {x.cron!r} in {x.timezone}, {state}"
 
 
 def _schedule_action(method: str, schedule_id: str, url, token, as_json: bool) -> None:
     """Call ``Client.<method>(schedule_id)`` and print the schedule (a line, or JSON)."""
-    c = _client(url, token)
-    x = _call(c, getattr(c, method), schedule_id)
-    _show(x, as_json, _print_schedule_line)
+    c = client(url, token)
+    x = call(c, getattr(c, method), schedule_id)
+    show(x, as_json, _print_schedule_line)
 
 
 def register(app: typer.Typer) -> None:
@@ -249,27 +191,27 @@ def register(app: typer.Typer) -> None:
         try:
             spec = load_job_file(file)
         except JobFileError as e:
-            _fail(str(e), 2)
+            fail(str(e), 2)
         if wait and not (math.isfinite(timeout) and timeout > 0):
-            _fail(f"--timeout={timeout}: must be a finite number > 0", 2)
-        c = _client(url, token)
-        job = _call(c, c.submit, spec, idempotency_key=idempotency_key)
+            fail(f"--timeout={timeout}: must be a finite number > 0", 2)
+        c = client(url, token)
+        job = call(c, c.submit, spec, idempotency_key=idempotency_key)
         if not wait:
             if as_json:
-                _echo_json(job)
+                echo_json(job)
             else:
-                _console().print(f"{job.id} {job.state} (team {job.team}, deadline {_t(job.deadline)})", highlight=False)
+                current_console().print(f"{job.id} {job.state} (team {job.team}, deadline {utc_text(job.deadline)})", highlight=False)
             return
         if not as_json:
-            _console().print(f"{job.id} submitted; waiting ...", highlight=False)
+            current_console().print(f"{job.id} submitted; waiting ...", highlight=False)
         from broker.client import WaitTimeout
 
         try:
-            job = _call(c, c.wait, job.id, timeout=timeout)
+            job = call(c, c.wait, job.id, timeout=timeout)
         except WaitTimeout as e:
             job = e.job
-            _err.print(f"{job.id}: still {job.state} after {timeout:g} s")
-        _show(job, as_json, _print_job)
+            stderr.print(f"{job.id}: still {job.state} after {timeout:g} s")
+        show(job, as_json, _print_job)
         if job.state != "succeeded":
             raise typer.Exit(1)
 
@@ -277,9 +219,9 @@ def register(app: typer.Typer) -> None:
     def status(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Show a job's state, reason, placement and times."""
-        c = _client(url, token)
-        job = _call(c, c.get, job_id)
-        _show(job, as_json, _print_job)
+        c = client(url, token)
+        job = call(c, c.get, job_id)
+        show(job, as_json, _print_job)
 
     @app.command("list")
     def list_(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
@@ -292,37 +234,37 @@ def register(app: typer.Typer) -> None:
         known = [s.value for s in JobState]
         for s in state or ():
             if s not in known:
-                _fail(f"--state={s!r}: not a job state (one of {', '.join(known)})", 2)
+                fail(f"--state={s!r}: not a job state (one of {', '.join(known)})", 2)
         if not 1 <= limit <= 1000:
-            _fail(f"--limit={limit}: must be between 1 and 1000", 2)
-        c = _client(url, token)
-        jobs = _call(c, c.list, team=team, state=state or None, limit=limit)
+            fail(f"--limit={limit}: must be between 1 and 1000", 2)
+        c = client(url, token)
+        jobs = call(c, c.list, team=team, state=state or None, limit=limit)
         if as_json:
-            _echo_json(jobs)
+            echo_json(jobs)
             return
         tab = Table(title=f"{len(jobs)} job(s)")
         for col in ("id", "team", "name", "state", "gpus", "submitted", "deadline", "reason"):
             tab.add_column(col, overflow="fold")
         for j in jobs:
             tab.add_row(j.id, j.team, escape(j.name or "-"), j.state, f"{j.spec.nodes}x{j.spec.gpus_per_node}",
-                        _t(j.created_at), _t(j.deadline), escape(j.reason or ""))
-        _console().print(tab)
+                        utc_text(j.created_at), utc_text(j.deadline), escape(j.reason or ""))
+        current_console().print(tab)
 
     @app.command()
     def cancel(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Cancel a job (a running job is stopped by its node agent; a cloud job's instances are terminated
         by the broker)."""
-        c = _client(url, token)
-        job = _call(c, c.cancel, job_id)
+        c = client(url, token)
+        job = call(c, c.cancel, job_id)
         if as_json:
-            _echo_json(job)
+            echo_json(job)
         elif job.state == "cancelled":
-            _console().print(f"{job.id} cancelled", highlight=False)
+            current_console().print(f"{job.id} cancelled", highlight=False)
         else:
             then = ("cancel requested; the broker terminates its instances"
                     if (job.placement or {}).get("kind") == "cloud" else "cancel requested, the node agent stops it")
-            _console().print(f"{job.id} {job.state}: {then}", highlight=False)
+            current_console().print(f"{job.id} {job.state}: {then}", highlight=False)
 
     @app.command()
     def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
@@ -331,30 +273,30 @@ def register(app: typer.Typer) -> None:
              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
         """Print the captured stdout+stderr of a job's attempt."""
         if attempt is not None and attempt < 1:
-            _fail(f"--attempt={attempt}: must be >= 1", 2)
+            fail(f"--attempt={attempt}: must be >= 1", 2)
         if rank < 0:
-            _fail(f"--rank={rank}: must be >= 0", 2)
-        c = _client(url, token)
-        view = _call(c, c.logs_view, job_id, attempt, rank)
+            fail(f"--rank={rank}: must be >= 0", 2)
+        c = client(url, token)
+        view = call(c, c.logs_view, job_id, attempt, rank)
         typer.echo(view.text, nl=not view.text.endswith("\n") and bool(view.text))
         if view.attempt == 0:
-            _err.print(f"{job_id}: no attempt yet (no logs)")
+            stderr.print(f"{job_id}: no attempt yet (no logs)")
         elif view.truncated:
-            _err.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
+            stderr.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
         elif not view.text:
             hint = f"; earlier attempts: --attempt 1..{view.attempt - 1}" if view.attempt > 1 else ""
-            _err.print(f"{job_id}: attempt {view.attempt} rank {view.rank} has no log yet{hint}")
+            stderr.print(f"{job_id}: attempt {view.attempt} rank {view.rank} has no log yet{hint}")
 
     @app.command()
     def explain(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
                 url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Why the job is where it is: the chosen option and its alternatives ($, kWh, kgCO2e, wait), then the history."""
-        c = _client(url, token)
-        ex = _call(c, c.explain, job_id)
+        c = client(url, token)
+        ex = call(c, c.explain, job_id)
         if as_json:
-            _echo_json(ex)
+            echo_json(ex)
             return
-        con = _console()
+        con = current_console()
         j = ex.job
         con.print(f"{j.id} ({j.team}) is [bold]{j.state}[/bold]: {escape(j.reason or '-')}", highlight=False)
         d = ex.decision
@@ -364,7 +306,7 @@ def register(app: typer.Typer) -> None:
             con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
                       highlight=False)
             if d.get("not_before") is not None:
-                con.print(f"not before: {_t(datetime.fromtimestamp(d['not_before'], tz=timezone.utc))}", highlight=False)
+                con.print(f"not before: {utc_text(datetime.fromtimestamp(d['not_before'], tz=timezone.utc))}", highlight=False)
             tab = Table(title="options (chosen first)")
             for col in ("", "target", "$", "kWh", "kgCO2e", "wait", "start", "note"):
                 tab.add_column(col, justify="right" if col in ("$", "kWh", "kgCO2e", "wait") else "left")
@@ -373,7 +315,7 @@ def register(app: typer.Typer) -> None:
                 start = o.get("start_s")
                 tab.add_row(tag, escape(str(o.get("target"))), _money(o.get("dollars_usd")),
                             _num(o.get("energy_kwh"), ",.2f"), _num(o.get("carbon_kg"), ",.3f"), _wait(o.get("wait_s")),
-                            _t(datetime.fromtimestamp(start, tz=timezone.utc)) if start is not None else "-",
+                            utc_text(datetime.fromtimestamp(start, tz=timezone.utc)) if start is not None else "-",
                             escape(o.get("note") or ("" if o.get("feasible", True) else "infeasible")))
             if opts:
                 con.print(tab)
@@ -381,7 +323,7 @@ def register(app: typer.Typer) -> None:
         for col in ("at", "from", "to", "reason"):
             hist.add_column(col)
         for e in ex.events:
-            hist.add_row(_t(e.at), e.from_state or "-", e.to_state, escape(e.reason))
+            hist.add_row(utc_text(e.at), e.from_state or "-", e.to_state, escape(e.reason))
         con.print(hist)
         if ex.attempts:
             at = Table(title="attempts")
@@ -390,7 +332,7 @@ def register(app: typer.Typer) -> None:
             for a in ex.attempts:
                 where = a.pool if a.kind == "onprem" else a.offer_id
                 at.add_row(str(a.number), f"{a.kind} {where or ''}".strip(), f"{a.gpus} {a.gpu_type or ''}".strip(),
-                           _t(a.started_at), _t(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
+                           utc_text(a.started_at), utc_text(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
                            a.outcome or "-", escape(a.reason))
             con.print(at)
             tried = [(a.number, f) for a in ex.attempts for f in a.failover]
@@ -423,7 +365,7 @@ def register(app: typer.Typer) -> None:
         try:
             spec = load_job_file(file)
         except JobFileError as e:
-            _fail(str(e), 2)
+            fail(str(e), 2)
         try:
             check_schedule(name, cron, tz, spec)
         except InvalidSchedule as e:
@@ -431,18 +373,18 @@ def register(app: typer.Typer) -> None:
             parts = [f"{file}: {msg.removeprefix('spec.')}" if field.startswith("spec.")
                      else f"{opts[field]}{msg[len(field):]}" if field in opts else msg
                      for field, _, msg in e.errors]
-            _fail("; ".join(parts), 2)
-        c = _client(url, token)
-        x = _call(c, c.create_schedule, name, cron, spec, timezone=tz)
-        _show(x, as_json, _print_schedule_line)
+            fail("; ".join(parts), 2)
+        c = client(url, token)
+        x = call(c, c.create_schedule, name, cron, spec, timezone=tz)
+        show(x, as_json, _print_schedule_line)
 
     @schedule.command("list")
     def schedule_list(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
                       url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """List schedules: cron, time zone, active/paused, next and last run."""
-        c = _client(url, token)
-        xs = _call(c, c.schedules, team)
-        _show(xs, as_json, _print_schedules)
+        c = client(url, token)
+        xs = call(c, c.schedules, team)
+        show(xs, as_json, _print_schedules)
 
     @schedule.command("pause")
     def schedule_pause(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
@@ -460,9 +402,9 @@ def register(app: typer.Typer) -> None:
     def schedule_delete(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
                         url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
         """Delete a schedule (the jobs it already created stay)."""
-        c = _client(url, token)
-        _call(c, c.delete_schedule, schedule_id)
-        _console().print(f"{schedule_id} deleted", highlight=False)
+        c = client(url, token)
+        call(c, c.delete_schedule, schedule_id)
+        current_console().print(f"{schedule_id} deleted", highlight=False)
 
     tokens = typer.Typer(no_args_is_help=True, help="API tokens: kinds, lifetimes, list, revoke, rotate "
                                                     "(over the API with --token; without one, only the bootstrap).")
@@ -489,17 +431,17 @@ def register(app: typer.Typer) -> None:
 
         if admin:
             if kind not in ("member", "admin"):
-                _fail(f"--admin with --kind={kind!r}: give one of them", 2)
+                fail(f"--admin with --kind={kind!r}: give one of them", 2)
             kind = "admin"
         if kind not in TOKEN_KINDS:
-            _fail(f"--kind={kind!r}: one of {', '.join(TOKEN_KINDS)}", 2)
+            fail(f"--kind={kind!r}: one of {', '.join(TOKEN_KINDS)}", 2)
         try:
             ttl_s = parse_ttl(ttl) if ttl is not None else None
         except InvalidTokenRequest as e:
-            _fail(str(e).replace("ttl=", "--ttl=", 1), 2)
+            fail(str(e).replace("ttl=", "--ttl=", 1), 2)
         if token:
-            c = _client(url, token)
-            made = _call(c, c.create_token, team=team, kind=kind, label=label,
+            c = client(url, token)
+            made = call(c, c.create_token, team=team, kind=kind, label=label,
                          ttl_s=int(ttl_s) if ttl_s is not None else None, node=node)
         else:
             made = _bootstrap_token(config, team, kind, label, ttl_s, node)
@@ -510,8 +452,8 @@ def register(app: typer.Typer) -> None:
                     include_revoked: bool = typer.Option(False, "--all", help="Also revoked tokens."),
                     url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """List tokens (never their secrets): an admin token sees every team's, a team-admin token its own team's."""
-        c = _client(url, token)
-        rows = _call(c, c.tokens, team=team, include_revoked=include_revoked)
+        c = client(url, token)
+        rows = call(c, c.tokens, team=team, include_revoked=include_revoked)
 
         def human(rows) -> None:
             tab = Table(show_edge=False)
@@ -520,18 +462,18 @@ def register(app: typer.Typer) -> None:
             for t in rows:
                 state = "revoked" if t.revoked else "expired" if t.expired else "active"
                 tab.add_row(t.id, escape(t.team), t.kind + (f" ({escape(t.node)})" if t.node else ""), escape(t.label),
-                            _t(t.created_at), _t(t.expires_at), _t(t.last_used_at), state)
-            _console().print(tab)
+                            utc_text(t.created_at), utc_text(t.expires_at), utc_text(t.last_used_at), state)
+            current_console().print(tab)
 
-        _show(rows, as_json, human)
+        show(rows, as_json, human)
 
     @tokens.command("revoke")
     def tokens_revoke(token_id: str = typer.Argument(..., help="tok-0123456789abcdef"),
                       url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
         """Revoke a token: it answers 401 from now on."""
-        c = _client(url, token)
-        t = _call(c, c.revoke_token, token_id)
-        _show(t, as_json, lambda t: _console().print(f"{t.id} revoked ({t.kind} of {t.team})", highlight=False))
+        c = client(url, token)
+        t = call(c, c.revoke_token, token_id)
+        show(t, as_json, lambda t: current_console().print(f"{t.id} revoked ({t.kind} of {t.team})", highlight=False))
 
     @tokens.command("rotate")
     def tokens_rotate(token_id: str = typer.Argument(..., help="tok-0123456789abcdef"),
@@ -545,9 +487,9 @@ def register(app: typer.Typer) -> None:
         try:
             ttl_s = parse_ttl(ttl) if ttl is not None else None
         except InvalidTokenRequest as e:
-            _fail(str(e).replace("ttl=", "--ttl=", 1), 2)
-        c = _client(url, token)
-        _print_created(_call(c, c.rotate_token, token_id, ttl_s=int(ttl_s) if ttl_s is not None else None), as_json)
+            fail(str(e).replace("ttl=", "--ttl=", 1), 2)
+        c = client(url, token)
+        _print_created(call(c, c.rotate_token, token_id, ttl_s=int(ttl_s) if ttl_s is not None else None), as_json)
 
     @app.command("audit")
     def audit(since: Optional[str] = typer.Option(None, help="Only events at or after this instant (ISO 8601; "
@@ -562,19 +504,19 @@ def register(app: typer.Typer) -> None:
             try:
                 when = datetime.fromisoformat(since.replace("Z", "+00:00"))
             except ValueError:
-                _fail(f"--since={since!r}: not an ISO 8601 instant (e.g. 2026-12-01T12:00:00Z)", 2)
+                fail(f"--since={since!r}: not an ISO 8601 instant (e.g. 2026-12-01T12:00:00Z)", 2)
             if when.tzinfo is None:
                 when = when.replace(tzinfo=timezone.utc)
-        c = _client(url, token)
-        rows = _call(c, c.audit, since=when, action=action, limit=limit)
+        c = client(url, token)
+        rows = call(c, c.audit, since=when, action=action, limit=limit)
 
         def human(rows) -> None:
             for e in rows:
                 actor = f"{e.actor_kind}:{e.actor_team or '-'}:{e.actor_token_id or '-'}"
-                _console().print(escape(f"{_t(e.at)}  {e.action:<16} {e.target:<22} by {actor}  "
+                current_console().print(escape(f"{utc_text(e.at)}  {e.action:<16} {e.target:<22} by {actor}  "
                                         f"{json.dumps(e.detail, sort_keys=True)}"), highlight=False)
 
-        _show(rows, as_json, human)
+        show(rows, as_json, human)
 
 
 @contextmanager
@@ -590,7 +532,7 @@ def direct_store(config: Path | None):
     try:
         settings = load_settings(config)
     except SettingsError as e:
-        _fail(str(e), 2)
+        fail(str(e), 2)
     store = JobStore.from_settings(settings)
     if store.created_file:
         typer.echo(f"note: no job store at {mask_url(settings.effective_database_url)} yet; created a new, empty one "
@@ -601,7 +543,7 @@ def direct_store(config: Path | None):
     except (typer.Exit, typer.Abort):
         raise
     except Exception as e:  # database unreachable, permissions ...
-        _fail(mask_text(f"cannot use the job store at {mask_url(settings.effective_database_url)}: "
+        fail(mask_text(f"cannot use the job store at {mask_url(settings.effective_database_url)}: "
                         f"{type(e).__name__}: {e}", settings_secrets(settings)))
     finally:
         store.engine.dispose()
@@ -617,18 +559,18 @@ def _bootstrap_token(config: Path | None, team: str, kind: str, label: str, ttl_
             return bootstrap(store, team, kind, label=label, node=node,
                              ttl=ttl_s if ttl_s is not None else settings.token_ttl_days * 86400.0)
         except InvalidTokenRequest as e:
-            _fail(str(e), 2)
+            fail(str(e), 2)
         except BootstrapRefused as e:
-            _fail(str(e), 1)
+            fail(str(e), 1)
 
 
 def _print_created(made, as_json: bool) -> None:
     """Print a just-created token: its secret alone on stdout (or the JSON), what it is on stderr."""
     if as_json:
-        _echo_json(made)
+        echo_json(made)
         return
     typer.echo(made.token)
     what = f"{made.kind} token {made.id} for team {made.team!r}" + (f" (node {made.node})" if made.node else "")
-    _err.print(escape(f"{what}, expires {_t(made.expires_at)}"
+    stderr.print(escape(f"{what}, expires {utc_text(made.expires_at)}"
                       + (f", replaces {made.rotated_from} (now revoked)" if made.rotated_from else "")
                       + ": store it now, it is not shown again"), highlight=False)

@@ -14,27 +14,24 @@ Bad arguments exit with status 2 and a message naming the option and value.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple, Optional
 
 import typer
-from rich.console import Console
 
+from broker.cli.console import current_console, fail
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
 from broker.planner.costs import score
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedbroker: hybrid-cloud, energy-aware federation broker for GPU training jobs.")
-# Piped output keeps wide tables readable instead of wrapping them at 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _fail(msg: str) -> None:
-    console.print(f"[red]error:[/red] {msg}")
-    raise typer.Exit(2)
+    """Exit 2 (bad usage) with ``error: msg``."""
+    fail(msg, 2)
 
 
 def _check_number(option: str, value: float, *, minimum: float = 0.0, strict: bool = False) -> None:
@@ -111,30 +108,30 @@ def simulate(
     if not tr.jobs:
         _fail(f"--trace={trace!r}: no valid job (skipped: {tr.skipped})")
     _check_coverage(tr, scen)
-    console.print(f"trace [bold]{trace}[/bold]: {len(tr.jobs):,} jobs from "
+    current_console().print(f"trace [bold]{trace}[/bold]: {len(tr.jobs):,} jobs from "
                   f"{_iso(tr.jobs[0].submit_s)} to {_iso(tr.jobs[-1].submit_s)}"
                   + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
-    console.print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
+    current_console().print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
                   f"cloud: {len(scen.offers):,} offers")
     pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time)
     runs = {}
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
-                  TimeElapsedColumn(), console=console, transient=False, disable=not console.is_terminal) as prog:
+                  TimeElapsedColumn(), console=current_console(), transient=False, disable=not current_console().is_terminal) as prog:
         for name in policies:
             task = prog.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
             runs[name] = run_sim(tr, scen.pools, scen.offers, scen.signals, name, planner_config=pc, gpus=scen.gpus,
                                  spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed),
                                  progress=lambda d, t, task=task: prog.update(task, completed=d))
-            if not console.is_terminal:
-                console.print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
-    console.print(comparison_table(runs))
+            if not current_console().is_terminal:
+                current_console().print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
+    current_console().print(comparison_table(runs))
     for name, r in runs.items():
         miss = r.metrics.get("missing_signal_hours", 0.0)
         if miss:
-            console.print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
+            current_console().print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
                           "price/carbon data; their energy cost and carbon are not counted (see missing_signal_hours)")
     meta = {"trace": trace, "jobs": len(tr.jobs), "trace_skipped": tr.skipped, "start": _iso(tr.jobs[0].submit_s),
             "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"), "seed": seed,
@@ -142,7 +139,7 @@ def simulate(
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta)
-    console.print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]")
+    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]")
 
 
 def _iso(t: float) -> str:
@@ -218,7 +215,7 @@ def offers(
         _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"
               + (f" in region {region!r}" if region else "") + ("" if spot else " on-demand"))
     if any(math.isnan(r.carbon_kg) for r in rows):
-        console.print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
+        current_console().print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
     # the score of a query prices carbon only: it has no priority, so no value of time for the wait
     key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
            "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
@@ -229,8 +226,8 @@ def offers(
     for r in rows[:top]:
         tab.add_row(*r[:6], f"{r.usd_per_hour:.3f}", f"{r.runtime_s / 3600:.2f}", f"{r.dollars_usd:.2f}",
                     f"{r.energy_kwh:.2f}", "n/a" if math.isnan(r.carbon_kg) else f"{r.carbon_kg:.3f}")
-    console.print(tab)
-    console.print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
+    current_console().print(tab)
+    current_console().print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
 
 
 class OptionRow(NamedTuple):

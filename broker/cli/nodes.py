@@ -24,7 +24,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.jobs import JsonOpt, TokenOpt, UrlOpt, _call, _client, _console, _echo_json, _fail, _t
+from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, utc_text
+
 
 __all__ = ["register", "nodes_app"]
 
@@ -33,18 +34,18 @@ nodes_app = typer.Typer(help="On-prem nodes: `list` (what the broker knows; the 
 
 
 def _list(url: Optional[str], token: Optional[str], as_json: bool) -> None:
-    c = _client(url, token)
-    ns = _call(c, c.nodes)
+    c = client(url, token)
+    ns = call(c, c.nodes)
     if as_json:
-        _echo_json(ns)
+        echo_json(ns)
         return
     tab = Table(title=f"{len(ns)} node(s)")
     for col in ("name", "pool", "gpus", "healthy", "state", "last heartbeat"):
         tab.add_column(col)
     for n in ns:
         tab.add_row(n.name, n.pool, f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB",
-                    ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, _t(n.last_heartbeat_at))
-    _console().print(tab)
+                    ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, utc_text(n.last_heartbeat_at))
+    current_console().print(tab)
 
 
 @nodes_app.callback(invoke_without_command=True)
@@ -80,13 +81,13 @@ def probe(nvml: str = typer.Option("auto", "--nvml", help="auto (NVML, else a fa
     from providers.nvml import BACKEND_KINDS, NvmlUnavailable, open_backend
 
     if nvml not in BACKEND_KINDS:
-        _fail(f"--nvml={nvml!r}: one of {', '.join(BACKEND_KINDS)}", 2)
+        fail(f"--nvml={nvml!r}: one of {', '.join(BACKEND_KINDS)}", 2)
     if fake_gpus < 0 or fake_gpus > 1024:
-        _fail(f"--fake-gpus={fake_gpus}: must be between 0 and 1024", 2)
+        fail(f"--fake-gpus={fake_gpus}: must be between 0 and 1024", 2)
     try:
         backend = open_backend(nvml, fake_gpus=fake_gpus)
     except NvmlUnavailable as e:
-        _fail(f"--nvml=nvml: NVML is not available here: {e}", 2)
+        fail(f"--nvml=nvml: NVML is not available here: {e}", 2)
     try:
         inv = backend.read()
     finally:
@@ -101,9 +102,9 @@ def probe(nvml: str = typer.Option("auto", "--nvml", help="auto (NVML, else a fa
         d["cuda_version"] = cuda_version(inv.cuda_driver_version)
         for g in d["gpus"]:
             g["energy_j"] = None if g["energy_mj"] is None else g["energy_mj"] / 1000
-        _echo_json(d)
+        echo_json(d)
         return
-    con = _console()
+    con = current_console()
     con.print(f"backend {inv.backend}; driver {inv.driver_version or '-'}; "
               f"CUDA {cuda_version(inv.cuda_driver_version) or '-'}; {len(inv.gpus)} GPU(s); "
               f"type {inv.gpu_type or 'unknown'}; healthy {','.join(map(str, inv.healthy_indices)) or 'none'}",
@@ -139,7 +140,7 @@ def node_token(node: str = typer.Argument(..., help="The node (host) name the to
         try:
             tok = create_node_token(store, node, label=label)
         except InvalidTokenRequest as e:
-            _fail(str(e), 2)
+            fail(str(e), 2)
     typer.echo(tok)
     typer.echo(f"node token for {node!r}: store it now (chmod 600), it is not shown again", err=True)
 

@@ -8,6 +8,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from broker.cli import console as cli_console
+
 from broker.cli import main as cli
 from broker.planner.core import GpuTable
 
@@ -19,7 +21,7 @@ DOCUMENTED_KEYS = ("jobs_submitted", "jobs_completed", "deadline_misses", "mean_
 @pytest.fixture
 def run(monkeypatch):
     # a wide console so tables and messages are not truncated or wrapped at 80 columns
-    monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
+    monkeypatch.setattr(cli_console, "console", Console(width=300, force_terminal=False, color_system=None))
     runner = CliRunner()
 
     def invoke(*args):

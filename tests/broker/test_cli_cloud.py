@@ -253,11 +253,12 @@ def test_sweep_on_a_database_without_tables_says_start_the_broker(tmp_path):
 def test_cancel_and_explain_of_a_cloud_job(sqlite_store, monkeypatch):
     from rich.console import Console
 
-    from broker.cli import main as cli
+    from broker.cli import console as cli_console
+
     from broker.service.api import create_app
     from tests.broker.harness import ServerThread
 
-    monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
+    monkeypatch.setattr(cli_console, "console", Console(width=300, force_terminal=False, color_system=None))
     token = create_token(sqlite_store, "ml").token
     jid = _submit_cloud_job(sqlite_store, failover=[
         {"option": "aws:us-east-1a:p3.2xlarge:spot", "error": "NoCapacity", "message": "no p3.2xlarge in us-east-1a",

@@ -10,6 +10,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from broker.cli import console as cli_console
+
 from broker.cli import main as cli
 from broker.service.api import create_app
 from broker.model import Decision, DecisionKind, JobSpec, OptionEstimate
@@ -45,7 +47,7 @@ def server(store):
 @pytest.fixture
 def run(monkeypatch, server, store):
     """``run(*args, env=None) -> Result``: invoke ``fedbroker`` as a fresh team (``run.team``)."""
-    monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
+    monkeypatch.setattr(cli_console, "console", Console(width=300, force_terminal=False, color_system=None))
     team = "t" + uuid.uuid4().hex[:10]
     token = create_token(store, team).token
     runner = CliRunner()

@@ -28,6 +28,7 @@ with warnings.catch_warnings():  # starlette's TestClient warns about httpx on i
     from fastapi.testclient import TestClient
 
 import broker.service.api
+from broker.cli import console as cli_console
 from broker.cli import main as cli
 from broker.service.api import create_app
 from broker.client import Client, Conflict, NotFound, ValidationFailed
@@ -390,7 +391,7 @@ slack_s: 21600
 
 
 def test_cli(server, store, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "console", Console(width=300, force_terminal=False, color_system=None))
+    monkeypatch.setattr(cli_console, "console", Console(width=300, force_terminal=False, color_system=None))
     team = "t" + uuid.uuid4().hex[:10]
     env = {"FEDBROKER_API_URL": server.url, "FEDBROKER_TOKEN": create_token(store, team).token, "FEDBROKER_CONFIG": None}
     runner = CliRunner()
