@@ -8,7 +8,7 @@
                 |  +-- failed   (the create failed; the same option tried again goes back to intent)
                 +-> terminated | terminating | abandoned (no instance id known: the sweep finds it by its tags)
 
-A row is the intent record written *before* the provider's create call (DESIGN.md §5). Every change of its
+A row is the intent record written *before* the provider's create call (ARCHITECTURE.md §5). Every change of its
 state goes through :func:`check_instance_transition` and is recorded, with its time and reason, in the
 instance's state history (``cloud_instance_events``; see :mod:`broker.service.store.cloud`). A move to the
 same state (a teardown retried, the sweep finding a row already terminated) is no move: it is not checked

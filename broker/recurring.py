@@ -3,7 +3,7 @@
 A recurring job template carries a cron expression (``"30 2 * * *"``) and a time
 zone (``"America/New_York"``); the cron is read in that zone's **local
 wall-clock time**. All instants that come out of this module are aware UTC
-datetimes (DESIGN.md §5: state and time series are kept in UTC).
+datetimes (ARCHITECTURE.md §5: state and time series are kept in UTC).
 
 How fires are computed
 ----------------------

@@ -2,7 +2,7 @@
 
 A :class:`HourlySeries` holds one value per interval (default 3600 s) starting at
 a UTC instant. It is used for electricity prices (USD/MWh) and grid carbon
-intensity (gCO2e/kWh). Rules (DESIGN.md §5):
+intensity (gCO2e/kWh). Rules (ARCHITECTURE.md §5):
 
 * every instant is UTC, stored as POSIX seconds (float); local-time data is
   converted on load with :meth:`HourlySeries.from_local`, so 23- and 25-hour

@@ -4,7 +4,7 @@ One boto3 EC2 client per region (``boto3.client("ec2", region_name=..., endpoint
 made lazily and cached; tests inject ``region_clients`` (a botocore ``Stubber``-wrapped client)
 or ``endpoint_url`` (a moto server).
 
-Launch (DESIGN.md §5)
+Launch (ARCHITECTURE.md §5)
     ``run_instances`` with ``MinCount = MaxCount = 1`` and ``ClientToken = req.token``: EC2 itself
     makes a retried create return the same instance. The instance and its volumes are tagged at
     creation (``req.tags`` + ``Name`` + ``fedbroker-token``), IMDSv2 is required

@@ -1,7 +1,7 @@
 """Provider-neutral failover: create one rank's instance on the first option of a ranked list that works.
 
 :func:`provision_with_failover` walks the planner's ranked options (the list order *is* the failover
-order: zone -> instance type -> region -> provider) and applies the rules of DESIGN.md §5:
+order: zone -> instance type -> region -> provider) and applies the rules of ARCHITECTURE.md §5:
 
 1. **Intent first.** ``record_intent(req)`` is called before the first create call of each option
    (the ``cloud_instances`` row in state ``intent``). A retry of the same option (throttling) reuses

@@ -106,7 +106,7 @@ class PlannerConfig(BaseModel):
             ``marginal`` (default): electricity only — the capital is spent whether
             the GPU is busy or idle, so leaving it idle to rent a cloud GPU never
             saves money. ``amortised``: electricity + the pool's amortised $/GPU-h
-            (DESIGN.md §4's literal formula). Reported costs always include the
+            (ARCHITECTURE.md §4's literal formula). Reported costs always include the
             amortised part.
     """
 

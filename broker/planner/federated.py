@@ -1,4 +1,4 @@
-"""The ``federated`` policy: the product's decision (DESIGN.md §4).
+"""The ``federated`` policy: the product's decision (ARCHITECTURE.md §4).
 
 For every job needing a decision it minimises, over on-prem (start now, a later
 cheaper/cleaner slot, or waiting in the queue) and every available cloud offer::
@@ -289,7 +289,7 @@ def _cloud_feasible(est, latest_finish: np.ndarray, budget: float, max_usd_h: fl
 
 def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.ndarray, ahead, budgets,
                       fits: list, free_now: list) -> None:
-    """Decide for ``jobs`` of one shape (or one job): the DESIGN.md §4 score over every option.
+    """Decide for ``jobs`` of one shape (or one job): the ARCHITECTURE.md §4 score over every option.
 
     ``fits[i][k]`` is the node list where job ``i`` fits target ``k`` now (or None) and
     ``free_now[i][k]`` the free GPUs of that target when the job was examined.

@@ -118,7 +118,7 @@ class Cycle:
 
         Jobs of one shape (GPU types, gang, memory, market, regions, checkpointing,
         priority) and one work bucket (x1.5) share the ranking, computed once per
-        cycle from a representative job (DESIGN.md §4: score per shape, not per job).
+        cycle from a representative job (ARCHITECTURE.md §4: score per shape, not per job).
         """
         key = (job.gpu_types, job.gpus_per_node, job.nodes, job.min_mem_gb, job.spot_ok, job.regions,
                job.checkpointable, job.checkpoint_interval_s, job.priority, work_bucket(job.work_s), by, id(offers))

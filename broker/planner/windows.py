@@ -7,7 +7,7 @@ Python loop over candidates) and returns the best one as a :class:`WindowChoice`
 Units: instants are POSIX seconds (UTC); power kW; energy kWh; electricity
 price USD/MWh; grid carbon intensity gCO2e/kWh; cost USD; emissions kgCO2e.
 
-Missing data stays missing (DESIGN.md §5): a candidate whose window touches a
+Missing data stays missing (ARCHITECTURE.md §5): a candidate whose window touches a
 missing (or absent) interval of the series it is ranked by is skipped, never
 scored as 0 -- a zero-carbon hour would look like the greenest hour.
 """

@@ -1,4 +1,4 @@
-"""The attempt lifecycle of on-prem attempts, on the service side (DESIGN.md §3).
+"""The attempt lifecycle of on-prem attempts, on the service side (ARCHITECTURE.md §3).
 
 Node agents hold no database credential: they report what their host saw through the node
 API (:mod:`broker.service.node_api`), and these functions read the job and its attempt and hand each report

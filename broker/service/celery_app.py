@@ -11,7 +11,7 @@ Queues:
 * ``dispatch`` — only ``fedbroker.dispatch``, the relay to provisioning of earlier releases: declared for one
   release so messages already queued there still run; remove it with the task next release.
 
-Rules from DESIGN.md §5: every task is short and idempotent; ``acks_late`` with
+Rules from ARCHITECTURE.md §5: every task is short and idempotent; ``acks_late`` with
 prefetch 1, so a task whose worker dies is delivered again; nothing is ever
 parked in ``eta``/``countdown`` (deferred starts are ``jobs.not_before`` in the
 database); results are not kept (``task_ignore_result``; expiry 1 h for any that are).

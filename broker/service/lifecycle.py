@@ -6,7 +6,7 @@ instances through :mod:`broker.service.cloud.reports`, the reconciler and the cl
 * :func:`mark_running` — the first rank runs (or ends before it said so): ``starting -> running``;
 * :func:`rank_ended` — one rank ended with an exit code (``None``: lost). While other ranks still run,
   a failed rank (or any rank of a gang already asked to stop) keeps its exit code on the attempt and asks
-  the rest of the gang to stop (``stop_reason="peer-ended"``: all or nothing, DESIGN.md §5); once every
+  the rest of the gang to stop (``stop_reason="peer-ended"``: all or nothing, ARCHITECTURE.md §5); once every
   rank has ended, :func:`end_attempt`;
 * :func:`end_attempt` — the job's outcome: ``cancelled`` (cancel requested), requeued from its checkpoint
   (``interrupted``: a spot notice or a preemption, not counted against ``max_attempts``; or a rank lost

@@ -1,6 +1,6 @@
 """The node API: what a node agent may do, with a credential scoped to its own node.
 
-Agents hold no broker secret (DESIGN.md §5, the Kubernetes kubelet/NodeRestriction model):
+Agents hold no broker secret (ARCHITECTURE.md §5, the Kubernetes kubelet/NodeRestriction model):
 no database URL, no Redis, no admin token. They call these routes with
 ``Authorization: Bearer <node token>`` (``fedbroker nodes token HOST``), and every route acts
 only on the caller's node and on the attempts placed on it; anything else answers 404

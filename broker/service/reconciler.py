@@ -1,4 +1,4 @@
-"""The reconciler: makes the store's view true again after faults (DESIGN.md §5, "every state has a deadline").
+"""The reconciler: makes the store's view true again after faults (ARCHITECTURE.md §5, "every state has a deadline").
 
 One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idempotent):
 

@@ -1,4 +1,4 @@
-"""providers.provisioner: the failover rules of DESIGN.md §5 with scripted fake adapters (no SDK here;
+"""providers.provisioner: the failover rules of ARCHITECTURE.md §5 with scripted fake adapters (no SDK here;
 the AWS adapter under failover against moto is in test_aws.py)."""
 
 from __future__ import annotations

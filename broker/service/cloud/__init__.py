@@ -1,6 +1,6 @@
 """The cloud side of the live broker: provision a placed job's instances, hear from them, watch them, tear them down.
 
-Flow of a cloud attempt (DESIGN.md §2 and §5)::
+Flow of a cloud attempt (ARCHITECTURE.md §3 and §5)::
 
     planner: queued -> provisioning (placement = the chosen offer)          broker.service.cycle
     fedbroker.provision -> CloudBroker.provision: failover, intent rows     .provision

@@ -3,7 +3,7 @@
 ``provisioning`` job -> :meth:`Provisioning.provision`:
 
 * failover options (:func:`failover_options`): the planner's offer, then zone -> instance type -> region ->
-  provider (DESIGN.md §5), less offers cooling down (:mod:`.cooldown`);
+  provider (ARCHITECTURE.md §5), less offers cooling down (:mod:`.cooldown`);
 * per rank: an intent row (``cloud_instances``, state ``intent``) BEFORE the create call, a tagged instance,
   an idempotency token from (job, attempt, offer, rank); rank 0 first, the others get its private address as
   ``MASTER_ADDR``; all or nothing (:func:`providers.provisioner.provision_gang`);
@@ -36,7 +36,7 @@ S = JobState
 def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Callable[[object], bool],
                      cooling: set[str] = frozenset(), limit: int = 8, canon: Callable[[str], str] = str) -> list:
     """The options one cloud attempt tries, in order: the planner's choice, then zone -> instance type ->
-    region -> provider (DESIGN.md §5), each group cheapest first per GPU-hour.
+    region -> provider (ARCHITECTURE.md §5), each group cheapest first per GPU-hour.
 
     ``offers``: every ``CloudOffer``; ``spec``: the job spec (dict). An option must hold the job the way
     the planner's ``compatible_offers`` does (GPU type in ``gpu_types``, ``gpu_count == gpus_per_node`` for a

@@ -1,4 +1,4 @@
-"""The job store: the source of truth for job state (DESIGN.md §5).
+"""The job store: the source of truth for job state (ARCHITECTURE.md §5).
 
 :class:`JobStore` wraps a SQLAlchemy engine (PostgreSQL in production, SQLite
 for a single-machine trial) and offers the operations the API, the planner

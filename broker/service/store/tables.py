@@ -10,7 +10,7 @@ Tables:
 * ``job_logs`` — captured stdout/stderr of attempts, in ordered chunks shipped by node agents.
 * ``nodes`` — on-prem hosts: inventory, healthy GPUs, last heartbeat and NVML telemetry.
 * ``cloud_instances`` — cloud instances with their intent records (a row is written
-  *before* the provider's create call; see DESIGN.md §5).
+  *before* the provider's create call; see ARCHITECTURE.md §5).
 * ``cloud_instance_events`` — the instance state history: every state change of a ``cloud_instances``
   row (:mod:`broker.instance_states`) with time and reason.
 * ``schedules`` — recurring runs (cron expression + IANA time zone) that create jobs.
