@@ -48,7 +48,7 @@ def test_the_store_and_the_trace_loaders_give_a_job_without_deadline_the_same_de
 def test_every_default_checkpoint_interval_is_the_one_constant():
     from broker.planner.core import PendingJob, RunningJob
     from broker.service.cycle import FAIR_SHARE_HALF_LIFE_S as cycle_half_life
-    from broker.service.reconciler import checkpointed_work_s
+    from broker.service.lifecycle import checkpointed_work_s
     from broker.sim.simulator import SimulationConfig
 
     assert JobSpec(command=["true"]).checkpoint_interval_s == 1800.0
