@@ -18,7 +18,7 @@ in the transactions this module opens.
    review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
    Queued jobs' rows and planner views are kept between cycles by version
    (:meth:`PlanningCycle._waiting_jobs`): only new or changed jobs are read in full.
-3. **Plan**: :func:`broker.planner.core.plan`, the same pure function the simulator runs.
+3. **Plan**: :func:`broker.planner.registry.plan`, the same pure function the simulator runs.
 4. **Apply** in one transaction that first advances the planner fence from the
    version read in step 2 (:meth:`JobStore.advance_fence`); if another cycle
    applied meanwhile (two planners after a lost Redis lock, a task delivered
@@ -57,7 +57,8 @@ from broker.service.store.tables import Job, utcnow
 from broker.service.live import LiveEnvironment, LiveNode
 from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, DecisionKind, JobSpec
 from broker.planner.core import PendingJob, RunningJob, Snapshot
-from broker.planner.costs import score
+from broker.planner.costs import onprem_kw, score
+from broker.planner.fair_share import decayed_usage
 from broker.planner.registry import plan
 from broker.states import JobState, check_transition
 from broker.service.store.core import JobStore
@@ -66,7 +67,7 @@ from providers.launch import DIGEST_RE as _DIGEST_RE
 #: the field names of :class:`PendingJob`, in order (its views are cached as tuples of them)
 _PJ_FIELDS = tuple(f.name for f in fields(PendingJob))
 
-__all__ = ["PlanningCycle", "CycleResult", "pending_job", "decayed_usage", "json_safe"]
+__all__ = ["PlanningCycle", "CycleResult", "pending_job", "json_safe"]
 
 log = logging.getLogger("fedbroker.cycle")
 S = JobState
@@ -147,24 +148,6 @@ def json_safe(obj):
     return obj
 
 
-def decayed_usage(rows: Sequence[tuple[str, int, float, float]], now_s: float,
-                  half_life_s: float = FAIR_SHARE_HALF_LIFE_S) -> dict[str, float]:
-    """Team -> decayed GPU-hours from ``(team, gpus, start_s, end_s)`` rows (``end_s`` NaN = still running).
-
-    Each GPU-second at time t weighs ``exp(-ln2 x (now - t) / half_life)``; integrated exactly per row.
-    """
-    lam = math.log(2) / half_life_s
-    out: dict[str, float] = defaultdict(float)
-    for team, gpus, a, b in rows:
-        b = now_s if (b is None or math.isnan(b)) else min(b, now_s)
-        if b <= a:
-            continue
-        # integral of exp(-lam (now - t)) dt over [a, b]
-        w = (math.exp(-lam * (now_s - b)) - math.exp(-lam * (now_s - a))) / lam
-        out[team] += gpus * w / 3600.0
-    return dict(out)
-
-
 class PlanningCycle:
     """Runs planning cycles against a :class:`JobStore`.
 
@@ -196,7 +179,7 @@ class PlanningCycle:
     def run(self, now: datetime | None = None) -> CycleResult:
         """One cycle at ``now`` (default: the clock). Returns a :class:`CycleResult`.
 
-        The cyclic garbage collector is paused during the cycle (as in :func:`broker.planner.core.plan`):
+        The cyclic garbage collector is paused during the cycle (as in :func:`broker.planner.registry.plan`):
         intake, the snapshot and the notes make tens of thousands of short-lived objects, none in
         cycles, and with 10,000 queued jobs' rows kept between cycles each full collection scanned
         them all (a third of an intake cycle in ``cProfile``)."""
@@ -417,7 +400,7 @@ class PlanningCycle:
         from broker.service.live import ReplayedSignals
 
         sig = ReplayedSignals(self.env.base_signals, self.env.offset_for(now.timestamp()))
-        kw = spec.total_gpus * self.env.gpus.busy_kw[gpu_type] * pool.pue
+        kw = onprem_kw(spec.total_gpus, self.env.gpus.busy_kw[gpu_type], pool.pue)
         choice = best_start(earliest_s=earliest, latest_start_s=latest, runtime_s=runtime, power_kw=kw,
                             price=sig.price(pool.price_zone), carbon=sig.carbon(pool.carbon_zone),
                             prefer=spec.window, slot_s=self.env.planner.slot_s)

@@ -24,6 +24,9 @@ Model (all times POSIX seconds, UTC):
   checkpointable) and is planned again.
 * **Preemption**: a preempted on-prem job loses the work since its last
   checkpoint and re-enters the queue.
+* **Fair share**: a run's reference-GPU-hours are charged to its team when it
+  starts and decay with the fair-share half-life (:class:`broker.planner.fair_share.UsageLedger`;
+  why the live cycle's exact integral is not used here is said in that module).
 * Both are costed with the planner's cost model (:mod:`broker.planner.costs`) on the
   realised run, so a run without surprises costs what its explain record said.
 * ``cost_usd`` is the spend a policy changes: cloud bills + on-prem
@@ -50,6 +53,7 @@ import numpy as np
 from broker.model import FAIR_SHARE_HALF_LIFE_S, CloudOffer, DecisionKind, Market, Pool
 from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob, Snapshot
 from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
+from broker.planner.fair_share import UsageLedger, reference_gpu_hours
 from broker.planner.registry import POLICIES, plan
 from broker.sim.results import PolicyRun
 from broker.sim.traces import Trace, TraceJob
@@ -238,9 +242,9 @@ class Simulator:
             jobs[tj.job_id] = _JobState(tj)
         total = len(jobs)
         done = 0
-        usage: dict[str, float] = {}
-        usage_t = self.trace.jobs[0].submit_s if self.trace.jobs else 0.0
-        decay = math.log(2) / cfg.fair_share_half_life_s
+        # fair share (broker.planner.fair_share): a run's reference-GPU-hours are charged when it starts
+        ledger = UsageLedger(self.trace.jobs[0].submit_s if self.trace.jobs else 0.0, cfg.fair_share_half_life_s)
+        usage = ledger.usage
         m = dict(cloud_cost=0.0, energy_cost=0.0, amort=0.0, energy=0.0, carbon=0.0, preemptions=0,
                  interruptions=0, cloud_jobs=0, deferred=0, missing_signal_s=0.0)
         tl_t, tl_cost, tl_carbon, tl_busy = [], [], [], []
@@ -371,12 +375,7 @@ class Simulator:
                     elif jid not in pending and pj.earliest_s <= t and st.waiting_wake:
                         st.waiting_wake = False
                         pending[jid] = pj
-            # fair-share usage decays continuously
-            if now > usage_t:
-                f = math.exp(-decay * (now - usage_t))
-                for k in usage:
-                    usage[k] *= f
-                usage_t = now
+            ledger.advance(now)  # fair-share usage decays continuously
             if not pending and not (queued_key and freed):
                 last_t = now
                 continue
@@ -424,7 +423,7 @@ class Simulator:
                                                    preemptible=pj.preemptible, team=pj.team,
                                                    checkpoint_interval_s=pj.checkpoint_interval_s,
                                                    checkpointable=pj.checkpointable)
-                    usage[pj.team] = usage.get(pj.team, 0.0) + pj.gpus * runtime / 3600.0 * self.gpus.throughput[gtype]
+                    ledger.charge(pj.team, reference_gpu_hours(pj.gpus, runtime, self.gpus.throughput[gtype]))
                     heapq.heappush(heap, (now + runtime, seq, _FINISH, d.job_id, st.attempt))
                     seq += 1
                 elif kind == DecisionKind.provision:
@@ -439,7 +438,7 @@ class Simulator:
                     if not st.cloud:
                         st.cloud = True
                         m["cloud_jobs"] += 1
-                    usage[pj.team] = usage.get(pj.team, 0.0) + pj.gpus * runtime / 3600.0 * self.gpus.throughput[offer.gpu_type]
+                    ledger.charge(pj.team, reference_gpu_hours(pj.gpus, runtime, self.gpus.throughput[offer.gpu_type]))
                     t_int = self.spot.next_interruption(o, start)
                     if t_int < start + runtime:
                         heapq.heappush(heap, (max(t_int, start), seq, _INTERRUPT, d.job_id, st.attempt))

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select
 
-from broker.service.cycle import PlanningCycle, decayed_usage
+from broker.planner.fair_share import decayed_usage
+from broker.service.cycle import PlanningCycle
 from broker.service.store.tables import Attempt, Job, utcnow
 from broker.service.live import LiveEnvironment, replay_offset_s
 from broker.model import LATEST_INSTANT, JobSpec

@@ -63,7 +63,7 @@ def test_every_default_checkpoint_interval_is_the_one_constant():
 
 
 def test_a_week_of_decay_halves_usage_in_the_live_cycle():
-    from broker.service.cycle import decayed_usage
+    from broker.planner.fair_share import decayed_usage
 
     # one GPU for one second that ended exactly one half-life ago weighs ~1/2 GPU-second
     got = decayed_usage([("t", 1, 0.0, 1.0)], now_s=1.0 + WEEK_S)["t"] * 3600.0
