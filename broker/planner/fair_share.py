@@ -9,7 +9,8 @@ reference-GPU-hours. Policies order a priority class by usage / team weight
 * :func:`decay_rate`, :func:`decay_factor` — the decay;
 * :func:`reference_gpu_hours` — GPU-seconds on a GPU type as reference-GPU-hours;
 * :func:`decayed_gpu_hours` — the exact decayed integral over GPU intervals (vectorised);
-* :func:`decayed_usage` — team -> usage from attempt intervals: the live cycle (attempt rows);
+* :func:`decayed_usage` — team -> usage from GPU intervals: the live cycle (attempt rows, GPUs x the
+  throughput of the attempt's GPU type);
 * :class:`UsageLedger` — usage kept on a clock, decayed as it advances: the simulator.
 
 The two callers differ in *when* GPU-hours are counted, not in the rule's terms: the live cycle

@@ -564,9 +564,11 @@ class PlanningCycle:
             else:
                 pj.committed_pool = None
                 pending.append(pj)
-        # fair share: decayed GPU-hours of attempts in the last 8 half-lives
+        # fair share: decayed reference-GPU-hours of attempts in the last 8 half-lives
         since = now - timedelta(seconds=8 * FAIR_SHARE_HALF_LIFE_S)
-        usage = decayed_usage([(r.team, r.gpus, r.started_at.timestamp(), _ts(r.ended_at) if r.ended_at else math.nan)
+        thr = ctx.gpus.throughput
+        usage = decayed_usage([(r.team, r.gpus * thr.get(self.canon(r.gpu_type or ""), 1.0), r.started_at.timestamp(),
+                                _ts(r.ended_at) if r.ended_at else math.nan)
                                for r in planning_rows.gpu_usage_rows(s, since)], now_s)
         avail = np.array(self.env.offer_provisionable(), dtype=bool) if ctx.offers else None
         if avail is not None and self.cloud is not None:

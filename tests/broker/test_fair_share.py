@@ -139,3 +139,43 @@ def test_the_simulator_and_the_cycle_agree_on_an_interval(gpus, throughput, age_
     whole.advance(NOW)
     x = decay_rate() * (stop - start)
     assert whole.usage["t"] == pytest.approx(exact * x / math.expm1(x), rel=1e-9)
+
+
+def test_the_live_cycle_gives_the_planner_decayed_reference_gpu_hours(pg_store, monkeypatch):
+    """The cycle's snapshot: an attempt of 2 A100s (2.2 x a V100) for the hour that ended a half-life ago weighs
+    2.2 x 0.99794 = 2.19547 reference-GPU-hours; one of 1 V100 running for the last hour 168/ln2 x (1 - 2^(-1/168))
+    = 0.99794 (ages 0 .. 1 h); one never started, nothing (its team is left out)."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    import broker.service.cycle as cycle_mod
+    from broker.model import JobSpec
+    from broker.service.cycle import PlanningCycle
+    from broker.service.live import LiveEnvironment
+    from broker.service.settings import BrokerSettings
+    from broker.service.store import planning
+    from broker.service.store.tables import Attempt, utcnow
+
+    now = utcnow()
+    spec = JobSpec(command=["true"], estimated_duration_s=600.0)
+    ml, vision, idle = (pg_store.submit(team, spec, now=now - timedelta(days=8))[0].id for team in ("ml", "vision", "x"))
+    week, hour = timedelta(seconds=WEEK), timedelta(hours=1)
+    with pg_store.session() as s:
+        planning.add_onprem_attempt(s, ml, 1, "lab", [{"node": "n1", "gpus": [0, 1], "rank": 0}], "A100", now)
+        planning.add_onprem_attempt(s, vision, 1, "lab", [{"node": "n2", "gpus": [0], "rank": 0}], "V100", now)
+        planning.add_onprem_attempt(s, idle, 1, "lab", [{"node": "n2", "gpus": [1], "rank": 0}], "V100", now)
+        s.execute(update(Attempt).where(Attempt.job_id == ml).values(started_at=now - week - hour, ended_at=now - week))
+        s.execute(update(Attempt).where(Attempt.job_id == vision).values(started_at=now - hour))
+    pg_store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=now)
+    seen = {}
+    real_plan = cycle_mod.plan
+
+    def spy(snapshot, ctx):
+        seen.update(snapshot.team_usage)
+        return real_plan(snapshot, ctx)
+
+    monkeypatch.setattr(cycle_mod, "plan", spy)
+    PlanningCycle(pg_store, LiveEnvironment(BrokerSettings().planner), BrokerSettings()).run(now)
+    assert seen == {"ml": pytest.approx(2.2 * 0.9979398961808484, rel=1e-9),
+                    "vision": pytest.approx(168 / math.log(2) * (1 - 2 ** (-1 / 168)), rel=1e-9)}

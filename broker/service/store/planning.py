@@ -123,8 +123,8 @@ def active_job_rows(s: Session) -> list[Job]:
 
 def gpu_usage_rows(s: Session, ended_since: datetime) -> list[Row]:
     """The attempts that started and are still running or ended at or after ``ended_since``: rows with the
-    named columns ``team, gpus, started_at, ended_at`` (UTC; ``ended_at`` ``None`` while running)."""
-    return list(s.execute(select(Job.team, Attempt.gpus, Attempt.started_at, Attempt.ended_at)
+    named columns ``team, gpus, gpu_type, started_at, ended_at`` (UTC; ``ended_at`` ``None`` while running)."""
+    return list(s.execute(select(Job.team, Attempt.gpus, Attempt.gpu_type, Attempt.started_at, Attempt.ended_at)
                           .join(Job, Job.id == Attempt.job_id)
                           .where(Attempt.started_at.is_not(None),
                                  or_(Attempt.ended_at.is_(None), Attempt.ended_at >= ended_since))))
