@@ -27,6 +27,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 
 from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.planner.core import PlannerConfig
+from providers.registry import PROVIDERS
 
 __all__ = ["BrokerSettings", "QuotaSettings", "TeamQuota", "TeamLimits", "AwsSettings", "AwsRegionSettings",
            "GcpSettings", "CloudSettings", "JobsSettings", "load_settings",
@@ -424,9 +425,9 @@ class BrokerSettings(BaseSettings):
         cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
             register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
         planner: the planner's settings (policy, carbon price, ...), see :class:`PlannerConfig`.
-        cloud_providers: cloud providers whose offers may be provisioned (``aws``, ``gcp``; each needs
-            its section below); empty = on-prem only (cloud offers are still costed and shown as
-            alternatives in explain records).
+        cloud_providers: cloud providers whose offers may be provisioned (names in
+            :data:`providers.registry.PROVIDERS`: ``aws``, ``gcp``; each needs its section below); empty =
+            on-prem only (cloud offers are still costed and shown as alternatives in explain records).
         aws, gcp: provider settings (:class:`AwsSettings`, :class:`GcpSettings`), from Terraform outputs
             (``fedbroker cloud settings-from-terraform``).
         cloud: how cloud instances are run and watched (:class:`CloudSettings`).
@@ -522,8 +523,8 @@ class BrokerSettings(BaseSettings):
     @classmethod
     def _providers(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         for p in v:
-            if p not in ("aws", "gcp"):
-                raise ValueError(f"cloud_providers: {p!r} is not a known provider (aws, gcp)")
+            if p not in PROVIDERS:
+                raise ValueError(f"cloud_providers: {p!r} is not a known provider ({', '.join(PROVIDERS)})")
         if len(set(v)) != len(v):
             raise ValueError(f"cloud_providers={list(v)!r}: lists a provider twice")
         return v
@@ -531,8 +532,9 @@ class BrokerSettings(BaseSettings):
     @model_validator(mode="after")
     def _provider_sections(self) -> "BrokerSettings":
         for p in self.cloud_providers:
-            if getattr(self, p) is None:
-                raise ValueError(f"cloud_providers lists {p!r} but the {p!r} section is missing "
+            section = PROVIDERS[p].settings_section
+            if getattr(self, section) is None:
+                raise ValueError(f"cloud_providers lists {p!r} but the {section!r} section is missing "
                                  f"(see `fedbroker cloud settings-from-terraform --provider {p}`)")
         return self
 
