@@ -46,10 +46,10 @@ def code_version() -> dict:
 
 def parse_policies(ap, text: str) -> list[str]:
     """Comma-separated policy names from ``--policies``; ``ap.error`` (exit 2) names unknown ones."""
-    from broker.planner.core import POLICY_NAMES as POLICIES
+    from broker.planner.core import POLICY_NAMES
 
     policies = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
+    bad = [p for p in policies if p not in POLICY_NAMES]
     if bad or not policies:
-        ap.error(f"--policies: unknown {bad or 'empty'}; choose from {', '.join(POLICIES)}")
+        ap.error(f"--policies: unknown {bad or 'empty'}; choose from {', '.join(POLICY_NAMES)}")
     return policies

@@ -1,4 +1,4 @@
-"""Benchmark one planner cycle: ``broker.planner.core.plan(snapshot, ctx)``.
+"""Benchmark one planner cycle: ``broker.planner.registry.plan(snapshot, ctx)``.
 
 For every (on-prem GPUs, pending jobs, policy) combination this builds one
 deterministic snapshot and times ``plan()`` a few times.
@@ -60,9 +60,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.model import Pool, PoolNode  # noqa: E402
-from broker.planner.core import POLICY_NAMES as POLICIES  # noqa: E402
-from broker.planner.core import PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot  # noqa: E402
-from broker.planner.registry import plan  # noqa: E402
+from broker.planner.core import POLICY_NAMES, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot  # noqa: E402
+from broker.planner.registry import POLICIES, plan  # noqa: E402
 from broker.sim.scenario import load_scenario  # noqa: E402
 from broker.sim.simulator import SpotModel  # noqa: E402
 from broker.sim.traces import load_philly  # noqa: E402
@@ -233,7 +232,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1000,10000,100000", help="pending jobs, comma-separated")
     ap.add_argument("--gpus", default="1000,10000", help="on-prem GPUs (8-GPU V100 nodes), comma-separated")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policies")
+    ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
     ap.add_argument("--repeat", type=int, default=5, help="timed repetitions (capped at 5 for 10k, 3 for 100k)")
     ap.add_argument("--warm", action="store_true", help="reuse one PlannerContext after an untimed warm-up call")
     ap.add_argument("--busy", type=float, default=0.85, help="fraction of on-prem GPUs held by running jobs")
@@ -275,7 +274,7 @@ def main(argv=None) -> int:
                             team_usage=usage)
             for pol in policies:
                 cfg = PlannerConfig(policy=pol)
-                offers = [] if pol in ("fifo", "backfill") else scen.offers  # as the simulator does
+                offers = scen.offers if POLICIES[pol].uses_cloud else []  # as the simulator does
 
                 def make_ctx(cfg=cfg, offers=offers, pool=pool):
                     return PlannerContext(cfg, [pool], offers, scen.signals, scen.gpus)

@@ -1,6 +1,6 @@
 """The live broker's planning inputs: pools, offers and grid signals for "now".
 
-The simulator and the live broker call the same :func:`broker.planner.core.plan`.
+The simulator and the live broker call the same :func:`broker.planner.registry.plan`.
 What differs is where the inputs come from:
 
 * **Pools**: the site parameters (grid zones, PUE, $/GPU-h, time zone) come from
