@@ -121,10 +121,11 @@ def _submit_kicks(app, database_url: str, monkeypatch) -> list[str]:
     """Submit one job to ``app``; the planner kicks that followed (``wiring.kick_planner`` recorded)."""
     from broker.service import wiring
     from broker.service.store.core import JobStore
+    from broker.service.tokens import create_token
 
     kicks: list[str] = []
     monkeypatch.setattr(wiring, "kick_planner", lambda debounce_ms=200: kicks.append("plan") or True)
-    token = JobStore(database_url).create_token("vision", label="test")
+    token = create_token(JobStore(database_url), "vision", label="test").token
     with warnings.catch_warnings():  # starlette's TestClient warns about httpx on import
         warnings.simplefilter("ignore")
         from fastapi.testclient import TestClient
