@@ -18,7 +18,7 @@ above it), ``timeout_keep_alive`` (idle keep-alive connections closed after
 answered 400 (counted in the parser callbacks for httptools; h11's ``h11_max_incomplete_event_size``
 bounds only a head still incomplete in its buffer) and the body limit of :class:`broker.service.jsonbody.BodyLimit`, no single client can hold
 the server. Connections are cheap (asyncio), so partial-header
-connections below the cap do not delay other requests (``tests/broker/test_httpserver.py``).
+connections below the cap do not delay other requests (``tests/broker/service/test_httpserver.py``).
 
 A reverse proxy in front (nginx ``client_header_timeout``/``client_body_timeout``) is the usual
 production layout and does the same; these limits hold without one.

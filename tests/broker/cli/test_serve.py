@@ -18,7 +18,7 @@ import requests
 from broker.cli.serve import _celery_level, _logging, _settings
 from tests.conftest import REDIS_URL, auth
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_celery_logs_at_warning_unless_debug():

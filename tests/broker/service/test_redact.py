@@ -23,7 +23,7 @@ from broker.service.redact import SecretFilter, install_secret_filter, mask_url,
 from broker.service.settings import BrokerSettings
 from tests.conftest import PG_URL, REDIS_URL
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("url, masked", [

@@ -43,5 +43,5 @@ def test_the_planner_package_imports_no_io_library():
             "for m in pkgutil.iter_modules(p.__path__): importlib.import_module('broker.planner.' + m.name)\n"
             f"print(sorted(k for k in sys.modules if k.split('.')[0] in {IO_LIBRARIES!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+                         cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip() == "[]"

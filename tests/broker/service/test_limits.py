@@ -349,7 +349,7 @@ def test_team_usage_counter_follows_every_change(store):
 
     from broker.states import TERMINAL_STATES
 
-    mig = (Path(__file__).parents[2] / "broker/service/store/migrations/versions/0007_jobs_team_state_index.py").read_text()
+    mig = (Path(__file__).parents[3] / "broker/service/store/migrations/versions/0007_jobs_team_state_index.py").read_text()
     assert "_DONE = \"(" + ", ".join(repr(s.value) for s in sorted(TERMINAL_STATES, key=lambda s: ["succeeded", "failed", "cancelled"].index(s.value))) + ")\"" in mig
     team, other = "tu" + uuid.uuid4().hex[:8], "tv" + uuid.uuid4().hex[:8]
     spec = JobSpec.model_validate(SPEC)

@@ -1,0 +1,1 @@
+"""Tests of broker.cli: the `fedbroker` commands (main, jobs, cloud) and `fedbroker serve`'s wiring."""

@@ -1,0 +1,1 @@
+"""Tests of broker.planner: the pure planner (costs, capacity, windows, policies, the package's shape)."""

@@ -1,0 +1,1 @@
+"""Tests of broker.sim: the simulator, the trace loaders and the report."""
