@@ -18,7 +18,7 @@ integrates each attempt's interval up to now; the simulator charges a run's plan
 reference-GPU-hours at its start (a preempted or interrupted run keeps its whole charge). Charging
 as the GPUs are used instead moves the demo's figures (27 of 324 ``results.json`` keys on the
 Philly trace; backfill: 56,480 deadline misses instead of 51,880), so the simulator keeps its
-charge at start. The two agree as charges get short (``tests/broker/test_fair_share.py``).
+charge at start. The two agree as charges get short (``tests/broker/planner/test_fair_share.py``).
 """
 
 from __future__ import annotations
