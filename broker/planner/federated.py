@@ -371,7 +371,7 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
         F_on, kind_on = np.empty((n, 0), dtype=bool), np.empty((n, 0), dtype=np.int64)
     if cl:
         clf, cl_offer, kcount = cl
-        C = N_ALTERNATIVES + 1
+        C = len(cl_offer[0])  # the ranked columns gathered: min(compatible offers, N_ALTERNATIVES + 1)
         kmask = np.arange(C)[None, :] < np.array(kcount)[:, None]
         S_cl = np.where(kmask, np.array(clf["score"]), INF)
         fin_cl = np.where(kmask, now + np.array(clf["finish"]), INF)

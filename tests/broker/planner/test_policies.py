@@ -276,6 +276,23 @@ def test_federated_goes_to_the_cloud_when_on_prem_misses_the_deadline():
     _has_costs(alt, 1.2 * 150 / 1000 + 2.0, 1.2, 0.12)
 
 
+def test_federated_batch_of_one_shape_with_fewer_offers_than_alternatives_goes_to_the_cloud():
+    # a regression (found by test_invariants_every_policy): two same-shape jobs are decided as one batch, and
+    # with 2 compatible offers (fewer than the N_ALTERNATIVES + 1 ranked cloud columns) the batch raised
+    dearer = make_offer("v100x4b").gpu("V100", 4).price(12.0).build()
+    ctx = make_ctx([_fed_pool()], [_fed_offer(), dearer], signals=FED_SIGNALS, policy="federated")
+    running = [make_running("r").on((0, 4)).ends(T0 + 10 * H).build()]
+    jobs = [make_job(f"j{i}").gpus(4).work(H).deadline(T0 + 3 * H).build() for i in range(2)]
+    ds = plan(make_snapshot(T0, jobs, [[0]], running), ctx)
+    assert [(d.job_id, d.kind, d.offer_index) for d in ds] == [("j0", DecisionKind.provision, 0),
+                                                                ("j1", DecisionKind.provision, 0)]
+    for d in ds:
+        _has_costs(d.option, 10.0 * 3900 / 3600, 1.32, 0.132)
+        # the dearer offer (12 USD/h, same energy), then on-prem (misses the deadline)
+        assert [(a.kind, a.target) for a in d.alternatives] == [("cloud", ctx.offer_ids[1]), ("onprem", "lab")]
+        _has_costs(d.alternatives[0], 12.0 * 3900 / 3600, 1.32, 0.132)
+
+
 def test_federated_waits_for_on_prem_when_that_is_feasible_and_cheaper():
     ctx = _fed_ctx()
     running = [make_running("r").on((0, 4)).ends(T0 + 2 * H).build()]
