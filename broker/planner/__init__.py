@@ -10,3 +10,11 @@
 * :mod:`.capacity` — the free on-prem capacity index (best fit, release profile);
 * :mod:`.windows` — the cheapest or cleanest start window over hourly signals.
 """
+
+from broker.planner.core import (POLICY_NAMES, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob,
+                                 Snapshot)
+from broker.planner.registry import POLICIES, plan
+
+#: the planner's public face: ``from broker.planner import plan, Snapshot, PlannerConfig``
+__all__ = ["plan", "POLICIES", "POLICY_NAMES", "PolicyName", "PlannerConfig", "PlannerContext", "Snapshot",
+           "PendingJob", "RunningJob"]
