@@ -59,7 +59,7 @@ from broker.sim.results import PolicyRun
 from broker.sim.traces import Trace, TraceJob
 from pricing.series import window_integral
 
-__all__ = ["SimulationConfig", "Simulator", "simulate", "SpotModel"]
+__all__ = ["SimulationConfig", "Simulator", "simulate", "SpotModel", "pending_job"]
 
 _ARRIVE, _FINISH, _CLOUD_FINISH, _INTERRUPT, _WAKE = 0, 1, 2, 3, 4
 
@@ -143,6 +143,14 @@ class SpotModel:
         if k < 0:
             return math.inf
         return float(self.traces[k].next_drop_after(t_s, float(self.offset[offer])))
+
+
+def pending_job(tj: TraceJob) -> PendingJob:
+    """The planner's view of trace job ``tj`` at its arrival: all its work (reference-GPU seconds) remaining."""
+    return PendingJob(job_id=tj.job_id, team=tj.team, priority=tj.priority.rank, submit_s=tj.submit_s,
+                      deadline_s=tj.deadline_s, earliest_s=tj.submit_s, work_s=tj.duration_s,
+                      gpus_per_node=tj.gpus_per_node, nodes=tj.nodes,
+                      gpu_types=frozenset([tj.gpu_type]) if tj.gpu_type else None, preemptible=tj.preemptible)
 
 
 @dataclass(slots=True)
@@ -337,11 +345,7 @@ class Simulator:
                 st = jobs[jid]
                 if kind == _ARRIVE:
                     tj = st.trace
-                    pj = PendingJob(job_id=jid, team=tj.team, priority=tj.priority.rank, submit_s=tj.submit_s,
-                                    deadline_s=tj.deadline_s, earliest_s=tj.submit_s, work_s=tj.duration_s,
-                                    gpus_per_node=tj.gpus_per_node, nodes=tj.nodes,
-                                    gpu_types=frozenset([tj.gpu_type]) if tj.gpu_type else None,
-                                    preemptible=tj.preemptible)
+                    pj = pending_job(tj)
                     st.pending = pj
                     pending[jid] = pj
                 elif token != st.attempt:
