@@ -73,6 +73,8 @@ def simulate(
     value_of_time: float = typer.Option(0.002, help="Value of waiting, USD per GPU-hour (normal priority)."),
     slack_factor: float = typer.Option(1.0, help="Deadline slack = max(slack_factor x duration, min_slack_h)."),
     min_slack_h: float = typer.Option(12.0, help="Minimum deadline slack, hours."),
+    bound: bool = typer.Option(False, "--bound", help="Also solve the LP lower bound (broker/sim/bound.py) and give "
+                                                      "each policy's cost and score ratio to it."),
 ) -> None:
     """Replay a job trace under the given policies and compare them."""
     from broker.planner.core import PlannerConfig
@@ -127,6 +129,18 @@ def simulate(
                                  progress=lambda d, t, task=task: prog.update(task, completed=d))
             if not current_console().is_terminal:
                 current_console().print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
+    bound_doc = None
+    if bound:
+        from broker.sim.bound import lower_bound, ratios_to_bound
+
+        lb = lower_bound(tr, scen.pools, scen.offers, scen.signals, pc, scen.gpus)
+        for r in runs.values():
+            r.metrics.update(ratios_to_bound(r.metrics, lb, pc))
+        bound_doc = lb.as_json()
+        current_console().print(f"LP lower bound: cost ${lb.cost_usd:,.0f}, carbon {lb.carbon_kg:,.0f} kg, score "
+                                f"${lb.score_usd:,.0f} at ${lb.carbon_price_usd_per_t:,.0f}/t ({lb.variables:,} variables, "
+                                f"{lb.constraints:,} constraints, {lb.solve_s:.1f} s)"
+                                + (f"; left out: {lb.excluded}" if lb.excluded else ""))
     current_console().print(comparison_table(runs))
     for name, r in runs.items():
         miss = r.metrics.get("missing_signal_hours", 0.0)
@@ -138,7 +152,7 @@ def simulate(
             "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    js, html = write_report(runs, out, meta)
+    js, html = write_report(runs, out, meta, bound_doc)
     current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]")
 
 

@@ -65,7 +65,7 @@ from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw, s
 from broker.sim.simulator import pending_job
 from broker.sim.traces import Trace
 
-__all__ = ["LowerBound", "lower_bound", "policy_score_usd"]
+__all__ = ["LowerBound", "lower_bound", "policy_score_usd", "ratios_to_bound"]
 
 _H = 3600.0
 
@@ -114,6 +114,15 @@ def policy_score_usd(metrics: dict[str, float], config: PlannerConfig) -> float:
     """
     dollars = metrics["cost_usd"] + (metrics["onprem_amortised_usd"] if config.onprem_cost_basis == "amortised" else 0.0)
     return float(score(dollars, metrics["carbon_kg"], 0.0, 0.0, config.carbon_price_usd_per_tonne))
+
+
+def ratios_to_bound(metrics: dict[str, float], bound: LowerBound, config: PlannerConfig) -> dict[str, float]:
+    """A run's ``cost_ratio_to_bound`` (``cost_usd`` / the cost bound) and ``score_ratio_to_bound``
+    (:func:`policy_score_usd` / the score bound); NaN where the bound is not positive (a ratio to
+    zero or to a negative cost, possible with negative tariffs, says nothing)."""
+    cost = metrics["cost_usd"] / bound.cost_usd if bound.cost_usd > 0 else math.nan
+    sc = policy_score_usd(metrics, config) / bound.score_usd if bound.score_usd > 0 else math.nan
+    return {"cost_ratio_to_bound": cost, "score_ratio_to_bound": sc}
 
 
 def _nan0(a: np.ndarray) -> np.ndarray:
@@ -205,6 +214,21 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
     # ---- per offer zone: carbon intensity integral of each hour (NaN -> 0, as accounted)
     zone_ci = np.array([_nan0(s.integrals(starts, one_h)) for s in ctx.zone_carbon]) if ctx.zones else np.zeros((0, 0))
 
+    # ---- per shape, cloud per reference-GPU-hour of work (costs.cloud_cost of one job-hour, no delay, no
+    # minimum): the cheapest bill, and per hour the least kgCO2e and the least score over compatible offers
+    cloud_best: dict[tuple, tuple[float, np.ndarray, np.ndarray]] = {}
+    for shape, (_, compat, rep) in shapes.items():
+        if not compat.size:
+            continue
+        per_work = rep.nodes * rep.gpus_per_node * ctx.offer_thr[compat]  # ref-GPU-hours per job-hour
+        c = cloud_cost(_H, 0.0, usd_per_hour=rep.nodes * ctx.offer_price[compat], min_billed_s=0.0,
+                       kw=cloud_kw(rep.nodes, rep.gpus_per_node, ctx.offer_gpu_count[compat],
+                                   ctx.offer_busy_kw[compat], ctx.offer_idle_kw[compat], ctx.offer_pue[compat])[:, None],
+                       carbon_integral=zone_ci[ctx.offer_zone[compat]])
+        usd = c.dollars_usd / per_work
+        kg = c.carbon_kg / per_work[:, None]
+        cloud_best[shape] = (float(usd.min()), kg.min(axis=0), score(usd[:, None], kg, 0.0, 0.0, cp).min(axis=0))
+
     # ---- columns
     cols_cost, cols_carbon, cols_score = [], [], []
     eq_rows, eq_cols, eq_vals, b_eq = [], [], [], []
@@ -238,17 +262,10 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
             b_ub.extend([class_gpus] * hi.size)
         # cloud: one variable, priced at the best (offer, hour) of the window for each objective
         if compat.size:
-            thr = ctx.offer_thr[compat]
-            per_work = rep.nodes * rep.gpus_per_node * thr  # reference-GPU-hours per job-hour on the offer
-            c = cloud_cost(_H, 0.0, usd_per_hour=rep.nodes * ctx.offer_price[compat], min_billed_s=0.0,
-                           kw=cloud_kw(rep.nodes, rep.gpus_per_node, ctx.offer_gpu_count[compat],
-                                       ctx.offer_busy_kw[compat], ctx.offer_idle_kw[compat], ctx.offer_pue[compat]),
-                           carbon_integral=zone_ci[ctx.offer_zone[compat]][:, hi])
-            usd = (c.dollars_usd / per_work)[:, None]
-            kg = c.carbon_kg / per_work[:, None]
-            cols_cost.append(np.array([usd.min()]))
-            cols_carbon.append(np.array([kg.min()]))
-            cols_score.append(np.array([score(usd, kg, 0.0, 0.0, cp).min()]))
+            usd, kg_h, score_h = cloud_best[shape]
+            cols_cost.append(np.array([usd]))
+            cols_carbon.append(np.array([kg_h[hi].min()]))
+            cols_score.append(np.array([score_h[hi].min()]))
             eq_rows.append(np.array([ci_]))
             eq_cols.append(np.array([n_var]))
             eq_vals.append(np.array([1.0]))

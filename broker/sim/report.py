@@ -355,7 +355,8 @@ def _kv_table(d: Mapping[str, Any]) -> str:
     return f"<table>{rows}</table>"
 
 
-def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[tuple[str, str]]) -> str:
+def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[tuple[str, str]],
+          bound: Mapping[str, Any] | None = None) -> str:
     names = list(runs)
     head = "<tr><th>metric</th><th>unit</th>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
     body = []
@@ -378,17 +379,19 @@ def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[t
         f"<title>fedbroker policy report</title><style>{_CSS}</style></head><body>"
         f"<h1>fedbroker policy report</h1><p class='dim'>generated {generated}</p>"
         f"<h2>Metrics</h2><table>{head}{''.join(body)}</table>"
-        f"<h2>Plots</h2>{figs}"
+        + (f"<h2>Lower bound (LP relaxation)</h2>{_kv_table(bound)}" if bound else "")
+        + f"<h2>Plots</h2>{figs}"
         f"<h2>Skipped</h2><table>{skipped_rows}</table>"
         f"<h2>Run parameters</h2>{_kv_table(meta)}"
         "</body></html>"
     )
 
 
-def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict) -> tuple[Path, Path]:
+def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: dict | None = None) -> tuple[Path, Path]:
     """Write ``out_dir/results.json`` and ``out_dir/report.html``; return their paths ``(json, html)``.
 
     ``results.json`` is ``{"policies": {name: metrics}, "meta": meta, "skipped": {name: {reason: count}}}``
+    (and ``"bound": bound`` when given: the LP lower bound, :meth:`broker.sim.bound.LowerBound.as_json`)
     with numpy values converted and NaN/inf written as ``null``. ``report.html`` is
     self-contained (metrics table, 5 embedded PNG plots, skip counts, ``meta``).
     ``out_dir`` is created if needed. Raises ``OSError`` if it cannot be written.
@@ -400,6 +403,8 @@ def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict) -> tuple
         "meta": to_jsonable(meta or {}),
         "skipped": {str(n): to_jsonable(r.skipped) for n, r in runs.items()},
     }
+    if bound is not None:
+        doc["bound"] = to_jsonable(bound)
     jpath = out / "results.json"
     jpath.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
@@ -414,5 +419,5 @@ def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict) -> tuple
         ("On-prem GPU utilisation over time (fraction busy)", _plot_util(runs, colors)),
     ]
     hpath = out / "report.html"
-    hpath.write_text(_html(runs, meta or {}, images), encoding="utf-8")
+    hpath.write_text(_html(runs, meta or {}, images, bound), encoding="utf-8")
     return jpath, hpath

@@ -47,6 +47,27 @@ def test_simulate_philly_two_policies(run, tmp_path):
     assert html.lstrip().lower().startswith("<!doctype html") and "federated" in html and "fifo" in html
     assert "trace philly: 300 jobs" in r.output
 
+    assert "bound" not in doc and "cost_ratio_to_bound" not in doc["policies"]["fifo"]  # only with --bound
+
+
+def test_simulate_bound_writes_the_lp_bound_and_each_policy_ratio(run, tmp_path):
+    out = tmp_path / "sim"
+    r = run("simulate", "--trace", "philly", "--jobs", "200", "--policy", "fifo,federated", "--bound", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "results.json").read_text())
+    b = doc["bound"]
+    assert sorted(b) == ["carbon_kg", "carbon_price_usd_per_t", "cost_usd", "score_usd"]
+    assert b["carbon_price_usd_per_t"] == 190.0
+    # score = cost + 190 USD/t x carbon at its own optimum, so at least the cheaper of the two parts' bounds
+    assert b["score_usd"] >= b["cost_usd"] + 0.19 * b["carbon_kg"] - 1e-6
+    for name, m in doc["policies"].items():
+        if m["jobs_completed"] == 200 and m["deadline_misses"] == 0:  # the bound is for such schedules
+            assert m["cost_ratio_to_bound"] >= 1.0 - 1e-9, name
+            assert m["score_ratio_to_bound"] >= 1.0 - 1e-9, name
+        assert m["cost_ratio_to_bound"] == pytest.approx(m["cost_usd"] / b["cost_usd"])
+    assert "LP lower bound: cost $" in r.output
+    assert "Lower bound (LP relaxation)" in (out / "report.html").read_text()
+
 
 CSV = """submit_time,duration_s,num_gpus,gpu_type,team,job_id
 2023-09-04T10:00:00Z,3600,4,V100,vision,g1
