@@ -129,11 +129,15 @@ def simulate(
                                  progress=lambda d, t, task=task: prog.update(task, completed=d))
             if not current_console().is_terminal:
                 current_console().print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
-    bound_doc = None
+    bound_doc = lb = None
     if bound:
         from broker.sim.bound import lower_bound, ratios_to_bound
 
-        lb = lower_bound(tr, scen.pools, scen.offers, scen.signals, pc, scen.gpus)
+        try:
+            lb = lower_bound(tr, scen.pools, scen.offers, scen.signals, pc, scen.gpus)
+        except RuntimeError as e:  # infeasible: no schedule meets every deadline; the runs are still written
+            current_console().print(f"[yellow]warning:[/yellow] no bound: {e}")
+    if lb is not None:
         for r in runs.values():
             r.metrics.update(ratios_to_bound(r.metrics, lb, pc))
         bound_doc = lb.as_json()

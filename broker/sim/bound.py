@@ -14,7 +14,7 @@ whole UTC hours that its window ``[submit_s, deadline_s]`` touches, with perfect
 * work: ``sum_{p,t,h} throughput(t) x[c,p,t,h] + y[c] = W_c / 3600`` for every class;
 * on-prem capacity: ``sum_c x[c,p,t,h] <= GPUs of type t in pool p`` (GPU-hours per hour);
 * parallelism: ``sum_{p,t} x[c,p,t,h] <= GPUs of the class's jobs`` (a job holds at most its
-  gang's GPUs at once);
+  gang's GPUs at once; a bound on the variable when the class has one target);
 * objective (one LP each): cost (what the simulator's ``cost_usd`` counts: on-prem electricity
   at each hour's tariff + cloud bills), carbon (kgCO2e), or score = cost (+ the pools' amortised
   $/GPU-h when ``PlannerConfig.onprem_cost_basis == "amortised"``) + carbon price x kgCO2e.
@@ -236,11 +236,14 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
     n_cap = len(pt_list) * hours.size  # capacity rows first: row = pt * n_hours + hour
     n_var = 0
     cloud_vars: list[int] = []
+    upper: list[np.ndarray] = []  # variables' upper bounds
     for ci_, ((r, d, shape), (work_h, class_gpus)) in enumerate(classes.items()):
         targets, compat, rep = shapes[shape]
         hi = np.arange(r - h0, d - h0 + 1)
-        # on-prem variables: per target, per hour of the window
+        # on-prem variables: per target, per hour of the window; with one target the parallelism limit is
+        # the variables' upper bound, else one row per hour
         par_base = len(b_ub) + n_cap
+        par_rows = len(targets) > 1
         for p, t in targets:
             k = pt_index[(p, t)]
             idx = np.arange(n_var, n_var + hi.size)
@@ -255,10 +258,12 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
             ub_rows.append(k * hours.size + hi)  # capacity
             ub_cols.append(idx)
             ub_vals.append(np.ones(hi.size))
-            ub_rows.append(par_base + np.arange(hi.size))  # parallelism
-            ub_cols.append(idx)
-            ub_vals.append(np.ones(hi.size))
-        if targets:
+            if par_rows:
+                ub_rows.append(par_base + np.arange(hi.size))  # parallelism
+                ub_cols.append(idx)
+                ub_vals.append(np.ones(hi.size))
+            upper.append(np.full(hi.size, np.inf if par_rows else class_gpus))
+        if par_rows:
             b_ub.extend([class_gpus] * hi.size)
         # cloud: one variable, priced at the best (offer, hour) of the window for each objective
         if compat.size:
@@ -270,6 +275,7 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
             eq_cols.append(np.array([n_var]))
             eq_vals.append(np.array([1.0]))
             cloud_vars.append(n_var)
+            upper.append(np.array([np.inf]))
             n_var += 1
         b_eq.append(work_h)
 
@@ -282,8 +288,10 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
     if a_ub is None:
         b_ub = None
 
+    var_bounds = np.column_stack([np.zeros(n_var), np.concatenate(upper)])
+
     def solve(cost_vec: np.ndarray):
-        res = linprog(cost_vec, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=(0, None), method="highs")
+        res = linprog(cost_vec, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=var_bounds, method="highs")
         if res.status != 0:
             raise RuntimeError(f"LP bound: HiGHS status {res.status}: {res.message}")
         return res

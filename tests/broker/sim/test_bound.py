@@ -75,8 +75,20 @@ def test_two_jobs_compete_for_the_cheap_hour_and_the_bound_splits_their_work():
     # carbon: 4 GPU-h x 0.36 kWh at 100 g (hour 1) + 4 at 200 g (hour 0) = 0.144 + 0.288 = 0.432 kg
     assert b.carbon_kg == approx(0.432)
     assert b.classes == 2
-    # LP size: a 2 hour-variables, b 3; 3 capacity rows (hours 0-2) + 2 + 3 parallelism rows + 2 work rows
-    assert (b.variables, b.constraints) == (5, 10)
+    # LP size: a 2 hour-variables, b 3; 3 capacity rows (hours 0-2) + 2 work rows (one target per class:
+    # the parallelism limit is each variable's upper bound)
+    assert (b.variables, b.constraints) == (5, 5)
+
+
+def test_a_job_holds_at_most_its_gpus_in_an_hour_across_pools():
+    # two pools of 2 V100 each; one 2-GPU job of 2 h (4 GPU-h) in hours 0-1: hour 1 (-0.0072 per GPU-h)
+    # could take all 4 GPU-h on the two pools together, but the job holds 2 GPUs at once: 2 in hour 1, 2 in hour 0
+    trace = make_trace(make_trace_job("a").at(T0).duration(2 * H).gpus(2).deadline(T0 + 2 * H).build())
+    pools = [make_pool("p").node("V100", 2).pue(1.2).build(), make_pool("q").node("V100", 2).pue(1.2).build()]
+    b = lower_bound(trace, pools, [], SIGNALS, PlannerConfig(), gpu_table())
+    assert b.cost_usd == approx(2 * G1 + 2 * G0)
+    # 2 targets x 2 hours; 2 pools x 2 hours capacity rows + 2 parallelism rows + 1 work row
+    assert (b.variables, b.constraints) == (4, 7)
 
 
 def _cheap_offer():
