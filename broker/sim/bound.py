@@ -144,7 +144,8 @@ def _targets(ctx: PlannerContext, job: PendingJob) -> list[tuple[int, str]]:
 
 
 def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals,
-                planner_config: PlannerConfig | None = None, gpus: GpuTable | None = None) -> LowerBound:
+                planner_config: PlannerConfig | None = None, gpus: GpuTable | None = None,
+                block_h: int = 1) -> LowerBound:
     """Solve the fluid LP relaxation (module docstring) for ``trace`` on ``pools`` and ``offers``.
 
     Args:
@@ -153,6 +154,10 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
         signals: ``carbon(zone)`` / ``price(zone)`` hourly series provider.
         planner_config: carbon price and ``onprem_cost_basis`` of the score (default :class:`PlannerConfig`).
         gpus: GPU throughput and power (default :meth:`GpuTable.from_pricing`).
+        block_h: hours per time step of the LP (>= 1). Blocks of ``block_h`` UTC hours (aligned on
+            multiples of ``block_h`` hours since the epoch) replace hours: windows widen to whole blocks,
+            capacity and parallelism are per block (x ``block_h``) and each coefficient is the least of its
+            block's hours, so the bound stays valid and gets weaker but the LP ``block_h`` times smaller.
 
     Returns a :class:`LowerBound` (all zeros when no job is left). Raises ``RuntimeError`` when HiGHS
     reports no optimum: infeasible when jobs without a compatible offer cannot all finish on-prem by
@@ -160,6 +165,9 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
     a pool without series.
     """
     t_wall = time.perf_counter()
+    if block_h < 1 or int(block_h) != block_h:
+        raise ValueError(f"block_h={block_h!r}: a whole number of hours >= 1")
+    blk = int(block_h) * _H
     cfg = planner_config or PlannerConfig()
     gpus = gpus or GpuTable.from_pricing()
     ctx = PlannerContext(cfg, pools, offers, signals, gpus)
@@ -182,7 +190,7 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
         if not targets and compat.size == 0:
             excluded["no pool or offer can hold the job"] = excluded.get("no pool or offer can hold the job", 0) + 1
             continue
-        key = (math.floor(tj.submit_s / _H), math.ceil(tj.deadline_s / _H) - 1, shape)
+        key = (math.floor(tj.submit_s / blk), math.ceil(tj.deadline_s / blk) - 1, shape)
         acc = classes.setdefault(key, [0.0, 0.0])
         acc[0] += tj.num_gpus * tj.duration_s / _H
         acc[1] += tj.num_gpus
@@ -191,25 +199,31 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
 
     h0 = min(k[0] for k in classes)
     h1 = max(k[1] for k in classes)
-    hours = np.arange(h0, h1 + 1)
-    starts = hours * _H
-    one_h = np.full(hours.size, _H)
+    hours = np.arange(h0, h1 + 1)  # blocks; the coefficients are computed per hour, then the least per block
+    starts = np.arange(h0 * blk, (h1 + 1) * blk, _H)
+    one_h = np.full(starts.size, _H)
+
+    def per_block(a: np.ndarray) -> np.ndarray:
+        """Least value of each block of hourly values (last axis)."""
+        return a.reshape(a.shape[:-1] + (hours.size, int(block_h))).min(axis=-1)
 
     # ---- per (pool, type): cost, carbon, amortised of one GPU-hour in each hour (costs.onprem_cost)
     pt_list = sorted({pt for tg, _, _ in shapes.values() for pt in tg})
     pt_index = {pt: i for i, pt in enumerate(pt_list)}
-    pt_cap = np.array([sum(n.gpu_count for n in ctx.pools[p].nodes if n.gpu_type == t) for p, t in pt_list], float)
+    pt_cap = np.array([sum(n.gpu_count for n in ctx.pools[p].nodes if n.gpu_type == t) for p, t in pt_list],
+                      float) * block_h
     pt_thr = np.array([gpus.throughput[t] for _, t in pt_list])
-    pt_cost, pt_carbon, pt_amort = [], [], []
+    pt_cost, pt_carbon, pt_score = [], [], []
     for p, t in pt_list:
         pool = ctx.pools[p]
         c = onprem_cost(one_h, gpus=1, kw=onprem_kw(1, gpus.busy_kw[t], pool.pue),
                         usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
                         tariff_integral=_nan0(signals.price(pool.price_zone).integrals(starts, one_h)),
                         carbon_integral=_nan0(signals.carbon(pool.carbon_zone).integrals(starts, one_h)))
-        pt_cost.append(c.energy_usd)
-        pt_carbon.append(c.carbon_kg)
-        pt_amort.append(c.amortised_usd)
+        pt_cost.append(per_block(c.energy_usd))
+        pt_carbon.append(per_block(c.carbon_kg))
+        pt_score.append(per_block(score(c.energy_usd + (c.amortised_usd if amortised else 0.0), c.carbon_kg,
+                                        0.0, 0.0, cp)))
 
     # ---- per offer zone: carbon intensity integral of each hour (NaN -> 0, as accounted)
     zone_ci = np.array([_nan0(s.integrals(starts, one_h)) for s in ctx.zone_carbon]) if ctx.zones else np.zeros((0, 0))
@@ -227,7 +241,8 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
                        carbon_integral=zone_ci[ctx.offer_zone[compat]])
         usd = c.dollars_usd / per_work
         kg = c.carbon_kg / per_work[:, None]
-        cloud_best[shape] = (float(usd.min()), kg.min(axis=0), score(usd[:, None], kg, 0.0, 0.0, cp).min(axis=0))
+        cloud_best[shape] = (float(usd.min()), per_block(kg.min(axis=0)),
+                             per_block(score(usd[:, None], kg, 0.0, 0.0, cp).min(axis=0)))
 
     # ---- columns
     cols_cost, cols_carbon, cols_score = [], [], []
@@ -250,8 +265,7 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
             n_var += hi.size
             cols_cost.append(pt_cost[k][hi])
             cols_carbon.append(pt_carbon[k][hi])
-            cols_score.append(score(pt_cost[k][hi] + (pt_amort[k][hi] if amortised else 0.0), pt_carbon[k][hi],
-                                    0.0, 0.0, cp))
+            cols_score.append(pt_score[k][hi])
             eq_rows.append(np.full(hi.size, ci_))
             eq_cols.append(idx)
             eq_vals.append(np.full(hi.size, pt_thr[k]))
@@ -262,9 +276,9 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
                 ub_rows.append(par_base + np.arange(hi.size))  # parallelism
                 ub_cols.append(idx)
                 ub_vals.append(np.ones(hi.size))
-            upper.append(np.full(hi.size, np.inf if par_rows else class_gpus))
+            upper.append(np.full(hi.size, np.inf if par_rows else class_gpus * block_h))
         if par_rows:
-            b_ub.extend([class_gpus] * hi.size)
+            b_ub.extend([class_gpus * block_h] * hi.size)
         # cloud: one variable, priced at the best (offer, hour) of the window for each objective
         if compat.size:
             usd, kg_h, score_h = cloud_best[shape]

@@ -29,8 +29,8 @@ def _pool(gpus=4):
     return make_pool("lab").node("V100", gpus).pue(1.2).amortised(0.5).build()
 
 
-def _bound(trace, offers=(), signals=SIGNALS, **config):
-    return lower_bound(trace, [_pool()], list(offers), signals, PlannerConfig(**config), gpu_table())
+def _bound(trace, offers=(), signals=SIGNALS, block_h=1, **config):
+    return lower_bound(trace, [_pool()], list(offers), signals, PlannerConfig(**config), gpu_table(), block_h)
 
 
 def test_one_job_one_pool_flat_prices_is_the_exact_energy_cost():
@@ -89,6 +89,17 @@ def test_a_job_holds_at_most_its_gpus_in_an_hour_across_pools():
     assert b.cost_usd == approx(2 * G1 + 2 * G0)
     # 2 targets x 2 hours; 2 pools x 2 hours capacity rows + 2 parallelism rows + 1 work row
     assert (b.variables, b.constraints) == (4, 7)
+
+
+def test_two_hour_blocks_give_a_weaker_bound_by_hand():
+    # blocks of 2 h from T0 (T0 is a multiple of 7200 s): block 0 = hours 0-1 at min(0.0144, -0.0072) per GPU-h,
+    # block 1 = hours 2-3 at 0.018; 8 GPU-h of capacity per block, b at most 2 GPUs x 2 h = 4 GPU-h per block:
+    # a's 4 and b's 4 GPU-h all fit block 0 at -0.0072 -> -0.0576 USD, below the hourly bound's 0.0288
+    b = _bound(_competing(), block_h=2)
+    assert b.cost_usd == approx(8 * G1)
+    assert b.cost_usd <= _bound(_competing()).cost_usd
+    with pytest.raises(ValueError):
+        _bound(_competing(), block_h=0)
 
 
 def _cheap_offer():
@@ -197,11 +208,12 @@ def test_bound_is_below_every_policy_on_tiny_traces(policy, k):
     m = run.metrics
     # the bound is for schedules that run every job by its deadline: the runs compared must be such
     assert (m["jobs_completed"], m["deadline_misses"]) == (len(trace.jobs), 0)
-    b = lower_bound(trace, [_pool()], offers, SIGNALS, cfg, gpu_table())
-    assert b.excluded == {}
-    assert b.cost_usd <= m["cost_usd"] + 1e-12
-    assert b.carbon_kg <= m["carbon_kg"] + 1e-12
-    assert b.score_usd <= policy_score_usd(m, cfg) + 1e-12
+    for block_h in (1, 3):
+        b = lower_bound(trace, [_pool()], offers, SIGNALS, cfg, gpu_table(), block_h)
+        assert b.excluded == {}
+        assert b.cost_usd <= m["cost_usd"] + 1e-12
+        assert b.carbon_kg <= m["carbon_kg"] + 1e-12
+        assert b.score_usd <= policy_score_usd(m, cfg) + 1e-12
 
 
 def test_policy_score_prices_carbon_and_the_amortised_basis():
