@@ -21,7 +21,7 @@ from typing import NamedTuple, Optional
 
 import typer
 
-from broker.cli.console import current_console, fail
+from broker.cli.console import current_console, echo_json, fail
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
 from broker.planner.costs import score
 
@@ -163,13 +163,18 @@ def offers(
     count: int = typer.Option(1, help="GPUs per node."),
     nodes: int = typer.Option(1, help="Nodes (gang size)."),
     spot: bool = typer.Option(True, "--spot/--no-spot", help="Include spot offers."),
-    hours: float = typer.Option(1.0, help="Runtime on a V100, hours (scaled by each GPU's throughput)."),
+    hours: float = typer.Option(1.0, help="Hours of runtime on the requested --gpu type (without --gpu: hours on a "
+                                           "V100, scaled by each GPU's relative throughput)."),
     start: Optional[str] = typer.Option(None, help="Start instant (ISO 8601, UTC if no offset); default 2023-09-04T12:00Z."),
     region: Optional[str] = typer.Option(None, help="Only this cloud region."),
     top: int = typer.Option(20, help="Rows to print."),
     sort: str = typer.Option("cost", help="Sort by 'cost', 'carbon' or 'score'."),
     carbon_price: float = typer.Option(190.0, help="USD per tCO2e for the score."),
     cluster: Optional[Path] = typer.Option(None, help="On-prem cluster file (default: bundled)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ranked options as JSON (all of them; --top is "
+                                                      "ignored): provider, region, zone, instance_type, gpu_type, "
+                                                      "market, instances, usd_per_hour (one instance), hours, "
+                                                      "total_usd, kwh, kg_co2e (null: no carbon data)."),
 ) -> None:
     """List the options for one request, cheapest (or cleanest) first."""
     from rich.table import Table
@@ -207,8 +212,10 @@ def offers(
               f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
     ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
                          scen.signals, scen.gpus)
+    # work in reference (V100) GPU-seconds: H hours on the requested type are H x its relative throughput
+    work_s = hours * 3600.0 * (scen.gpus.throughput[next(iter(gtypes))] if gtypes else 1.0)
     job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
-                     work_s=hours * 3600.0, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
+                     work_s=work_s, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
                      regions=frozenset([region]) if region else None)
     rows = option_rows(ctx, job, now, cloud_only=bool(region))
     if not rows:
@@ -220,7 +227,11 @@ def offers(
     key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
            "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
     rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
-    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {hours:g} V100-hours from {_iso(now)}")
+    if as_json:
+        echo_json([option_json(r, nodes) for r in rows])
+        return
+    what = f"{hours:g} h on {gtypes and next(iter(gtypes))}" if gtypes else f"{hours:g} V100-hours"
+    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {what} from {_iso(now)}")
     for c in ("provider", "region", "zone", "instance", "gpu", "market", "$/hour", "runtime h", "total $", "kWh", "kgCO2e"):
         tab.add_column(c, justify="right" if c in ("$/hour", "runtime h", "total $", "kWh", "kgCO2e") else "left")
     for r in rows[:top]:
@@ -244,6 +255,16 @@ class OptionRow(NamedTuple):
     dollars_usd: float
     energy_kwh: float
     carbon_kg: float
+
+
+def option_json(r: OptionRow, instances: int) -> dict:
+    """One ``offers --json`` item: ``usd_per_hour`` is one instance's (on-prem: one node's share of the pool),
+    ``hours`` the runtime (spot: with the expected rework), ``total_usd``/``kwh``/``kg_co2e`` the whole run's
+    (``kg_co2e`` None where the window has no carbon data)."""
+    return {"provider": r.provider, "region": r.region, "zone": r.zone, "instance_type": r.instance,
+            "gpu_type": r.gpu_type, "market": r.market, "instances": instances,
+            "usd_per_hour": r.usd_per_hour / instances, "hours": r.runtime_s / 3600.0, "total_usd": r.dollars_usd,
+            "kwh": r.energy_kwh, "kg_co2e": None if math.isnan(r.carbon_kg) else r.carbon_kg}
 
 
 def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only: bool = False) -> list[OptionRow]:

@@ -163,3 +163,30 @@ def test_offers_outside_data_or_bad_numbers_exit_2(run):
                          (("--carbon-price", "-1"), "--carbon-price=-1")):
         r = run("offers", *args)
         assert r.exit_code == 2 and needle in r.output, (args, r.output)
+
+
+def test_offers_json_hours_are_on_the_requested_gpu_and_prices_per_instance(run):
+    import json
+
+    r = run("offers", "--gpu", "A100", "--count", "8", "--nodes", "2", "--hours", "2", "--no-spot", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    cloud = [x for x in rows if x["provider"] != "onprem"]
+    assert cloud and {x["gpu_type"] for x in rows} == {"A100"} and {x["market"] for x in cloud} == {"on_demand"}
+    for x in cloud:
+        # 2 h on an A100 whatever its V100 throughput; billed from the create call: 2 instances x price x (2 h + 300 s)
+        assert x["hours"] == 2.0 and x["instances"] == 2
+        assert x["total_usd"] == pytest.approx(2 * x["usd_per_hour"] * (7200 + 300) / 3600, rel=1e-12)
+        assert set(x) >= {"provider", "region", "zone", "instance_type", "market", "instances", "usd_per_hour", "hours",
+                          "total_usd", "kwh", "kg_co2e"}
+    totals = [x["total_usd"] for x in rows if x["kg_co2e"] is not None]
+    assert totals == sorted(totals)  # ranked by cost
+
+
+def test_offers_hours_without_gpu_are_v100_hours(run):
+    import json
+
+    rows = json.loads(run("offers", "--hours", "1", "--no-spot", "--json").output)
+    # a V100 runs 1 V100-hour in 1 h; an A100 (faster) in less
+    assert {x["hours"] for x in rows if x["gpu_type"] == "V100" and x["provider"] != "onprem"} == {1.0}
+    assert all(x["hours"] < 1.0 for x in rows if x["gpu_type"] == "A100" and x["provider"] != "onprem")
