@@ -72,7 +72,7 @@ def simulate(
                                                    "data covers 2023-2024. Philly default: 2023-09-04."),
     cluster: Optional[Path] = typer.Option(None, help="On-prem cluster YAML/JSON (default: bundled Toronto pool)."),
     seed: int = typer.Option(0, help="Seed of the spot-trace phases."),
-    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json and report.html."),
+    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json, report.html and jobs-<policy>.csv."),
     carbon_price: float = typer.Option(190.0, help="Carbon price in the objective, USD per tCO2e."),
     value_of_time: float = typer.Option(0.002, help="Value of waiting, USD per GPU-hour (normal priority)."),
     slack_factor: float = typer.Option(1.0, help="Deadline slack = max(slack_factor x duration, min_slack_h)."),
