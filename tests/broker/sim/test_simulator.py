@@ -164,15 +164,23 @@ def _two_full_pool_jobs():
                       make_trace_job("b").at(T0 + 30).duration(H).gpus(4).build())
 
 
-def test_no_cloud_keeps_cheapest_on_prem():
+@pytest.mark.parametrize("policy", ["cheapest", "federated"])
+def test_no_cloud_keeps_the_policy_on_prem(policy):
     from broker.planner.core import PlannerConfig
 
-    run = simulate(_two_full_pool_jobs(), [_pool()], [_cloud_offer()], SIGNALS, "cheapest", gpus=gpu_table(),
+    # b's deadline T0+5400 is met only in the cloud (ready T0+360, ends T0+3960): both policies burst it
+    trace = make_trace(make_trace_job("a").at(T0).duration(H).gpus(4).build(),
+                       make_trace_job("b").at(T0 + 30).duration(H).gpus(4).deadline(T0 + 5400).build())
+    with_cloud = simulate(trace, [_pool()], [_cloud_offer()], SIGNALS, policy, gpus=gpu_table())
+    assert [(j.placement, j.start_s, j.deadline_met) for j in with_cloud.jobs] == [
+        ("lab", T0, True), (_cloud_offer().offer_id, T0 + 360, True)]
+    run = simulate(trace, [_pool()], [_cloud_offer()], SIGNALS, policy, gpus=gpu_table(),
                    planner_config=PlannerConfig(cloud_enabled=False))
-    # without offers b waits for a: T0+3600..T0+7200 on the pool (with the offer it bursts: see the test above)
+    # without offers b waits for a: T0+3600..T0+7200 on the pool, past its deadline
     assert run.metrics["cloud_jobs"] == 0 and run.metrics["cloud_cost_usd"] == 0.0
-    assert [(j.job_id, j.placement, j.market, j.start_s) for j in run.jobs] == [("a", "lab", "", T0),
-                                                                              ("b", "lab", "", T0 + H)]
+    assert [(j.job_id, j.placement, j.market, j.start_s, j.deadline_met) for j in run.jobs] == [
+        ("a", "lab", "", T0, True), ("b", "lab", "", T0 + H, False)]
+    assert run.metrics["deadline_misses"] == 1
 
 
 def _ondemand_and_spot():
