@@ -4,7 +4,11 @@ Commands:
 
 * ``fedbroker simulate`` — replay a job trace under one or more policies on the
   bundled real prices and carbon data; prints a comparison table and writes
-  ``OUT/results.json`` and ``OUT/report.html``.
+  ``OUT/results.json``, ``OUT/report.html`` and one ``OUT/jobs-<policy>.csv`` per
+  policy (one row per job; columns and units in
+  :data:`broker.sim.report.JOB_CSV_COLUMNS`: job_id, team, gpus, status, submit,
+  start, end (UTC), placement (pool or offer id), market, dollars_usd,
+  amortised_usd, energy_kwh, carbon_kg, wait_s, deadline (UTC), deadline_met, starts).
 * ``fedbroker offers`` — list the cloud and on-prem options for one request,
   cheapest and cleanest first, with $/hour, total $, kWh and kgCO2e over the run.
 
@@ -68,15 +72,27 @@ def simulate(
                                                    "data covers 2023-2024. Philly default: 2023-09-04."),
     cluster: Optional[Path] = typer.Option(None, help="On-prem cluster YAML/JSON (default: bundled Toronto pool)."),
     seed: int = typer.Option(0, help="Seed of the spot-trace phases."),
-    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json and report.html."),
+    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json, report.html and jobs-<policy>.csv."),
     carbon_price: float = typer.Option(190.0, help="Carbon price in the objective, USD per tCO2e."),
     value_of_time: float = typer.Option(0.002, help="Value of waiting, USD per GPU-hour (normal priority)."),
     slack_factor: float = typer.Option(1.0, help="Deadline slack = max(slack_factor x duration, min_slack_h)."),
     min_slack_h: float = typer.Option(12.0, help="Minimum deadline slack, hours."),
+    step: float = typer.Option(60.0, help="Planning step, seconds: events are coalesced to the next multiple "
+                                          "of it and the planner runs once per step with news."),
+    no_cloud: bool = typer.Option(False, "--no-cloud", help="No cloud offers: every policy places on-prem only."),
+    market: str = typer.Option("any", help="Cloud offers of this market only: spot, on_demand or any."),
 ) -> None:
-    """Replay a job trace under the given policies and compare them."""
+    """Replay a job trace under the given policies and compare them.
+
+    Writes OUT/results.json, OUT/report.html and OUT/jobs-POLICY.csv: one row per job with
+    job_id, team, gpus, status (completed/rejected/unfinished), submit, start, end (UTC ISO 8601),
+    placement (pool name or cloud offer id), market (spot/on_demand, empty on-prem),
+    dollars_usd (cloud bill + on-prem electricity, USD), amortised_usd (on-prem capital, USD),
+    energy_kwh (kWh), carbon_kg (kgCO2e), wait_s (s), deadline (UTC), deadline_met, starts.
+    """
     from broker.planner.core import PlannerConfig
-    from broker.sim.report import comparison_table, write_report
+    from broker.model import Market
+    from broker.sim.report import comparison_table, write_job_csv, write_report
     from broker.sim.scenario import load_scenario
     from broker.sim.simulator import SimulationConfig, simulate as run_sim
     from broker.sim.traces import TraceError, load_generic_csv, load_philly
@@ -90,6 +106,11 @@ def simulate(
     for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
                    ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
         _check_number(opt, v)
+    _check_number("--step", step, strict=True)
+    markets = {"any": None, "spot": Market.spot, "on_demand": Market.on_demand}
+    if market.strip().lower() not in markets:
+        _fail(f"--market={market!r}: choose from {', '.join(markets)}")
+    offer_market = markets[market.strip().lower()]
     start_dt = _parse_time(start, "--start") if start else None
     _prepare_out(out)
     try:
@@ -113,7 +134,8 @@ def simulate(
                   + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
     current_console().print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
                   f"cloud: {len(scen.offers):,} offers")
-    pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time)
+    pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time,
+                       cloud_enabled=not no_cloud)
     runs = {}
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -123,7 +145,7 @@ def simulate(
             task = prog.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
             runs[name] = run_sim(tr, scen.pools, scen.offers, scen.signals, name, planner_config=pc, gpus=scen.gpus,
-                                 spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed),
+                                 spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed, tick_s=step, market=offer_market),
                                  progress=lambda d, t, task=task: prog.update(task, completed=d))
             if not current_console().is_terminal:
                 current_console().print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
@@ -139,7 +161,9 @@ def simulate(
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta)
-    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]")
+    csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
+    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
+                            f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]")
 
 
 def _iso(t: float) -> str:
