@@ -22,7 +22,7 @@ from __future__ import annotations
 from enum import Enum
 
 __all__ = ["JobState", "ALLOWED_TRANSITIONS", "TERMINAL_STATES", "ACTIVE_STATES", "WAITING_STATES",
-           "UNFINISHED_STATES", "ON_NODE_STATES", "InvalidTransition", "check_transition"]
+           "UNFINISHED_STATES", "ON_NODE_STATES", "ACTIVE_STATE_VALUES", "InvalidTransition", "check_transition"]
 
 
 class JobState(str, Enum):
@@ -59,6 +59,8 @@ ALLOWED_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 TERMINAL_STATES = frozenset(s for s, nxt in ALLOWED_TRANSITIONS.items() if not nxt)
 #: states in which a job holds (or is about to hold) GPUs on a node or an instance
 ACTIVE_STATES = frozenset({S.provisioning, S.starting, S.running})
+#: :data:`ACTIVE_STATES` as stored (values), for queries
+ACTIVE_STATE_VALUES = tuple(sorted(x.value for x in ACTIVE_STATES))
 #: states of a job whose ranks an on-prem node agent starts or runs (``GET /v1/node/work``), as values
 ON_NODE_STATES = (S.starting.value, S.running.value)
 #: states in which a job waits for the planner

@@ -4,7 +4,11 @@ Commands:
 
 * ``fedbroker simulate`` — replay a job trace under one or more policies on the
   bundled real prices and carbon data; prints a comparison table and writes
-  ``OUT/results.json`` and ``OUT/report.html``.
+  ``OUT/results.json``, ``OUT/report.html`` and one ``OUT/jobs-<policy>.csv`` per
+  policy (one row per job; columns and units in
+  :data:`broker.sim.report.JOB_CSV_COLUMNS`: job_id, team, gpus, status, submit,
+  start, end (UTC), placement (pool or offer id), market, dollars_usd,
+  amortised_usd, energy_kwh, carbon_kg, wait_s, deadline (UTC), deadline_met, starts).
 * ``fedbroker offers`` — list the cloud and on-prem options for one request,
   cheapest and cleanest first, with $/hour, total $, kWh and kgCO2e over the run.
 
@@ -21,7 +25,7 @@ from typing import NamedTuple, Optional
 
 import typer
 
-from broker.cli.console import current_console, fail
+from broker.cli.console import current_console, echo_json, fail
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
 from broker.planner.costs import score
 
@@ -68,18 +72,30 @@ def simulate(
                                                    "data covers 2023-2024. Philly default: 2023-09-04."),
     cluster: Optional[Path] = typer.Option(None, help="On-prem cluster YAML/JSON (default: bundled Toronto pool)."),
     seed: int = typer.Option(0, help="Seed of the spot-trace phases."),
-    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json and report.html."),
+    out: Path = typer.Option(Path("out/sim"), help="Output directory for results.json, report.html and jobs-<policy>.csv."),
     carbon_price: float = typer.Option(190.0, help="Carbon price in the objective, USD per tCO2e."),
     value_of_time: float = typer.Option(0.002, help="Value of waiting, USD per GPU-hour (normal priority)."),
     slack_factor: float = typer.Option(1.0, help="Deadline slack = max(slack_factor x duration, min_slack_h)."),
     min_slack_h: float = typer.Option(12.0, help="Minimum deadline slack, hours."),
+    step: float = typer.Option(60.0, help="Planning step, seconds: events are coalesced to the next multiple "
+                                          "of it and the planner runs once per step with news."),
+    no_cloud: bool = typer.Option(False, "--no-cloud", help="No cloud offers: every policy places on-prem only."),
+    market: str = typer.Option("any", help="Cloud offers of this market only: spot, on_demand or any."),
     bound: bool = typer.Option(False, "--bound", help="Also solve the LP lower bound (broker/sim/bound.py) and give "
                                                       "each policy's cost and score ratio to it (time steps of "
                                                       "6 h: a little weaker, much faster than hourly)."),
 ) -> None:
-    """Replay a job trace under the given policies and compare them."""
+    """Replay a job trace under the given policies and compare them.
+
+    Writes OUT/results.json, OUT/report.html and OUT/jobs-POLICY.csv: one row per job with
+    job_id, team, gpus, status (completed/rejected/unfinished), submit, start, end (UTC ISO 8601),
+    placement (pool name or cloud offer id), market (spot/on_demand, empty on-prem),
+    dollars_usd (cloud bill + on-prem electricity, USD), amortised_usd (on-prem capital, USD),
+    energy_kwh (kWh), carbon_kg (kgCO2e), wait_s (s), deadline (UTC), deadline_met, starts.
+    """
     from broker.planner.core import PlannerConfig
-    from broker.sim.report import comparison_table, write_report
+    from broker.model import Market
+    from broker.sim.report import comparison_table, write_job_csv, write_report
     from broker.sim.scenario import load_scenario
     from broker.sim.simulator import SimulationConfig, simulate as run_sim
     from broker.sim.traces import TraceError, load_generic_csv, load_philly
@@ -93,6 +109,11 @@ def simulate(
     for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
                    ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
         _check_number(opt, v)
+    _check_number("--step", step, strict=True)
+    markets = {"any": None, "spot": Market.spot, "on_demand": Market.on_demand}
+    if market.strip().lower() not in markets:
+        _fail(f"--market={market!r}: choose from {', '.join(markets)}")
+    offer_market = markets[market.strip().lower()]
     start_dt = _parse_time(start, "--start") if start else None
     _prepare_out(out)
     try:
@@ -116,7 +137,8 @@ def simulate(
                   + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
     current_console().print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
                   f"cloud: {len(scen.offers):,} offers")
-    pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time)
+    pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time,
+                       cloud_enabled=not no_cloud)
     runs = {}
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -126,7 +148,7 @@ def simulate(
             task = prog.add_task(name, total=len(tr.jobs))
             t0 = time.perf_counter()
             runs[name] = run_sim(tr, scen.pools, scen.offers, scen.signals, name, planner_config=pc, gpus=scen.gpus,
-                                 spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed),
+                                 spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed, tick_s=step, market=offer_market),
                                  progress=lambda d, t, task=task: prog.update(task, completed=d))
             if not current_console().is_terminal:
                 current_console().print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
@@ -135,7 +157,8 @@ def simulate(
         from broker.sim.bound import CLI_BLOCK_H, lower_bound, ratios_to_bound
 
         try:
-            lb = lower_bound(tr, scen.pools, scen.offers, scen.signals, pc, scen.gpus, CLI_BLOCK_H)
+            offers = [o for o in scen.offers if offer_market in (None, o.market)] if pc.cloud_enabled else []
+            lb = lower_bound(tr, scen.pools, offers, scen.signals, pc, scen.gpus, CLI_BLOCK_H)
         except RuntimeError as e:  # infeasible: no schedule meets every deadline; the runs are still written
             current_console().print(f"[yellow]warning:[/yellow] no bound: {e}")
     if lb is not None:
@@ -143,8 +166,8 @@ def simulate(
             r.metrics.update(ratios_to_bound(r.metrics, lb, pc))
         bound_doc = lb.as_json()
         current_console().print(f"LP lower bound: cost ${lb.cost_usd:,.0f}, carbon {lb.carbon_kg:,.0f} kg, score "
-                                f"${lb.score_usd:,.0f} at ${lb.carbon_price_usd_per_t:,.0f}/t ({lb.block_h}-h steps, {lb.variables:,} variables, "
-                                f"{lb.constraints:,} constraints, {lb.solve_s:.1f} s)"
+                                f"${lb.score_usd:,.0f} at ${lb.carbon_price_usd_per_t:,.0f}/t ({lb.block_h}-h steps, "
+                                f"{lb.variables:,} variables, {lb.constraints:,} constraints, {lb.solve_s:.1f} s)"
                                 + (f"; left out: {lb.excluded}" if lb.excluded else ""))
     current_console().print(comparison_table(runs))
     for name, r in runs.items():
@@ -158,7 +181,9 @@ def simulate(
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta, bound_doc)
-    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]")
+    csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
+    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
+                            f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]")
 
 
 def _iso(t: float) -> str:
@@ -182,13 +207,18 @@ def offers(
     count: int = typer.Option(1, help="GPUs per node."),
     nodes: int = typer.Option(1, help="Nodes (gang size)."),
     spot: bool = typer.Option(True, "--spot/--no-spot", help="Include spot offers."),
-    hours: float = typer.Option(1.0, help="Runtime on a V100, hours (scaled by each GPU's throughput)."),
+    hours: float = typer.Option(1.0, help="Hours of runtime on the requested --gpu type (without --gpu: hours on a "
+                                           "V100, scaled by each GPU's relative throughput)."),
     start: Optional[str] = typer.Option(None, help="Start instant (ISO 8601, UTC if no offset); default 2023-09-04T12:00Z."),
     region: Optional[str] = typer.Option(None, help="Only this cloud region."),
     top: int = typer.Option(20, help="Rows to print."),
     sort: str = typer.Option("cost", help="Sort by 'cost', 'carbon' or 'score'."),
     carbon_price: float = typer.Option(190.0, help="USD per tCO2e for the score."),
     cluster: Optional[Path] = typer.Option(None, help="On-prem cluster file (default: bundled)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the ranked options as JSON (all of them; --top is "
+                                                      "ignored): provider, region, zone, instance_type, gpu_type, "
+                                                      "market, instances, usd_per_hour (one instance), hours, "
+                                                      "total_usd, kwh, kg_co2e (null: no carbon data)."),
 ) -> None:
     """List the options for one request, cheapest (or cleanest) first."""
     from rich.table import Table
@@ -226,8 +256,10 @@ def offers(
               f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
     ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
                          scen.signals, scen.gpus)
+    # work in reference (V100) GPU-seconds: H hours on the requested type are H x its relative throughput
+    work_s = hours * 3600.0 * (scen.gpus.throughput[next(iter(gtypes))] if gtypes else 1.0)
     job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
-                     work_s=hours * 3600.0, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
+                     work_s=work_s, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
                      regions=frozenset([region]) if region else None)
     rows = option_rows(ctx, job, now, cloud_only=bool(region))
     if not rows:
@@ -239,7 +271,11 @@ def offers(
     key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
            "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
     rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
-    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {hours:g} V100-hours from {_iso(now)}")
+    if as_json:
+        echo_json([option_json(r, nodes) for r in rows])
+        return
+    what = f"{hours:g} h on {gtypes and next(iter(gtypes))}" if gtypes else f"{hours:g} V100-hours"
+    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {what} from {_iso(now)}")
     for c in ("provider", "region", "zone", "instance", "gpu", "market", "$/hour", "runtime h", "total $", "kWh", "kgCO2e"):
         tab.add_column(c, justify="right" if c in ("$/hour", "runtime h", "total $", "kWh", "kgCO2e") else "left")
     for r in rows[:top]:
@@ -263,6 +299,16 @@ class OptionRow(NamedTuple):
     dollars_usd: float
     energy_kwh: float
     carbon_kg: float
+
+
+def option_json(r: OptionRow, instances: int) -> dict:
+    """One ``offers --json`` item: ``usd_per_hour`` is one instance's (on-prem: one node's share of the pool),
+    ``hours`` the runtime (spot: with the expected rework), ``total_usd``/``kwh``/``kg_co2e`` the whole run's
+    (``kg_co2e`` None where the window has no carbon data)."""
+    return {"provider": r.provider, "region": r.region, "zone": r.zone, "instance_type": r.instance,
+            "gpu_type": r.gpu_type, "market": r.market, "instances": instances,
+            "usd_per_hour": r.usd_per_hour / instances, "hours": r.runtime_s / 3600.0, "total_usd": r.dollars_usd,
+            "kwh": r.energy_kwh, "kg_co2e": None if math.isnan(r.carbon_kg) else r.carbon_kg}
 
 
 def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only: bool = False) -> list[OptionRow]:

@@ -3,6 +3,8 @@
 * :func:`write_report` writes ``results.json`` (machine-readable metrics) and
   ``report.html`` (one file, no external assets: the plots are PNGs rendered
   with matplotlib's Agg canvas and embedded as base64 ``data:`` URIs).
+* :func:`write_job_csv` writes one run's per-job records as CSV (columns and
+  units in :data:`JOB_CSV_COLUMNS`).
 * :func:`comparison_table` returns a :class:`rich.table.Table`; :func:`markdown_table`
   the same table as GitHub Markdown (for the README).
 
@@ -29,6 +31,7 @@ Raises ``OSError`` if ``out_dir`` cannot be created or written.
 from __future__ import annotations
 
 import base64
+import csv
 import html
 import io
 import json
@@ -385,6 +388,53 @@ def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[t
         f"<h2>Run parameters</h2>{_kv_table(meta)}"
         "</body></html>"
     )
+
+
+#: per-job CSV column -> meaning and unit (from :class:`broker.sim.results.JobRecord`).
+#: Times are UTC ISO 8601 to the second; an empty cell means "does not apply" (never
+#: started, on-prem market, rejected job's deadline_met).
+JOB_CSV_COLUMNS: dict[str, str] = {
+    "job_id": "trace job id",
+    "team": "team",
+    "gpus": "GPUs requested (all nodes)",
+    "status": "completed, rejected or unfinished",
+    "submit": "submission, UTC",
+    "start": "first start, UTC (cloud: instance ready)",
+    "end": "finish, UTC",
+    "placement": "pool name or cloud offer id of the latest start",
+    "market": "spot or on_demand (empty on-prem)",
+    "dollars_usd": "cloud bills + on-prem electricity, USD (sums to cost_usd)",
+    "amortised_usd": "on-prem capital share, USD (sums to onprem_amortised_usd)",
+    "energy_kwh": "facility energy, kWh",
+    "carbon_kg": "emissions, kgCO2e",
+    "wait_s": "first start - submit, seconds",
+    "deadline": "deadline, UTC",
+    "deadline_met": "true if it finished by the deadline (false if unfinished; empty if rejected)",
+    "starts": "on-prem starts + cloud provisions",
+}
+
+
+def _utc(t: float) -> str:
+    return "" if math.isnan(t) else datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def write_job_csv(run: PolicyRun, path: Path) -> Path:
+    """Write ``run.jobs`` to ``path`` as CSV, one row per job, columns :data:`JOB_CSV_COLUMNS`.
+
+    Numbers are written with ``repr`` precision. Returns ``path``. Raises ``OSError``
+    if it cannot be written.
+    """
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(JOB_CSV_COLUMNS)
+        for j in run.jobs:
+            met = j.deadline_met
+            w.writerow([j.job_id, j.team, j.gpus, j.status, _utc(j.submit_s), _utc(j.start_s), _utc(j.end_s),
+                        j.placement, j.market, repr(j.dollars_usd), repr(j.amortised_usd), repr(j.energy_kwh),
+                        repr(j.carbon_kg), "" if math.isnan(j.wait_s) else repr(j.wait_s), _utc(j.deadline_s),
+                        "" if met is None else str(met).lower(), j.starts])
+    return path
 
 
 def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: dict | None = None) -> tuple[Path, Path]:

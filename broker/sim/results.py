@@ -2,15 +2,19 @@
 
 ``PolicyRun.metrics`` carries at least the keys of :data:`METRIC_KEYS`, with the
 units given there. Timelines are sampled at planner cycles (POSIX seconds, UTC).
+``PolicyRun.jobs`` holds one :class:`JobRecord` per trace job (written as
+``jobs-<policy>.csv`` by :func:`broker.sim.report.write_job_csv`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import math
+
 import numpy as np
 
-__all__ = ["PolicyRun", "METRIC_KEYS"]
+__all__ = ["JobRecord", "PolicyRun", "METRIC_KEYS"]
 
 #: metric name -> unit, in the order the comparison table prints them.
 METRIC_KEYS: dict[str, str] = {
@@ -40,6 +44,56 @@ METRIC_KEYS: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class JobRecord:
+    """One trace job's outcome in a run, from the simulator's own accounting.
+
+    Attributes:
+        job_id, team: from the trace.
+        gpus: GPUs the job asks for (all nodes).
+        submit_s, start_s, end_s, deadline_s: POSIX seconds, UTC. ``start_s`` is the
+            first start (on-prem start, or the cloud instance ready after its boot);
+            ``start_s``/``end_s`` are NaN when the job never started/finished.
+        placement: pool name or cloud offer id of the latest start ("" if none).
+        market: ``spot`` or ``on_demand`` for a cloud placement, "" on-prem or none.
+        dollars_usd: cloud bills + on-prem electricity over all its runs, USD (its
+            share of the run's ``cost_usd``).
+        amortised_usd: on-prem capital share for its GPU-hours, USD (``onprem_amortised_usd``).
+        energy_kwh: facility energy, kWh; carbon_kg: emissions, kgCO2e.
+        starts: on-prem starts plus cloud provisions (> 1 after a preemption or a spot interruption).
+        status: ``completed``, ``rejected`` (no pool or offer can ever hold it) or
+            ``unfinished`` (still waiting or running when the run stopped).
+    """
+
+    job_id: str
+    team: str
+    gpus: int
+    submit_s: float
+    start_s: float
+    end_s: float
+    placement: str
+    market: str
+    dollars_usd: float
+    amortised_usd: float
+    energy_kwh: float
+    carbon_kg: float
+    deadline_s: float
+    starts: int
+    status: str
+
+    @property
+    def wait_s(self) -> float:
+        """Seconds from submission to the first start (NaN if it never started)."""
+        return self.start_s - self.submit_s
+
+    @property
+    def deadline_met(self) -> bool | None:
+        """Finished by its deadline; False if unfinished; None if rejected (counted as skipped, not missed)."""
+        if self.status == "rejected":
+            return None
+        return not math.isnan(self.end_s) and self.end_s <= self.deadline_s
+
+
 @dataclass
 class PolicyRun:
     """One policy replayed over one trace.
@@ -56,6 +110,7 @@ class PolicyRun:
         waits_s: per completed job, seconds from submission to its first start, ``(n,)``.
         skipped: reason -> count of trace rows or jobs not simulated.
         missed_job_ids: ids of jobs that finished after their deadline (or never), for drill-down.
+        jobs: one :class:`JobRecord` per trace job, in trace order.
     """
 
     policy: str
@@ -69,3 +124,4 @@ class PolicyRun:
     waits_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
     skipped: dict[str, int] = field(default_factory=dict)
     missed_job_ids: list[str] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)

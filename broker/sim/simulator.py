@@ -9,8 +9,12 @@ Model (all times POSIX seconds, UTC):
 * **Events** (a heap of plain tuples): job arrival, on-prem finish, cloud
   finish, spot interruption, wake-up (a deferred start or a queue review).
 * **Planner cycles** run like the live broker's beat tick: events are
-  coalesced to the next multiple of ``tick_s`` (60 s) and one ``plan()`` call
-  decides for everything that changed. Nothing runs when nothing happened.
+  coalesced to the next multiple of ``tick_s`` (default 60 s; ``fedbroker
+  simulate --step``) and one ``plan()`` call decides for everything that
+  changed. Nothing runs when nothing happened.
+* **Offers**: none when the policy is on-prem only or ``cloud_enabled`` is off
+  (``--no-cloud``); only those of ``SimulationConfig.market`` when it is set
+  (``--market``).
 * **On-prem**: a job runs ``work / throughput(gpu type)`` seconds on its nodes.
   Energy = GPUs x board power at 90 % utilisation x runtime x pool PUE;
   electricity cost = energy x hourly price; carbon = energy x hourly
@@ -32,6 +36,9 @@ Model (all times POSIX seconds, UTC):
 * ``cost_usd`` is the spend a policy changes: cloud bills + on-prem
   electricity. The on-prem fleet's capital is the same under every policy;
   its share for the GPU-hours used is reported as ``onprem_amortised_usd``.
+* **Per job** (:class:`broker.sim.results.JobRecord`, ``PolicyRun.jobs``): the
+  same accounting summed over the job's segments, so the records add up to the
+  run's ``cost_usd``, ``onprem_amortised_usd``, ``energy_kwh`` and ``carbon_kg``.
 * Durations in the trace are taken as the jobs' true runtimes and their
   estimates (oracle runtime estimates; a known simplification).
 
@@ -55,7 +62,7 @@ from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerCont
 from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
 from broker.planner.fair_share import UsageLedger, reference_gpu_hours
 from broker.planner.registry import POLICIES, plan
-from broker.sim.results import PolicyRun
+from broker.sim.results import JobRecord, PolicyRun
 from broker.sim.traces import Trace, TraceJob
 from pricing.series import window_integral
 
@@ -69,16 +76,27 @@ class SimulationConfig:
     """Simulator settings.
 
     Attributes:
-        tick_s: planner cycle granularity, seconds (events are coalesced to it).
+        tick_s: planner cycle granularity, seconds (events are coalesced to the next
+            multiple of it; finite, > 0). The default, 60 s, is the step the demo figures
+            were measured with (the live broker's beat runs every ``plan_interval_s``, 2 s).
         seed: phase of the spot traces per offer (deterministic).
         fair_share_half_life_s: half-life of the decayed team usage, seconds (7 days).
         max_cycles: safety stop (None: no limit).
+        market: only cloud offers of this market (None: any).
+
+    Raises:
+        ValueError: ``tick_s`` is not a finite number > 0.
     """
 
     tick_s: float = 60.0
     seed: int = 0
     fair_share_half_life_s: float = FAIR_SHARE_HALF_LIFE_S
     max_cycles: int | None = None
+    market: Market | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.tick_s) and self.tick_s > 0):
+            raise ValueError(f"tick_s={self.tick_s}: must be a finite number > 0")
 
 
 class SpotModel:
@@ -169,7 +187,13 @@ class _JobState:
     deferred: bool = False
     waiting_wake: bool = False
     cloud: bool = False
-    cost_usd: float = 0.0
+    placement: str = ""  # pool name or offer id of the latest start
+    market: str = ""  # offer market of the latest start ("" on-prem)
+    starts: int = 0  # on-prem starts + cloud provisions
+    rejected: bool = False
+    dollars_usd: float = 0.0  # cloud bills + on-prem electricity (the run's cost_usd)
+    amortised_usd: float = 0.0  # on-prem capital share
+    energy_kwh: float = 0.0
     carbon_kg: float = 0.0
 
 
@@ -192,7 +216,8 @@ class Simulator:
         self.trace = trace
         self.cfg = config or SimulationConfig()
         uses_cloud = POLICIES[planner_config.policy].uses_cloud and planner_config.cloud_enabled
-        self.offers = list(offers) if uses_cloud else []
+        market = self.cfg.market
+        self.offers = [o for o in offers if market is None or o.market == market] if uses_cloud else []
         self.ctx = PlannerContext(planner_config, pools, self.offers, signals, gpus)
         self.pools = list(pools)
         self.gpus = gpus
@@ -288,7 +313,9 @@ class Simulator:
             m["amort"] += c.amortised_usd
             m["energy"] += c.energy_kwh
             m["carbon"] += c.carbon_kg
-            st.cost_usd += c.dollars_usd
+            st.dollars_usd += c.energy_usd
+            st.amortised_usd += c.amortised_usd
+            st.energy_kwh += c.energy_kwh
             st.carbon_kg += c.carbon_kg
             team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + c.energy_usd
 
@@ -308,7 +335,8 @@ class Simulator:
             m["cloud_cost"] += c.dollars_usd
             m["energy"] += c.energy_kwh
             m["carbon"] += c.carbon_kg
-            st.cost_usd += c.dollars_usd
+            st.dollars_usd += c.dollars_usd
+            st.energy_kwh += c.energy_kwh
             st.carbon_kg += c.carbon_kg
             team_cost[tj.team] = team_cost.get(tj.team, 0.0) + c.dollars_usd
 
@@ -420,6 +448,8 @@ class Simulator:
                         busy_gpus += g
                     take(d.job_id)
                     st.seg_start_s, st.seg_pool, st.seg_type = now, p, gtype
+                    st.placement, st.market = d.pool, ""
+                    st.starts += 1
                     if math.isnan(st.first_start_s):
                         st.first_start_s = now
                     running[d.job_id] = RunningJob(job_id=d.job_id, pool=p, allocation=list(d.allocation),
@@ -437,6 +467,8 @@ class Simulator:
                     start = now + offer.provisioning_delay_s
                     runtime = pj.work_s / self.gpus.throughput[offer.gpu_type]
                     st.seg_provision_s, st.seg_start_s, st.seg_offer = now, start, o
+                    st.placement, st.market = offer.offer_id, offer.market.value
+                    st.starts += 1
                     if math.isnan(st.first_start_s):
                         st.first_start_s = start
                     if not st.cloud:
@@ -473,6 +505,7 @@ class Simulator:
                     reason = (d.reason.split(" can ever hold")[0] + " can ever hold the job") if d.reason else "rejected"
                     rejected[reason] = rejected.get(reason, 0) + 1
                     st.end_s = math.nan
+                    st.rejected = True
                     done += 1
             # jobs the policy looked at but left waiting join the on-prem queue
             for jid in list(pending):
@@ -532,7 +565,15 @@ class Simulator:
             "missing_signal_hours": m["missing_signal_s"] / 3600.0,
             "sim_wall_s": time.perf_counter() - t_wall,
         }
-        return PolicyRun(policy=ctx.config.policy, metrics=metrics, timeline_t_s=np.array(tl_t),
+        records = [JobRecord(job_id=s.trace.job_id, team=s.trace.team, gpus=s.trace.num_gpus,
+                             submit_s=s.trace.submit_s, start_s=s.first_start_s, end_s=s.end_s,
+                             placement=s.placement, market=s.market, dollars_usd=s.dollars_usd,
+                             amortised_usd=s.amortised_usd, energy_kwh=s.energy_kwh, carbon_kg=s.carbon_kg,
+                             deadline_s=s.trace.deadline_s, starts=s.starts,
+                             status="completed" if not math.isnan(s.end_s) else
+                             ("rejected" if s.rejected else "unfinished"))
+                   for s in jobs.values()]
+        return PolicyRun(policy=ctx.config.policy, metrics=metrics, jobs=records, timeline_t_s=np.array(tl_t),
                          cum_cost_usd=np.array(tl_cost), cum_carbon_kg=np.array(tl_carbon),
                          onprem_busy_gpus=np.array(tl_busy), onprem_total_gpus=self.capacity,
                          team_cost_usd=team_cost, waits_s=waits, skipped=skipped, missed_job_ids=missed)

@@ -9,8 +9,8 @@ from itertools import product
 
 import pytest
 
-from broker.states import (ACTIVE_STATES, ALLOWED_TRANSITIONS, ON_NODE_STATES, TERMINAL_STATES, UNFINISHED_STATES,
-                           WAITING_STATES, InvalidTransition, JobState, check_transition)
+from broker.states import (ACTIVE_STATE_VALUES, ACTIVE_STATES, ALLOWED_TRANSITIONS, ON_NODE_STATES, TERMINAL_STATES,
+                           UNFINISHED_STATES, WAITING_STATES, InvalidTransition, JobState, check_transition)
 
 #: the moves of the module docstring's diagram, written out (not read from the table)
 ALLOWED = {("submitted", "queued"), ("submitted", "deferred"), ("submitted", "failed"), ("submitted", "cancelled"),
@@ -47,6 +47,7 @@ def test_the_derived_sets_hold_the_documented_states():
     # the ranks an on-prem node agent starts or runs, as the plain values the store's queries use
     assert ON_NODE_STATES == ("starting", "running")
     assert all(type(s) is str for s in ON_NODE_STATES)
+    assert ACTIVE_STATE_VALUES == ("provisioning", "running", "starting")
 
 
 def test_the_sets_split_the_states():

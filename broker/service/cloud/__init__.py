@@ -28,10 +28,10 @@ from broker.service.cloud.adapters import build_computes, offer_allowed
 from broker.service.cloud.broker import CloudBroker
 from broker.service.cloud.provision import failover_options
 from broker.service.cloud.reports import LOG_TAIL_MAX, REPORT_EVENTS, ReportError, report_token
-from broker.service.cloud.watch import CLOUD_ACTIVE_STATES, NOT_FOUND_GRACE_S
+from broker.service.cloud.watch import NOT_FOUND_GRACE_S
 
 #: cloud_instances states whose instance may still exist (:data:`broker.instance_states.LIVE_INSTANCE_STATES`)
 LIVE_ROW_STATES = LIVE_INSTANCE_STATES
 
 __all__ = ["build_computes", "offer_allowed", "failover_options", "CloudBroker", "report_token", "ReportError",
-           "REPORT_EVENTS", "CLOUD_ACTIVE_STATES", "LIVE_ROW_STATES", "LOG_TAIL_MAX", "NOT_FOUND_GRACE_S"]
+           "REPORT_EVENTS", "LIVE_ROW_STATES", "LOG_TAIL_MAX", "NOT_FOUND_GRACE_S"]

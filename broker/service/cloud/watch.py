@@ -27,15 +27,13 @@ from broker.service.lifecycle import Place
 from broker.service.store import attempts as jobs
 from broker.service.store import cloud as instances
 from broker.service.store.tables import utcnow
-from broker.states import JobState
+from broker.states import ACTIVE_STATE_VALUES, JobState
 from providers.base import Compute, InstanceInfo, ProviderError
 
-__all__ = ["CLOUD_ACTIVE_STATES", "NOT_FOUND_GRACE_S", "Watching"]
+__all__ = ["NOT_FOUND_GRACE_S", "Watching"]
 
 log = logging.getLogger("fedbroker.cloud")
 S = JobState
-#: job states in which a cloud attempt holds instances
-CLOUD_ACTIVE_STATES = (S.provisioning.value, S.starting.value, S.running.value)
 #: seconds after its creation during which an instance the provider does not find is not taken as gone
 NOT_FOUND_GRACE_S = 120.0
 
@@ -87,7 +85,7 @@ class Watching:
     # ------------------------------------------------------------------ watching (reconciler)
     def live_attempts(self, s) -> set[tuple[str, int]]:
         """``(job, attempt)`` of every job whose current attempt may hold instances (inside session ``s``)."""
-        return instances.live_attempts(s, CLOUD_ACTIVE_STATES)
+        return instances.live_attempts(s, ACTIVE_STATE_VALUES)
 
     def watch(self, now: datetime | None = None, force: bool = False) -> dict:
         """One reconciler step for cloud attempts (see the module docstring). ``force`` ignores the poll and

@@ -25,17 +25,15 @@ from sqlalchemy.orm import Session
 
 from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, Job, JobEvent, Node
-from broker.states import JobState
+from broker.states import ACTIVE_STATE_VALUES, JobState
 
 __all__ = ["INTAKE_STATES", "intake_ids", "intake_rows", "lock_free_rows", "write_moves", "live_node_rows",
            "queued_order", "queued_rows", "active_job_rows", "gpu_usage_rows", "flag",
-           "add_onprem_attempt", "write_notes", "ACTIVE_STATES"]
+           "add_onprem_attempt", "write_notes"]
 
 S = JobState
 #: the states a job passes through intake from (``submitted``; ``deferred`` when due; ``queued`` past its window)
 INTAKE_STATES = (S.submitted.value, S.deferred.value, S.queued.value)
-#: the states of jobs that hold (or are acquiring) GPUs or instances, as the snapshot reads them
-ACTIVE_STATES = (S.starting.value, S.running.value, S.provisioning.value)
 #: ids per ``IN (...)`` list
 _IN_CHUNK = 1000
 
@@ -117,8 +115,8 @@ def queued_rows(s: Session, ids: Sequence[str]) -> Iterable[Job]:
 
 
 def active_job_rows(s: Session) -> list[Job]:
-    """The jobs in :data:`ACTIVE_STATES` (``starting``, ``running``, ``provisioning``)."""
-    return list(s.execute(select(Job).where(Job.state.in_(ACTIVE_STATES))).scalars())
+    """The jobs that hold (or are acquiring) GPUs or instances (:data:`broker.states.ACTIVE_STATES`)."""
+    return list(s.execute(select(Job).where(Job.state.in_(ACTIVE_STATE_VALUES))).scalars())
 
 
 def gpu_usage_rows(s: Session, ended_since: datetime) -> list[Row]:

@@ -11,8 +11,9 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from broker.sim.report import comparison_table, format_value, markdown_table, to_jsonable, write_report
-from broker.sim.results import METRIC_KEYS, PolicyRun
+from broker.sim.report import (JOB_CSV_COLUMNS, comparison_table, format_value, markdown_table, to_jsonable,
+                               write_job_csv, write_report)
+from broker.sim.results import METRIC_KEYS, JobRecord, PolicyRun
 
 
 def _metrics(base: float) -> dict[str, float]:
@@ -120,3 +121,27 @@ def test_to_jsonable():
     out = to_jsonable({"a": np.arange(3), 1: np.float64("nan"), "b": (np.bool_(True), math.inf)})
     assert out == {"a": [0, 1, 2], "1": None, "b": [True, None]}
     json.dumps(out, allow_nan=False)
+
+
+def test_write_job_csv_one_row_per_job_with_exact_cells(tmp_path):
+    import csv
+
+    t0 = 1693785600.0  # 2023-09-04T00:00:00Z
+    jobs = [JobRecord(job_id="a", team="nlp", gpus=4, submit_s=t0 + 30, start_s=t0 + 360, end_s=t0 + 3960,
+                      placement="aws:r1a:v100x4:on_demand", market="on_demand", dollars_usd=10.0 * 3900 / 3600,
+                      amortised_usd=0.0, energy_kwh=1.32, carbon_kg=0.132, deadline_s=t0 + 7200, starts=1,
+                      status="completed"),
+            JobRecord(job_id="d", team="cv", gpus=8, submit_s=t0 + 200, start_s=math.nan, end_s=math.nan,
+                      placement="", market="", dollars_usd=0.0, amortised_usd=0.0, energy_kwh=0.0, carbon_kg=0.0,
+                      deadline_s=t0 + 3600, starts=0, status="rejected")]
+    path = write_job_csv(PolicyRun(policy="cheapest", metrics={}, jobs=jobs), tmp_path / "jobs-cheapest.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == list(JOB_CSV_COLUMNS)
+    assert rows[0] == {"job_id": "a", "team": "nlp", "gpus": "4", "status": "completed",
+                       "submit": "2023-09-04T00:00:30+00:00", "start": "2023-09-04T00:06:00+00:00",
+                       "end": "2023-09-04T01:06:00+00:00", "placement": "aws:r1a:v100x4:on_demand",
+                       "market": "on_demand", "dollars_usd": repr(10.0 * 3900 / 3600), "amortised_usd": "0.0",
+                       "energy_kwh": "1.32", "carbon_kg": "0.132", "wait_s": "330.0",
+                       "deadline": "2023-09-04T02:00:00+00:00", "deadline_met": "true", "starts": "1"}
+    assert (rows[1]["start"], rows[1]["end"], rows[1]["wait_s"], rows[1]["deadline_met"]) == ("", "", "", "")
+    assert float(rows[0]["dollars_usd"]) == 10.0 * 3900 / 3600  # repr round-trips exactly

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from broker.model import Market
 from broker.sim.simulator import SimulationConfig, simulate
 from tests.broker.builders import (H, T0, FakeSignals, gpu_table, make_offer, make_pool, make_trace, make_trace_job,
                                    pad)
@@ -132,3 +133,107 @@ def test_same_seed_same_metrics(policy):
         assert (a == b) or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), k
     assert r1.waits_s.tolist() == r2.waits_s.tolist()
     assert r1.cum_cost_usd.tolist() == r2.cum_cost_usd.tolist()
+
+
+# --------------------------------------------------------------------------- step, offers filter, per-job records
+def _one_job_at_30():
+    return make_trace(make_trace_job("a").at(T0 + 30).duration(H).gpus(4).build())
+
+
+@pytest.mark.parametrize("step, start", [(60.0, T0 + 60), (30.0, T0 + 30), (45.0, T0 + 45), (7.0, T0 + 32)])
+def test_step_sets_when_an_arrival_is_planned(step, start):
+    # Steps are multiples of the step since the POSIX epoch.  T0 = 1693785600 is a multiple of 60, 30 and 45 and
+    # is 3 mod 7; the arrival at T0+30 is planned at the next multiple: 60 -> T0+60, 30 -> T0+30 (exact),
+    # 45 -> T0+45, 7 -> T0+32 (T0+30 is 5 mod 7).  The pool is free, so it starts then.
+    run = simulate(_one_job_at_30(), [_pool()], [], SIGNALS, "fifo", gpus=gpu_table(),
+                   config=SimulationConfig(tick_s=step))
+    (rec,) = run.jobs
+    assert rec.start_s == start and rec.end_s == start + H
+    assert rec.wait_s == start - (T0 + 30)
+    assert run.metrics["mean_wait_s"] == start - (T0 + 30)
+
+
+@pytest.mark.parametrize("step", [0.0, -60.0, math.nan, math.inf])
+def test_step_must_be_finite_and_positive(step):
+    with pytest.raises(ValueError, match="tick_s"):
+        SimulationConfig(tick_s=step)
+
+
+def _two_full_pool_jobs():
+    return make_trace(make_trace_job("a").at(T0).duration(H).gpus(4).build(),
+                      make_trace_job("b").at(T0 + 30).duration(H).gpus(4).build())
+
+
+@pytest.mark.parametrize("policy", ["cheapest", "federated"])
+def test_no_cloud_keeps_the_policy_on_prem(policy):
+    from broker.planner.core import PlannerConfig
+
+    # b's deadline T0+5400 is met only in the cloud (ready T0+360, ends T0+3960): both policies burst it
+    trace = make_trace(make_trace_job("a").at(T0).duration(H).gpus(4).build(),
+                       make_trace_job("b").at(T0 + 30).duration(H).gpus(4).deadline(T0 + 5400).build())
+    with_cloud = simulate(trace, [_pool()], [_cloud_offer()], SIGNALS, policy, gpus=gpu_table())
+    assert [(j.placement, j.start_s, j.deadline_met) for j in with_cloud.jobs] == [
+        ("lab", T0, True), (_cloud_offer().offer_id, T0 + 360, True)]
+    run = simulate(trace, [_pool()], [_cloud_offer()], SIGNALS, policy, gpus=gpu_table(),
+                   planner_config=PlannerConfig(cloud_enabled=False))
+    # without offers b waits for a: T0+3600..T0+7200 on the pool, past its deadline
+    assert run.metrics["cloud_jobs"] == 0 and run.metrics["cloud_cost_usd"] == 0.0
+    assert [(j.job_id, j.placement, j.market, j.start_s, j.deadline_met) for j in run.jobs] == [
+        ("a", "lab", "", T0, True), ("b", "lab", "", T0 + H, False)]
+    assert run.metrics["deadline_misses"] == 1
+
+
+def _ondemand_and_spot():
+    # on-demand 2 USD/h is cheaper than spot 4 USD/h: with any market, cheapest picks on-demand
+    return [make_offer("od").gpu("V100", 4).price(2.0).build(),
+            make_offer("sp").gpu("V100", 4).spot(0.0).price(4.0).build()]
+
+
+@pytest.mark.parametrize("market, used, usd_per_hour", [(None, "on_demand", 2.0), (Market.spot, "spot", 4.0),
+                                                        (Market.on_demand, "on_demand", 2.0)])
+def test_market_keeps_only_offers_of_that_market(market, used, usd_per_hour):
+    offers = _ondemand_and_spot()
+    run = simulate(_two_full_pool_jobs(), [_pool()], offers, SIGNALS, "cheapest", gpus=gpu_table(),
+                   config=SimulationConfig(market=market))
+    a, b = run.jobs
+    assert (a.placement, a.market) == ("lab", "")
+    offer = next(o for o in offers if o.market.value == used)
+    assert (b.placement, b.market) == (offer.offer_id, used)
+    # b: planned at T0+60, billed from the create call for 300 s boot + 3600 s run
+    assert run.metrics["cloud_cost_usd"] == approx(usd_per_hour * 3900 / 3600)
+
+
+def test_per_job_records_of_the_cloud_burst_case_by_hand():
+    run = _run(_two_full_pool_jobs(), "cheapest", [_cloud_offer()])
+    a, b = run.jobs
+    # a on-prem T0..T0+3600: 1.44 kWh, 0.0576 USD electricity, 4 GPU-h x 0.5 = 2.0 USD amortised, 0.288 kg
+    assert (a.job_id, a.team, a.gpus, a.status, a.starts) == ("a", "default", 4, "completed", 1)
+    assert (a.start_s, a.end_s, a.wait_s, a.placement, a.market) == (T0, T0 + H, 0.0, "lab", "")
+    assert (a.dollars_usd, a.amortised_usd) == (approx(0.0576), approx(2.0))
+    assert (a.energy_kwh, a.carbon_kg) == (approx(1.44), approx(0.288))
+    # b cloud: create at T0+60, ready T0+360, ends T0+3960; 3900 s x 10 USD/h; 1.32 kWh at 100 g/kWh
+    assert (b.start_s, b.end_s, b.wait_s) == (T0 + 360, T0 + 3960, 330.0)
+    assert (b.placement, b.market) == (_cloud_offer().offer_id, "on_demand")
+    assert (b.dollars_usd, b.amortised_usd) == (approx(10.0 * 3900 / 3600), 0.0)
+    assert (b.energy_kwh, b.carbon_kg) == (approx(1.32), approx(0.132))
+    assert a.deadline_met and b.deadline_met
+    # the records add up to the run's metrics
+    m = run.metrics
+    assert a.dollars_usd + b.dollars_usd == approx(m["cost_usd"])
+    assert a.amortised_usd + b.amortised_usd == approx(m["onprem_amortised_usd"])
+    assert a.energy_kwh + b.energy_kwh == approx(m["energy_kwh"])
+    assert a.carbon_kg + b.carbon_kg == approx(m["carbon_kg"])
+
+
+def test_per_job_records_of_rejected_and_late_jobs():
+    run = _run(_fifo_trace(), "fifo")
+    rec = {j.job_id: j for j in run.jobs}
+    assert [j.job_id for j in run.jobs] == ["a", "b", "c", "d"]
+    # b ends T0+5400 after its deadline T0+5000; d never fits (rejected: neither met nor missed)
+    assert (rec["b"].end_s, rec["b"].deadline_met) == (T0 + 5400, False)
+    assert (rec["d"].status, rec["d"].deadline_met, rec["d"].placement, rec["d"].starts) == ("rejected", None, "", 0)
+    assert math.isnan(rec["d"].start_s) and math.isnan(rec["d"].wait_s)
+    # b and c: 0.72 kWh each, -0.0072 USD electricity (negative price hour), 1 GPU-h x 0.5 amortised
+    assert (rec["c"].energy_kwh, rec["c"].dollars_usd, rec["c"].amortised_usd) == (approx(0.36), approx(-0.0072),
+                                                                                  approx(0.5))
+    assert sum(j.dollars_usd for j in run.jobs) == approx(run.metrics["cost_usd"])
