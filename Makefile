@@ -17,7 +17,7 @@ install: $(STAMP)
 
 ## Replay the real Philly trace under all four policies on bundled real data.
 demo: $(STAMP)
-	$(BIN)/fedbroker simulate --trace philly --policy fifo,backfill,cheapest,federated --out $(OUT)
+	$(BIN)/fedbroker simulate --trace philly --policy fifo,backfill,cheapest,federated --bound --out $(OUT)
 
 ## Check the import rules (pyproject.toml [tool.importlinter]), then run the test suite.
 test: $(STAMP)
