@@ -153,27 +153,36 @@ def test_start_window_closed_fails_with_reason(any_store, env):
     assert j.state == "failed" and j.reason.startswith("start window closed at ")
 
 
-def test_cheapest_window_defers_to_the_best_hour(pg_store, env):
+def _cheapest_start(env, now, hours=11):
+    """The planner's best start (epoch s) for a 1-h, 1 x V100 job on pool ``local`` submitted at ``now``."""
     from broker.service.live import ReplayedSignals
     from broker.planner.windows import best_start
 
-    pg_store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")
+    sig = ReplayedSignals(env.base_signals, env.offset_for(now.timestamp()))
+    kw = 1 * env.gpus.busy_kw["V100"] * 1.3
+    return best_start(earliest_s=now.timestamp(), latest_start_s=now.timestamp() + hours * 3600, runtime_s=3600.0,
+                      power_kw=kw, price=sig.price("CA-ON"), carbon=sig.carbon("CA-ON"), prefer="cheapest").start_s
+
+
+@pytest.mark.parametrize("defer", [True, False], ids=["later-hour-cheaper", "now-is-cheapest"])
+def test_cheapest_window_defers_to_the_best_hour(pg_store, env, defer):
+    # The replayed tariff depends on the hour, so pick a submit instant (within the next two days) whose best
+    # window is later (or is now) instead of letting the wall clock choose which branch the test checks.
+    base = utcnow().replace(minute=0, second=0, microsecond=0)
+    now, expect = next((t, e) for t in (base + timedelta(hours=k) for k in range(48))
+                       if ((e := _cheapest_start(env, t)) > t.timestamp()) == defer)
+    pg_store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1", now=now)
     cyc, _, _ = _cycle(pg_store, env)
-    now = utcnow()
     spec = _spec(window="cheapest", estimated_duration_s=3600.0, deadline=now + timedelta(hours=12))
     jid = pg_store.submit("ml", spec, now=now)[0].id
     cyc.run(now)
     j = pg_store.get(jid)
-    sig = ReplayedSignals(env.base_signals, env.offset_for(now.timestamp()))
-    kw = 1 * env.gpus.busy_kw["V100"] * 1.3
-    expect = best_start(earliest_s=now.timestamp(), latest_start_s=now.timestamp() + 11 * 3600, runtime_s=3600.0,
-                        power_kw=kw, price=sig.price("CA-ON"), carbon=sig.carbon("CA-ON"), prefer="cheapest")
-    if expect.start_s <= now.timestamp():
-        assert j.state == "queued"
-    else:
+    if defer:
         assert j.state == "deferred"
-        assert abs(j.not_before.timestamp() - expect.start_s) < 1e-3
+        assert abs(j.not_before.timestamp() - expect) < 1e-3
         assert j.reason.startswith("cheapest window on pool local")
+    else:
+        assert j.state == "starting"  # the cheapest hour is the current one and the node is free
 
 
 def test_decayed_usage_exact():
