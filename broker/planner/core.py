@@ -102,6 +102,13 @@ class PlannerConfig(BaseModel):
         team_weight: team -> fair-share weight (default 1).
         team_budget_usd: team -> remaining budget, USD; absent = unlimited.
         cloud_enabled: the federated/cheapest policies may use cloud offers.
+        urgency_bucket_s: ``federated`` orders its on-prem queue least-laxity first: by the
+            job's latest on-prem start (deadline - remaining reference-GPU runtime) floored
+            to buckets of this many seconds, then in fair-share order within a bucket
+            (:func:`broker.planner.policy_base.urgency_bucket`). Default 6 h: in a congested
+            pool the jobs that can still wait for a quieter hour leave the GPUs to those that
+            cannot, so fewer jobs reach the point where only the cloud meets their deadline
+            (BENCHMARKS.md, "Look-ahead"). 0 = fair-share order only.
         onprem_cost_basis: what an on-prem GPU-hour costs in the *score*.
             ``marginal`` (default): electricity only — the capital is spent whether
             the GPU is busy or idle, so leaving it idle to rent a cloud GPU never
@@ -131,6 +138,7 @@ class PlannerConfig(BaseModel):
     team_weight: dict[str, float] = Field(default_factory=dict)
     team_budget_usd: dict[str, float] = Field(default_factory=dict)
     cloud_enabled: bool = True
+    urgency_bucket_s: float = Field(6 * 3600.0, ge=0)
     onprem_cost_basis: Literal["marginal", "amortised"] = "marginal"
 
 
@@ -228,8 +236,9 @@ class Snapshot:
             review — or, for a stateless caller, every job not running. Jobs whose
             ``earliest_s`` is in the future are ignored.
         queued: jobs already waiting in the on-prem queue, grouped by
-            ``(priority, team)``, each group in submission order (what a store
-            index returns). Lets a cycle touch only the head of a long queue.
+            :func:`~broker.planner.policy_base.queue_group` (priority, team, urgency
+            bucket), each group in submission order (what a store index returns). Lets
+            a cycle touch only the head of a long queue.
         queued_demand: optional pool -> ``(GPUs, GPU-seconds)`` of the committed jobs in
             ``queued`` (kept incrementally by the caller); computed from ``queued`` if None.
         free: per pool, free GPUs per node (int arrays ``(n_nodes,)``).

@@ -71,7 +71,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     review = [j for j in eligible if j.committed_pool is not None and j.review_s <= now]
     fresh = [j for j in eligible if j.committed_pool is None]
     late: list[PendingJob] = []
-    res = run_onprem_queue(cy, merged_queue(cy, committed, cy.queue_key), backfill=True,
+    res = run_onprem_queue(cy, merged_queue(cy, committed, cy.urgency_key), backfill=True,
                            target_fn=lambda j: [(p, t) for p, t in cy.onprem_targets(j) if p == j.committed_pool],
                            late=late)
     review = review + late
@@ -105,7 +105,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         st = res.started.get(p, (0.0, 0.0))
         ahead[p].gpus = max(g - st[0], 0.0)
         ahead[p].gpu_seconds = max(gs - st[1], 0.0)
-    todo = sorted(fresh + review, key=cy.queue_key)
+    todo = sorted(fresh + review, key=cy.urgency_key)
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
     budgets = dict(cfg.team_budget_usd)
     batches: dict[tuple, list] = {}

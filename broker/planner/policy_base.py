@@ -28,10 +28,11 @@ import numpy as np
 
 from broker.model import Decision, DecisionKind, OptionEstimate
 from broker.planner.capacity import FreeIndex, shadow_time
-from broker.planner.core import PendingJob, PlannerContext, Snapshot
+from broker.planner.core import PendingJob, PlannerConfig, PlannerContext, Snapshot
 from broker.planner.costs import onprem_kw, score
 
-__all__ = ["Cycle", "QueueResult", "run_onprem_queue", "merged_queue", "eligible_jobs", "submission_order",
+__all__ = ["Cycle", "QueueResult", "run_onprem_queue", "merged_queue", "queue_group", "urgency_bucket",
+           "eligible_jobs", "submission_order",
            "never_fits_reason", "work_bucket", "INF", "NAN", "NO_OFFERS", "N_ALTERNATIVES"]
 
 INF = float("inf")
@@ -170,6 +171,11 @@ class Cycle:
         return hit
 
     # ------------------------------------------------------------ ordering
+    def urgency_key(self, job: PendingJob):
+        """``federated``'s on-prem queue order: priority class, then least laxity (the job's
+        :func:`urgency_bucket`), then :meth:`queue_key` (fair share, age) within a bucket."""
+        return (-job.priority, urgency_bucket(job, self.ctx.config.urgency_bucket_s), self.queue_key(job))
+
     def queue_key(self, job: PendingJob):
         """Priority class (high first), fair share (low usage/weight first), age, id."""
         share = self._share.get(job.team)
@@ -359,11 +365,29 @@ def eligible_jobs(snap: Snapshot) -> list[PendingJob]:
     return [j for j in snap.pending if j.earliest_s <= now]
 
 
+def urgency_bucket(job: PendingJob, bucket_s: float) -> float:
+    """The job's latest on-prem start, ``deadline_s - work_s`` (POSIX s; runtime on a reference GPU),
+    floored to a multiple of ``bucket_s`` seconds: a whole number, ``inf`` without a deadline, and 0
+    for every job when ``bucket_s`` is 0 (ordering off). See ``PlannerConfig.urgency_bucket_s``."""
+    if bucket_s <= 0:
+        return 0.0
+    latest = job.deadline_s - job.work_s
+    return float(math.floor(latest / bucket_s)) if math.isfinite(latest) else INF
+
+
+def queue_group(job: PendingJob, config: PlannerConfig) -> tuple[int, str, float]:
+    """The group of :attr:`Snapshot.queued <broker.planner.core.Snapshot.queued>` a committed job
+    belongs to: ``(priority, team, urgency bucket)``. Within a group jobs are kept in submission
+    order, and every queue order of this module (:meth:`Cycle.queue_key`, :meth:`Cycle.urgency_key`)
+    is then monotonic, so :func:`merged_queue` can merge groups lazily."""
+    return (job.priority, job.team, urgency_bucket(job, config.urgency_bucket_s))
+
+
 def merged_queue(cy: Cycle, extra: list[PendingJob], key):
     """Lazy merge of ``extra`` (sorted here) and the snapshot's queued groups, in ``key`` order.
 
     Each group of ``Snapshot.queued`` is already in submission order and shares one
-    priority and team, so ``key`` is monotonic within it: a k-way heap merge pulls
+    priority, team and urgency bucket (:func:`queue_group`), so ``key`` is monotonic within it: a k-way heap merge pulls
     the next job in O(log groups).
     """
     now = cy.now

@@ -59,6 +59,7 @@ from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, 
 from broker.planner.core import PendingJob, RunningJob, Snapshot
 from broker.planner.costs import onprem_kw, score
 from broker.planner.fair_share import decayed_usage
+from broker.planner.policy_base import queue_group
 from broker.planner.registry import plan
 from broker.states import JobState, check_transition
 from broker.service.store.core import JobStore
@@ -544,7 +545,7 @@ class PlanningCycle:
                 arr[k] = len(set(live[nd.name].healthy) - used[nd.name])
             free.append(arr)
         pending: list[PendingJob] = []
-        queued: dict[tuple[int, str], list[PendingJob]] = defaultdict(list)
+        queued: dict[tuple, list[PendingJob]] = defaultdict(list)
         jobs: dict[str, Job] = {}
         self._tag_only = tag_only = set()
         for j, view in waiting:
@@ -560,7 +561,7 @@ class PlanningCycle:
                 tag_only.add(j.id)
             jobs[j.id] = j
             if pj.committed_pool is not None and pj.review_s > now_s:
-                queued[(pj.priority, pj.team)].append(pj)
+                queued[queue_group(pj, ctx.config)].append(pj)
             else:
                 pj.committed_pool = None
                 pending.append(pj)

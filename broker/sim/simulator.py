@@ -61,6 +61,7 @@ from broker.model import FAIR_SHARE_HALF_LIFE_S, CloudOffer, DecisionKind, Marke
 from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob, Snapshot
 from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
 from broker.planner.fair_share import UsageLedger, reference_gpu_hours
+from broker.planner.policy_base import queue_group
 from broker.planner.registry import POLICIES, plan
 from broker.sim.results import JobRecord, PolicyRun
 from broker.sim.traces import Trace, TraceJob
@@ -237,14 +238,14 @@ class Simulator:
         jobs: dict[str, _JobState] = {}
         # jobs the planner must look at next cycle (new, woken, requeued, due for review)
         pending: dict[str, PendingJob] = {}
-        # jobs waiting in the on-prem queue: (priority, team) -> {job_id: job}, in arrival order
-        queued: dict[tuple[int, str], dict[str, PendingJob]] = {}
-        queued_key: dict[str, tuple[int, str]] = {}
+        # jobs waiting in the on-prem queue: queue_group (priority, team, urgency) -> {job_id: job}, in arrival order
+        queued: dict[tuple, dict[str, PendingJob]] = {}
+        queued_key: dict[str, tuple] = {}
         queued_demand: dict[int, list[float]] = {}
         running: dict[str, RunningJob] = {}
 
         def enqueue(pj: PendingJob) -> None:
-            key = (pj.priority, pj.team)
+            key = queue_group(pj, self.ctx.config)
             queued.setdefault(key, {})[pj.job_id] = pj
             queued_key[pj.job_id] = key
             if pj.committed_pool is not None:

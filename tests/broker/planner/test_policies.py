@@ -307,6 +307,55 @@ def test_federated_waits_for_on_prem_when_that_is_feasible_and_cheaper():
     _has_costs(d.option, 1.2 * 150 / 1000 + 2.0, 1.2, 0.12)
 
 
+def _waiting(job_id, team, submit, deadline):
+    """A 4-GPU, 1-h job already waiting in pool 0's queue (committed, review in 10 h)."""
+    j = make_job(job_id).gpus(4).work(H).team(team).submit(submit).deadline(deadline).build()
+    j.committed_pool, j.review_s = 0, T0 + 10 * H
+    return j
+
+
+def test_urgency_bucket_and_queue_group_by_hand():
+    from broker.planner.core import PlannerConfig
+    from broker.planner.policy_base import queue_group, urgency_bucket
+
+    j = make_job("j").work(H).deadline(T0 + 8 * H).priority(2).team("t").build()
+    # latest on-prem start T0 + 7 h; T0 = 1693785600 s = 78,416 x 6 h, so the 6-h bucket is 78,417
+    assert urgency_bucket(j, 6 * H) == 78417.0
+    assert urgency_bucket(j, 0.0) == 0.0  # ordering off
+    assert urgency_bucket(make_job("n").deadline(math.inf).build(), 6 * H) == math.inf
+    assert queue_group(j, PlannerConfig()) == (2, "t", 78417.0)
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["pending", "snapshot-queued"])
+def test_federated_on_prem_queue_is_least_laxity_first_then_fair_share(queued):
+    from broker.planner.policy_base import queue_group
+
+    pool = make_pool("lab").node("V100", 4).build()
+    # "lax" (team a, no usage, first in the fair-share order) can wait days; "tight" (team b, heavy usage,
+    # submitted later) must start within 7 h: one 4-GPU node frees, "tight" gets it
+    lax = _waiting("lax", "a", T0 - 2 * H, T0 + 100 * H)
+    tight = _waiting("tight", "b", T0 - H, T0 + 8 * H)
+    usage = {"a": 0.0, "b": 50.0}
+    for bucket_s, first in ((6 * H, "tight"), (0.0, "lax")):
+        ctx = make_ctx([pool], signals=FLAT, policy="federated", cloud_enabled=False, urgency_bucket_s=bucket_s)
+        jobs = [lax, tight]
+        if queued:
+            groups = {}
+            for j in jobs:
+                groups.setdefault(queue_group(j, ctx.config), []).append(j)
+            snap = make_snapshot(T0, [], [[4]], team_usage=usage)
+            snap.queued = groups
+        else:
+            snap = make_snapshot(T0, jobs, [[4]], team_usage=usage)
+        ds = plan(snap, ctx)
+        assert [(d.job_id, d.kind) for d in ds] == [(first, DecisionKind.start)], bucket_s
+    # both in the same 6-h bucket (latest starts T0+99 h and T0+100 h: bucket 78,432): fair share decides
+    near = _waiting("near", "b", T0 - H, T0 + 101 * H)
+    ctx = make_ctx([pool], signals=FLAT, policy="federated", cloud_enabled=False)
+    ds = plan(make_snapshot(T0, [near, lax], [[4]], team_usage=usage), ctx)
+    assert [d.job_id for d in ds] == ["lax"]
+
+
 def test_federated_rejects_what_nothing_can_hold_with_a_reason():
     ctx = _fed_ctx()
     job = make_job("h").gpus(4).types("H100").build()
