@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import func, select
@@ -62,6 +62,15 @@ def test_three_one_gpu_jobs_on_a_two_gpu_node(any_store, env):
     assert "waiting for 1 GPU(s) in pool local" in jobs[waiting[0]].reason
     rec = store.decision(waiting[0])
     assert rec["kind"] == "wait" and rec["option"]["target"] == "local"
+    # its expected start: the first of the two started jobs' ends, 600 s (estimated_duration_s on a V100) after
+    # the cycle; jobs of lighter teams may pass it if submitted within 3600 / 2 s of it (the default age factor)
+    start = rec["option"]["start_s"]
+    assert rec["option"]["wait_s"] == pytest.approx(600.0)
+    w = jobs[waiting[0]]
+    assert (f"; expected start {datetime.fromtimestamp(start, timezone.utc).isoformat(timespec='seconds')} "
+            "(in 10.0 min)") in w.reason
+    until = datetime.fromtimestamp(w.created_at.timestamp() + 1800, timezone.utc).isoformat(timespec="seconds")
+    assert f"; jobs of lighter teams submitted before {until} may go first (fair share)" in w.reason
     # a second cycle changes nothing: both GPUs are held by the starting jobs
     res2 = cyc.run()
     assert res2.dispatched == []
