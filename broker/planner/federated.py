@@ -89,6 +89,8 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         review = [j for j in review if j.job_id not in started and j.job_id not in late_ids]
     review = review + late
     cy.reservation, cy.shadow_s = res.reservation, res.shadow_s
+    if res.reservation and res.blocked and res.blocked[0].review_s <= now:
+        cy.reservation_holder = res.blocked[0].job_id  # due for review: decided below, starts at the shadow time
     # demand ahead per pool: everything still waiting in the committed queue
     ahead = [_PoolQueueState() for _ in ctx.pools]
     qd = snap.queued_demand
@@ -185,7 +187,8 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
     end before the reservation's shadow time) waits only until running jobs' expected ends
     free its own GPUs. With nobody waiting for the pool (no reservation, no queue ahead) it
     would hold the reservation: it waits until its shadow time (:func:`shadow_time`, node by
-    node). Otherwise it also waits for the queue ahead: the later of (a) the release time of
+    node); the job that holds the reservation (reviewed this cycle) waits until its shadow time.
+    Otherwise it also waits for the queue ahead: the later of (a) the release time of
     the GPUs of the queue ahead plus its own and (b) the queue's work spread over the pool
     (fluid estimate). (Before, a pool without a reservation counted as "backfillable" even
     when its queue was full of waiting jobs, which is how a job that could not start said
@@ -225,6 +228,10 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
                 t_rel = np.maximum(t_rel, ts - now)
         fluid = np.where(backfillable | alone, 0.0, ahead[p].gpu_seconds / max(ctx.pool_capacity[p], 1))
         wait = np.where(fit, 0.0, np.maximum(np.maximum(t_rel, fluid), 0.0))
+        if reserved and cy.reservation_holder is not None:
+            # the job holding the reservation (a job due for review) starts at its shadow time
+            held = np.array([j.job_id == cy.reservation_holder for j in jobs], dtype=bool)
+            wait = np.where(held & ~fit, cy.shadow_s - now, wait)
         first = now + wait
         e, am, en, c = ctx.onprem_costs(p, t, job0.gpus, runtime, first)
         score_first = score(e + (am if amort_in else 0.0), c, wait, vot_h, cp)

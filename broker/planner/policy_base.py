@@ -79,6 +79,9 @@ class Cycle:
         self._fair, self._fair_default = fair_share_factors(self.team_usage, self.weights)
         self.reservation: dict[int, frozenset[int]] = {}
         self.shadow_s = INF
+        #: the job holding the reservation (the top blocked job of the queue pass) when it is decided again this
+        #: cycle (``federated``: due for review), else None
+        self.reservation_holder: str | None = None
         self._cloud_rank: dict = {}
         self._avail: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_scores: dict = {}

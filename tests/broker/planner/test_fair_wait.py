@@ -229,3 +229,23 @@ def test_wait_is_bounded_under_random_light_streams(every, run, j_at, j_gpus, he
                       j_at=j_at, j_gpus=j_gpus, usage={"heavy": heavy, "light": 0.0},
                       priority_max_age_s=max_age, priority_weight_age=w)
     assert "J" in started and started["J"] - (T0 + j_at) <= bound
+
+
+def test_a_job_due_for_review_keeps_its_reservation_and_is_told_its_shadow_time():
+    """J (heavy, committed, due for review now) is the top of the queue and blocked: 1 of 8 GPUs free, 1-GPU jobs
+    end at T0+9, +12, +15 and a 4-GPU one at T0+3600, so it holds node 0 from T0+15. In its review cycle a fresh
+    light job of 24 s (ends T0+24 > T0+15) may not take the node, and J's new decision says start T0+15 (15 s)."""
+    ctx = make_ctx([make_pool("lab").node("V100", 8).build()], signals=FLAT, cloud_enabled=False)
+    running = [make_running(f"r{i}").on((0, 1)).started(T0 - 20).ends(T0 + e).build()
+               for i, e in enumerate((9.0, 12.0, 15.0))]
+    running.append(make_running("big").on((0, 4)).started(T0 - 20).ends(T0 + 3600.0).build())
+    j = make_job("J").team("heavy").gpus(4).work(60.0).submit(T0 - 2000.0).build()
+    j.committed_pool, j.review_s = 0, T0
+    long = make_job("long").team("light").work(24.0).submit(T0).build()
+    # a light job waiting behind J (its priority 2 x 10 / 3600 + 1 is below J's 2 x 2000 / 3600 + 0.25): the
+    # queue-ahead estimate would have counted its 4 GPUs (8 needed: the 4-GPU job's end, T0+3600)
+    behind = make_job("behind").team("light").gpus(4).work(3600.0).submit(T0 - 10.0).build()
+    behind.committed_pool, behind.review_s = 0, T0 + 900.0
+    ds = {d.job_id: d for d in plan(make_snapshot(T0, [j, long, behind], [[1]], running, team_usage=USAGE), ctx)}
+    assert ds["long"].kind == DecisionKind.wait and "behind" not in ds
+    assert ds["J"].kind == DecisionKind.wait and (ds["J"].option.start_s, ds["J"].option.wait_s) == (T0 + 15.0, 15.0)
