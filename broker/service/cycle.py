@@ -561,9 +561,8 @@ class PlanningCycle:
             jobs[j.id] = j
             if pj.committed_pool is not None and pj.review_s > now_s:
                 queued[(pj.priority, pj.team)].append(pj)
-            else:
-                pj.committed_pool = None
-                pending.append(pj)
+            else:  # new, or due for review: a reviewed job keeps its pool
+                pending.append(pj)  # keeps it in the queue pass, so the top blocked job keeps its reservation)
         # fair share: decayed reference-GPU-hours of attempts in the last 8 half-lives
         since = now - timedelta(seconds=8 * FAIR_SHARE_HALF_LIFE_S)
         thr = ctx.gpus.throughput

@@ -655,3 +655,25 @@ def test_a_job_cancelled_while_the_planner_thinks_gets_no_wait_decision(pg_store
     j = store.get(waited)
     assert (j.state, j.reason) == ("cancelled", "changed my mind")
     assert store.decision(waited) is None
+
+
+def test_a_job_due_for_review_keeps_its_pool_in_the_snapshot(any_store, env):
+    """A waiting job whose review time has come is handed to the planner with its committed pool (as the
+    simulator does), so ``federated`` keeps it in the on-prem queue pass: the top blocked job keeps its
+    reservation in the cycle it is reviewed. (It was handed over as a new job.)"""
+    store = any_store
+    store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")
+    cyc, _, _ = _cycle(store, env)
+    ids = [store.submit("ml", _spec())[0].id for _ in range(2)]
+    assert cyc.run().kinds == {"start": 1, "wait": 1}
+    waiting = next(i for i in ids if store.get(i).state == "queued")
+    now = utcnow()
+    with store.session() as s:
+        j = JobStore.job_row(s, waiting)
+        assert j.committed_pool == "local"
+        assert JobStore.bump(s, j.id, j.version, now, review_at=now - timedelta(seconds=5))
+    with store.session() as s:
+        snap = cyc._read(s, now)[0]
+    (pj,) = snap.pending
+    assert (pj.job_id, pj.committed_pool) == (waiting, 0) and pj.review_s <= now.timestamp()
+    assert not snap.queued
