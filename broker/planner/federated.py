@@ -269,7 +269,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         feasible = (s + r <= latest_finish) & (dollars <= budget) & ~np.isnan(dollars) & ~np.isnan(c)
         sc = np.where(feasible, score(e + (am if amort_in else 0.0), c, s - now, vot_h, cp), INF)
         # the record of a wait: its expected start, costed there (the choice above stands)
-        waits = kind == _WAIT
+        waits = (kind == _WAIT) & (expect != wait)
         if waits.any():
             s_x = np.where(waits, now + expect, s)
             e_x, am_x, en_x, c_x = ctx.onprem_costs(p, t, job0.gpus, runtime, s_x)

@@ -61,8 +61,12 @@ def test_queue_key_heavy_job_passes_light_jobs_submitted_1350_s_after_it():
     now = T0 + 2000.0
     cy = Cycle(make_snapshot(now, [], [[8]], team_usage=USAGE), ctx)
     j = make_job("J").team("heavy").submit(T0 + 100.0).build()
-    at = make_job("K0").team("light").submit(T0 + 1450.0).build()   # exactly 1350 s later: a tie, J is older
-    before = make_job("K1").team("light").submit(T0 + 1449.0).build()
+    # the key's priority is multifactor_priority's: J 2 x 1900 / 3600 + 0.25
+    assert -cy.queue_key(j)[1] == pytest.approx(multifactor_priority(1900.0, 0.25, 3600.0, 2.0))
+    old = make_job("old").team("heavy").submit(T0 - 7200.0).build()  # past the cap: 2 + 0.25
+    assert -cy.queue_key(old)[1] == 2.25
+    at = make_job("K0").team("light").submit(T0 + 1451.0).build()   # 1351 s later: after J
+    before = make_job("K1").team("light").submit(T0 + 1449.0).build()  # 1349 s later: before J
     assert cy.queue_key(j) < cy.queue_key(at)
     assert cy.queue_key(before) < cy.queue_key(j)
     # with priority_weight_age 0 the order is the old one: fair share first, whatever the age
