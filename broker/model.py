@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_SLACK_FACTOR",
     "DEFAULT_MIN_SLACK_S",
     "default_slack_s",
+    "wait_text",
 ]
 
 # Image reference: [registry[:port]/]path[:tag][@sha256:digest]; no shell metacharacters.
@@ -79,6 +80,13 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0
 #: DEFAULT_MIN_SLACK_S)`` (:func:`default_slack_s`); traces record no deadlines, so the simulator uses it too
 DEFAULT_SLACK_FACTOR = 1.0
 DEFAULT_MIN_SLACK_S = 12 * 3600.0
+
+
+def wait_text(seconds: float) -> str:
+    """A wait in words for people: ``"40 s"`` below 2 min, ``"3.7 min"`` below 2 h, else ``"5.2 h"``
+    (``fedbroker explain`` and the live broker's waiting reasons; never "0 min" for a wait of seconds)."""
+    s = float(seconds)
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
 def default_slack_s(duration_s: float, slack_factor: float = DEFAULT_SLACK_FACTOR,

@@ -46,6 +46,7 @@ from rich.table import Table
 
 from broker.cli.console import (JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, show, stderr,
                                 utc_text)
+from broker.model import wait_text
 
 __all__ = ["register", "load_job_file"]
 
@@ -148,10 +149,7 @@ def _num(v, fmt: str) -> str:
 
 
 def _wait(s) -> str:
-    if s is None:
-        return "n/a"
-    s = float(s)
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+    return "n/a" if s is None else wait_text(s)
 
 
 def _print_schedules(scheds) -> None:

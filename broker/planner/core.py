@@ -100,6 +100,18 @@ class PlannerConfig(BaseModel):
             the cloud runtime) before the last instant the cloud could still meet its deadline.
         min_review_s: the earliest a waiting job is reviewed again, seconds.
         team_weight: team -> fair-share weight (default 1).
+        priority_max_age_s: seconds of waiting (since submission) after which a job's age
+            factor stops growing (Slurm's ``PriorityMaxAge``). Default 3600 (1 h): with
+            ``priority_weight_age`` 2, a job is passed by no job of its class submitted more than
+            30 min after it (:mod:`broker.planner.fair_share`, "The bound"), so fair share
+            arbitrates between jobs submitted within half an hour of each other and no team's
+            stream holds another's job back longer than that plus its reservation's shadow time.
+            Slurm's default of 7 days would bound nothing users notice.
+        priority_weight_age: weight of the age factor (0..1) against the fair-share factor
+            (0..1] in the queue priority within a class (Slurm's ``PriorityWeightAge`` over
+            ``PriorityWeightFairshare``). Default 2: at or above 1 a job at the cap precedes every
+            fresh job whatever the teams' usage; 2 also bounds the pass-by window to half of
+            ``priority_max_age_s``. 0 = the strict order fair share, then age.
         team_budget_usd: team -> remaining budget, USD; absent = unlimited.
         cloud_enabled: the federated/cheapest policies may use cloud offers.
         urgency_bucket_s: ``federated`` orders its on-prem queue least-laxity first: by the
@@ -136,6 +148,8 @@ class PlannerConfig(BaseModel):
     review_margin_s: float = Field(3600.0, ge=0)
     min_review_s: float = Field(900.0, gt=0)
     team_weight: dict[str, float] = Field(default_factory=dict)
+    priority_max_age_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    priority_weight_age: float = Field(2.0, ge=0, allow_inf_nan=False)
     team_budget_usd: dict[str, float] = Field(default_factory=dict)
     cloud_enabled: bool = True
     urgency_bucket_s: float = Field(6 * 3600.0, ge=0)

@@ -11,7 +11,30 @@ reference-GPU-hours. Policies order a priority class by usage / team weight
 * :func:`decayed_gpu_hours` — the exact decayed integral over GPU intervals (vectorised);
 * :func:`decayed_usage` — team -> usage from GPU intervals: the live cycle (attempt rows, GPUs x the
   throughput of the attempt's GPU type);
-* :class:`UsageLedger` — usage kept on a clock, decayed as it advances: the simulator.
+* :class:`UsageLedger` — usage kept on a clock, decayed as it advances: the simulator;
+* :func:`fair_share_factors`, :func:`age_factor`, :func:`multifactor_priority` — the on-prem queue's
+  priority within a class: fair share weighed against age (below).
+
+Multifactor priority (Slurm's ``priority/multifactor`` with ``PriorityWeightAge``/``PriorityMaxAge``
+and the classic fair-share factor). Within one priority class a waiting job's priority is::
+
+    P = weight_age x min(age / max_age, 1) + 2 ** (-(u_t / w_t) / (sum_u / sum_w))
+
+``age = now - submit`` (s); ``max_age`` = ``PlannerConfig.priority_max_age_s``, ``weight_age`` =
+``PlannerConfig.priority_weight_age``; ``u_t`` the team's decayed usage (reference-GPU-hours),
+``w_t`` its weight, the sums over the teams with usage or a configured weight. The second term, the
+fair-share factor F, is 1 for a team without usage, 1/2 for a team at the mean usage per weight and
+tends to 0 for heavy teams: F is in (0, 1]. Higher P goes first, then submission time, then job id.
+
+The bound. Since F differences are below 1, job J precedes job K of its class whenever
+``weight_age x (min(a_J / max_age, 1) - min(a_K / max_age, 1)) >= 1`` whatever the teams' usage:
+with neither at the cap, whenever K was submitted at least ``max_age / weight_age`` after J. (With the
+defaults, 1 h and 2: half an hour; exactly, ``(F_K - F_J) x max_age / weight_age``.) So a stream of
+another team's jobs can pass J only during its first ``max_age / weight_age`` of waiting, unless
+its jobs themselves wait ``max_age x (1 - 1 / weight_age)``; J is then the top of the queue, holds
+the EASY reservation, and starts at its shadow time (the expected end of the running jobs it waits
+for; :func:`broker.planner.policy_base.run_onprem_queue`). ``weight_age = 0`` gives the strict
+order of before: fair share, then age.
 
 The two callers differ in *when* GPU-hours are counted, not in the rule's terms: the live cycle
 integrates each attempt's interval up to now; the simulator charges a run's planned
@@ -25,13 +48,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import numpy as np
 
 from broker.model import FAIR_SHARE_HALF_LIFE_S
 
-__all__ = ["decay_rate", "decay_factor", "reference_gpu_hours", "decayed_gpu_hours", "decayed_usage", "UsageLedger"]
+__all__ = ["decay_rate", "decay_factor", "reference_gpu_hours", "decayed_gpu_hours", "decayed_usage", "UsageLedger",
+           "fair_share_factors", "age_factor", "multifactor_priority"]
 
 #: seconds per hour
 _H = 3600.0
@@ -122,3 +146,42 @@ class UsageLedger:
     def charge(self, team: str, gpu_hours: float) -> None:
         """Add ``gpu_hours`` (e.g. :func:`reference_gpu_hours`) to ``team`` at the ledger's time."""
         self.usage[team] = self.usage.get(team, 0.0) + gpu_hours
+
+
+def fair_share_factors(usage: Mapping[str, float], weights: Mapping[str, float]) -> tuple[dict[str, float], float]:
+    """The fair-share factor ``F = 2 ** (-(u_t / w_t) / (sum_u / sum_w))`` of each team (Slurm's classic
+    factor: normalised usage over normalised shares), in (0, 1].
+
+    Args:
+        usage: team -> decayed reference-GPU-hours (``Snapshot.team_usage``).
+        weights: team -> fair-share weight (``PlannerConfig.team_weight``; absent = 1).
+
+    The sums run over the teams in ``usage`` or ``weights``. Returns ``(factors, default)``: team -> F for
+    those teams, and the factor of any other team (no usage: 1.0). With no usage at all every F is 1.
+    Raises ValueError for a negative usage or a weight that is not positive (names the team).
+    """
+    teams = set(usage) | set(weights)
+    for t in teams:
+        u, w = usage.get(t, 0.0), weights.get(t, 1.0)
+        if not u >= 0.0:
+            raise ValueError(f"team_usage[{t!r}]={u!r}: decayed GPU-hours must be >= 0")
+        if not w > 0.0:
+            raise ValueError(f"team_weight[{t!r}]={w!r}: a fair-share weight must be > 0")
+    sum_u = sum(usage.get(t, 0.0) for t in teams)
+    sum_w = sum(weights.get(t, 1.0) for t in teams)
+    if sum_u <= 0.0:
+        return {t: 1.0 for t in teams}, 1.0
+    mean = sum_u / sum_w  # decayed GPU-hours per unit of weight
+    return {t: 2.0 ** (-(usage.get(t, 0.0) / weights.get(t, 1.0)) / mean) for t in teams}, 1.0
+
+
+def age_factor(age_s: float, max_age_s: float) -> float:
+    """``min(age / max_age, 1)``: 0 at submission, growing linearly to 1 at ``max_age_s`` seconds (Slurm's
+    ``PriorityMaxAge``); a negative age (clock skew) counts as 0."""
+    return min(max(age_s, 0.0) / max_age_s, 1.0)
+
+
+def multifactor_priority(age_s: float, fair_factor: float, max_age_s: float, weight_age: float) -> float:
+    """A waiting job's priority within its class: ``weight_age x age_factor(age_s, max_age_s) + fair_factor``
+    (module docstring; dimensionless, higher first)."""
+    return weight_age * age_factor(age_s, max_age_s) + fair_factor

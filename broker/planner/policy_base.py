@@ -5,8 +5,11 @@ Rules of all policies (:class:`Cycle`, :func:`run_onprem_queue`):
 * a job starts on-prem only where the whole gang fits now (all-or-nothing),
   on nodes of one GPU type in one pool (homogeneous gang), best-fit;
 * a job that no pool and no offer can ever hold is rejected with the reason;
-* on-prem queue order is priority class, then team fair share (decayed
-  GPU-hours / team weight), then submission time; ``fifo`` uses submission time;
+* on-prem queue order is priority class, then the multifactor priority (age
+  weighed against team fair share, :mod:`broker.planner.fair_share`: no job is
+  passed by a job of its class submitted more than ``priority_max_age_s /
+  priority_weight_age`` after it that has waited less than ``priority_max_age_s x
+  (1 - 1 / priority_weight_age)``), then submission time; ``fifo`` uses submission time;
 * EASY backfill: the first blocked job gets a reservation (shadow time and
   nodes from the expected ends of running jobs); a later job may start now
   only if it ends before the shadow time or stays off the reserved nodes.
@@ -30,6 +33,7 @@ from broker.model import Decision, DecisionKind, OptionEstimate
 from broker.planner.capacity import FreeIndex, shadow_time
 from broker.planner.core import PendingJob, PlannerConfig, PlannerContext, Snapshot
 from broker.planner.costs import onprem_kw, score
+from broker.planner.fair_share import fair_share_factors
 
 __all__ = ["Cycle", "QueueResult", "run_onprem_queue", "merged_queue", "queue_group", "urgency_bucket",
            "eligible_jobs", "submission_order",
@@ -72,9 +76,14 @@ class Cycle:
         self._releases: dict[int, list[tuple[float, int, int]]] | None = None
         self.team_usage = snap.team_usage
         self.weights = ctx.config.team_weight
-        self._share: dict[str, float] = {}  # team -> decayed usage / weight, for this cycle
+        # team -> fair-share factor in (0, 1] for this cycle, and the factor of a team without usage
+        self._fair, self._fair_default = fair_share_factors(self.team_usage, self.weights)
+        self._max_age, self._age_weight = ctx.config.priority_max_age_s, ctx.config.priority_weight_age
         self.reservation: dict[int, frozenset[int]] = {}
         self.shadow_s = INF
+        #: the job holding the reservation (the top blocked job of the queue pass) when it is decided again this
+        #: cycle (``federated``: due for review), else None
+        self.reservation_holder: str | None = None
         self._cloud_rank: dict = {}
         self._avail: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_scores: dict = {}
@@ -177,11 +186,17 @@ class Cycle:
         return (-job.priority, urgency_bucket(job, self.ctx.config.urgency_bucket_s), self.queue_key(job))
 
     def queue_key(self, job: PendingJob):
-        """Priority class (high first), fair share (low usage/weight first), age, id."""
-        share = self._share.get(job.team)
-        if share is None:
-            share = self._share[job.team] = self.team_usage.get(job.team, 0.0) / self.weights.get(job.team, 1.0)
-        return (-job.priority, share, job.submit_s, job.job_id)
+        """Priority class (high first), the multifactor priority (age weighed against fair share, high
+        first; :func:`broker.planner.fair_share.multifactor_priority`), submission time, id.
+
+        Within a ``Snapshot.queued`` group (one class and team, in submission order) the key is
+        non-decreasing, as :func:`merged_queue` needs: older jobs have the larger (or, past the cap,
+        equal) age factor."""
+        # multifactor_priority inlined (called once per job and merge step of a 100k-job queue)
+        age = self.now - job.submit_s
+        w = self._age_weight
+        a = 0.0 if age <= 0.0 else (w if age >= self._max_age else w * (age / self._max_age))
+        return (-job.priority, -(a + self._fair.get(job.team, self._fair_default)), job.submit_s, job.job_id)
 
     # ------------------------------------------------------------ capacity
     def pool_types_for(self, job: PendingJob, pool: int) -> list[str]:

@@ -55,7 +55,7 @@ import numpy as np
 from broker.service.store import planning as planning_rows
 from broker.service.store.tables import Job, utcnow
 from broker.service.live import LiveEnvironment, LiveNode
-from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, DecisionKind, JobSpec
+from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, DecisionKind, JobSpec, wait_text
 from broker.planner.core import PendingJob, RunningJob, Snapshot
 from broker.planner.costs import onprem_kw, score
 from broker.planner.fair_share import decayed_usage
@@ -562,9 +562,8 @@ class PlanningCycle:
             jobs[j.id] = j
             if pj.committed_pool is not None and pj.review_s > now_s:
                 queued[queue_group(pj, ctx.config)].append(pj)
-            else:
-                pj.committed_pool = None
-                pending.append(pj)
+            else:  # new, or due for review: a reviewed job keeps its pool
+                pending.append(pj)  # keeps it in the queue pass, so the top blocked job keeps its reservation)
         # fair share: decayed reference-GPU-hours of attempts in the last 8 half-lives
         since = now - timedelta(seconds=8 * FAIR_SHARE_HALF_LIFE_S)
         thr = ctx.gpus.throughput
@@ -782,7 +781,9 @@ class PlanningCycle:
             review = _dt(d.not_before) if d.not_before is not None and math.isfinite(d.not_before) else None
             o = d.option
             why = (f"waiting for {j.spec['gpus_per_node'] * j.spec['nodes']} GPU(s) in pool {d.pool}"
-                   + (f"; expected wait {o.wait_s / 60:.0f} min" if o is not None else "")
+                   + (f"; expected start {_dt(o.start_s).isoformat(timespec='seconds')} (in {wait_text(o.wait_s)})"
+                      if o is not None and math.isfinite(o.start_s) else "")
+                   + self._passing_note(ctx, pending_by_id.get(j.id))
                    + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
             notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
         elif kind == DecisionKind.reject:
@@ -792,6 +793,17 @@ class PlanningCycle:
                 rec["reason"] = why
             JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
                          finished_at=now)
+
+    @staticmethod
+    def _passing_note(ctx, pj: PendingJob | None) -> str:
+        """Until when jobs of lighter teams may still go ahead of a waiting job: those submitted less than
+        ``priority_max_age_s / priority_weight_age`` after it (:mod:`broker.planner.fair_share`, "The bound");
+        empty when age does not weigh (weight 0) or the job is unknown."""
+        cfg = ctx.config
+        if pj is None or cfg.priority_weight_age <= 0:
+            return ""
+        until = _dt(pj.submit_s + cfg.priority_max_age_s / cfg.priority_weight_age)
+        return f"; jobs of lighter teams submitted before {until.isoformat(timespec='seconds')} may go first (fair share)"
 
     def _explain_undecided(self, j: Job, notes: list) -> None:
         """A job the planner gave no decision (nothing can hold it now): note why (for :meth:`_write_notes`)."""

@@ -93,3 +93,10 @@ def test_the_job_uid_range_rule_is_one_rule_for_settings_and_agents():
     assert JobsSettings().uid_range == job_uids.DEFAULT_UID_RANGE == (61184, 65519)
     with pytest.raises(ValueError, match=r"jobs.uid_range=\[100, 114\]: holds 15 ids, at least 16 needed"):
         check_uid_range([100, 114])
+
+
+def test_wait_text_never_rounds_seconds_to_zero_minutes():
+    from broker.model import wait_text
+
+    assert [wait_text(s) for s in (0.0, 40.0, 119.0, 222.0, 7199.0, 18720.0)] == [
+        "0 s", "40 s", "119 s", "3.7 min", "120.0 min", "5.2 h"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import func, select
@@ -62,6 +62,15 @@ def test_three_one_gpu_jobs_on_a_two_gpu_node(any_store, env):
     assert "waiting for 1 GPU(s) in pool local" in jobs[waiting[0]].reason
     rec = store.decision(waiting[0])
     assert rec["kind"] == "wait" and rec["option"]["target"] == "local"
+    # its expected start: the first of the two started jobs' ends, 600 s (estimated_duration_s on a V100) after
+    # the cycle; jobs of lighter teams may pass it if submitted within 3600 / 2 s of it (the default age factor)
+    start = rec["option"]["start_s"]
+    assert rec["option"]["wait_s"] == pytest.approx(600.0)
+    w = jobs[waiting[0]]
+    assert (f"; expected start {datetime.fromtimestamp(start, timezone.utc).isoformat(timespec='seconds')} "
+            "(in 10.0 min)") in w.reason
+    until = datetime.fromtimestamp(w.created_at.timestamp() + 1800, timezone.utc).isoformat(timespec="seconds")
+    assert f"; jobs of lighter teams submitted before {until} may go first (fair share)" in w.reason
     # a second cycle changes nothing: both GPUs are held by the starting jobs
     res2 = cyc.run()
     assert res2.dispatched == []
@@ -646,3 +655,25 @@ def test_a_job_cancelled_while_the_planner_thinks_gets_no_wait_decision(pg_store
     j = store.get(waited)
     assert (j.state, j.reason) == ("cancelled", "changed my mind")
     assert store.decision(waited) is None
+
+
+def test_a_job_due_for_review_keeps_its_pool_in_the_snapshot(any_store, env):
+    """A waiting job whose review time has come is handed to the planner with its committed pool (as the
+    simulator does), so ``federated`` keeps it in the on-prem queue pass: the top blocked job keeps its
+    reservation in the cycle it is reviewed. (It was handed over as a new job.)"""
+    store = any_store
+    store.heartbeat("n1", "local", "V100", 1, 16.0, [0], "agent-1")
+    cyc, _, _ = _cycle(store, env)
+    ids = [store.submit("ml", _spec())[0].id for _ in range(2)]
+    assert cyc.run().kinds == {"start": 1, "wait": 1}
+    waiting = next(i for i in ids if store.get(i).state == "queued")
+    now = utcnow()
+    with store.session() as s:
+        j = JobStore.job_row(s, waiting)
+        assert j.committed_pool == "local"
+        assert JobStore.bump(s, j.id, j.version, now, review_at=now - timedelta(seconds=5))
+    with store.session() as s:
+        snap = cyc._read(s, now)[0]
+    (pj,) = snap.pending
+    assert (pj.job_id, pj.committed_pool) == (waiting, 0) and pj.review_s <= now.timestamp()
+    assert not snap.queued
