@@ -259,21 +259,13 @@ def offers(
               f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
     ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
                          scen.signals, scen.gpus)
-    # work in reference (V100) GPU-seconds: H hours on the requested type are H x its relative throughput
-    work_s = hours * 3600.0 * (scen.gpus.throughput[next(iter(gtypes))] if gtypes else 1.0)
-    job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
-                     work_s=work_s, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
-                     regions=frozenset([region]) if region else None)
-    rows = option_rows(ctx, job, now, cloud_only=bool(region))
+    rows = ranked_options(ctx, request_job(ctx, gtypes, count, nodes, spot, hours, now, region), now,
+                          sort, carbon_price, cloud_only=bool(region))
     if not rows:
         _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"
               + (f" in region {region!r}" if region else "") + ("" if spot else " on-demand"))
     if any(math.isnan(r.carbon_kg) for r in rows):
         current_console().print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
-    # the score of a query prices carbon only: it has no priority, so no value of time for the wait
-    key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
-           "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
-    rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
     if as_json:
         echo_json([option_json(r, nodes) for r in rows])
         return
@@ -290,6 +282,30 @@ def offers(
     if any(r.carbon_estimated for r in rows[:top]):
         current_console().print(f"{ESTIMATE_MARK} carbon estimated: the region has no hourly grid data for the "
                                 "window (annual figure, or another year's hours).")
+
+
+def request_job(ctx: PlannerContext, gpu_types: frozenset[str] | None, count: int, nodes: int, spot: bool,
+                hours: float, start_s: float, region: str | None = None) -> PendingJob:
+    """The pending job of one ``offers`` request: ``nodes`` x ``count`` GPUs of ``gpu_types`` (None: any) for
+    ``hours`` hours on the requested GPU type (without a type: hours on the reference V100), from ``start_s``
+    (POSIX s, UTC); spot allowed if ``spot``; only ``region`` if given."""
+    # work in reference (V100) GPU-seconds: H hours on the requested type are H x its relative throughput
+    work_s = hours * 3600.0 * (ctx.gpus.throughput[next(iter(gpu_types))] if gpu_types else 1.0)
+    return PendingJob(job_id="query", team="default", priority=1, submit_s=start_s, deadline_s=math.inf,
+                      earliest_s=start_s, work_s=work_s, gpus_per_node=count, nodes=nodes, gpu_types=gpu_types,
+                      spot_ok=spot, regions=frozenset([region]) if region else None)
+
+
+def ranked_options(ctx: PlannerContext, job: PendingJob, start_s: float, sort: str = "cost",
+                   carbon_price: float = 190.0, cloud_only: bool = False) -> list[OptionRow]:
+    """The answer of ``fedbroker offers``: :func:`option_rows` ranked by ``sort`` (``cost``: total USD, then
+    kgCO2e; ``carbon``; ``score`` at ``carbon_price`` USD/tCO2e), rows without carbon data last."""
+    rows = option_rows(ctx, job, start_s, cloud_only=cloud_only)
+    # the score of a query prices carbon only: it has no priority, so no value of time for the wait
+    key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
+           "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
+    rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
+    return rows
 
 
 #: Mark after a kgCO2e figure in the ``offers`` table whose carbon figure is an estimate.

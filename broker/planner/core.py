@@ -45,7 +45,7 @@ __all__ = [
     "RunningJob",
     "Snapshot",
     "PlannerError",
-    "smallest_fit",
+    "smallest_fit", "smallest_shape_mask",
 ]
 
 
@@ -483,12 +483,9 @@ class PlannerContext:
         if job.gpu_types is not None:
             ok &= np.array([t in job.gpu_types for t in self.offer_gpu_type], dtype=bool)
         ok &= ~np.isnan(self.offer_thr)
-        if job.nodes > 1:
-            ok &= self.offer_gpu_count == job.gpus_per_node  # homogeneous gang of whole instances
-        else:
-            ok &= self.offer_gpu_count >= job.gpus_per_node
-            # smallest instance shape that holds the job, per (type, zone, market): no paying for idle GPUs
-            ok &= self.offer_gpu_count <= smallest_fit(job.gpus_per_node)
+        # one instance per node (a gang: ``nodes`` equal instances) of the smallest shape that holds the node's
+        # GPUs in its (provider, zone, GPU type, market): no paying for idle GPUs beyond it
+        ok &= smallest_shape_mask(self.offers, job.gpus_per_node)
         ok &= self.offer_mem >= job.min_mem_gb
         if not job.spot_ok:
             ok &= ~self.offer_spot
@@ -511,6 +508,21 @@ def _kwh_score_series(price: HourlySeries, carbon: HourlySeries, carbon_price_us
     values = score(tariff / 1000.0, carbon.values / 1000.0, 0.0, 0.0, carbon_price_usd_per_tonne)
     return HourlySeries(zone=carbon.zone, unit="USD/kWh", start_s=carbon.start_s, values=values,
                         interval_s=carbon.interval_s)
+
+
+def smallest_shape_mask(offers: Sequence, gpus_per_node: int) -> np.ndarray:
+    """Bool mask over ``offers`` (``CloudOffer``-like: provider, zone, gpu_type, market, gpu_count): the offer holds
+    ``gpus_per_node`` GPUs and is the smallest shape that does among the offers of its (provider, zone, GPU type,
+    market). A 1-GPU request may take an 8-GPU instance where that is the only shape (e.g. AWS L40S, H200), but
+    not where a 1-GPU shape exists beside it. Shared by the planner and the live broker's failover."""
+    best: dict[tuple, int] = {}
+    keys = []
+    for o in offers:
+        k = (o.provider, o.zone, o.gpu_type, getattr(o.market, "value", o.market))
+        keys.append(k)
+        if o.gpu_count >= gpus_per_node and o.gpu_count < best.get(k, 1 << 30):
+            best[k] = o.gpu_count
+    return np.array([o.gpu_count == best.get(k, -1) for o, k in zip(offers, keys)], dtype=bool)
 
 
 def smallest_fit(n: int) -> int:
