@@ -343,6 +343,18 @@ def option_json(r: OptionRow, instances: int) -> dict:
             "carbon_estimated": bool(r.carbon_estimated)}
 
 
+def _zone_estimated(zone: str) -> bool:
+    """:func:`pricing.carbon.carbon_estimated` of a pool's zone; False for a zone whose series the caller
+    supplied itself (not a bundled zone: not our estimate)."""
+    from pricing.carbon import carbon_estimated
+    from pricing.errors import UnknownZoneError
+
+    try:
+        return carbon_estimated(zone)
+    except UnknownZoneError:
+        return False
+
+
 def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only: bool = False) -> list[OptionRow]:
     """Every cloud offer and on-prem pool GPU type that can hold ``job``, costed from ``start_s``.
 
@@ -351,8 +363,6 @@ def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only
     with the amortised capital in the USD and the USD per hour. The same cost model as the
     planner's explain records and the simulator's accounting (:mod:`broker.planner.costs`).
     """
-    from pricing.carbon import carbon_estimated
-
     rows = []
     idx = ctx.compatible_offers(job)
     if idx.size:
@@ -373,7 +383,7 @@ def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only
             r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, gt, job, start_s)
             dollars = e_cost + amort
             rows.append(OptionRow("onprem", pool.name, pool.carbon_zone, "-", gt, "owned", dollars / (r / 3600.0), r,
-                                  dollars, energy, carbon, carbon_estimated(pool.carbon_zone)))
+                                  dollars, energy, carbon, _zone_estimated(pool.carbon_zone)))
     return rows
 
 
