@@ -333,6 +333,8 @@ class PlannerContext:
         self.offer_idle_kw = np.array([gpus.idle_kw.get(o.gpu_type, np.nan) for o in self.offers])
         zones = sorted(set(o.carbon_zone for o in self.offers))
         self.offer_ids = [o.offer_id for o in self.offers]
+        #: per offer: is its carbon figure an estimate (``CloudOffer.carbon_estimated``), for the explain records
+        self.offer_carbon_estimated = [bool(getattr(o, "carbon_estimated", False)) for o in self.offers]
         #: per offer, plain floats for :meth:`cloud_scalar` (one job on one offer)
         self._offer_floats = [
             (float(self.offer_thr[i]), bool(self.offer_spot[i]), o.interruption_rate_per_hour, o.provisioning_delay_s,
