@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from broker.planner.core import smallest_shape_mask
+from broker.planner.core import shape_groups, smallest_shape_mask
 from broker.service.cloud.adapters import offer_allowed
 from broker.service import lifecycle
 from broker.service.store import attempts as jobs
@@ -50,7 +50,8 @@ def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Call
     regions = set(spec.get("allowed_regions") or ())
     gpn, nodes = int(spec["gpus_per_node"]), int(spec["nodes"])
     cap = spec.get("max_price_usd_per_hour")
-    shape_ok = {o.offer_id for o, ok in zip(offers, smallest_shape_mask(offers, gpn)) if ok}
+    mask = smallest_shape_mask(shape_groups(offers), [o.gpu_count for o in offers], gpn)
+    shape_ok = {o.offer_id for o, ok in zip(offers, mask) if ok}
 
     def fits(o) -> bool:
         market = getattr(o.market, "value", o.market)
