@@ -21,6 +21,8 @@ import statistics
 import time
 from datetime import datetime, timezone
 
+from _machine import machine_info  # noqa: E402  (benchmarks/ is the script's directory)
+
 from broker.cli.main import ranked_options, request_job
 from broker.planner.core import PlannerConfig, PlannerContext
 from broker.sim.scenario import load_scenario
@@ -48,6 +50,9 @@ def main(argv=None) -> int:
             ranked_options(ctx, request_job(ctx, frozenset([gpu]), count, nodes, spot, hours, start_s), start_s)
             times.append((time.perf_counter() - t) * 1e3)
     times.sort()
+    m = machine_info()
+    print(f"Machine: {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}, numpy {m['numpy']}; code {m['git_head']} (src {m['src_sha256']})"
+          f"{' dirty' if m['src_dirty'] else ''}")
     p95 = times[int(0.95 * (len(times) - 1))]
     print(f"offers={len(scen.offers)} requests={len(times)} scenario+ctx build {build_ms:.0f} ms "
           f"{'warm' if args.warm else 'cold shape cache'}: median {statistics.median(times):.3f} ms, "
