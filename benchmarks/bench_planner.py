@@ -12,7 +12,7 @@ Inputs (all deterministic, seeded numpy):
   ``--busy`` (default 85 %) of the GPUs are allocated, so nodes are a mix of
   full, partly busy and idle. Each running job has started a uniform fraction of
   its trace duration ago and ends, as expected, after the rest of it.
-* **Cloud**: the ~1,000 bundled offers (``load_scenario().offers``), with spot
+* **Cloud**: the bundled offers (``load_scenario().offers``: 2,220 since issue 11), with spot
   availability at the cycle instant from the bundled spot traces
   (``broker.sim.simulator.SpotModel``).
 * **Pending jobs**: drawn with replacement from the 82,247 Philly jobs (shapes,

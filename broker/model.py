@@ -367,6 +367,8 @@ class OptionEstimate:
         score: objective value, USD-equivalent (lower is better); NaN if infeasible.
         feasible: meets the deadline and constraints.
         note: why infeasible, or extra detail.
+        carbon_estimated: the option's carbon figure is an estimate (a cloud region with an annual figure or
+            another year's hours: ``CloudOffer.carbon_estimated``); False for on-prem pools.
     """
 
     kind: Literal["onprem", "cloud"]
@@ -380,6 +382,7 @@ class OptionEstimate:
     score: float
     feasible: bool = True
     note: str = ""
+    carbon_estimated: bool = False
 
 
 class LazyOptions(Sequence):

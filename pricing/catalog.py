@@ -15,10 +15,12 @@ costs VM row + accelerator row in the same zone and market
 (:func:`combine_gcp_price`).
 
 * a2/a3/a4/g2 VMs have fixed GPUs (:data:`GCP_FIXED_GPU_VMS`).
-* n1 VMs take attachable V100/T4/P100 GPUs; we price ONE documented host per
-  GPU count (:data:`GCP_N1_HOST_FOR_GPU_COUNT`: 8 vCPUs per GPU, n1-standard,
-  within GCP's per-GPU vCPU limits) and name the offer
-  ``"<host>+<GPU>x<count>"`` (e.g. ``n1-standard-8+V100x1``).
+* n1 VMs take attachable V100/T4/P100/P4 GPUs on a host of the n1-standard or
+  n1-highmem family (:data:`GCP_N1_HOST_FAMILIES`) with at least SkyPilot's
+  vCPUs for that GPU and count (:data:`GCP_N1_MIN_HOST_VCPUS`) and at most GCP's
+  vCPU/memory limit (:data:`GCP_N1_HOST_LIMITS`). Per (zone, GPU, count,
+  market) we offer the cheapest such host (:func:`gcp_n1_hosts`) and name the
+  offer ``"<host>+<GPU>x<count>"`` (e.g. ``n1-highmem-8+T4x1``).
 * **Caveat** (``pricing/data/SOURCES.md``): the H100 accelerator rows look wrong
   — a3-highgpu-8g prices at 9.46006 + 33.60609 = 43.07 USD/h against
   88.49 USD/h in Cyclenerd's GCP price list. H100 offers on GCP are kept as
@@ -26,7 +28,8 @@ costs VM row + accelerator row in the same zone and market
 
 Per offer: ``gpu_type`` from :func:`pricing.power.canonical_gpu_type`,
 ``gpu_memory_gb`` from :data:`pricing.power.GPU_SPECS`, ``carbon_zone`` from
-:func:`pricing.regions.grid_zone_for`, ``pue`` from :data:`pricing.power.CLOUD_PUE`,
+:func:`pricing.regions.grid_zone_for` and ``carbon_estimated`` from
+:func:`pricing.carbon.carbon_estimated`, ``pue`` from :data:`pricing.power.CLOUD_PUE`,
 ``provisioning_delay_s`` from :data:`PROVISIONING_DELAY_S`, ``min_billed_s`` =
 60 (:data:`MIN_BILLED_S`), and for spot ``interruption_rate_per_hour`` from the
 bundled spot traces (:func:`spot_interruption_rate`); on-demand 0.
@@ -50,6 +53,7 @@ from typing import Iterable
 import pandas as pd
 
 from pricing._data import data_path
+from pricing.carbon import carbon_estimated
 from pricing.errors import UnknownGpuTypeError
 from pricing.offers import MIN_BILLED_S, CloudOffer, Market
 from pricing.power import CLOUD_PUE, GPU_SPECS, canonical_gpu_type
@@ -58,7 +62,8 @@ from pricing.spot import SpotTrace, load_spot_traces, pooled_interruption_rate
 
 __all__ = [
     "OfferCatalog", "load_offers", "combine_gcp_price", "gcp_instance_price", "spot_interruption_rate",
-    "GCP_FIXED_GPU_VMS", "GCP_N1_HOST_FOR_GPU_COUNT", "PROVISIONING_DELAY_S", "MIN_BILLED_S", "SKIP_REASONS",
+    "GCP_FIXED_GPU_VMS", "GCP_N1_HOST_FAMILIES", "GCP_N1_MIN_HOST_VCPUS", "GCP_N1_HOST_LIMITS", "gcp_n1_hosts",
+    "PROVISIONING_DELAY_S", "MIN_BILLED_S", "SKIP_REASONS",
     "AWS_CATALOG_FILE", "GCP_CATALOG_FILE",
 ]
 
@@ -90,10 +95,40 @@ GCP_FIXED_GPU_VMS: MappingProxyType[str, tuple[str, int]] = MappingProxyType({
     "g2-standard-96": ("L4", 8),
 })
 
-#: n1 host used with N attachable GPUs (V100/T4/P100): 8 vCPUs per GPU.
-GCP_N1_HOST_FOR_GPU_COUNT: MappingProxyType[int, str] = MappingProxyType(
-    {1: "n1-standard-8", 2: "n1-standard-16", 4: "n1-standard-32", 8: "n1-standard-64"})
-_N1_ATTACHABLE = ("V100", "T4", "P100", "P4", "K80")
+#: Machine families whose VMs take attachable GPUs (Compute Engine "GPU machine types": N1 + GPUs).
+GCP_N1_HOST_FAMILIES = ("n1-standard", "n1-highmem")
+#: GPU -> GPU count -> fewest host vCPUs we offer (GCP itself allows 1): SkyPilot's host size per GPU
+#: count (``_NUM_ACC_TO_NUM_CPU`` of its GCP catalog, "based on the AWS setting": p3 for V100, g4dn for
+#: T4, 8 per GPU otherwise; 4 x T4: 48 rounded down to a power of two, as SkyPilot does for N1).
+GCP_N1_MIN_HOST_VCPUS: MappingProxyType[str, MappingProxyType[int, int]] = MappingProxyType({
+    "T4": MappingProxyType({1: 4, 2: 8, 4: 32}),
+    "P4": MappingProxyType({1: 8, 2: 16, 4: 32}),
+    "V100": MappingProxyType({1: 8, 2: 16, 4: 32, 8: 64}),
+    "P100": MappingProxyType({1: 8, 2: 16, 4: 32}),
+})
+#: GPU -> GPU count -> (max vCPUs, max memory GB) of an N1 host (Compute Engine "GPU machine types",
+#: N1 table, as also in SkyPilot's ``_NUM_ACC_TO_MAX_CPU_AND_MEMORY``; P100 x4: the 64-vCPU/208-GB
+#: limit of the zones where it is lowest, so that it holds in every zone).
+GCP_N1_HOST_LIMITS: MappingProxyType[str, MappingProxyType[int, tuple[int, float]]] = MappingProxyType({
+    "T4": MappingProxyType({1: (48, 312.0), 2: (48, 312.0), 4: (96, 624.0)}),
+    "P4": MappingProxyType({1: (24, 156.0), 2: (48, 312.0), 4: (96, 624.0)}),
+    "V100": MappingProxyType({1: (12, 78.0), 2: (24, 156.0), 4: (48, 312.0), 8: (96, 624.0)}),
+    "P100": MappingProxyType({1: (16, 104.0), 2: (32, 208.0), 4: (64, 208.0)}),
+})
+
+
+def gcp_n1_hosts(accelerator: str, count: int, hosts: Iterable[tuple[str, float, float]]) -> list[str]:
+    """Host types among ``hosts`` (``(instance type, vCPUs, memory GB)`` rows) that may carry ``count`` x
+    ``accelerator``: family in :data:`GCP_N1_HOST_FAMILIES`, vCPUs at least :data:`GCP_N1_MIN_HOST_VCPUS`
+    and vCPUs/memory within :data:`GCP_N1_HOST_LIMITS`. Empty for a GPU/count GCP does not attach to N1."""
+    lim = GCP_N1_HOST_LIMITS.get(accelerator, {}).get(count)
+    min_cpu = GCP_N1_MIN_HOST_VCPUS.get(accelerator, {}).get(count)
+    if lim is None or min_cpu is None:
+        return []
+    max_cpu, max_mem = lim
+    return [t for t, cpu, mem in hosts
+            if t.rsplit("-", 1)[0] in GCP_N1_HOST_FAMILIES and min_cpu <= cpu <= max_cpu and mem <= max_mem]
+
 
 SKIP_REASONS = (
     "no grid zone for region",
@@ -221,7 +256,7 @@ def _offer(provider: str, region: str, zone: str, itype: str, gpu: str, n: int, 
         gpu_memory_gb=GPU_SPECS[gpu].memory_gb, market=market, usd_per_hour=price, carbon_zone=carbon_zone,
         provisioning_delay_s=PROVISIONING_DELAY_S[provider], pue=CLOUD_PUE[provider],
         interruption_rate_per_hour=spot_interruption_rate(gpu, n) if market is Market.spot else 0.0,
-        min_billed_s=MIN_BILLED_S,
+        min_billed_s=MIN_BILLED_S, carbon_estimated=carbon_estimated(carbon_zone),
     )
 
 
@@ -273,20 +308,28 @@ def _gcp(cat: OfferCatalog, skipped: Counter, markets: tuple[Market, ...]) -> No
             col = _price_col(m)
             _add(cat, skipped, "gcp", r.Region, r.AvailabilityZone, r.InstanceType, acc_name, n, m,
                  combine_gcp_price(getattr(r, col), getattr(ar, col)))
-    # 2) n1 + attachable GPUs: one host shape per GPU count
+    # 2) n1 + attachable GPUs: per (zone, GPU, count, market) the cheapest allowed host
+    n1 = vm[vm["InstanceType"].str.rsplit("-", n=1).str[0].isin(GCP_N1_HOST_FAMILIES)]
+    hosts_by_zone: dict[str, list] = {}
+    for r in n1.itertuples(index=False):
+        hosts_by_zone.setdefault(r.AvailabilityZone, []).append(r)
     for r in acc.itertuples(index=False):
-        if r.AcceleratorName not in _N1_ATTACHABLE:
+        if r.AcceleratorName not in GCP_N1_HOST_LIMITS:
             continue  # priced through the fixed-GPU VM rows above
         n = int(r.AcceleratorCount)
-        host = GCP_N1_HOST_FOR_GPU_COUNT.get(n)
-        vr = vm_idx.get((host, r.AvailabilityZone)) if host else None
+        zone_hosts = {h.InstanceType: h for h in hosts_by_zone.get(r.AvailabilityZone, [])}
+        allowed = gcp_n1_hosts(r.AcceleratorName, n,
+                               ((h.InstanceType, float(h.vCPUs), float(h.MemoryGiB)) for h in zone_hosts.values()))
         for m in markets:
-            if vr is None:
+            col = _price_col(m)
+            priced = [(combine_gcp_price(getattr(zone_hosts[t], col), getattr(r, col)), t) for t in allowed]
+            priced = [(p, t) for p, t in priced if math.isfinite(p)]
+            if not priced:
                 skipped["no matching GCP VM/accelerator row"] += 1
                 continue
-            col = _price_col(m)
+            price, host = min(priced)
             _add(cat, skipped, "gcp", r.Region, r.AvailabilityZone, f"{host}+{r.AcceleratorName}x{n}",
-                 r.AcceleratorName, n, m, combine_gcp_price(getattr(vr, col), getattr(r, col)))
+                 r.AcceleratorName, n, m, price)
 
 
 def load_offers(providers: Iterable[str] = ("aws", "gcp"),

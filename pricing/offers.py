@@ -45,6 +45,8 @@ class CloudOffer(BaseModel):
         interruption_rate_per_hour: expected spot interruptions per instance-hour (0 for on-demand).
         min_billed_s: minimum billed seconds per instance (per-second billing after it;
             default :data:`MIN_BILLED_S`).
+        carbon_estimated: True when the region's carbon figure is an estimate (an annual figure, or
+            an hourly series partly copied from another year; :func:`pricing.carbon.carbon_estimated`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,6 +65,7 @@ class CloudOffer(BaseModel):
     pue: float = Field(1.1, ge=1.0, le=3.0)
     interruption_rate_per_hour: float = Field(0.0, ge=0)
     min_billed_s: float = Field(MIN_BILLED_S, ge=0)
+    carbon_estimated: bool = False
 
     @property
     def offer_id(self) -> str:

@@ -14,8 +14,13 @@ Outputs (all under ``pricing/data/``):
 * ``carbon_intensity_lca_2023-2024_utc.csv.gz`` — wide: ``datetime_utc`` + one
   column per zone, Electricity Maps LCA carbon intensity in gCO2e/kWh, rounded
   to 0.1, hourly UTC 2023-01-01 00:00 .. 2024-12-31 23:00.
-* ``carbon_zones.csv`` — per zone: the ``Zone Id`` in the source file and the
-  share of 2023-2024 hours flagged ``Data Estimated``.
+  Zones of ``MORE_CARBON_ZONES`` (the shared folder's ``carbon_intensity/more``)
+  are added; hours their source lacks are copied from 52 weeks earlier.
+* ``carbon_zones.csv`` — per zone: the ``Zone Id`` in the source file, the
+  share of 2023-2024 hours flagged ``Data Estimated``, the source folder, the
+  number of hours copied from an earlier year and ``carbon_estimated``.
+* ``carbon_annual_zones.csv`` — zones with no hourly series: one published
+  annual gCO2e/kWh figure each (``ANNUAL_CARBON_ZONES``).
 * ``electricity_prices_2023-2024_utc.csv.gz`` — wide: ``datetime_utc`` + one
   column per zone, price in the zone's ORIGINAL currency per MWh (rounded to
   1e-5), converted to UTC interval-start instants; missing hours are empty.
@@ -24,9 +29,9 @@ Outputs (all under ``pricing/data/``):
   duplicates averaged.
 * ``aws_gpu_vms_skypilot_catalog_v9_subset.csv`` — verbatim copy.
 * ``gcp_gpu_vms_skypilot_schema_anycloud_2026-05-20.csv.gz`` — filtered: GPU
-  accelerator rows (no TPU) + a2/a3/a4/g2 VM rows + the n1 host shapes used to
-  price n1 GPU VMs (see ``pricing.catalog.GCP_N1_HOST_FOR_GPU_COUNT``), only in
-  zones that offer a matching GPU.
+  accelerator rows (no TPU) + a2/a3/a4/g2 VM rows + every n1-standard/n1-highmem
+  host row (hosts of attachable GPUs, see ``pricing.catalog.gcp_n1_hosts``), only in
+  zones that offer an attachable GPU.
 * ``spot_availability_1node.csv.gz`` — one row per 1-node availability trace:
   ``zone,accelerator,count,campaign,gap_seconds,values`` (values = "0101...").
 * ``mlco2_impact_gpus.csv`` — verbatim copy.
@@ -90,9 +95,49 @@ PRICE_ZONES: dict[str, tuple[str, str | None, str, str]] = {
 }
 
 GCP_VM_PREFIXES = ("a2-", "a3-", "a4-", "g2-")
-# n1 host shape per GPU count (must match pricing.catalog.GCP_N1_HOST_FOR_GPU_COUNT)
-GCP_N1_HOSTS = ("n1-standard-8", "n1-standard-16", "n1-standard-32", "n1-standard-64")
+# n1 host families that take attachable GPUs (pricing.catalog.GCP_N1_HOST_FAMILIES): every size is kept,
+# the host rule (vCPU/memory limits per GPU count) lives in pricing.catalog
+GCP_N1_HOST_RE = r"n1-(standard|highmem)-\d+"
 GCP_N1_GPUS = ("V100", "T4", "P100", "P4", "K80")
+
+MORE = Path("carbon_intensity") / "more"
+EM_LCA_COLS = ("Carbon Intensity gCO₂eq/kWh (LCA)", "Carbon intensity gCO₂eq/kWh (Life cycle)", "carbon_intensity")
+EM_TIME_COLS = ("Datetime (UTC)", "timestamp")
+EM_EST_COLS = ("Data Estimated", "Data estimated")
+#: zones beyond CARBON_ZONES: zone -> (file under the shared folder, column in a wide file or None for an EM file).
+#: Hours of 2023-2024 the source does not cover are copied from the same hour 364 days (52 weeks: same weekday)
+#: earlier, repeatedly, until a source hour is reached; such zones are flagged ``carbon_estimated``.
+MORE_CARBON_ZONES: dict[str, tuple[Path, str | None]] = {
+    **{z: (MORE / "electricitymaps_hourly_eu_2021-2024" / f"{z}_2021-2024_hourly.csv.gz", None)
+       for z in ("BE", "FI", "FR", "IE", "SE")},
+    **{z: (MORE / "electricitymaps_hourly_us_2023" / f"{z}_2023_hourly.csv.gz", None)
+       for z in ("US-MIDW-MISO", "US-NW-BPAT", "US-NW-NEVP")},
+    "CA-QC": (MORE / "electricitymaps_hourly_misc" / "CA-QC_2023_hourly.csv.gz", None),
+    "NL": (MORE / "electricitymaps_hourly_misc" / "NL_2022_hourly.csv.gz", None),
+    "US-CAR-SC": (MORE / "electricitymaps_2022_research_export" / "lca_2022_hourly_wide_via_decarbonization-potential.csv.gz",
+                  "US-CAR-SC"),
+}
+FILL_SHIFT_H = 364 * 24
+
+#: zones with no hourly series: one published annual figure per region (gCO2e/kWh), flagged as an estimate.
+#: zone -> (source file under power_and_region_carbon/, provider, region of the row used, note)
+ANNUAL_CARBON_ZONES: dict[str, tuple[str, str, str, str]] = {
+    "TW": ("codecarbon_cloud_impact_gcp.csv", "gcp", "asia-east1", "Taiwan (Changhua County)"),
+    "HK": ("codecarbon_cloud_impact_gcp.csv", "gcp", "asia-east2", "Hong Kong"),
+    "IN-NO": ("codecarbon_cloud_impact_gcp.csv", "gcp", "asia-south2", "Delhi, northern Indian grid"),
+    "ID": ("codecarbon_cloud_impact_gcp.csv", "gcp", "asia-southeast2", "Jakarta, Java-Bali grid"),
+    "PL": ("codecarbon_cloud_impact_gcp.csv", "gcp", "europe-central2", "Warsaw"),
+    "CH": ("codecarbon_cloud_impact_gcp.csv", "gcp", "europe-west6", "Zurich"),
+    "SA": ("codecarbon_cloud_impact_gcp.csv", "gcp", "me-central2", "Dammam"),
+    "IL": ("codecarbon_cloud_impact_gcp.csv", "gcp", "me-west1", "Tel Aviv"),
+    "US-NW-PACE": ("codecarbon_cloud_impact_gcp.csv", "gcp", "us-west3", "Salt Lake City, PacifiCorp East"),
+    "JP-KN": ("codecarbon_cloud_impact_gcp.csv", "gcp", "asia-northeast2", "Osaka, Kansai area (GCP Osaka figure)"),
+    "ES": ("codecarbon_cloud_impact_gcp.csv", "gcp", "europe-southwest1",
+           "Spain, peninsular grid (GCP Madrid figure)"),
+    # no UAE figure in the shared data: the neighbouring, likewise gas-fired Qatari grid (GCP Doha) stands in
+    "AE": ("codecarbon_cloud_impact_gcp.csv", "gcp", "me-cenrtal1",
+           "PROXY: no UAE figure in the shared data; GCP Doha (Qatar) figure, region key spelled so in the origin"),
+}
 
 
 def _write_gz_csv(df: pd.DataFrame, path: Path) -> None:
@@ -126,9 +171,72 @@ def bundle_carbon(src: Path) -> None:
             "missing_hours": int(s.isna().sum()),
             "estimated_share": round(float(est[in_range].mean()), 4),
         })
+        meta[-1].update(source="electricitymaps_hourly", filled_hours=0, carbon_estimated=False)
         cols[z] = [_fmt(v, 1) for v in s.to_numpy()]
+    for z, (rel, wide_col) in MORE_CARBON_ZONES.items():
+        values, m = _more_zone(src / rel, wide_col)
+        meta.append({"zone": z, **m, "source": str(rel.parent.relative_to(MORE))})
+        cols[z] = [_fmt(v, 1) for v in values]
     _write_gz_csv(pd.DataFrame(cols), OUT / "carbon_intensity_lca_2023-2024_utc.csv.gz")
     pd.DataFrame(meta).to_csv(OUT / "carbon_zones.csv", index=False, lineterminator="\n")
+    bundle_annual_carbon(src)
+
+
+def _pick(df: pd.DataFrame, names: tuple[str, ...]) -> str | None:
+    return next((c for c in names if c in df.columns), None)
+
+
+def _more_zone(path: Path, wide_col: str | None) -> tuple[np.ndarray, dict]:
+    """2023-2024 hourly LCA values of one supplementary zone, gaps filled from 52 weeks earlier (see
+    MORE_CARBON_ZONES), and its carbon_zones.csv row (without zone/source)."""
+    df = pd.read_csv(path)
+    if wide_col is None:
+        t = pd.to_datetime(df[_pick(df, EM_TIME_COLS)], utc=True)
+        v = df[_pick(df, EM_LCA_COLS)].to_numpy(float)
+        est_col = _pick(df, EM_EST_COLS)
+        est = df[est_col].astype(str).str.lower().eq("true").to_numpy() if est_col else np.zeros(len(df), bool)
+        zone_id = str(df["Zone Id" if "Zone Id" in df.columns else "Zone id"].iloc[0])
+    else:
+        t = pd.to_datetime(df["datetime_utc"], utc=True)
+        v = df[wide_col].to_numpy(float)
+        est = np.zeros(len(df), bool)
+        zone_id = wide_col
+    src = pd.Series(v, index=t)
+    src = src[~src.index.duplicated()].dropna()
+    src_est = pd.Series(est, index=t)
+    src_est = src_est[~src_est.index.duplicated()]
+    out = np.full(HOURS.size, np.nan)
+    used_est = []
+    filled = 0
+    lookup = src.to_dict()
+    first = src.index.min()
+    for i, h in enumerate(HOURS):
+        k = 0
+        while h - pd.Timedelta(hours=FILL_SHIFT_H * k) not in lookup:
+            k += 1
+            if h - pd.Timedelta(hours=FILL_SHIFT_H * k) < first - pd.Timedelta(days=1):
+                raise SystemExit(f"{path.name}: no source hour for {h}")
+        hh = h - pd.Timedelta(hours=FILL_SHIFT_H * k)
+        out[i] = lookup[hh]
+        used_est.append(bool(src_est.get(hh, False)))
+        filled += k > 0
+    return out, {"zone_id_in_file": zone_id, "hours": int(HOURS.size - filled), "missing_hours": 0,
+                 "estimated_share": round(float(np.mean(used_est)), 4), "filled_hours": int(filled),
+                 "carbon_estimated": bool(filled > 0)}
+
+
+def bundle_annual_carbon(src: Path) -> None:
+    """``carbon_annual_zones.csv``: zone, gCO2e/kWh, the provider/region row it comes from, source file, note."""
+    rows = []
+    for z, (fname, provider, region, note) in ANNUAL_CARBON_ZONES.items():
+        t = pd.read_csv(src / "power_and_region_carbon" / fname, encoding="utf-8-sig")
+        r = t[(t["provider"] == provider) & (t["region"] == region)]
+        if len(r) != 1:
+            raise SystemExit(f"{fname}: expected one row for {provider} {region}, got {len(r)}")
+        rows.append({"zone": z, "gco2e_per_kwh": float(r["impact"].iloc[0]), "source_file": fname,
+                     "source_provider": provider, "source_region": region, "source_url": r["source"].iloc[0],
+                     "note": note})
+    pd.DataFrame(rows).to_csv(OUT / "carbon_annual_zones.csv", index=False, lineterminator="\n")
 
 
 def _epoch_s(t: pd.Series) -> np.ndarray:
@@ -207,7 +315,7 @@ def bundle_cloud(src: Path) -> None:
     it = g["InstanceType"]
     vm = g[it.str.startswith(GCP_VM_PREFIXES)]
     n1_zones = set(acc.loc[acc["AcceleratorName"].isin(GCP_N1_GPUS), "AvailabilityZone"])
-    n1 = g[it.isin(GCP_N1_HOSTS) & g["AvailabilityZone"].isin(n1_zones)]
+    n1 = g[it.str.fullmatch(GCP_N1_HOST_RE) & g["AvailabilityZone"].isin(n1_zones)]
     out = pd.concat([vm, n1, acc]).sort_index()
     text = out.to_csv(index=False, lineterminator="\n")
     with open(OUT / "gcp_gpu_vms_skypilot_schema_anycloud_2026-05-20.csv.gz", "wb") as raw, \

@@ -207,8 +207,9 @@ def offers(
     count: int = typer.Option(1, help="GPUs per node."),
     nodes: int = typer.Option(1, help="Nodes (gang size)."),
     spot: bool = typer.Option(True, "--spot/--no-spot", help="Include spot offers."),
-    hours: float = typer.Option(1.0, help="Hours of runtime on the requested --gpu type (without --gpu: hours on a "
-                                           "V100, scaled by each GPU's relative throughput)."),
+    hours: float = typer.Option(1.0, help="Hours of runtime on the requested --gpu type (H hours on that GPU type, "
+                                           "not V100-hours of work; without --gpu: hours on a V100, scaled by each "
+                                           "GPU's relative throughput)."),
     start: Optional[str] = typer.Option(None, help="Start instant (ISO 8601, UTC if no offset); default 2023-09-04T12:00Z."),
     region: Optional[str] = typer.Option(None, help="Only this cloud region."),
     top: int = typer.Option(20, help="Rows to print."),
@@ -218,7 +219,9 @@ def offers(
     as_json: bool = typer.Option(False, "--json", help="Print the ranked options as JSON (all of them; --top is "
                                                       "ignored): provider, region, zone, instance_type, gpu_type, "
                                                       "market, instances, usd_per_hour (one instance), hours, "
-                                                      "total_usd, kwh, kg_co2e (null: no carbon data)."),
+                                                      "total_usd, kwh, kg_co2e (null: no carbon data), "
+                                                      "carbon_estimated (true: the region's carbon figure is an "
+                                                      "annual figure or another year's hours)."),
 ) -> None:
     """List the options for one request, cheapest (or cleanest) first."""
     from rich.table import Table
@@ -256,21 +259,13 @@ def offers(
               f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
     ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
                          scen.signals, scen.gpus)
-    # work in reference (V100) GPU-seconds: H hours on the requested type are H x its relative throughput
-    work_s = hours * 3600.0 * (scen.gpus.throughput[next(iter(gtypes))] if gtypes else 1.0)
-    job = PendingJob(job_id="query", team="default", priority=1, submit_s=now, deadline_s=math.inf, earliest_s=now,
-                     work_s=work_s, gpus_per_node=count, nodes=nodes, gpu_types=gtypes, spot_ok=spot,
-                     regions=frozenset([region]) if region else None)
-    rows = option_rows(ctx, job, now, cloud_only=bool(region))
+    rows = ranked_options(ctx, request_job(ctx, gtypes, count, nodes, spot, hours, now, region), now,
+                          sort, carbon_price, cloud_only=bool(region))
     if not rows:
         _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"
               + (f" in region {region!r}" if region else "") + ("" if spot else " on-demand"))
     if any(math.isnan(r.carbon_kg) for r in rows):
         current_console().print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
-    # the score of a query prices carbon only: it has no priority, so no value of time for the wait
-    key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
-           "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
-    rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
     if as_json:
         echo_json([option_json(r, nodes) for r in rows])
         return
@@ -279,14 +274,48 @@ def offers(
     for c in ("provider", "region", "zone", "instance", "gpu", "market", "$/hour", "runtime h", "total $", "kWh", "kgCO2e"):
         tab.add_column(c, justify="right" if c in ("$/hour", "runtime h", "total $", "kWh", "kgCO2e") else "left")
     for r in rows[:top]:
+        kg = "n/a" if math.isnan(r.carbon_kg) else f"{r.carbon_kg:.3f}" + (ESTIMATE_MARK if r.carbon_estimated else "")
         tab.add_row(*r[:6], f"{r.usd_per_hour:.3f}", f"{r.runtime_s / 3600:.2f}", f"{r.dollars_usd:.2f}",
-                    f"{r.energy_kwh:.2f}", "n/a" if math.isnan(r.carbon_kg) else f"{r.carbon_kg:.3f}")
+                    f"{r.energy_kwh:.2f}", kg)
     current_console().print(tab)
     current_console().print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
+    if any(r.carbon_estimated for r in rows[:top]):
+        current_console().print(f"{ESTIMATE_MARK} carbon estimated: the region has no hourly grid data for the "
+                                "window (annual figure, or another year's hours).")
+
+
+def request_job(ctx: PlannerContext, gpu_types: frozenset[str] | None, count: int, nodes: int, spot: bool,
+                hours: float, start_s: float, region: str | None = None) -> PendingJob:
+    """The pending job of one ``offers`` request: ``nodes`` x ``count`` GPUs of ``gpu_types`` (None: any) for
+    ``hours`` hours on the requested GPU type (without a type: hours on the reference V100), from ``start_s``
+    (POSIX s, UTC); spot allowed if ``spot``; only ``region`` if given."""
+    # work in reference (V100) GPU-seconds: H hours on the requested type are H x its relative throughput
+    work_s = hours * 3600.0 * (ctx.gpus.throughput[next(iter(gpu_types))] if gpu_types else 1.0)
+    return PendingJob(job_id="query", team="default", priority=1, submit_s=start_s, deadline_s=math.inf,
+                      earliest_s=start_s, work_s=work_s, gpus_per_node=count, nodes=nodes, gpu_types=gpu_types,
+                      spot_ok=spot, regions=frozenset([region]) if region else None)
+
+
+def ranked_options(ctx: PlannerContext, job: PendingJob, start_s: float, sort: str = "cost",
+                   carbon_price: float = 190.0, cloud_only: bool = False) -> list[OptionRow]:
+    """The answer of ``fedbroker offers``: :func:`option_rows` ranked by ``sort`` (``cost``: total USD, then
+    kgCO2e; ``carbon``; ``score`` at ``carbon_price`` USD/tCO2e), rows without carbon data last."""
+    rows = option_rows(ctx, job, start_s, cloud_only=cloud_only)
+    # the score of a query prices carbon only: it has no priority, so no value of time for the wait
+    key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
+           "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
+    rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
+    return rows
+
+
+#: Mark after a kgCO2e figure in the ``offers`` table whose carbon figure is an estimate.
+ESTIMATE_MARK = "*"
 
 
 class OptionRow(NamedTuple):
-    """One row of ``fedbroker offers``: where, what, and its cost over the whole run."""
+    """One row of ``fedbroker offers``: where, what, and its cost over the whole run.
+
+    ``carbon_estimated``: the carbon figure is an estimate (:func:`pricing.carbon.carbon_estimated`)."""
 
     provider: str
     region: str
@@ -299,16 +328,31 @@ class OptionRow(NamedTuple):
     dollars_usd: float
     energy_kwh: float
     carbon_kg: float
+    carbon_estimated: bool = False
 
 
 def option_json(r: OptionRow, instances: int) -> dict:
     """One ``offers --json`` item: ``usd_per_hour`` is one instance's (on-prem: one node's share of the pool),
     ``hours`` the runtime (spot: with the expected rework), ``total_usd``/``kwh``/``kg_co2e`` the whole run's
-    (``kg_co2e`` None where the window has no carbon data)."""
+    (``kg_co2e`` None where the window has no carbon data), ``carbon_estimated`` whether the carbon figure is
+    an estimate."""
     return {"provider": r.provider, "region": r.region, "zone": r.zone, "instance_type": r.instance,
             "gpu_type": r.gpu_type, "market": r.market, "instances": instances,
             "usd_per_hour": r.usd_per_hour / instances, "hours": r.runtime_s / 3600.0, "total_usd": r.dollars_usd,
-            "kwh": r.energy_kwh, "kg_co2e": None if math.isnan(r.carbon_kg) else r.carbon_kg}
+            "kwh": r.energy_kwh, "kg_co2e": None if math.isnan(r.carbon_kg) else r.carbon_kg,
+            "carbon_estimated": bool(r.carbon_estimated)}
+
+
+def _zone_estimated(zone: str) -> bool:
+    """:func:`pricing.carbon.carbon_estimated` of a pool's zone; False for a zone whose series the caller
+    supplied itself (not a bundled zone: not our estimate)."""
+    from pricing.carbon import carbon_estimated
+    from pricing.errors import UnknownZoneError
+
+    try:
+        return carbon_estimated(zone)
+    except UnknownZoneError:
+        return False
 
 
 def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only: bool = False) -> list[OptionRow]:
@@ -327,7 +371,7 @@ def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only
             off = ctx.offers[o]
             rows.append(OptionRow(off.provider, off.region, off.zone, off.instance_type, off.gpu_type, off.market.value,
                                   float(est.usd_per_hour[k]), float(est.runtime_s[k]), float(est.dollars_usd[k]),
-                                  float(est.energy_kwh[k]), float(est.carbon_kg[k])))
+                                  float(est.energy_kwh[k]), float(est.carbon_kg[k]), off.carbon_estimated))
     if cloud_only:
         return rows
     for p, pool in enumerate(ctx.pools):
@@ -339,7 +383,7 @@ def option_rows(ctx: PlannerContext, job: PendingJob, start_s: float, cloud_only
             r, e_cost, amort, energy, carbon = ctx.onprem_estimate(p, gt, job, start_s)
             dollars = e_cost + amort
             rows.append(OptionRow("onprem", pool.name, pool.carbon_zone, "-", gt, "owned", dollars / (r / 3600.0), r,
-                                  dollars, energy, carbon))
+                                  dollars, energy, carbon, _zone_estimated(pool.carbon_zone)))
     return rows
 
 

@@ -39,7 +39,8 @@ def plan_cheapest(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             est = ctx.cloud_scalar(job, o, cy.now)
             opt = OptionEstimate(kind="cloud", target=ctx.offer_ids[o], start_s=cy.now + est.delay_s,
                                  wait_s=est.delay_s, runtime_s=est.runtime_s, dollars_usd=est.dollars_usd,
-                                 energy_kwh=est.energy_kwh, carbon_kg=est.carbon_kg, score=est.dollars_usd)
+                                 energy_kwh=est.energy_kwh, carbon_kg=est.carbon_kg, score=est.dollars_usd,
+                                 carbon_estimated=ctx.offer_carbon_estimated[o])
             cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
                                          reason="on-prem full; cheapest offer now"))
         elif targets:

@@ -45,7 +45,7 @@ __all__ = [
     "RunningJob",
     "Snapshot",
     "PlannerError",
-    "smallest_fit",
+    "smallest_fit", "smallest_shape_mask", "shape_groups",
 ]
 
 
@@ -356,6 +356,9 @@ class PlannerContext:
         self.offer_idle_kw = np.array([gpus.idle_kw.get(o.gpu_type, np.nan) for o in self.offers])
         zones = sorted(set(o.carbon_zone for o in self.offers))
         self.offer_ids = [o.offer_id for o in self.offers]
+        self.offer_shape_group = shape_groups(self.offers)
+        #: per offer: is its carbon figure an estimate (``CloudOffer.carbon_estimated``), for the explain records
+        self.offer_carbon_estimated = [bool(getattr(o, "carbon_estimated", False)) for o in self.offers]
         #: per offer, plain floats for :meth:`cloud_scalar` (one job on one offer)
         self._offer_floats = [
             (float(self.offer_thr[i]), bool(self.offer_spot[i]), o.interruption_rate_per_hour, o.provisioning_delay_s,
@@ -506,12 +509,9 @@ class PlannerContext:
         if job.gpu_types is not None:
             ok &= np.array([t in job.gpu_types for t in self.offer_gpu_type], dtype=bool)
         ok &= ~np.isnan(self.offer_thr)
-        if job.nodes > 1:
-            ok &= self.offer_gpu_count == job.gpus_per_node  # homogeneous gang of whole instances
-        else:
-            ok &= self.offer_gpu_count >= job.gpus_per_node
-            # smallest instance shape that holds the job, per (type, zone, market): no paying for idle GPUs
-            ok &= self.offer_gpu_count <= smallest_fit(job.gpus_per_node)
+        # one instance per node (a gang: ``nodes`` equal instances) of the smallest shape that holds the node's
+        # GPUs in its (provider, zone, GPU type, market): no paying for idle GPUs beyond it
+        ok &= smallest_shape_mask(self.offer_shape_group, self.offer_gpu_count, job.gpus_per_node)
         ok &= self.offer_mem >= job.min_mem_gb
         if not job.spot_ok:
             ok &= ~self.offer_spot
@@ -534,6 +534,28 @@ def _kwh_score_series(price: HourlySeries, carbon: HourlySeries, carbon_price_us
     values = score(tariff / 1000.0, carbon.values / 1000.0, 0.0, 0.0, carbon_price_usd_per_tonne)
     return HourlySeries(zone=carbon.zone, unit="USD/kWh", start_s=carbon.start_s, values=values,
                         interval_s=carbon.interval_s)
+
+
+def shape_groups(offers: Sequence) -> np.ndarray:
+    """Group id per offer (``CloudOffer``-like: provider, zone, gpu_type, market): offers of one group differ
+    only in shape (GPUs per instance). int64 array of shape ``(len(offers),)``."""
+    ids: dict[tuple, int] = {}
+    return np.array([ids.setdefault((o.provider, o.zone, o.gpu_type, getattr(o.market, "value", o.market)), len(ids))
+                     for o in offers], dtype=np.int64)
+
+
+def smallest_shape_mask(groups: np.ndarray, gpu_counts: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Bool mask over offers (``groups`` from :func:`shape_groups`, ``gpu_counts`` GPUs per instance): the offer
+    holds ``gpus_per_node`` GPUs and is the smallest shape that does in its (provider, zone, GPU type, market).
+    A 1-GPU request may take an 8-GPU instance where that is the only shape (e.g. AWS L40S, H200), but not
+    where a 1-GPU shape exists beside it. Shared by the planner and the live broker's failover."""
+    groups, gpu_counts = np.asarray(groups, dtype=np.int64), np.asarray(gpu_counts, dtype=np.int64)
+    fits = gpu_counts >= gpus_per_node
+    if not groups.size:
+        return fits
+    best = np.full(int(groups.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(best, groups[fits], gpu_counts[fits])
+    return fits & (gpu_counts == best[groups])
 
 
 def smallest_fit(n: int) -> int:

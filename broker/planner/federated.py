@@ -400,7 +400,8 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             for o, v, f in rows:
                 note = "" if f else ("misses the deadline" if now + v["finish"] > lf[i] else "over price cap or budget")
                 opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
-                                     v["dollars"], v["energy"], v["carbon"], v["score"] if f else NAN, f, note)
+                                     v["dollars"], v["energy"], v["carbon"], v["score"] if f else NAN, f, note,
+                                     ctx.offer_carbon_estimated[o])
                 options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o}, now + v["finish"]))
         _choose(cy, job, targets, options, ahead, budgets)
 
@@ -478,7 +479,7 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
         o = cl_offer[i][k]
         d = c_delay[i][k]
         return OptionEstimate("cloud", offer_ids[o], now + d, d, c_run[i][k], c_usd[i][k], c_kwh[i][k], c_kg[i][k],
-                              c_score[i][k], True, ""), o
+                              c_score[i][k], True, "", ctx.offer_carbon_estimated[o]), o
 
     def alternatives(i: int) -> list[OptionEstimate]:
         """The best rejected options of job ``i``, in order (built when the record is read)."""

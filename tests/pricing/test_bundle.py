@@ -6,7 +6,7 @@ EXPECTED = {
     "carbon_intensity_lca_2023-2024_utc.csv.gz", "carbon_zones.csv", "electricity_prices_2023-2024_utc.csv.gz",
     "electricity_price_zones.csv", "aws_gpu_vms_skypilot_catalog_v9_subset.csv",
     "gcp_gpu_vms_skypilot_schema_anycloud_2026-05-20.csv.gz", "spot_availability_1node.csv.gz",
-    "mlco2_impact_gpus.csv", "SOURCES.md",
+    "mlco2_impact_gpus.csv", "carbon_annual_zones.csv", "SOURCES.md",
 }
 
 

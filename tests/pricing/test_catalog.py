@@ -24,7 +24,7 @@ def test_combine_gcp_price():
 
 
 def test_gcp_instance_price_from_bundled_rows():
-    # us-central1 has no grid zone (skipped for offers) but the rows are bundled:
+    # us-central1 rows:
     # "a2-highgpu-1g,12.0,85.0,,,,us-central1,us-central1-a,0.73948,0.36975"
     # ",,,A100,1,{...},us-central1,us-central1-a,2.93391,1.4341"
     assert gcp_instance_price("a2-highgpu-1g", "us-central1-a", "on_demand") == pytest.approx(3.67339)
@@ -56,9 +56,14 @@ def test_gcp_known_rows(cat):
     o, = _find(cat, provider="gcp", zone="asia-northeast1-a", instance_type="a2-highgpu-1g", market=Market.on_demand)
     assert o.usd_per_hour == pytest.approx(0.94803 + 1.70586)
     assert (o.gpu_type, o.gpu_count, o.carbon_zone, o.pue) == ("A100", 1, "JP-TK", 1.10)
-    # n1 host + T4: "n1-standard-8,...,asia-northeast1-a,0.48751,0.13993" + ",,,T4,1,...,asia-northeast1-a,0.37,0.1514"
-    n1, = _find(cat, zone="asia-northeast1-a", instance_type="n1-standard-8+T4x1", market=Market.spot)
-    assert n1.usd_per_hour == pytest.approx(0.13993 + 0.1514)
+    # n1 host + T4 (hosts of >= 4 vCPUs): "n1-standard-4,4.0,15.0,...,asia-northeast1-a,0.24376,0.06996",
+    # "n1-highmem-4,4.0,26.0,...,0.30337,0.08707", "n1-standard-8,...,0.48751,0.13993" + ",,,T4,1,...,0.37,0.1514":
+    # the cheapest host is n1-standard-4 in both markets
+    n1, = _find(cat, zone="asia-northeast1-a", gpu_type="T4", gpu_count=1, market=Market.spot)
+    assert n1.instance_type == "n1-standard-4+T4x1" and n1.usd_per_hour == pytest.approx(0.06996 + 0.1514)
+    od, = _find(cat, zone="asia-northeast1-a", gpu_type="T4", gpu_count=1, market=Market.on_demand)
+    assert od.instance_type == "n1-standard-4+T4x1" and od.usd_per_hour == pytest.approx(0.24376 + 0.37)
+    assert gcp_instance_price("n1-highmem-4+T4x1", "asia-northeast1-a", "spot") == pytest.approx(0.08707 + 0.1514)
     assert n1.gpu_type == "T4" and n1.interruption_rate_per_hour == pytest.approx(pooled_interruption_rate(load_spot_traces()))
     g2 = _find(cat, instance_type="g2-standard-24", market=Market.on_demand)
     assert g2 and all(o.gpu_type == "L4" and o.gpu_count == 2 for o in g2)
@@ -72,12 +77,34 @@ def test_catalog_invariants(cat):
     for o in cat.offers:
         assert o.carbon_zone in zones and o.usd_per_hour > 0 and math.isfinite(o.usd_per_hour)
         assert (o.interruption_rate_per_hour > 0) == (o.market is Market.spot)
-    assert not _find(cat, region="us-west-2")  # Oregon: no bundled grid data
-    assert cat.skipped["no grid zone for region"] > 0
-    assert cat.skipped["unknown GPU type"] > 0  # GCP P4 in mapped regions
+    assert _find(cat, region="us-west-2") and _find(cat, region="us-central1")  # once dropped: no hourly data
+    assert "no grid zone for region" not in cat.skipped  # every catalog region has a carbon figure
+    assert cat.skipped["unknown GPU type"] > 0  # GCP P4, AWS B300: no power/throughput figures
     assert set(cat.skipped) <= {"no grid zone for region", "unknown GPU type", "missing price",
                                 "no matching GCP VM/accelerator row"}
     assert {o.gpu_type for o in cat.offers} >= {"V100", "A100", "A100-80GB", "H100", "H200", "B200", "L4", "T4", "L40S"}
+
+
+def test_carbon_estimated_on_offers(cat):
+    from pricing.carbon import carbon_estimated
+    assert all(o.carbon_estimated == carbon_estimated(o.carbon_zone) for o in cat.offers)
+    assert {o.carbon_estimated for o in _find(cat, region="asia-east1")} == {True}  # TW: annual figure
+    assert {o.carbon_estimated for o in _find(cat, region="europe-north1")} == {False}  # FI: hourly 2023-2024
+
+
+def test_gcp_n1_host_rule():
+    from pricing.catalog import gcp_n1_hosts
+    hosts = [("n1-standard-4", 4, 15), ("n1-highmem-4", 4, 26), ("n1-standard-8", 8, 30), ("n1-highmem-8", 8, 52),
+             ("n1-highmem-16", 16, 104), ("n1-highcpu-8", 8, 7.2), ("n1-standard-64", 64, 240),
+             ("n1-highmem-32", 32, 208)]
+    # T4 x1: >= 4 vCPUs, <= 48 vCPUs / 312 GB
+    assert gcp_n1_hosts("T4", 1, hosts) == ["n1-standard-4", "n1-highmem-4", "n1-standard-8", "n1-highmem-8",
+                                            "n1-highmem-16", "n1-highmem-32"]
+    # V100 x1: >= 8 vCPUs, <= 12 vCPUs / 78 GB
+    assert gcp_n1_hosts("V100", 1, hosts) == ["n1-standard-8", "n1-highmem-8"]
+    # P100 x4: >= 32 vCPUs, <= 64 vCPUs / 208 GB: n1-standard-64 has 240 GB
+    assert gcp_n1_hosts("P100", 4, hosts) == ["n1-highmem-32"]
+    assert gcp_n1_hosts("A100", 1, hosts) == [] and gcp_n1_hosts("T4", 8, hosts) == []
 
 
 def test_filters_and_bad_args():

@@ -17,15 +17,30 @@ from pricing.regions import REGION_GRID_ZONES, grid_zone_for
     ("gcp", "asia-south1", "IN-WE"), ("gcp", "australia-southeast1", "AU-NSW"),
     ("gcp", "australia-southeast2", "AU-VIC"), ("gcp", "southamerica-east1", "BR-SP"),
     ("gcp", "southamerica-west1", "CL-SIC"),
+    ("aws", "us-west-2", "US-NW-BPAT"), ("aws", "ca-central-1", "CA-QC"), ("aws", "eu-north-1", "SE"),
+    ("aws", "me-central-1", "AE"), ("gcp", "us-central1", "US-MIDW-MISO"), ("gcp", "europe-west4", "NL"),
+    ("gcp", "europe-north1", "FI"), ("gcp", "asia-south2", "IN-NO"), ("gcp", "us-east1", "US-CAR-SC"),
 ])
 def test_known_rows(provider, region, zone):
     assert grid_zone_for(provider, region) == zone
 
 
 def test_unmapped_regions_are_none():
-    for p, r in [("aws", "us-west-2"), ("aws", "ca-central-1"), ("gcp", "us-central1"), ("gcp", "asia-south2"),
-                 ("gcp", "no-such-region")]:
-        assert grid_zone_for(p, r) is None
+    assert grid_zone_for("gcp", "no-such-region") is None
+
+
+def test_every_catalog_region_has_a_zone():
+    """No region of the bundled catalogs is left without a grid zone (read from the raw files)."""
+    import pandas as pd
+
+    from pricing._data import data_path
+    from pricing.catalog import AWS_CATALOG_FILE, GCP_CATALOG_FILE
+
+    regions = {("aws", r) for r in pd.read_csv(data_path(AWS_CATALOG_FILE))["Region"]}
+    regions |= {("gcp", r) for r in pd.read_csv(data_path(GCP_CATALOG_FILE))["Region"]}
+    assert len(regions) >= 18 + 31
+    missing = sorted(k for k in regions if grid_zone_for(*k) is None)
+    assert not missing
 
 
 def test_every_row_has_bundled_carbon_and_a_reason():

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from broker.planner.core import smallest_fit
+from broker.planner.core import shape_groups, smallest_shape_mask
 from broker.service.cloud.adapters import offer_allowed
 from broker.service import lifecycle
 from broker.service.store import attempts as jobs
@@ -39,8 +39,8 @@ def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Call
     region -> provider (ARCHITECTURE.md §5), each group cheapest first per GPU-hour.
 
     ``offers``: every ``CloudOffer``; ``spec``: the job spec (dict). An option must hold the job the way
-    the planner's ``compatible_offers`` does (GPU type in ``gpu_types``, ``gpu_count == gpus_per_node`` for a
-    gang, else between ``gpus_per_node`` and :func:`broker.planner.core.smallest_fit` of it; memory, spot only
+    the planner's ``compatible_offers`` does (GPU type in ``gpu_types``, one instance per node of the smallest
+    shape holding ``gpus_per_node`` in its zone: :func:`broker.planner.core.smallest_shape_mask`; memory, spot only
     if ``spot_allowed``, ``allowed_regions``, ``max_price_usd_per_hour`` (USD/hour) for all nodes), be ``allowed``
     and not ``cooling`` (the chosen offer is always first when allowed). At most ``limit`` options."""
     offers = list(offers)
@@ -50,12 +50,14 @@ def failover_options(offers: Iterable, chosen_id: str, spec: dict, allowed: Call
     regions = set(spec.get("allowed_regions") or ())
     gpn, nodes = int(spec["gpus_per_node"]), int(spec["nodes"])
     cap = spec.get("max_price_usd_per_hour")
+    mask = smallest_shape_mask(shape_groups(offers), [o.gpu_count for o in offers], gpn)
+    shape_ok = {o.offer_id for o, ok in zip(offers, mask) if ok}
 
     def fits(o) -> bool:
         market = getattr(o.market, "value", o.market)
         if types and canon(o.gpu_type) not in types:
             return False
-        if (o.gpu_count != gpn) if nodes > 1 else not gpn <= o.gpu_count <= smallest_fit(gpn):
+        if o.offer_id not in shape_ok:
             return False
         if o.gpu_memory_gb < float(spec.get("min_gpu_memory_gb") or 0.0):
             return False

@@ -215,9 +215,29 @@ def test_offers_json_hours_are_on_the_requested_gpu_and_prices_per_instance(run)
         assert x["hours"] == 2.0 and x["instances"] == 2
         assert x["total_usd"] == pytest.approx(2 * x["usd_per_hour"] * (7200 + 300) / 3600, rel=1e-12)
         assert set(x) >= {"provider", "region", "zone", "instance_type", "market", "instances", "usd_per_hour", "hours",
-                          "total_usd", "kwh", "kg_co2e"}
+                          "total_usd", "kwh", "kg_co2e", "carbon_estimated"}
     totals = [x["total_usd"] for x in rows if x["kg_co2e"] is not None]
     assert totals == sorted(totals)  # ranked by cost
+
+
+def test_offers_json_and_table_flag_carbon_estimates(run):
+    import json
+
+    from pricing.carbon import carbon_estimated
+    from pricing.regions import grid_zone_for
+
+    rows = json.loads(run("offers", "--gpu", "T4", "--json").output)
+    cloud = [x for x in rows if x["provider"] != "onprem"]
+    # T4 is sold in estimated regions (e.g. asia-east1, Taiwan: annual figure) and measured ones (europe-west2, GB)
+    assert {x["carbon_estimated"] for x in cloud} == {True, False}
+    for x in cloud:
+        assert x["carbon_estimated"] is carbon_estimated(grid_zone_for(x["provider"], x["region"]))
+    assert {x["region"] for x in cloud if x["carbon_estimated"]} >= {"asia-east1", "us-central1", "europe-west4"}
+    # the table marks estimated kgCO2e with '*' and says what it means
+    out = run("offers", "--gpu", "T4", "--region", "asia-east1").output
+    assert "*" in out and "carbon estimated" in out
+    out = run("offers", "--gpu", "T4", "--region", "europe-west2").output
+    assert "carbon estimated" not in out
 
 
 def test_offers_hours_without_gpu_are_v100_hours(run):

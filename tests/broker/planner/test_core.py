@@ -131,11 +131,13 @@ def test_cloud_estimate_billing_minimum_and_gang_instances():
 def test_compatible_offers_shapes_markets_regions():
     offers = _offers() + [make_offer("v100x8").gpu("V100", 8).region("r2").build()]
     ctx = make_ctx([_pool()], offers, signals=SIGNALS)
-    # 3 GPUs on one node: A100x4 offers (4 <= next pow2 of 3); never the 8-GPU instance
-    assert ctx.compatible_offers(make_job("a").gpus(3).build()).tolist() == [0, 1]
-    assert ctx.compatible_offers(make_job("b").gpus(3).no_spot().build()).tolist() == [1]
-    assert ctx.compatible_offers(make_job("c").gpus(1).build()).tolist() == [2]
-    # a gang needs whole instances of exactly gpus_per_node GPUs
+    # each node takes the smallest shape that holds it in its (provider, zone, GPU type, market):
+    # 3 GPUs: A100x4 (r1a) and V100x8 (r2a, the only V100 shape there), not V100x1 (too small)
+    assert ctx.compatible_offers(make_job("a").gpus(3).build()).tolist() == [0, 1, 3]
+    assert ctx.compatible_offers(make_job("b").gpus(3).no_spot().build()).tolist() == [1, 3]
+    # 1 GPU: V100x1 in r1a; A100x4 and V100x8 are the smallest shapes of their groups, so a user could buy them
+    assert ctx.compatible_offers(make_job("c").gpus(1).build()).tolist() == [0, 1, 2, 3]
+    # a gang: one instance per node, the smallest shape holding gpus_per_node
     assert ctx.compatible_offers(make_job("d").gpus(8).nodes(2).build()).tolist() == [3]
     assert ctx.compatible_offers(make_job("e").gpus(4).nodes(2).types("A100").build()).tolist() == [0, 1]
     assert ctx.compatible_offers(make_job("f").gpus(4).nodes(2).mem(80).build()).tolist() == []
