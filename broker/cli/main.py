@@ -101,6 +101,11 @@ def simulate(
     placement (pool name or cloud offer id), market (spot/on_demand, empty on-prem),
     dollars_usd (cloud bill + on-prem electricity, USD), amortised_usd (on-prem capital, USD),
     energy_kwh (kWh), carbon_kg (kgCO2e), wait_s (s), deadline (UTC), deadline_met, starts.
+
+    With --bound, results.json has "bound" and each policy's ratios to it; with --sweep-carbon-price it has
+    "frontier" (per carbon price: the bound's cost, carbon and score, each policy's cost, carbon, score and score
+    ratio to the bound) and report.html the frontier plot. The runs and LP solves are independent tasks, run in
+    --workers processes (each loads the inputs again: ~250 MB each on the whole Philly trace).
     """
     from broker.planner.core import PlannerConfig
     from broker.model import Market
@@ -163,10 +168,12 @@ def simulate(
     if bound:
         tasks += [Task("bound", carbon_price)] + [Task("score", cp) for cp in prices if cp != carbon_price]
     n_proc = min(workers, len(tasks))
+    others = [p for p in policies if p not in sens]
     current_console().print(f"{len(tasks)} tasks (policy runs{' and LP solves' if bound else ''}) in {n_proc} "
                             f"process{'es' if n_proc > 1 else ''}"
-                            + (f"; {', '.join(p for p in policies if p not in sens)} ignore the carbon price: one run "
-                               "each serves every price" if prices and len(sens) < len(policies) else ""))
+                            + (f"; {', '.join(others)} {'ignores' if len(others) == 1 else 'ignore'} the carbon "
+                               f"price: one run{'' if len(others) == 1 else ' each'} serves every price"
+                               if prices and others else ""))
 
     def done(task: Task, result, wall_s: float) -> None:
         if isinstance(result, RuntimeError):

@@ -45,6 +45,15 @@ and identical within the class; each job's parallelism limit sums to the class's
 optimum is at most the per-job LP's. (The two are in fact equal: split a class solution in proportion
 to the jobs' work.)
 
+**The frontier.** :class:`BoundLP` builds the LP once; only the objective changes between the cost LP, the carbon
+LP and the score LP at any carbon price ``p`` (:meth:`BoundLP.score_point`, ``simulate --sweep-carbon-price``). In
+the score LP each variable is priced at its alternative of least score (the hour of its block; for cloud work, the
+offer and hour of its window), which is the LP with one variable per alternative; the solution's point is that
+alternative's dollars and kgCO2e, so ``score = cost + p / 1000 x carbon`` holds exactly for it. Every schedule
+meeting every deadline has ``dollars + p / 1000 x kgCO2e >= score(p)``: its (carbon, cost) point lies on or above
+the line of slope ``-p / 1000`` through the bound's point at ``p``, for every ``p``. As ``p`` rises the point's carbon does not rise and
+its cost does not fall (parametric LP: optimality at ``p1 < p2`` gives ``(p2 - p1)(carbon1 - carbon2) >= 0``).
+
 **What it does not cover.** Jobs no pool and no offer can hold, and jobs whose deadline is not after
 their submission, are left out of the LP and reported in :attr:`LowerBound.excluded` (reason ->
 jobs): compare only runs over the same jobs. The bound is for schedules meeting every deadline: a
@@ -75,8 +84,9 @@ __all__ = ["BoundLP", "FrontierPoint", "LowerBound", "lower_bound", "policy_doll
 
 _H = 3600.0
 #: hours per LP time step that ``fedbroker simulate --bound`` uses: on the demo (whole Philly trace) 6 h solves
-#: the three LPs in ~20 s (cost bound $39.8k), 3 h in ~90 s ($40.6k), 1 h takes many minutes (measured on a
-#: 2-core machine, scipy 1.17's HiGHS)
+#: the three LPs in ~20 s with HiGHS's simplex, ~7 s with its interior point method (what :class:`BoundLP` uses;
+#: cost bound $39.8k), 3 h in ~90 s with the simplex ($40.6k), 1 h takes many minutes (measured on a 2-core
+#: machine, scipy 1.17's HiGHS)
 CLI_BLOCK_H = 6
 
 
@@ -379,8 +389,10 @@ class BoundLP:
         self.build_s = time.perf_counter() - t_wall
 
     def _solve(self, cost_vec: np.ndarray):
+        # interior point with crossover (a vertex solution): on the demo's LPs ~3 s each where the dual simplex
+        # takes ~10 s, with the same optimum to ~1e-14 relative
         res = linprog(cost_vec, A_ub=self._a_ub, b_ub=self._b_ub, A_eq=self._a_eq, b_eq=self._b_eq,
-                      bounds=self._bounds, method="highs")
+                      bounds=self._bounds, method="highs-ipm")
         if res.status != 0:
             raise RuntimeError(f"LP bound: HiGHS status {res.status}: {res.message}")
         return res
