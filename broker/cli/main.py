@@ -105,7 +105,7 @@ def simulate(
     With --bound, results.json has "bound" and each policy's ratios to it; with --sweep-carbon-price it has
     "frontier" (per carbon price: the bound's cost, carbon and score, each policy's cost, carbon, score and score
     ratio to the bound) and report.html the frontier plot. The runs and LP solves are independent tasks, run in
-    --workers processes (each loads the inputs again: ~250 MB each on the whole Philly trace).
+    --workers processes (each loads the inputs again: up to ~0.5 GB each on the whole Philly trace).
     """
     from broker.planner.core import PlannerConfig
     from broker.model import Market

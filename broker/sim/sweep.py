@@ -13,7 +13,8 @@ solver or thread state is inherited from the parent). Each worker loads the inpu
 :class:`RunSpec` (the bundled scenario and the trace, as the parent did) and builds the LP once if it solves one;
 it returns a run's :class:`~broker.sim.results.PolicyRun` only where the report needs it (the runs at the main
 carbon price), else its metrics. With ``workers == 1`` the tasks run in this process on the parent's inputs.
-Memory: about one scenario + trace + run per worker (~250 MB on the whole Philly trace) plus the LP (~0.3 GB).
+Memory: one scenario + trace + run per worker, and the LP in those that solve one: each process peaks at
+~0.5 GB on the whole Philly trace (measured with ``make demo``).
 """
 
 from __future__ import annotations
