@@ -187,11 +187,15 @@ def run_tasks(tasks: Sequence[Task], spec: RunSpec, workers: int, trace=None, sc
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init,
                              initargs=(spec,)) as ex:
         futs = {ex.submit(_run, t): i for i, t in enumerate(tasks)}
-        for f in as_completed(futs):
-            i = futs[f]
-            results[i], s = f.result()
-            if on_done:
-                on_done(tasks[i], results[i], s)
+        try:
+            for f in as_completed(futs):
+                i = futs[f]
+                results[i], s = f.result()
+                if on_done:
+                    on_done(tasks[i], results[i], s)
+        except BaseException:  # a task failed (or ^C): drop the queued ones rather than wait for them
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
     return results
 
 

@@ -193,3 +193,15 @@ def test_frontier_points_are_below_every_policy_at_each_price():
             assert m["deadline_misses"] == 0
             assert lp.score_point(p).score_usd <= policy_score_usd(m, cfg) + 1e-12, (name, p)
     assert np.isfinite(lp.score_point(2000.0).score_usd)
+
+
+def test_a_task_that_fails_in_a_worker_raises_here_and_the_rest_are_dropped():
+    from broker.sim.sweep import RunSpec, Task, run_tasks
+
+    spec = RunSpec(trace="philly", limit=20)
+    tasks = [Task("run", 0.0, "nope"), Task("run", 0.0, "fifo"), Task("run", 0.0, "fifo"), Task("run", 0.0, "fifo")]
+    with pytest.raises(ValueError, match="nope"):
+        run_tasks(tasks, spec, workers=2)
+    done = []
+    out = run_tasks(tasks[1:2], spec, workers=2, on_done=lambda t, r, s: done.append(t))  # one task: in-process
+    assert done == tasks[1:2] and out[0]["jobs_submitted"] == 20
