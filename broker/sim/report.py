@@ -24,8 +24,8 @@ that 4 runs of ~100k samples render in well under 5 s):
 4. wait-time distribution: empirical CDF on a log x axis (waits below 1 s are
    drawn at 1 s);
 5. on-prem utilisation over time: busy GPUs / on-prem GPUs (bin means);
-6. with a carbon-price sweep: cost against carbon, one line per policy and one for the LP bound, points
-   labelled by carbon price (:data:`FRONTIER_TEXT` says how to read it), with a table of the scores and
+6. with a carbon-price sweep: cost against carbon, one line per policy and one for the LP bound, one
+   marker per carbon price (:data:`FRONTIER_TEXT` says how to read it), with a table of the scores and
    their ratios to the bound's.
 
 Raises ``OSError`` if ``out_dir`` cannot be created or written.
@@ -376,59 +376,55 @@ def _plot_util(runs: Mapping[str, PolicyRun], colors) -> str:
     return _png(fig)
 
 
+#: one marker per carbon price of the frontier plot (in price order, cycled), the same on every line
+_PRICE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
+
+
 def _plot_frontier(frontier: list[dict], colors) -> str:
-    """Cost (USD, y) against carbon (kgCO2e, x): one line per policy and one for the bound through their points
-    at each carbon price, each point labelled with its price."""
+    """Cost (USD, y) against carbon (kgCO2e, x): one line per policy and one for the bound through their points at
+    each carbon price; each price has its marker (:data:`_PRICE_MARKERS`, a legend of its own), a policy that
+    does not use the carbon price is one star (its one run)."""
+    from matplotlib.lines import Line2D
+
     fig, ax = _fig("Cost vs carbon as the carbon price sweeps", "cost, USD", "carbon, kgCO2e")
     prices = [e["carbon_price_usd_per_t"] for e in frontier]
-    labelled: list[tuple[list, list, str]] = []
+    marks = [_PRICE_MARKERS[i % len(_PRICE_MARKERS)] for i in range(len(prices))]
+    handles = []
 
     def line(xs, ys, label, color, style, one_point: bool):
         if one_point:  # a policy that ignores the carbon price: one run, the same point at every price
-            ax.plot(xs[:1], ys[:1], "s", color=color, label=f"{label} (any price)")
+            ax.plot(xs[:1], ys[:1], "*", color=color, ms=11)
+            handles.append(Line2D([], [], color=color, marker="*", ls="", ms=11, label=f"{label} (any price)"))
             return
-        ax.plot(xs, ys, style, color=color, label=label, lw=1.5, ms=5)
-        labelled.append((xs, ys, color))
+        ax.plot(xs, ys, style, color=color, lw=1.3)
+        for x, y, m in zip(xs, ys, marks):
+            ax.plot([x], [y], m, color=color, ms=6)
+        handles.append(Line2D([], [], color=color, ls=style, label=label))
 
     if frontier and any(e["bound"] for e in frontier):
         pts = [(e["bound"]["carbon_kg"], e["bound"]["cost_usd"]) for e in frontier if e["bound"]]
-        line([x for x, _ in pts], [y for _, y in pts], "LP bound", "black", "o--", False)
+        line([x for x, _ in pts], [y for _, y in pts], "LP bound", "black", "--", False)
     for name in (frontier[0]["policies"] if frontier else []):
         ms = [e["policies"][name] for e in frontier]
         line([m["carbon_kg"] for m in ms], [m["cost_usd"] for m in ms], str(name), colors.get(name, "#333333"),
-             "o-", not ms[0]["uses_carbon_price"])
+             "-", not ms[0]["uses_carbon_price"])
     if frontier:
-        ax.legend(loc="best", fontsize=8)
-        _label_prices(ax, labelled, prices)
+        first = ax.legend(handles=handles, loc="upper left", fontsize=8)
+        ax.add_artist(first)
+        # "\\$": a literal dollar sign, not mathtext
+        ax.legend(handles=[Line2D([], [], color="gray", marker=m, ls="", label=f"\\${p:,.0f}/t")
+                           for p, m in zip(prices, marks)], loc="lower right", fontsize=8, title="carbon price",
+                  title_fontsize=8)
     else:
         _no_data(ax)
     return _png(fig)
 
 
-def _label_prices(ax, lines: list[tuple[list, list, str]], prices: list[float], near: float = 0.04) -> None:
-    """Label each line's points with their carbon price; consecutive points closer than ``near`` (a fraction of
-    the axes) share one label, ``$a-$b``."""
-    ax.autoscale_view()
-    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
-    for xs, ys, color in lines:
-        groups: list[list[int]] = []
-        for i in range(len(xs)):
-            if groups and math.hypot((xs[i] - xs[groups[-1][0]]) / ((x1 - x0) or 1.0),
-                                     (ys[i] - ys[groups[-1][0]]) / ((y1 - y0) or 1.0)) < near:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-        for k, g in enumerate(groups):  # "\$": a literal dollar sign, not mathtext
-            text = f"\\${prices[g[0]]:,.0f}" + (f"-\\${prices[g[-1]]:,.0f}" if len(g) > 1 else "")
-            ax.annotate(text, (xs[g[0]], ys[g[0]]), textcoords="offset points", xytext=(4, 4 if k % 2 == 0 else -11),
-                        fontsize=7, color=color)
-
-
 #: how to read the frontier plot and table (the report's text; README "What `make demo` prints" says the same)
 FRONTIER_TEXT = (
-    "Each point is a (carbon, cost) pair at one carbon price, labelled with the price. A policy's point is its run "
-    "at that price; fifo, backfill and cheapest do not use the carbon price, so one run serves every price: one "
-    "point, only its score changes. The bound's point at a price is the LP relaxation's schedule of least score "
+    "Each point is a (carbon, cost) pair at one carbon price; its marker says which price (the legend 'carbon "
+    "price'). A policy's point is its run at that price; fifo, backfill and cheapest do not use the carbon price, "
+    "so one run serves every price: one star, only its score changes. The bound's point at a price is the LP relaxation's schedule of least score "
     "(cost + price x carbon / 1000): no schedule that meets every deadline scores less at that price, so the "
     "region below and left of the line through the point with slope -price/1000 is out of reach. As the price "
     "rises the bound's carbon does not rise and its cost does not fall. The table gives each policy's score at "
