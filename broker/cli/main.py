@@ -92,7 +92,8 @@ def simulate(
              "--bound solve the bound's score LP at each: the cost-carbon frontier (results.json 'frontier', the "
              "report's frontier plot and ratio table)."),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), help="Processes for the policy runs and LP solves "
-                                                                  "(1: all in this process)."),
+                                                                  "(1: all in this process; the runs' wall-clock "
+                                                                  "timings include any wait for a core)."),
 ) -> None:
     """Replay a job trace under the given policies and compare them.
 
