@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## Replay the real Philly trace under all four policies on bundled real data.
+## Replay the real Philly trace under all four policies on bundled real data, with the LP lower bound and the
+## carbon-price sweep (the frontier plot in out/demo/report.html).
 demo: $(STAMP)
-	$(BIN)/fedbroker simulate --trace philly --policy fifo,backfill,cheapest,federated --bound --out $(OUT)
+	$(BIN)/fedbroker simulate --trace philly --policy fifo,backfill,cheapest,federated --bound \
+	    --sweep-carbon-price 0,190,1000,2000 --out $(OUT)
 
 ## Check the import rules (pyproject.toml [tool.importlinter]), then run the test suite.
 test: $(STAMP)

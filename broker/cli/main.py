@@ -18,6 +18,7 @@ Bad arguments exit with status 2 and a message naming the option and value.
 from __future__ import annotations
 
 import math
+import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,6 +85,15 @@ def simulate(
     bound: bool = typer.Option(False, "--bound", help="Also solve the LP lower bound (broker/sim/bound.py) and give "
                                                       "each policy's cost and score ratio to it (time steps of "
                                                       "6 h: a little weaker, much faster than hourly)."),
+    sweep_carbon_price: Optional[str] = typer.Option(
+        None, "--sweep-carbon-price",
+        help="Comma-separated carbon prices, USD per tCO2e (e.g. 0,190,500,1000,2000): re-run the policies whose "
+             "decisions use the carbon price (federated) at each, re-price the single run of the others, and with "
+             "--bound solve the bound's score LP at each: the cost-carbon frontier (results.json 'frontier', the "
+             "report's frontier plot and ratio table)."),
+    workers: int = typer.Option(min(4, os.cpu_count() or 1), help="Processes for the policy runs and LP solves "
+                                                                  "(1: all in this process; the runs' wall-clock "
+                                                                  "timings include any wait for a core)."),
 ) -> None:
     """Replay a job trace under the given policies and compare them.
 
@@ -92,12 +102,18 @@ def simulate(
     placement (pool name or cloud offer id), market (spot/on_demand, empty on-prem),
     dollars_usd (cloud bill + on-prem electricity, USD), amortised_usd (on-prem capital, USD),
     energy_kwh (kWh), carbon_kg (kgCO2e), wait_s (s), deadline (UTC), deadline_met, starts.
+
+    With --bound, results.json has "bound" and each policy's ratios to it; with --sweep-carbon-price it has
+    "frontier" (per carbon price: the bound's cost, carbon and score, each policy's cost, carbon, score and score
+    ratio to the bound) and report.html the frontier plot. The runs and LP solves are independent tasks, run in
+    --workers processes (each loads the inputs again: up to ~0.5 GB each on the whole Philly trace).
     """
     from broker.planner.core import PlannerConfig
     from broker.model import Market
-    from broker.sim.report import comparison_table, write_job_csv, write_report
+    from broker.sim.bound import CLI_BLOCK_H, FrontierPoint, ratios_to_bound
+    from broker.sim.report import comparison_table, frontier_table, write_job_csv, write_report
     from broker.sim.scenario import load_scenario
-    from broker.sim.simulator import SimulationConfig, simulate as run_sim
+    from broker.sim.sweep import RunSpec, Task, frontier_entries, run_tasks, uses_carbon_price
     from broker.sim.traces import TraceError, load_generic_csv, load_philly
 
     policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
@@ -106,6 +122,9 @@ def simulate(
         _fail(f"--policy={policy!r}: unknown {bad or 'empty'}; choose from {', '.join(POLICY_NAMES)}")
     if jobs is not None and jobs < 1:
         _fail(f"--jobs={jobs}: must be >= 1")
+    if workers < 1:
+        _fail(f"--workers={workers}: must be >= 1")
+    prices = _parse_prices(sweep_carbon_price) if sweep_carbon_price is not None else []
     for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
                    ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
         _check_number(opt, v)
@@ -139,28 +158,43 @@ def simulate(
                   f"cloud: {len(scen.offers):,} offers")
     pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time,
                        cloud_enabled=not no_cloud)
-    runs = {}
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description:>10}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
-                  TimeElapsedColumn(), console=current_console(), transient=False, disable=not current_console().is_terminal) as prog:
-        for name in policies:
-            task = prog.add_task(name, total=len(tr.jobs))
-            t0 = time.perf_counter()
-            runs[name] = run_sim(tr, scen.pools, scen.offers, scen.signals, name, planner_config=pc, gpus=scen.gpus,
-                                 spot_traces=scen.spot_traces, config=SimulationConfig(seed=seed, tick_s=step, market=offer_market),
-                                 progress=lambda d, t, task=task: prog.update(task, completed=d))
-            if not current_console().is_terminal:
-                current_console().print(f"{name:>10}: {len(tr.jobs):,} jobs in {time.perf_counter() - t0:.1f} s")
-    bound_doc = lb = None
+    spec = RunSpec(trace=trace, cluster=str(cluster) if cluster else None, start=start_dt, limit=jobs,
+                   slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0, planner=pc.model_dump(), seed=seed,
+                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H)
+    # the longest first (workers take tasks in order): the carbon-price runs, the others' runs, then the LPs
+    sens = [p for p in policies if uses_carbon_price(p)]
+    tasks = [Task("run", carbon_price, p, full=True) for p in sens]
+    tasks += [Task("run", cp, p) for cp in prices if cp != carbon_price for p in sens]
+    tasks += [Task("run", carbon_price, p, full=True) for p in policies if p not in sens]
     if bound:
-        from broker.sim.bound import CLI_BLOCK_H, lower_bound, ratios_to_bound
+        tasks += [Task("bound", carbon_price)] + [Task("score", cp) for cp in prices if cp != carbon_price]
+    n_proc = min(workers, len(tasks))
+    others = [p for p in policies if p not in sens]
+    current_console().print(f"{len(tasks)} tasks (policy runs{' and LP solves' if bound else ''}) in {n_proc} "
+                            f"process{'es' if n_proc > 1 else ''}"
+                            + (f"; {', '.join(others)} {'ignores' if len(others) == 1 else 'ignore'} the carbon "
+                               f"price: one run{'' if len(others) == 1 else ' each'} serves every price"
+                               if prices and others else ""))
 
-        try:
-            offers = [o for o in scen.offers if offer_market in (None, o.market)] if pc.cloud_enabled else []
-            lb = lower_bound(tr, scen.pools, offers, scen.signals, pc, scen.gpus, CLI_BLOCK_H)
-        except RuntimeError as e:  # infeasible: no schedule meets every deadline; the runs are still written
-            current_console().print(f"[yellow]warning:[/yellow] no bound: {e}")
+    def done(task: Task, result, wall_s: float) -> None:
+        if isinstance(result, RuntimeError):
+            current_console().print(f"{task.label()}: no optimum ({wall_s:.1f} s)")
+        else:
+            current_console().print(f"{task.label()}: done in {wall_s:.1f} s"
+                                    + (f" ({len(tr.jobs):,} jobs)" if task.kind == "run" else ""))
+
+    got = dict(zip(tasks, run_tasks(tasks, spec, workers, tr, scen, on_done=done)))
+    runs = {p: got[Task("run", carbon_price, p, full=True)] for p in policies}
+    bound_doc = lb = None
+    points: dict[float, FrontierPoint] = {}
+    if bound:
+        parts = [got[t] for t in tasks if t.kind in ("bound", "score")]
+        err = next((x for x in parts if isinstance(x, RuntimeError)), None)
+        if err is not None:  # infeasible: no schedule meets every deadline; the runs are still written
+            current_console().print(f"[yellow]warning:[/yellow] no bound: {err}")
+        else:
+            lb, points[carbon_price] = got[Task("bound", carbon_price)]
+            points.update((t.carbon_price_usd_per_t, got[t]) for t in tasks if t.kind == "score")
     if lb is not None:
         for r in runs.values():
             r.metrics.update(ratios_to_bound(r.metrics, lb, pc))
@@ -169,7 +203,14 @@ def simulate(
                                 f"${lb.score_usd:,.0f} at ${lb.carbon_price_usd_per_t:,.0f}/t ({lb.block_h}-h steps, "
                                 f"{lb.variables:,} variables, {lb.constraints:,} constraints, {lb.solve_s:.1f} s)"
                                 + (f"; left out: {lb.excluded}" if lb.excluded else ""))
+    frontier = None
+    if prices:
+        by_price = {p: {cp: (runs[p].metrics if p not in sens or cp == carbon_price
+                             else got[Task("run", cp, p)]) for cp in prices} for p in policies}
+        frontier = frontier_entries(prices, by_price, points or None, pc)
     current_console().print(comparison_table(runs))
+    if frontier:
+        current_console().print(frontier_table(frontier))
     for name, r in runs.items():
         miss = r.metrics.get("missing_signal_hours", 0.0)
         if miss:
@@ -180,10 +221,24 @@ def simulate(
             "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    js, html = write_report(runs, out, meta, bound_doc)
+    js, html = write_report(runs, out, meta, bound_doc, frontier)
     csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
     current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
                             f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]")
+
+
+def _parse_prices(text: str) -> list[float]:
+    """``--sweep-carbon-price`` as ascending distinct USD per tCO2e (exit 2 naming the bad item)."""
+    out = set()
+    for item in text.split(","):
+        try:
+            v = float(item)
+        except ValueError:
+            _fail(f"--sweep-carbon-price={text!r}: {item.strip()!r} is not a number (USD per tCO2e)")
+        if not math.isfinite(v) or v < 0:
+            _fail(f"--sweep-carbon-price={text!r}: {item.strip()!r} must be a finite number >= 0 (USD per tCO2e)")
+        out.add(v)
+    return sorted(out)
 
 
 def _iso(t: float) -> str:

@@ -29,19 +29,23 @@ class Policy:
         name: its :class:`~broker.planner.core.PolicyName`.
         decide: ``(snapshot, context) -> decisions``; pure.
         uses_cloud: False for the on-prem-only policies (the simulator gives them no offers).
+        uses_carbon_price: True if its decisions depend on ``PlannerConfig.carbon_price_usd_per_tonne``
+            (``simulate --sweep-carbon-price`` re-runs only these at each price; one run of the others serves
+            every price). ``cheapest`` ranks offers by USD alone; fifo and backfill place by order.
     """
 
     name: PolicyName
     decide: Callable[[Snapshot, PlannerContext], list[Decision]]
     uses_cloud: bool
+    uses_carbon_price: bool
 
 
 #: every policy, by name (one row per :class:`~broker.planner.core.PolicyName`)
 POLICIES: dict[PolicyName, Policy] = {p.name: p for p in (
-    Policy(PolicyName.fifo, plan_fifo, uses_cloud=False),
-    Policy(PolicyName.backfill, plan_backfill, uses_cloud=False),
-    Policy(PolicyName.cheapest, plan_cheapest, uses_cloud=True),
-    Policy(PolicyName.federated, plan_federated, uses_cloud=True),
+    Policy(PolicyName.fifo, plan_fifo, uses_cloud=False, uses_carbon_price=False),
+    Policy(PolicyName.backfill, plan_backfill, uses_cloud=False, uses_carbon_price=False),
+    Policy(PolicyName.cheapest, plan_cheapest, uses_cloud=True, uses_carbon_price=False),
+    Policy(PolicyName.federated, plan_federated, uses_cloud=True, uses_carbon_price=True),
 )}
 if set(POLICIES) != set(PolicyName):  # pragma: no cover - a PolicyName without a row is a programming error
     raise ImportError(f"broker.planner.registry: no policy module for {sorted(set(PolicyName) - set(POLICIES))}")

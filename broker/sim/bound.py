@@ -45,6 +45,15 @@ and identical within the class; each job's parallelism limit sums to the class's
 optimum is at most the per-job LP's. (The two are in fact equal: split a class solution in proportion
 to the jobs' work.)
 
+**The frontier.** :class:`BoundLP` builds the LP once; only the objective changes between the cost LP, the carbon
+LP and the score LP at any carbon price ``p`` (:meth:`BoundLP.score_point`, ``simulate --sweep-carbon-price``). In
+the score LP each variable is priced at its alternative of least score (the hour of its block; for cloud work, the
+offer and hour of its window), which is the LP with one variable per alternative; the solution's point is that
+alternative's dollars and kgCO2e, so ``score = cost + p / 1000 x carbon`` holds exactly for it. Every schedule
+meeting every deadline has ``dollars + p / 1000 x kgCO2e >= score(p)``: its (carbon, cost) point lies on or above
+the line of slope ``-p / 1000`` through the bound's point at ``p``, for every ``p``. As ``p`` rises the point's carbon does not rise and
+its cost does not fall (parametric LP: optimality at ``p1 < p2`` gives ``(p2 - p1)(carbon1 - carbon2) >= 0``).
+
 **What it does not cover.** Jobs no pool and no offer can hold, and jobs whose deadline is not after
 their submission, are left out of the LP and reported in :attr:`LowerBound.excluded` (reason ->
 jobs): compare only runs over the same jobs. The bound is for schedules meeting every deadline: a
@@ -70,12 +79,14 @@ from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw, s
 from broker.sim.simulator import pending_job
 from broker.sim.traces import Trace
 
-__all__ = ["LowerBound", "lower_bound", "policy_score_usd", "ratios_to_bound", "CLI_BLOCK_H"]
+__all__ = ["BoundLP", "FrontierPoint", "LowerBound", "lower_bound", "policy_dollars_usd", "policy_score_usd",
+           "ratios_to_bound", "CLI_BLOCK_H"]
 
 _H = 3600.0
 #: hours per LP time step that ``fedbroker simulate --bound`` uses: on the demo (whole Philly trace) 6 h solves
-#: the three LPs in ~20 s (cost bound $39.8k), 3 h in ~90 s ($40.6k), 1 h takes many minutes (measured on a
-#: 2-core machine, scipy 1.17's HiGHS)
+#: the three LPs in ~20 s with HiGHS's simplex, ~7 s with its interior point method (what :class:`BoundLP` uses;
+#: cost bound $39.8k), 3 h in ~90 s with the simplex ($40.6k), 1 h takes many minutes (measured on a 2-core
+#: machine, scipy 1.17's HiGHS)
 CLI_BLOCK_H = 6
 
 
@@ -116,15 +127,20 @@ class LowerBound:
                 "carbon_price_usd_per_t": self.carbon_price_usd_per_t}
 
 
+def policy_dollars_usd(metrics: dict[str, float], config: PlannerConfig) -> float:
+    """The dollars a simulated run's score counts, USD: ``cost_usd`` (+ ``onprem_amortised_usd`` when
+    ``config.onprem_cost_basis == "amortised"``)."""
+    return metrics["cost_usd"] + (metrics["onprem_amortised_usd"] if config.onprem_cost_basis == "amortised" else 0.0)
+
+
 def policy_score_usd(metrics: dict[str, float], config: PlannerConfig) -> float:
     """A simulated run's score in the bound's terms, USD-equivalent.
 
-    ``cost_usd`` (+ ``onprem_amortised_usd`` when ``config.onprem_cost_basis == "amortised"``)
-    + ``carbon_price_usd_per_tonne`` / 1000 x ``carbon_kg`` (:func:`broker.planner.costs.score`,
-    no value of time: waiting is free within the deadline in the bound).
+    :func:`policy_dollars_usd` + ``carbon_price_usd_per_tonne`` / 1000 x ``carbon_kg``
+    (:func:`broker.planner.costs.score`, no value of time: waiting is free within the deadline in the bound).
     """
-    dollars = metrics["cost_usd"] + (metrics["onprem_amortised_usd"] if config.onprem_cost_basis == "amortised" else 0.0)
-    return float(score(dollars, metrics["carbon_kg"], 0.0, 0.0, config.carbon_price_usd_per_tonne))
+    return float(score(policy_dollars_usd(metrics, config), metrics["carbon_kg"], 0.0, 0.0,
+                       config.carbon_price_usd_per_tonne))
 
 
 def ratios_to_bound(metrics: dict[str, float], bound: LowerBound, config: PlannerConfig) -> dict[str, float]:
@@ -154,6 +170,301 @@ def _targets(ctx: PlannerContext, job: PendingJob) -> list[tuple[int, str]]:
     return out
 
 
+def _pareto(usd: np.ndarray, kg_per_ci: np.ndarray, zone: np.ndarray) -> np.ndarray:
+    """Indices of the offers that some carbon price could make the best in their zone: those no other offer of
+    the same carbon zone matches or beats in both USD and kgCO2e per unit of work (first of exact ties kept).
+
+    Exact for the LP: an offer's kgCO2e is ``kg_per_ci x`` its zone's carbon intensity (>= 0), so a dominated
+    offer's score is never below its dominator's, at any hour and any carbon price >= 0."""
+    keep = []
+    for z in np.unique(zone):
+        idx = np.flatnonzero(zone == z)
+        best_kg = math.inf
+        for i in idx[np.lexsort((kg_per_ci[idx], usd[idx]))]:  # by USD, then kg
+            if kg_per_ci[i] < best_kg:
+                keep.append(i)
+                best_kg = kg_per_ci[i]
+    return np.sort(np.asarray(keep, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """The score LP's optimum at one carbon price: a point of the bound's cost-carbon frontier.
+
+    Every schedule meeting every deadline has ``dollars + price / 1000 x kgCO2e >= score_usd`` at that price, so the
+    lines through these points bound the (cost, carbon) region any schedule can reach from below.
+
+    Attributes:
+        carbon_price_usd_per_t: the carbon price of the score, USD per tCO2e.
+        cost_usd: dollars of the LP solution, USD: on-prem electricity + cloud bills (+ the pools' amortised
+            capital when ``onprem_cost_basis == "amortised"``: the dollars the score counts, as in
+            :func:`policy_dollars_usd`).
+        carbon_kg: emissions of the LP solution, kgCO2e.
+        score_usd: the LP optimum, USD-equivalent: ``cost_usd + carbon_price_usd_per_t / 1000 x carbon_kg``.
+        onprem_work_fraction: share of the work done on-prem in the solution.
+        solve_s: wall seconds of the solve (HiGHS and the objective's coefficients).
+    """
+
+    carbon_price_usd_per_t: float
+    cost_usd: float
+    carbon_kg: float
+    score_usd: float
+    onprem_work_fraction: float = math.nan
+    solve_s: float = 0.0
+
+    def as_json(self) -> dict[str, float]:
+        """The bound's part of a results.json ``"frontier"`` entry."""
+        return {"cost_usd": self.cost_usd, "carbon_kg": self.carbon_kg, "score_usd": self.score_usd,
+                "onprem_work_fraction": self.onprem_work_fraction}
+
+
+class BoundLP:
+    """The relaxation's LP (module docstring) for one trace, built once and solved for cost, for carbon, or for the
+    score at any carbon price: the constraints stay, only the objective changes.
+
+    Args: as :func:`lower_bound`. Raises ``ValueError`` for a ``block_h`` that is not a whole number >= 1;
+    :class:`broker.planner.core.PlannerError` for a pool without series. :meth:`solve_cost`,
+    :meth:`solve_carbon` and :meth:`score_point` raise ``RuntimeError`` when HiGHS reports no optimum
+    (infeasible: no schedule meets every deadline).
+
+    Attributes: ``excluded``, ``classes``, ``variables``, ``constraints``, ``nonzeros`` (as :class:`LowerBound`),
+    ``build_s`` (wall seconds to build), ``config`` (the :class:`PlannerConfig` of the score), ``block_h``.
+    """
+
+    def __init__(self, trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals,
+                 planner_config: PlannerConfig | None = None, gpus: GpuTable | None = None, block_h: int = 1):
+        t_wall = time.perf_counter()
+        if block_h < 1 or int(block_h) != block_h:
+            raise ValueError(f"block_h={block_h!r}: a whole number of hours >= 1")
+        self.block_h = bh = int(block_h)
+        blk = bh * _H
+        cfg = self.config = planner_config or PlannerConfig()
+        gpus = gpus or GpuTable.from_pricing()
+        ctx = PlannerContext(cfg, pools, offers, signals, gpus)
+        amortised = ctx.amortised_in_score()
+
+        # ---- classes: (release block, last block, shape) -> [work ref-GPU-hours, GPUs]
+        self.excluded: dict[str, int] = {}
+        classes: dict[tuple, list[float]] = {}
+        shapes: dict[tuple, tuple[list[tuple[int, str]], np.ndarray, PendingJob]] = {}
+        for tj in trace.jobs:
+            if tj.deadline_s <= tj.submit_s:
+                self.excluded["deadline not after submission"] = self.excluded.get("deadline not after submission", 0) + 1
+                continue
+            pj = pending_job(tj)
+            shape = (pj.gpu_types, pj.gpus_per_node, pj.nodes, pj.min_mem_gb, pj.spot_ok, pj.regions)
+            if shape not in shapes:
+                shapes[shape] = (_targets(ctx, pj), ctx.compatible_offers(pj), pj)
+            targets, compat, _ = shapes[shape]
+            if not targets and compat.size == 0:
+                self.excluded["no pool or offer can hold the job"] = \
+                    self.excluded.get("no pool or offer can hold the job", 0) + 1
+                continue
+            key = (math.floor(tj.submit_s / blk), math.ceil(tj.deadline_s / blk) - 1, shape)
+            acc = classes.setdefault(key, [0.0, 0.0])
+            acc[0] += tj.num_gpus * tj.duration_s / _H
+            acc[1] += tj.num_gpus
+        self.classes = len(classes)
+        self.variables = self.constraints = self.nonzeros = 0
+        self.empty = not classes
+        if self.empty:
+            self.build_s = time.perf_counter() - t_wall
+            return
+
+        h0 = min(k[0] for k in classes)
+        h1 = max(k[1] for k in classes)
+        n_blk = h1 - h0 + 1  # blocks; the coefficients are computed per hour, then the least per block
+        starts = np.arange(h0 * blk, (h1 + 1) * blk, _H)
+        one_h = np.full(starts.size, _H)
+
+        def per_block(a: np.ndarray) -> np.ndarray:
+            """Least value of each block of hourly values (last axis)."""
+            return a.reshape(a.shape[:-1] + (n_blk, bh)).min(axis=-1)
+
+        # ---- per (pool, type): cost, carbon (and the score's dollars) of one GPU-hour in each hour (costs.onprem_cost)
+        pt_list = sorted({pt for tg, _, _ in shapes.values() for pt in tg})
+        pt_index = {pt: i for i, pt in enumerate(pt_list)}
+        pt_cap = np.array([sum(n.gpu_count for n in ctx.pools[p].nodes if n.gpu_type == t) for p, t in pt_list],
+                          float) * bh
+        pt_thr = np.array([gpus.throughput[t] for _, t in pt_list])
+        pt_usd, pt_kg, pt_dollars = (np.zeros((len(pt_list), starts.size)) for _ in range(3))
+        for k, (p, t) in enumerate(pt_list):
+            pool = ctx.pools[p]
+            c = onprem_cost(one_h, gpus=1, kw=onprem_kw(1, gpus.busy_kw[t], pool.pue),
+                            usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
+                            tariff_integral=_nan0(signals.price(pool.price_zone).integrals(starts, one_h)),
+                            carbon_integral=_nan0(signals.carbon(pool.carbon_zone).integrals(starts, one_h)))
+            pt_usd[k] = c.energy_usd
+            pt_kg[k] = c.carbon_kg
+            pt_dollars[k] = c.energy_usd + (c.amortised_usd if amortised else 0.0)
+        # hourly dollars and kg of the score per (pool-type, block, hour of the block)
+        self._pt_dollars = pt_dollars.reshape(len(pt_list), n_blk, bh)
+        self._pt_kg = pt_kg.reshape(len(pt_list), n_blk, bh)
+
+        # ---- per offer zone: carbon intensity integral of each hour (NaN -> 0, as accounted)
+        zone_ci = np.array([_nan0(s.integrals(starts, one_h)) for s in ctx.zone_carbon]) if ctx.zones \
+            else np.zeros((0, 0))
+
+        # ---- per shape, cloud per reference-GPU-hour of work (costs.cloud_cost of one job-hour, no delay, no
+        # minimum) of the offers some carbon price could pick (_pareto): the bill, and kgCO2e per hour
+        self._cloud: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        for shape, (_, compat, rep) in shapes.items():
+            if not compat.size:
+                continue
+            per_work = rep.nodes * rep.gpus_per_node * ctx.offer_thr[compat]  # ref-GPU-hours per job-hour
+            kw = cloud_kw(rep.nodes, rep.gpus_per_node, ctx.offer_gpu_count[compat], ctx.offer_busy_kw[compat],
+                          ctx.offer_idle_kw[compat], ctx.offer_pue[compat])
+            usd = rep.nodes * ctx.offer_price[compat] / per_work  # cloud_cost's bill of one job-hour, per work
+            keep = _pareto(usd, kw / per_work, ctx.offer_zone[compat])
+            o = compat[keep]
+            c = cloud_cost(_H, 0.0, usd_per_hour=rep.nodes * ctx.offer_price[o], min_billed_s=0.0, kw=kw[keep][:, None],
+                           carbon_integral=zone_ci[ctx.offer_zone[o]])
+            self._cloud[shape] = (c.dollars_usd / per_work[keep], c.carbon_kg / per_work[keep][:, None])
+
+        # ---- columns
+        cols_cost, cols_carbon = [], []
+        eq_rows, eq_cols, eq_vals, b_eq = [], [], [], []
+        ub_rows, ub_cols, ub_vals, b_ub = [], [], [], []
+        n_cap = len(pt_list) * n_blk  # capacity rows first: row = pt * n_blk + block
+        n_var = 0
+        on_idx, on_pt, on_blk = [], [], []  # on-prem variables: index, pool-type, block
+        self._cloud_vars: list[tuple[int, tuple, int, int]] = []  # cloud variables: index, shape, first/last block
+        upper: list[np.ndarray] = []  # variables' upper bounds
+        for ci_, ((r, d, shape), (work_h, class_gpus)) in enumerate(classes.items()):
+            targets, compat, rep = shapes[shape]
+            hi = np.arange(r - h0, d - h0 + 1)
+            # on-prem variables: per target, per block of the window; with one target the parallelism limit is
+            # the variables' upper bound, else one row per block
+            par_base = len(b_ub) + n_cap
+            par_rows = len(targets) > 1
+            for p, t in targets:
+                k = pt_index[(p, t)]
+                idx = np.arange(n_var, n_var + hi.size)
+                n_var += hi.size
+                on_idx.append(idx)
+                on_pt.append(np.full(hi.size, k))
+                on_blk.append(hi)
+                cols_cost.append(per_block(pt_usd[k])[hi])
+                cols_carbon.append(per_block(pt_kg[k])[hi])
+                eq_rows.append(np.full(hi.size, ci_))
+                eq_cols.append(idx)
+                eq_vals.append(np.full(hi.size, pt_thr[k]))
+                ub_rows.append(k * n_blk + hi)  # capacity
+                ub_cols.append(idx)
+                ub_vals.append(np.ones(hi.size))
+                if par_rows:
+                    ub_rows.append(par_base + np.arange(hi.size))  # parallelism
+                    ub_cols.append(idx)
+                    ub_vals.append(np.ones(hi.size))
+                upper.append(np.full(hi.size, np.inf if par_rows else class_gpus * bh))
+            if par_rows:
+                b_ub.extend([class_gpus * bh] * hi.size)
+            # cloud: one variable, priced at the best (offer, hour) of the window for each objective
+            if compat.size:
+                usd, kg = self._cloud[shape]
+                cols_cost.append(np.array([usd.min()]))
+                cols_carbon.append(np.array([per_block(kg.min(axis=0))[hi].min()]))
+                eq_rows.append(np.array([ci_]))
+                eq_cols.append(np.array([n_var]))
+                eq_vals.append(np.array([1.0]))
+                self._cloud_vars.append((n_var, shape, int(hi[0]), int(hi[-1])))
+                upper.append(np.array([np.inf]))
+                n_var += 1
+            b_eq.append(work_h)
+
+        self._on = tuple(np.concatenate(a) if a else np.zeros(0, np.int64) for a in (on_idx, on_pt, on_blk))
+        b_ub = np.concatenate([np.repeat(pt_cap, n_blk), np.asarray(b_ub, float)])
+        self._a_ub = sp.csr_matrix((np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
+                                   shape=(b_ub.size, n_var)) if ub_vals else None
+        self._b_ub = b_ub if self._a_ub is not None else None
+        self._a_eq = sp.csr_matrix((np.concatenate(eq_vals), (np.concatenate(eq_rows), np.concatenate(eq_cols))),
+                                   shape=(len(b_eq), n_var))
+        self._b_eq = np.asarray(b_eq, float)
+        self._bounds = np.column_stack([np.zeros(n_var), np.concatenate(upper)])
+        self._c_cost, self._c_carbon = np.concatenate(cols_cost), np.concatenate(cols_carbon)
+        self._cloud_idx = np.array([v for v, _, _, _ in self._cloud_vars], dtype=np.int64)
+        self.variables = n_var
+        self.constraints = (b_ub.size if self._b_ub is not None else 0) + self._b_eq.size
+        self.nonzeros = (self._a_ub.nnz if self._a_ub is not None else 0) + self._a_eq.nnz
+        self.build_s = time.perf_counter() - t_wall
+
+    def _solve(self, cost_vec: np.ndarray):
+        # interior point with crossover (a vertex solution): on the demo's LPs ~3 s each where the dual simplex
+        # takes ~10 s, with the same optimum to ~1e-14 relative
+        res = linprog(cost_vec, A_ub=self._a_ub, b_ub=self._b_ub, A_eq=self._a_eq, b_eq=self._b_eq,
+                      bounds=self._bounds, method="highs-ipm")
+        if res.status != 0:
+            raise RuntimeError(f"LP bound: HiGHS status {res.status}: {res.message}")
+        return res
+
+    def solve_cost(self) -> float:
+        """The least cost (on-prem electricity + cloud bills), USD."""
+        return 0.0 if self.empty else float(self._solve(self._c_cost).fun)
+
+    def solve_carbon(self) -> float:
+        """The least emissions, kgCO2e."""
+        return 0.0 if self.empty else float(self._solve(self._c_carbon).fun)
+
+    def score_coefficients(self, carbon_price_usd_per_t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(score, dollars, kg)`` per variable at a carbon price (USD per tCO2e): each variable priced at the
+        alternative of least score (the hour of its block; for cloud the offer and hour of its window), with
+        that alternative's dollars (USD) and kgCO2e, so ``score = dollars + price / 1000 x kg`` per variable."""
+        cp = carbon_price_usd_per_t
+        n = self.variables
+        c, d, k = np.zeros(n), np.zeros(n), np.zeros(n)
+        idx, pt, blk = self._on
+        if idx.size:
+            s = score(self._pt_dollars, self._pt_kg, 0.0, 0.0, cp)
+            j = s.argmin(axis=-1)[..., None]
+            pick = lambda a: np.take_along_axis(a, j, axis=-1)[..., 0]  # noqa: E731
+            c[idx], d[idx], k[idx] = pick(s)[pt, blk], pick(self._pt_dollars)[pt, blk], pick(self._pt_kg)[pt, blk]
+        best: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for shape, (usd, kg) in self._cloud.items():
+            s = score(usd[:, None], kg, 0.0, 0.0, cp)  # offers x hours
+            o = s.argmin(axis=0)
+            hrs = np.arange(s.shape[1])
+            s_h, d_h, k_h = (a.reshape(-1, self.block_h) for a in (s[o, hrs], usd[o], kg[o, hrs]))
+            j = s_h.argmin(axis=1)
+            rows = np.arange(s_h.shape[0])
+            best[shape] = (s_h[rows, j], d_h[rows, j], k_h[rows, j])
+        for v, shape, lo, hi in self._cloud_vars:
+            s_b, d_b, k_b = best[shape]
+            i = lo + int(s_b[lo:hi + 1].argmin())
+            c[v], d[v], k[v] = s_b[i], d_b[i], k_b[i]
+        return c, d, k
+
+    def score_point(self, carbon_price_usd_per_t: float) -> FrontierPoint:
+        """Solve the score LP at a carbon price (USD per tCO2e, >= 0): the bound's :class:`FrontierPoint` there."""
+        if not (math.isfinite(carbon_price_usd_per_t) and carbon_price_usd_per_t >= 0):
+            raise ValueError(f"carbon_price_usd_per_t={carbon_price_usd_per_t!r}: a finite number >= 0")
+        t0 = time.perf_counter()
+        cp = float(carbon_price_usd_per_t)
+        if self.empty:
+            return FrontierPoint(cp, 0.0, 0.0, 0.0, solve_s=time.perf_counter() - t0)
+        c, d, k = self.score_coefficients(cp)
+        res = self._solve(c)
+        total = float(self._b_eq.sum())
+        on_work = total - float(res.x[self._cloud_idx].sum()) if self._cloud_idx.size else total
+        return FrontierPoint(cp, float(d @ res.x), float(k @ res.x), float(res.fun),
+                             on_work / total if total else math.nan, time.perf_counter() - t0)
+
+    def bound(self, cost_usd: float, carbon_kg: float, point: FrontierPoint, solve_s: float = 0.0) -> LowerBound:
+        """The :class:`LowerBound` of solved parts: :meth:`solve_cost`, :meth:`solve_carbon` and the score at the
+        config's carbon price (:meth:`score_point`); ``solve_s``: their seconds, added to the build's."""
+        return LowerBound(cost_usd=cost_usd, carbon_kg=carbon_kg, score_usd=point.score_usd,
+                          carbon_price_usd_per_t=point.carbon_price_usd_per_t,
+                          onprem_work_fraction=point.onprem_work_fraction, excluded=dict(self.excluded),
+                          classes=self.classes, variables=self.variables, constraints=self.constraints,
+                          nonzeros=self.nonzeros, solve_s=self.build_s + solve_s, block_h=self.block_h)
+
+    def lower_bound(self) -> LowerBound:
+        """Solve the three LPs (cost, carbon, score at the config's carbon price) and return the :class:`LowerBound`."""
+        t0 = time.perf_counter()
+        cost, carbon = self.solve_cost(), self.solve_carbon()
+        point = self.score_point(self.config.carbon_price_usd_per_tonne)
+        return self.bound(cost, carbon, point, time.perf_counter() - t0)
+
+
 def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals,
                 planner_config: PlannerConfig | None = None, gpus: GpuTable | None = None,
                 block_h: int = 1) -> LowerBound:
@@ -173,162 +484,6 @@ def lower_bound(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer
     Returns a :class:`LowerBound` (all zeros when no job is left). Raises ``RuntimeError`` when HiGHS
     reports no optimum: infeasible when jobs without a compatible offer cannot all finish on-prem by
     their deadlines (no schedule meets every deadline); :class:`broker.planner.core.PlannerError` for
-    a pool without series.
+    a pool without series. :class:`BoundLP` builds the LP once for several objectives (the frontier).
     """
-    t_wall = time.perf_counter()
-    if block_h < 1 or int(block_h) != block_h:
-        raise ValueError(f"block_h={block_h!r}: a whole number of hours >= 1")
-    blk = int(block_h) * _H
-    cfg = planner_config or PlannerConfig()
-    gpus = gpus or GpuTable.from_pricing()
-    ctx = PlannerContext(cfg, pools, offers, signals, gpus)
-    cp = cfg.carbon_price_usd_per_tonne
-    amortised = ctx.amortised_in_score()
-
-    # ---- classes: (release hour, last hour, shape) -> [work ref-GPU-hours, GPUs]
-    excluded: dict[str, int] = {}
-    classes: dict[tuple, list[float]] = {}
-    shapes: dict[tuple, tuple[list[tuple[int, str]], np.ndarray, PendingJob]] = {}
-    for tj in trace.jobs:
-        if tj.deadline_s <= tj.submit_s:
-            excluded["deadline not after submission"] = excluded.get("deadline not after submission", 0) + 1
-            continue
-        pj = pending_job(tj)
-        shape = (pj.gpu_types, pj.gpus_per_node, pj.nodes, pj.min_mem_gb, pj.spot_ok, pj.regions)
-        if shape not in shapes:
-            shapes[shape] = (_targets(ctx, pj), ctx.compatible_offers(pj), pj)
-        targets, compat, _ = shapes[shape]
-        if not targets and compat.size == 0:
-            excluded["no pool or offer can hold the job"] = excluded.get("no pool or offer can hold the job", 0) + 1
-            continue
-        key = (math.floor(tj.submit_s / blk), math.ceil(tj.deadline_s / blk) - 1, shape)
-        acc = classes.setdefault(key, [0.0, 0.0])
-        acc[0] += tj.num_gpus * tj.duration_s / _H
-        acc[1] += tj.num_gpus
-    if not classes:
-        return LowerBound(0.0, 0.0, 0.0, cp, excluded=excluded, solve_s=time.perf_counter() - t_wall,
-                          block_h=int(block_h))
-
-    h0 = min(k[0] for k in classes)
-    h1 = max(k[1] for k in classes)
-    hours = np.arange(h0, h1 + 1)  # blocks; the coefficients are computed per hour, then the least per block
-    starts = np.arange(h0 * blk, (h1 + 1) * blk, _H)
-    one_h = np.full(starts.size, _H)
-
-    def per_block(a: np.ndarray) -> np.ndarray:
-        """Least value of each block of hourly values (last axis)."""
-        return a.reshape(a.shape[:-1] + (hours.size, int(block_h))).min(axis=-1)
-
-    # ---- per (pool, type): cost, carbon, amortised of one GPU-hour in each hour (costs.onprem_cost)
-    pt_list = sorted({pt for tg, _, _ in shapes.values() for pt in tg})
-    pt_index = {pt: i for i, pt in enumerate(pt_list)}
-    pt_cap = np.array([sum(n.gpu_count for n in ctx.pools[p].nodes if n.gpu_type == t) for p, t in pt_list],
-                      float) * block_h
-    pt_thr = np.array([gpus.throughput[t] for _, t in pt_list])
-    pt_cost, pt_carbon, pt_score = [], [], []
-    for p, t in pt_list:
-        pool = ctx.pools[p]
-        c = onprem_cost(one_h, gpus=1, kw=onprem_kw(1, gpus.busy_kw[t], pool.pue),
-                        usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
-                        tariff_integral=_nan0(signals.price(pool.price_zone).integrals(starts, one_h)),
-                        carbon_integral=_nan0(signals.carbon(pool.carbon_zone).integrals(starts, one_h)))
-        pt_cost.append(per_block(c.energy_usd))
-        pt_carbon.append(per_block(c.carbon_kg))
-        pt_score.append(per_block(score(c.energy_usd + (c.amortised_usd if amortised else 0.0), c.carbon_kg,
-                                        0.0, 0.0, cp)))
-
-    # ---- per offer zone: carbon intensity integral of each hour (NaN -> 0, as accounted)
-    zone_ci = np.array([_nan0(s.integrals(starts, one_h)) for s in ctx.zone_carbon]) if ctx.zones else np.zeros((0, 0))
-
-    # ---- per shape, cloud per reference-GPU-hour of work (costs.cloud_cost of one job-hour, no delay, no
-    # minimum): the cheapest bill, and per hour the least kgCO2e and the least score over compatible offers
-    cloud_best: dict[tuple, tuple[float, np.ndarray, np.ndarray]] = {}
-    for shape, (_, compat, rep) in shapes.items():
-        if not compat.size:
-            continue
-        per_work = rep.nodes * rep.gpus_per_node * ctx.offer_thr[compat]  # ref-GPU-hours per job-hour
-        c = cloud_cost(_H, 0.0, usd_per_hour=rep.nodes * ctx.offer_price[compat], min_billed_s=0.0,
-                       kw=cloud_kw(rep.nodes, rep.gpus_per_node, ctx.offer_gpu_count[compat],
-                                   ctx.offer_busy_kw[compat], ctx.offer_idle_kw[compat], ctx.offer_pue[compat])[:, None],
-                       carbon_integral=zone_ci[ctx.offer_zone[compat]])
-        usd = c.dollars_usd / per_work
-        kg = c.carbon_kg / per_work[:, None]
-        cloud_best[shape] = (float(usd.min()), per_block(kg.min(axis=0)),
-                             per_block(score(usd[:, None], kg, 0.0, 0.0, cp).min(axis=0)))
-
-    # ---- columns
-    cols_cost, cols_carbon, cols_score = [], [], []
-    eq_rows, eq_cols, eq_vals, b_eq = [], [], [], []
-    ub_rows, ub_cols, ub_vals, b_ub = [], [], [], []
-    n_cap = len(pt_list) * hours.size  # capacity rows first: row = pt * n_hours + hour
-    n_var = 0
-    cloud_vars: list[int] = []
-    upper: list[np.ndarray] = []  # variables' upper bounds
-    for ci_, ((r, d, shape), (work_h, class_gpus)) in enumerate(classes.items()):
-        targets, compat, rep = shapes[shape]
-        hi = np.arange(r - h0, d - h0 + 1)
-        # on-prem variables: per target, per hour of the window; with one target the parallelism limit is
-        # the variables' upper bound, else one row per hour
-        par_base = len(b_ub) + n_cap
-        par_rows = len(targets) > 1
-        for p, t in targets:
-            k = pt_index[(p, t)]
-            idx = np.arange(n_var, n_var + hi.size)
-            n_var += hi.size
-            cols_cost.append(pt_cost[k][hi])
-            cols_carbon.append(pt_carbon[k][hi])
-            cols_score.append(pt_score[k][hi])
-            eq_rows.append(np.full(hi.size, ci_))
-            eq_cols.append(idx)
-            eq_vals.append(np.full(hi.size, pt_thr[k]))
-            ub_rows.append(k * hours.size + hi)  # capacity
-            ub_cols.append(idx)
-            ub_vals.append(np.ones(hi.size))
-            if par_rows:
-                ub_rows.append(par_base + np.arange(hi.size))  # parallelism
-                ub_cols.append(idx)
-                ub_vals.append(np.ones(hi.size))
-            upper.append(np.full(hi.size, np.inf if par_rows else class_gpus * block_h))
-        if par_rows:
-            b_ub.extend([class_gpus * block_h] * hi.size)
-        # cloud: one variable, priced at the best (offer, hour) of the window for each objective
-        if compat.size:
-            usd, kg_h, score_h = cloud_best[shape]
-            cols_cost.append(np.array([usd]))
-            cols_carbon.append(np.array([kg_h[hi].min()]))
-            cols_score.append(np.array([score_h[hi].min()]))
-            eq_rows.append(np.array([ci_]))
-            eq_cols.append(np.array([n_var]))
-            eq_vals.append(np.array([1.0]))
-            cloud_vars.append(n_var)
-            upper.append(np.array([np.inf]))
-            n_var += 1
-        b_eq.append(work_h)
-
-    b_ub = np.concatenate([np.repeat(pt_cap, hours.size), np.asarray(b_ub, float)])
-    a_ub = sp.csr_matrix((np.concatenate(ub_vals), (np.concatenate(ub_rows), np.concatenate(ub_cols))),
-                         shape=(b_ub.size, n_var)) if ub_vals else None
-    a_eq = sp.csr_matrix((np.concatenate(eq_vals), (np.concatenate(eq_rows), np.concatenate(eq_cols))),
-                         shape=(len(b_eq), n_var))
-    b_eq = np.asarray(b_eq, float)
-    if a_ub is None:
-        b_ub = None
-
-    var_bounds = np.column_stack([np.zeros(n_var), np.concatenate(upper)])
-
-    def solve(cost_vec: np.ndarray):
-        res = linprog(cost_vec, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=b_eq, bounds=var_bounds, method="highs")
-        if res.status != 0:
-            raise RuntimeError(f"LP bound: HiGHS status {res.status}: {res.message}")
-        return res
-
-    c_cost, c_carbon, c_score = (np.concatenate(c) for c in (cols_cost, cols_carbon, cols_score))
-    r_cost, r_carbon, r_score = solve(c_cost), solve(c_carbon), solve(c_score)
-    total_work = float(b_eq.sum())
-    on_work = total_work - float(r_score.x[cloud_vars].sum()) if cloud_vars else total_work
-    nnz = (a_ub.nnz if a_ub is not None else 0) + a_eq.nnz
-    return LowerBound(cost_usd=float(r_cost.fun), carbon_kg=float(r_carbon.fun), score_usd=float(r_score.fun),
-                      carbon_price_usd_per_t=cp, onprem_work_fraction=on_work / total_work if total_work else math.nan,
-                      excluded=excluded, classes=len(classes), variables=n_var,
-                      constraints=(b_ub.size if b_ub is not None else 0) + b_eq.size, nonzeros=nnz,
-                      solve_s=time.perf_counter() - t_wall, block_h=int(block_h))
+    return BoundLP(trace, pools, offers, signals, planner_config, gpus, block_h).lower_bound()

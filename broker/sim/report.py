@@ -23,7 +23,10 @@ that 4 runs of ~100k samples render in well under 5 s):
    summed over policies;
 4. wait-time distribution: empirical CDF on a log x axis (waits below 1 s are
    drawn at 1 s);
-5. on-prem utilisation over time: busy GPUs / on-prem GPUs (bin means).
+5. on-prem utilisation over time: busy GPUs / on-prem GPUs (bin means);
+6. with a carbon-price sweep: cost against carbon, one line per policy and one for the LP bound, one
+   marker per carbon price (:data:`FRONTIER_TEXT` says how to read it), with a table of the scores and
+   their ratios to the bound's.
 
 Raises ``OSError`` if ``out_dir`` cannot be created or written.
 """
@@ -45,7 +48,8 @@ from typing import Any, Mapping
 import numpy as np
 from broker.sim.results import METRIC_KEYS, PolicyRun
 
-__all__ = ["write_report", "comparison_table", "markdown_table", "format_value", "to_jsonable", "MAX_PLOT_POINTS"]
+__all__ = ["write_report", "comparison_table", "frontier_table", "markdown_table", "format_value", "to_jsonable",
+           "MAX_PLOT_POINTS", "FRONTIER_TEXT"]
 
 #: Upper bound on points per plotted line.
 MAX_PLOT_POINTS = 2000
@@ -160,6 +164,43 @@ def comparison_table(runs: Mapping[str, PolicyRun]):
         t.add_column(str(name), justify="right")
     for k, u, vals in _cells(runs):
         t.add_row(k, u, *vals)
+    return t
+
+
+def _frontier_cells(frontier: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the frontier table: per carbon price, the bound's cost, carbon and score, then each
+    policy's score with its ratio to the bound's score at that price."""
+    names = list(frontier[0]["policies"]) if frontier else []
+    has_bound = any(e["bound"] for e in frontier)
+    head = ["carbon price USD/tCO2e"] + (["bound cost USD", "bound kgCO2e", "bound score USD"] if has_bound else [])
+    head += [f"{n} score (x bound)" if has_bound else f"{n} score" for n in names]
+    rows = []
+    for e in frontier:
+        b = e["bound"]
+        row = [f"${e['carbon_price_usd_per_t']:,.0f}"]
+        if has_bound:
+            row += [format_value(b["cost_usd"], "USD"), format_value(b["carbon_kg"], "kgCO2e"),
+                    format_value(b["score_usd"], "USD")] if b else [_DASH] * 3
+        for n in names:
+            m = e["policies"][n]
+            ratio = _finite(m.get("score_ratio_to_bound"))
+            late = _finite(m.get("deadline_misses")) or 0  # the bound is for schedules without
+            notes = ([f"{ratio:.2f}x"] if ratio is not None else []) + ([f"{late:,.0f} late"] if late else [])
+            row.append(format_value(m["score_usd"], "USD") + (f" ({'; '.join(notes)})" if notes else ""))
+        rows.append(row)
+    return head, rows
+
+
+def frontier_table(frontier: list[dict]):
+    """A :class:`rich.table.Table` of the carbon-price sweep (the ``"frontier"`` of results.json)."""
+    from rich.table import Table
+
+    head, rows = _frontier_cells(frontier)
+    t = Table(title="Carbon-price frontier: scores (cost + price x carbon) and ratios to the bound's at each price")
+    for i, h in enumerate(head):
+        t.add_column(h, justify="right", style="bold" if i == 0 else None)
+    for r in rows:
+        t.add_row(*r)
     return t
 
 
@@ -335,6 +376,63 @@ def _plot_util(runs: Mapping[str, PolicyRun], colors) -> str:
     return _png(fig)
 
 
+#: one marker per carbon price of the frontier plot (in price order, cycled), the same on every line
+_PRICE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
+
+
+def _plot_frontier(frontier: list[dict], colors) -> str:
+    """Cost (USD, y) against carbon (kgCO2e, x): one line per policy and one for the bound through their points at
+    each carbon price; each price has its marker (:data:`_PRICE_MARKERS`, a legend of its own), a policy that
+    does not use the carbon price is one star (its one run)."""
+    from matplotlib.lines import Line2D
+
+    fig, ax = _fig("Cost vs carbon as the carbon price sweeps", "cost, USD", "carbon, kgCO2e")
+    prices = [e["carbon_price_usd_per_t"] for e in frontier]
+    marks = [_PRICE_MARKERS[i % len(_PRICE_MARKERS)] for i in range(len(prices))]
+    handles = []
+
+    def line(xs, ys, label, color, style, one_point: bool):
+        if one_point:  # a policy that ignores the carbon price: one run, the same point at every price
+            ax.plot(xs[:1], ys[:1], "*", color=color, ms=11)
+            handles.append(Line2D([], [], color=color, marker="*", ls="", ms=11, label=f"{label} (any price)"))
+            return
+        ax.plot(xs, ys, style, color=color, lw=1.3)
+        for x, y, m in zip(xs, ys, marks):
+            ax.plot([x], [y], m, color=color, ms=6)
+        handles.append(Line2D([], [], color=color, ls=style, label=label))
+
+    if frontier and any(e["bound"] for e in frontier):
+        pts = [(e["bound"]["carbon_kg"], e["bound"]["cost_usd"]) for e in frontier if e["bound"]]
+        line([x for x, _ in pts], [y for _, y in pts], "LP bound", "black", "--", False)
+    for name in (frontier[0]["policies"] if frontier else []):
+        ms = [e["policies"][name] for e in frontier]
+        line([m["carbon_kg"] for m in ms], [m["cost_usd"] for m in ms], str(name), colors.get(name, "#333333"),
+             "-", not ms[0]["uses_carbon_price"])
+    if frontier:
+        first = ax.legend(handles=handles, loc="upper left", fontsize=8)
+        ax.add_artist(first)
+        # "\\$": a literal dollar sign, not mathtext
+        ax.legend(handles=[Line2D([], [], color="gray", marker=m, ls="", label=f"\\${p:,.0f}/t")
+                           for p, m in zip(prices, marks)], loc="lower right", fontsize=8, title="carbon price",
+                  title_fontsize=8)
+    else:
+        _no_data(ax)
+    return _png(fig)
+
+
+#: how to read the frontier plot and table (the report's text; README "What `make demo` prints" says the same)
+FRONTIER_TEXT = (
+    "Each point is a (carbon, cost) pair at one carbon price; its marker says which price (the legend 'carbon "
+    "price'). A policy's point is its run at that price; fifo, backfill and cheapest do not use the carbon price, "
+    "so one run serves every price: one star, only its score changes. The bound's point at a price is the LP relaxation's schedule of least score "
+    "(cost + price x carbon / 1000): no schedule that meets every deadline scores less at that price, so the "
+    "region below and left of the line through the point with slope -price/1000 is out of reach. As the price "
+    "rises the bound's carbon does not rise and its cost does not fall. The table gives each policy's score at "
+    "each price and its ratio to the bound's score at the same price (1.00x: provably optimal; the target is "
+    "1.5x or less at every price). Cost is the dollars the score counts: cost_usd, plus the on-prem amortised "
+    "capital when onprem_cost_basis is 'amortised'.")
+
+
 # --------------------------------------------------------------------------- HTML
 
 _CSS = """
@@ -358,8 +456,17 @@ def _kv_table(d: Mapping[str, Any]) -> str:
     return f"<table>{rows}</table>"
 
 
+def _frontier_html(frontier: list[dict], b64: str) -> str:
+    head, rows = _frontier_cells(frontier)
+    body = "".join("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    cap = "Cost vs carbon as the carbon price sweeps (policies and the LP bound)"
+    return (f"<h2>Carbon-price frontier</h2><p>{_e(FRONTIER_TEXT)}</p>"
+            f"<figure><img alt='{_e(cap)}' src='data:image/png;base64,{b64}'><figcaption>{_e(cap)}</figcaption>"
+            f"</figure><table><tr>{''.join(f'<th>{_e(h)}</th>' for h in head)}</tr>{body}</table>")
+
+
 def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[tuple[str, str]],
-          bound: Mapping[str, Any] | None = None) -> str:
+          bound: Mapping[str, Any] | None = None, frontier_html: str = "") -> str:
     names = list(runs)
     head = "<tr><th>metric</th><th>unit</th>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
     body = []
@@ -383,6 +490,7 @@ def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[t
         f"<h1>fedbroker policy report</h1><p class='dim'>generated {generated}</p>"
         f"<h2>Metrics</h2><table>{head}{''.join(body)}</table>"
         + (f"<h2>Lower bound (LP relaxation)</h2>{_kv_table(bound)}" if bound else "")
+        + frontier_html
         + f"<h2>Plots</h2>{figs}"
         f"<h2>Skipped</h2><table>{skipped_rows}</table>"
         f"<h2>Run parameters</h2>{_kv_table(meta)}"
@@ -437,13 +545,16 @@ def write_job_csv(run: PolicyRun, path: Path) -> Path:
     return path
 
 
-def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: dict | None = None) -> tuple[Path, Path]:
+def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: dict | None = None,
+                 frontier: list[dict] | None = None) -> tuple[Path, Path]:
     """Write ``out_dir/results.json`` and ``out_dir/report.html``; return their paths ``(json, html)``.
 
     ``results.json`` is ``{"policies": {name: metrics}, "meta": meta, "skipped": {name: {reason: count}}}``
-    (and ``"bound": bound`` when given: the LP lower bound, :meth:`broker.sim.bound.LowerBound.as_json`)
+    (and ``"bound": bound`` when given: the LP lower bound, :meth:`broker.sim.bound.LowerBound.as_json`;
+    ``"frontier": frontier`` when given: the carbon-price sweep, :func:`broker.sim.sweep.frontier_entries`)
     with numpy values converted and NaN/inf written as ``null``. ``report.html`` is
-    self-contained (metrics table, 5 embedded PNG plots, skip counts, ``meta``).
+    self-contained (metrics table, 5 embedded PNG plots, with a frontier the frontier plot, table and
+    :data:`FRONTIER_TEXT`, skip counts, ``meta``).
     ``out_dir`` is created if needed. Raises ``OSError`` if it cannot be written.
     """
     out = Path(out_dir)
@@ -455,6 +566,8 @@ def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: d
     }
     if bound is not None:
         doc["bound"] = to_jsonable(bound)
+    if frontier is not None:
+        doc["frontier"] = to_jsonable(frontier)
     jpath = out / "results.json"
     jpath.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 
@@ -469,5 +582,6 @@ def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: d
         ("On-prem GPU utilisation over time (fraction busy)", _plot_util(runs, colors)),
     ]
     hpath = out / "report.html"
-    hpath.write_text(_html(runs, meta or {}, images, bound), encoding="utf-8")
+    front = _frontier_html(frontier, _plot_frontier(frontier, colors)) if frontier else ""
+    hpath.write_text(_html(runs, meta or {}, images, bound, front), encoding="utf-8")
     return jpath, hpath

@@ -69,6 +69,47 @@ def test_simulate_bound_writes_the_lp_bound_and_each_policy_ratio(run, tmp_path)
     assert "Lower bound (LP relaxation)" in (out / "report.html").read_text()
 
 
+def test_simulate_sweep_carbon_price_writes_the_frontier_in_worker_processes_as_in_one(run, tmp_path):
+    docs = {}
+    for workers in ("2", "1"):
+        out = tmp_path / f"w{workers}"
+        r = run("simulate", "--trace", "philly", "--jobs", "120", "--policy", "fifo,federated", "--bound",
+                "--sweep-carbon-price", "1000,0,190,0", "--workers", workers, "--out", str(out))
+        assert r.exit_code == 0, r.output
+        docs[workers] = json.loads((out / "results.json").read_text())
+        assert "fifo ignores the carbon price: one run serves every price" in r.output
+        assert "Carbon-price frontier" in r.output and "federated @ $1,000/t: done" in r.output
+        html = (out / "report.html").read_text()
+        assert "<h2>Carbon-price frontier</h2>" in html and "Cost vs carbon as the carbon price sweeps" in html
+    doc = docs["2"]
+    f = doc["frontier"]
+    assert [e["carbon_price_usd_per_t"] for e in f] == [0.0, 190.0, 1000.0]  # sorted, duplicates dropped
+    for e in f:
+        b, p = e["bound"], e["carbon_price_usd_per_t"]
+        assert b["score_usd"] == pytest.approx(b["cost_usd"] + p * b["carbon_kg"] / 1000, rel=1e-7)
+        for name, m in e["policies"].items():
+            assert m["score_usd"] == pytest.approx(m["cost_usd"] + p * m["carbon_kg"] / 1000)
+            assert m["score_ratio_to_bound"] == pytest.approx(m["score_usd"] / b["score_usd"])
+            if m["deadline_misses"] == 0:
+                assert m["score_ratio_to_bound"] >= 1.0 - 1e-9, (name, p)
+    assert [e["bound"]["carbon_kg"] for e in f] == sorted((e["bound"]["carbon_kg"] for e in f), reverse=True)
+    assert f[0]["bound"]["cost_usd"] == pytest.approx(doc["bound"]["cost_usd"])  # at $0/t: the cost bound
+    at190 = f[1]
+    assert at190["bound"]["score_usd"] == pytest.approx(doc["bound"]["score_usd"])
+    assert at190["policies"]["federated"]["cost_usd"] == doc["policies"]["federated"]["cost_usd"]
+    assert at190["policies"]["federated"]["score_ratio_to_bound"] == \
+        pytest.approx(doc["policies"]["federated"]["score_ratio_to_bound"])
+    # fifo: one run re-priced; federated: a run per price
+    assert len({e["policies"]["fifo"]["carbon_kg"] for e in f}) == 1
+    assert [e["policies"]["fifo"]["uses_carbon_price"] for e in f] == [False] * 3
+    assert [e["policies"]["federated"]["uses_carbon_price"] for e in f] == [True] * 3
+    # the runs and LPs are deterministic: the same figures in worker processes as in this one
+    assert docs["2"]["frontier"] == docs["1"]["frontier"] and docs["2"]["policies"] == {
+        n: {**m, "sim_wall_s": docs["2"]["policies"][n]["sim_wall_s"],
+            "decision_latency_p99_ms": docs["2"]["policies"][n]["decision_latency_p99_ms"]}
+        for n, m in docs["1"]["policies"].items()}
+
+
 def test_simulate_bound_without_cloud_uses_no_offer(run, tmp_path):
     out = tmp_path / "sim"
     r = run("simulate", "--trace", "philly", "--jobs", "20", "--policy", "fifo", "--no-cloud", "--bound",
@@ -159,6 +200,10 @@ def test_offers_unknown_gpu_exits_2(run):
     (("--carbon-price", "nan"), "--carbon-price=nan"),
     (("--value-of-time", "inf"), "--value-of-time=inf"),
     (("--policy", "fifo,,nope"), "unknown ['nope']"),
+    (("--sweep-carbon-price", "0,abc"), "--sweep-carbon-price='0,abc': 'abc' is not a number"),
+    (("--sweep-carbon-price", "190,-5"), "'-5' must be a finite number >= 0"),
+    (("--sweep-carbon-price", "inf"), "'inf' must be a finite number >= 0"),
+    (("--workers", "0"), "--workers=0: must be >= 1"),
 ])
 def test_simulate_non_finite_or_unknown_options_exit_2(run, tmp_path, args, needle):
     r = run("simulate", "--jobs", "10", "--out", str(tmp_path / "o"), *args)
