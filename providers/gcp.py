@@ -264,6 +264,16 @@ def _parse_ts(ts: str) -> datetime | None:
         return None
 
 
+def machine_type_of(instance_type: str) -> str:
+    """The GCE machine type of a catalog instance type.
+
+    The bundled catalog names an n1 host with attached GPUs ``"<host>+<GPU>x<count>"``
+    (``pricing/catalog.py``), e.g. ``n1-highmem-8+T4x1`` -> ``n1-highmem-8``; the GPUs go in
+    ``guestAccelerators``. Any other name (``a2-highgpu-1g``, ``n1-standard-8``) is returned as is.
+    """
+    return instance_type.split("+", 1)[0]
+
+
 class GcpCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
     """Compute Engine adapter. Clients default to the REST transport of ``google-cloud-compute``
     (``api_endpoint`` for a fake/emulator, ``credentials`` else Application Default Credentials).
@@ -353,7 +363,7 @@ class GcpCompute(Compute, SupportsQuotaPreflight, SupportsSweep):
                  compute_v1.Items(key=TAGS_METADATA_KEY, value=json.dumps(req.tags, sort_keys=True))]
         inst = compute_v1.Instance(
             name=instance_name(req.token),
-            machine_type=f"zones/{req.zone}/machineTypes/{req.instance_type}",
+            machine_type=f"zones/{req.zone}/machineTypes/{machine_type_of(req.instance_type)}",
             labels={label_key(k): label_value(v) for k, v in req.tags.items()},
             metadata=compute_v1.Metadata(items=items),
             scheduling=sched, disks=[disk], network_interfaces=[nic], guest_accelerators=accels)

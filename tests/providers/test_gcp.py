@@ -84,6 +84,15 @@ def test_launch_spot_n1_t4_creates_labelled_instance(gcp, fake):
     assert posts == [{"requestId": as_uuid(r.token)}]
 
 
+def test_launch_catalog_n1_offer_name_sends_the_host_machine_type(gcp, fake):
+    # the bundled catalog names n1 hosts with attached GPUs "<host>+<GPU>x<count>": GCE gets the host
+    info = gcp.launch(req(itype="n1-highmem-8+T4x1", gpu="T4", n=1))
+    assert fake.insert_bodies[0]["machineType"] == f"zones/{ZA}/machineTypes/n1-highmem-8"
+    assert info.instance_type == "n1-highmem-8"
+    acc = fake.instance(ZA, info.instance_id)["guestAccelerators"]
+    assert acc[0]["acceleratorCount"] == 1 and acc[0]["acceleratorType"].endswith("/nvidia-tesla-t4")
+
+
 def test_launch_on_demand_builtin_gpu_has_no_accelerators(gcp, fake):
     r = req(itype="a2-highgpu-1g", market="on_demand", gpu="A100")
     info = gcp.launch(r)
