@@ -1,0 +1,88 @@
+"""Prometheus metrics of the broker, read from the store at each scrape (``GET /metrics``).
+
+The numbers live in the database, not in process counters, so every API process answers the same and a
+restart loses nothing. :func:`render_metrics` builds a registry with one :class:`StoreCollector` and
+returns the text exposition format. The metric names (all ``fedbroker_``-prefixed) are :data:`METRIC_NAMES`;
+``deploy/grafana/fedbroker.json`` reads only these (a test checks it). Cost, kWh and kgCO2e per team come
+with the usage ledger (issue 12).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from broker.service.store import metrics as rows
+from broker.service.store.core import JobStore
+
+__all__ = ["StoreCollector", "render_metrics", "METRIC_NAMES", "WAIT_BUCKETS_S", "CONTENT_TYPE"]
+
+#: the exposition format's content type
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: upper bounds of the wait histogram's buckets, seconds (1 min ... 1 day; the deadlines' scale)
+WAIT_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
+#: every metric this module exposes
+METRIC_NAMES = ("fedbroker_jobs", "fedbroker_queue_depth", "fedbroker_cloud_instances",
+                "fedbroker_attempt_gpu_hours", "fedbroker_job_wait_seconds")
+
+
+class StoreCollector(Collector):
+    """Collects :data:`METRIC_NAMES` from ``store`` at ``now`` (UTC), for one ``team`` or for all (None)."""
+
+    def __init__(self, store: JobStore, team: str | None, now: datetime):
+        self.store, self.team, self.now = store, team, now
+
+    def collect(self) -> Iterator[Metric]:
+        """One read transaction; the families in :data:`METRIC_NAMES` order."""
+        with self.store.session() as s:
+            states = rows.job_state_counts(s, self.team)
+            queued = rows.queue_depth(s, self.team)
+            instances = rows.cloud_instance_counts(s, self.team)
+            held = rows.attempt_gpu_seconds(s, self.team, self.now)
+            waits = rows.first_waits(s, self.team)
+        jobs = GaugeMetricFamily("fedbroker_jobs", "Jobs on record by team and state.", labels=["team", "state"])
+        for t, st, n in states:
+            jobs.add_metric([t, st], n)
+        yield jobs
+        depth = GaugeMetricFamily("fedbroker_queue_depth", "Queued jobs by team and committed pool ('' = not yet "
+                                  "committed to a pool).", labels=["team", "pool"])
+        for t, p, n in queued:
+            depth.add_metric([t, p], n)
+        yield depth
+        inst = GaugeMetricFamily("fedbroker_cloud_instances", "Cloud instance records by provider and state.",
+                                 labels=["provider", "state"])
+        for pr, st, n in instances:
+            inst.add_metric([pr, st], n)
+        yield inst
+        gh = GaugeMetricFamily("fedbroker_attempt_gpu_hours", "GPU-hours held by attempts on record (running ones "
+                               "up to now), by team, kind (onprem/cloud) and place (pool or provider).",
+                               labels=["team", "kind", "place"])
+        for t, k, p, sec in held:
+            gh.add_metric([t, k, p], sec / 3600.0)
+        yield gh
+        hist = HistogramMetricFamily("fedbroker_job_wait_seconds", "Seconds from submission to the start of "
+                                     "the current run, jobs on record that started, by team.", labels=["team"])
+        by_team: dict[str, list[float]] = {}
+        for t, w in waits:
+            by_team.setdefault(t, []).append(w)
+        for t, ws in sorted(by_team.items()):
+            buckets = [(_le(b), float(sum(w <= b for w in ws))) for b in WAIT_BUCKETS_S]
+            buckets.append(("+Inf", float(len(ws))))
+            hist.add_metric([t], buckets, sum_value=sum(ws))
+        yield hist
+
+
+def _le(bound_s: float) -> str:
+    return floatToGoString(bound_s)  # "60.0", as prometheus_client writes its own histograms' bounds
+
+
+def render_metrics(store: JobStore, team: str | None, now: datetime) -> bytes:
+    """The text exposition of :class:`StoreCollector` for ``team`` (None: every team), UTF-8 bytes."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store, team, now))
+    return generate_latest(registry)
