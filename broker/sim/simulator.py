@@ -10,7 +10,8 @@ Model (all times POSIX seconds, UTC):
   finish, spot interruption, wake-up (a deferred start or a queue review),
   and the start of a signal hour while a job waits undecided (a policy with
   cloud offers left it without a decision, e.g. no offer available: prices,
-  carbon and spot capacity change on the hour, so it is looked at again then).
+  carbon and spot capacity change on the hour, so it is looked at again then,
+  hour after hour while other events remain or its deadline is ahead).
 * **Planner cycles** run like the live broker's beat tick: events are
   coalesced to the next multiple of ``tick_s`` (default
   :data:`broker.model.PLAN_INTERVAL_S`, the live beat's 2 s; ``fedbroker
@@ -438,7 +439,7 @@ class Simulator:
                 last_t = now
                 continue
             freed = False
-            ledger.advance(now)  # fair-share usage decays continuously (exactly: a product of exponentials)
+            ledger.advance(now)  # fair-share usage decays continuously (one factor per planned instant)
             avail = self.spot.available(now) if self.offers else None
             snap = Snapshot(now_s=now, pending=list(pending.values()), free=self.free,
                             running=list(running.values()), offer_available=avail, team_usage=usage,
@@ -540,7 +541,9 @@ class Simulator:
                 enqueue(pj)
                 if hourly and pj.committed_pool is None:
                     undecided.add(jid)
-            if undecided and next_hour <= now:
+            # while anything else can still happen, or an undecided job's deadline is ahead (a job no offer ever
+            # takes must not keep the run going forever: it ends unfinished)
+            if undecided and next_hour <= now and (heap or any(jobs[u].trace.deadline_s > now for u in undecided)):
                 next_hour = (math.floor(now / _SIGNAL_HOUR_S) + 1) * _SIGNAL_HOUR_S
                 heapq.heappush(heap, (next_hour, seq, _HOUR, "", 0))
                 seq += 1

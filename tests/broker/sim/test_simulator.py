@@ -287,3 +287,21 @@ def test_a_job_left_undecided_is_planned_again_at_the_next_signal_hour():
     assert rec.start_s == hour + 300.0 and rec.end_s == hour + 300.0 + H
     # a cycle at the arrival, then one per hour boundary up to and including the one that provisions
     assert run.metrics["planner_cycles"] == 1 + round((hour - math.floor(arrival / H) * H) / H)
+
+
+def test_a_job_no_offer_ever_takes_ends_unfinished_after_its_deadline():
+    from pricing.spot import SpotTrace
+
+    # as above, but the spot offer is never available: the job is looked at at its arrival (T0+30) and at every
+    # UTC hour up to the first one past its deadline (T0+5h+30): T0+1h ... T0+6h, 7 cycles; then the run ends
+    offer = make_offer("v100x8-spot").gpu("V100", 8).spot(0.0).price(8.0).build()
+    spot = SpotTrace(zone="r1a", accelerator="v100", campaign="test", gap_s=3600.0,
+                     availability=np.zeros(6, dtype=np.int8))
+    trace = make_trace(make_trace_job("big").at(T0 + 30).duration(H).gpus(8).deadline(T0 + 30 + 5 * H).build())
+    run = simulate(trace, [_pool()], [offer], SIGNALS, "federated", gpus=gpu_table(), spot_traces=[spot],
+                   config=SimulationConfig(tick_s=1.0))
+    (rec,) = run.jobs
+    assert rec.status == "unfinished" and rec.placement == ""
+    assert run.metrics["planner_cycles"] == 7
+    assert run.timeline_t_s.tolist() == [T0 + 30] + [T0 + k * H for k in range(1, 7)]
+    assert run.metrics["deadline_misses"] == 1
