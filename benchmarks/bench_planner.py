@@ -22,7 +22,12 @@ Inputs (all deterministic, seeded numpy):
   fraction into ``high`` priority (exercises the preemption path).
   ``--committed-frac`` makes a fraction "already waiting" for the on-prem pool
   from an earlier cycle (review time in the future); default 0: a cold queue
-  where every job is scored.
+  where every job is scored. By default they are passed in ``Snapshot.pending``
+  (the figures before issue 11 item 4 were measured so: the planner sorts them);
+  ``--queued`` passes them as the simulator and the live cycle do, in
+  ``Snapshot.queued`` groups (:func:`broker.planner.policy_base.queue_group`, in
+  submission order) with ``queued_demand``, so the planner merges the groups
+  lazily and walks the queue only as far as GPUs are free.
 * **Cycle instant**: 2023-10-02 15:00 UTC (a Monday mid-trace, inside the
   bundled 2023-2024 price/carbon coverage); horizon 48 h, slot 1 h (defaults).
 
@@ -61,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.model import Pool, PoolNode  # noqa: E402
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerConfig, PlannerContext, RunningJob, Snapshot  # noqa: E402
+from broker.planner.policy_base import queue_group  # noqa: E402
 from broker.planner.registry import POLICIES, plan  # noqa: E402
 from broker.sim.scenario import load_scenario  # noqa: E402
 from broker.sim.simulator import SpotModel  # noqa: E402
@@ -145,6 +151,24 @@ def make_pending(n: int, tr: TraceShapes, rng: np.random.Generator, max_age_h: f
                               gpus_per_node=int(tr.gpn[k]), nodes=int(tr.nodes[k]),
                               committed_pool=0 if c else None, review_s=float(review[i]) if c else 0.0))
     return out
+
+
+def queued_snapshot(snap: Snapshot, cfg: PlannerConfig) -> Snapshot:
+    """``snap`` with its committed jobs (a pool chosen, review later) moved from ``pending`` to ``queued``
+    groups (:func:`queue_group` under ``cfg``, submission order) and their ``queued_demand`` (GPUs,
+    GPU-seconds per pool), as the simulator and the live cycle pass a waiting queue."""
+    fresh, groups, demand = [], {}, {}
+    every = list(snap.pending) + [j for g in (snap.queued or {}).values() for j in g]
+    for j in sorted(every, key=lambda j: (j.submit_s, j.job_id)):
+        if j.committed_pool is None or j.review_s <= snap.now_s:
+            fresh.append(j)
+            continue
+        groups.setdefault(queue_group(j, cfg), []).append(j)
+        g, gs = demand.get(j.committed_pool, (0.0, 0.0))
+        demand[j.committed_pool] = (g + j.gpus, gs + j.gpus * j.work_s)
+    return Snapshot(now_s=snap.now_s, pending=fresh, free=snap.free, running=snap.running,
+                    offer_available=snap.offer_available, team_usage=snap.team_usage, queued=groups,
+                    queued_demand=demand)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -240,6 +264,9 @@ def main(argv=None) -> int:
     ap.add_argument("--high-frac", type=float, default=0.0, help="fraction of pending jobs at priority high")
     ap.add_argument("--committed-frac", type=float, default=0.0,
                     help="fraction of pending jobs already waiting for the on-prem pool")
+    ap.add_argument("--queued", action="store_true",
+                    help="pass the committed jobs in Snapshot.queued groups (as the simulator and the live cycle "
+                         "do) instead of in Snapshot.pending")
     ap.add_argument("--no-mem", action="store_true", help="skip the extra tracemalloc call")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one extra cold call per row with cProfile; print the top N "
@@ -274,6 +301,8 @@ def main(argv=None) -> int:
                             team_usage=usage)
             for pol in policies:
                 cfg = PlannerConfig(policy=pol)
+                if args.queued:
+                    snap = queued_snapshot(snap, cfg)
                 offers = scen.offers if POLICIES[pol].uses_cloud else []  # as the simulator does
 
                 def make_ctx(cfg=cfg, offers=offers, pool=pool):
@@ -296,7 +325,8 @@ def main(argv=None) -> int:
           f"code {info['git_head']}{'+dirty' if info['src_dirty'] else ''} (src {info['src_sha256']}). "
           f"Cycle at {datetime.fromtimestamp(NOW_S, tz=timezone.utc):%Y-%m-%d %H:%M} UTC, horizon 48 h, "
           f"slot 1 h, {args.busy:.0%} of on-prem GPUs busy, "
-          f"{'warm' if args.warm else 'cold (fresh PlannerContext per repetition)'} caches.\n")
+          f"{'warm' if args.warm else 'cold (fresh PlannerContext per repetition)'} caches"
+          f"{'; committed jobs in Snapshot.queued groups (--queued)' if args.queued else ''}.\n")
     hdr = ("| policy | on-prem GPUs | pending | running | reps | median ms | p95 ms | ctx build ms "
            "| peak heap MiB | maxrss MiB | decisions | kinds |")
     print(hdr)

@@ -73,6 +73,10 @@ WEEK_S = 7 * 86400.0
 #: half-life of a team's decayed GPU-hour usage, the fair-share term of queue order, seconds (7 days; the live
 #: cycle and the simulator both decay with it)
 FAIR_SHARE_HALF_LIFE_S = WEEK_S
+#: seconds between the live broker's planning cycles (Celery beat's ``plan`` task: ``BrokerSettings.plan_interval_s``)
+#: and the simulator's default planning step (``SimulationConfig.tick_s``, ``fedbroker simulate --step``), so a
+#: simulation coalesces events as the live broker's beat does; 2 s
+PLAN_INTERVAL_S = 2.0
 #: checkpoint interval of a job spec that gives none, seconds (30 min): work since the last checkpoint is lost
 #: when an attempt is interrupted
 DEFAULT_CHECKPOINT_INTERVAL_S = 1800.0

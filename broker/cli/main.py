@@ -27,6 +27,7 @@ from typing import NamedTuple, Optional
 import typer
 
 from broker.cli.console import current_console, echo_json, fail
+from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
 from broker.planner.costs import score
 
@@ -78,8 +79,11 @@ def simulate(
     value_of_time: float = typer.Option(0.002, help="Value of waiting, USD per GPU-hour (normal priority)."),
     slack_factor: float = typer.Option(1.0, help="Deadline slack = max(slack_factor x duration, min_slack_h)."),
     min_slack_h: float = typer.Option(12.0, help="Minimum deadline slack, hours."),
-    step: float = typer.Option(60.0, help="Planning step, seconds: events are coalesced to the next multiple "
-                                          "of it and the planner runs once per step with news."),
+    step: float = typer.Option(PLAN_INTERVAL_S, help="Planning step, seconds: events (arrivals, completions, "
+                                                     "interruptions, reviews, wake-ups, the signal hour of an "
+                                                     "undecided job) are coalesced to the next multiple of it and "
+                                                     "the planner runs once per step with news, never between. "
+                                                     "Default: the live broker's beat interval (plan_interval_s)."),
     no_cloud: bool = typer.Option(False, "--no-cloud", help="No cloud offers: every policy places on-prem only."),
     market: str = typer.Option("any", help="Cloud offers of this market only: spot, on_demand or any."),
     bound: bool = typer.Option(False, "--bound", help="Also solve the LP lower bound (broker/sim/bound.py) and give "
@@ -216,8 +220,12 @@ def simulate(
         if miss:
             current_console().print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
                           "price/carbon data; their energy cost and carbon are not counted (see missing_signal_hours)")
-    meta = {"trace": trace, "jobs": len(tr.jobs), "trace_skipped": tr.skipped, "start": _iso(tr.jobs[0].submit_s),
-            "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"), "seed": seed,
+    meta = {"trace": trace, "jobs": len(tr.jobs), "jobs_limit": jobs, "trace_skipped": tr.skipped,
+            "start": _iso(tr.jobs[0].submit_s), "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"),
+            "seed": seed, "step_s": step, "market": market.strip().lower(), "no_cloud": no_cloud,
+            "carbon_price_usd_per_t": carbon_price, "value_of_time_usd_per_gpu_hour": value_of_time,
+            "slack_factor": slack_factor, "min_slack_h": min_slack_h, "policies": policies,
+            "sweep_carbon_price_usd_per_t": prices or None, "bound": bound,
             "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}

@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
+from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import PlannerConfig
 from providers.registry import PROVIDERS
 
@@ -431,7 +432,8 @@ class BrokerSettings(BaseSettings):
         aws, gcp: provider settings (:class:`AwsSettings`, :class:`GcpSettings`), from Terraform outputs
             (``fedbroker cloud settings-from-terraform``).
         cloud: how cloud instances are run and watched (:class:`CloudSettings`).
-        plan_interval_s: seconds between planning cycles (beat).
+        plan_interval_s: seconds between planning cycles (beat; default :data:`broker.model.PLAN_INTERVAL_S`, 2 s,
+            also the simulator's default step).
         reconcile_interval_s: seconds between reconciler passes (beat).
         heartbeat_interval_s: seconds between node-agent heartbeats.
         node_lost_after_s: a node silent this long is lost; its jobs are requeued.
@@ -490,7 +492,7 @@ class BrokerSettings(BaseSettings):
     aws: AwsSettings | None = None
     gcp: GcpSettings | None = None
     cloud: CloudSettings = Field(default_factory=CloudSettings)
-    plan_interval_s: float = Field(2.0, gt=0)
+    plan_interval_s: float = Field(PLAN_INTERVAL_S, gt=0)
     reconcile_interval_s: float = Field(5.0, gt=0)
     heartbeat_interval_s: float = Field(2.0, gt=0)
     node_lost_after_s: float = Field(30.0, gt=0)

@@ -7,11 +7,20 @@ offers and bundled grid signals under one policy and returns a
 Model (all times POSIX seconds, UTC):
 
 * **Events** (a heap of plain tuples): job arrival, on-prem finish, cloud
-  finish, spot interruption, wake-up (a deferred start or a queue review).
+  finish, spot interruption, wake-up (a deferred start or a queue review),
+  and the start of a signal hour while a job waits undecided (a policy with
+  cloud offers left it without a decision, e.g. no offer available: prices,
+  carbon and spot capacity change on the hour, so it is looked at again then,
+  hour after hour while other events remain or its deadline is ahead).
 * **Planner cycles** run like the live broker's beat tick: events are
-  coalesced to the next multiple of ``tick_s`` (default 60 s; ``fedbroker
+  coalesced to the next multiple of ``tick_s`` (default
+  :data:`broker.model.PLAN_INTERVAL_S`, the live beat's 2 s; ``fedbroker
   simulate --step``) and one ``plan()`` call decides for everything that
-  changed. Nothing runs when nothing happened.
+  changed: a job to decide (new, woken, requeued, due for review, undecided
+  at a new hour), or freed on-prem GPUs while jobs queue. Nothing runs
+  between events: the clock jumps from one event instant to the next, so an
+  idle span costs O(1) however long it is (the fair-share decay is applied
+  once, at the next planned instant).
 * **Offers**: none when the policy is on-prem only or ``cloud_enabled`` is off
   (``--no-cloud``); only those of ``SimulationConfig.market`` when it is set
   (``--market``).
@@ -57,7 +66,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from broker.model import FAIR_SHARE_HALF_LIFE_S, CloudOffer, DecisionKind, Market, Pool
+from broker.model import FAIR_SHARE_HALF_LIFE_S, PLAN_INTERVAL_S, CloudOffer, DecisionKind, Market, Pool
 from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob, Snapshot
 from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
 from broker.planner.fair_share import UsageLedger, reference_gpu_hours
@@ -69,7 +78,10 @@ from pricing.series import window_integral
 
 __all__ = ["SimulationConfig", "Simulator", "simulate", "SpotModel", "pending_job"]
 
-_ARRIVE, _FINISH, _CLOUD_FINISH, _INTERRUPT, _WAKE = 0, 1, 2, 3, 4
+_ARRIVE, _FINISH, _CLOUD_FINISH, _INTERRUPT, _WAKE, _HOUR = 0, 1, 2, 3, 4, 5
+#: length of a grid-signal interval (hourly prices and carbon), seconds: undecided jobs are looked at again
+#: at the next multiple of it (UTC hours)
+_SIGNAL_HOUR_S = 3600.0
 
 
 @dataclass
@@ -78,8 +90,8 @@ class SimulationConfig:
 
     Attributes:
         tick_s: planner cycle granularity, seconds (events are coalesced to the next
-            multiple of it; finite, > 0). The default, 60 s, is the step the demo figures
-            were measured with (the live broker's beat runs every ``plan_interval_s``, 2 s).
+            multiple of it; finite, > 0). Default :data:`broker.model.PLAN_INTERVAL_S` (2 s),
+            the live broker's beat interval (``BrokerSettings.plan_interval_s``).
         seed: phase of the spot traces per offer (deterministic).
         fair_share_half_life_s: half-life of the decayed team usage, seconds (7 days).
         max_cycles: safety stop (None: no limit).
@@ -89,7 +101,7 @@ class SimulationConfig:
         ValueError: ``tick_s`` is not a finite number > 0.
     """
 
-    tick_s: float = 60.0
+    tick_s: float = PLAN_INTERVAL_S
     seed: int = 0
     fair_share_half_life_s: float = FAIR_SHARE_HALF_LIFE_S
     max_cycles: int | None = None
@@ -257,7 +269,10 @@ class Simulator:
             key = queued_key.pop(jid, None)
             if key is None:
                 return None
-            pj = queued[key].pop(jid)
+            group = queued[key]
+            pj = group.pop(jid)
+            if not group:  # drop it: the snapshot and the planner's merge then see only live groups
+                del queued[key]
             if pj.committed_pool is not None:
                 acc = queued_demand[pj.committed_pool]
                 acc[0] -= pj.gpus
@@ -294,6 +309,11 @@ class Simulator:
         tick = cfg.tick_s
         waiting_onprem = 0
         freed = False
+        pool_index = {pl.name: i for i, pl in enumerate(self.pools)}
+        # jobs left without a decision by a policy with cloud offers, looked at again at the next signal hour
+        hourly = bool(self.offers)
+        undecided: set[str] = set()
+        next_hour = -math.inf  # instant of the pending _HOUR event (-inf: none)
 
         def account_onprem(st: _JobState, end: float) -> None:
             p, t = st.seg_pool, st.seg_type
@@ -371,6 +391,13 @@ class Simulator:
                     wait_span_s += self.capacity * dt
             while heap and heap[0][0] <= now:
                 t, _, kind, jid, token = heapq.heappop(heap)
+                if kind == _HOUR:
+                    for ujid in undecided:
+                        if ujid in queued_key:
+                            pending[ujid] = dequeue(ujid)
+                    undecided.clear()
+                    next_hour = -math.inf
+                    continue
                 st = jobs[jid]
                 if kind == _ARRIVE:
                     tj = st.trace
@@ -408,11 +435,11 @@ class Simulator:
                     elif jid not in pending and pj.earliest_s <= t and st.waiting_wake:
                         st.waiting_wake = False
                         pending[jid] = pj
-            ledger.advance(now)  # fair-share usage decays continuously
             if not pending and not (queued_key and freed):
                 last_t = now
                 continue
             freed = False
+            ledger.advance(now)  # fair-share usage decays continuously (one factor per planned instant)
             avail = self.spot.available(now) if self.offers else None
             snap = Snapshot(now_s=now, pending=list(pending.values()), free=self.free,
                             running=list(running.values()), offer_available=avail, team_usage=usage,
@@ -438,7 +465,7 @@ class Simulator:
                         requeue(vst, now, progress_done(vst, now, self.gpus.throughput[vst.seg_type]))
                     kind = DecisionKind.start
                 if kind == DecisionKind.start:
-                    p = next(i for i, pl in enumerate(self.pools) if pl.name == d.pool)
+                    p = pool_index[d.pool]
                     node0 = d.allocation[0][0]
                     gtype = self.pools[p].nodes[node0].gpu_type
                     runtime = pj.work_s / self.gpus.throughput[gtype]
@@ -493,7 +520,7 @@ class Simulator:
                     heapq.heappush(heap, (d.not_before, seq, _WAKE, d.job_id, st.attempt))
                     seq += 1
                 elif kind == DecisionKind.wait:
-                    p = next(i for i, pl in enumerate(self.pools) if pl.name == d.pool)
+                    p = pool_index[d.pool]
                     take(d.job_id)
                     pj.committed_pool = p
                     pj.review_s = d.not_before if d.not_before is not None else math.inf
@@ -512,6 +539,14 @@ class Simulator:
             for jid in list(pending):
                 pj = pending.pop(jid)
                 enqueue(pj)
+                if hourly and pj.committed_pool is None:
+                    undecided.add(jid)
+            # while anything else can still happen, or an undecided job's deadline is ahead (a job no offer ever
+            # takes must not keep the run going forever: it ends unfinished)
+            if undecided and next_hour <= now and (heap or any(jobs[u].trace.deadline_s > now for u in undecided)):
+                next_hour = (math.floor(now / _SIGNAL_HOUR_S) + 1) * _SIGNAL_HOUR_S
+                heapq.heappush(heap, (next_hour, seq, _HOUR, "", 0))
+                seq += 1
             waiting_onprem = len(queued_key)
             tl_t.append(now)
             tl_cost.append(m["cloud_cost"] + m["energy_cost"])

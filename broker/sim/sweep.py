@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Mapping, Sequence
 
-from broker.model import Market
+from broker.model import PLAN_INTERVAL_S, Market
 from broker.planner.core import PlannerConfig
 from broker.planner.registry import POLICIES
 from broker.sim.bound import BoundLP, FrontierPoint, policy_dollars_usd, policy_score_usd
@@ -56,7 +56,7 @@ class RunSpec:
     min_slack_s: float = 12 * 3600.0
     planner: dict = field(default_factory=dict)
     seed: int = 0
-    step_s: float = 60.0
+    step_s: float = PLAN_INTERVAL_S
     market: Market | None = None
     block_h: int = 1
 

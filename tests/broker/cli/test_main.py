@@ -304,8 +304,9 @@ def _job_rows(path):
     return list(csv.DictReader(path.open()))
 
 
-@pytest.mark.parametrize("step, start, wait", [(None, "2023-09-04T10:01:00+00:00", 30.0),
-                                               ("30", "2023-09-04T10:00:30+00:00", 0.0)])
+@pytest.mark.parametrize("step, start, wait", [(None, "2023-09-04T10:00:30+00:00", 0.0),
+                                               ("60", "2023-09-04T10:01:00+00:00", 30.0),
+                                               ("7", "2023-09-04T10:00:33+00:00", 3.0)])
 def test_simulate_one_job_csv_row_matches_the_run(run, tmp_path, step, start, wait):
     f = tmp_path / "one.csv"
     f.write_text(ONE_JOB)
@@ -314,7 +315,9 @@ def test_simulate_one_job_csv_row_matches_the_run(run, tmp_path, step, start, wa
     assert r.exit_code == 0, r.output
     m = json.loads((out / "results.json").read_text())["policies"]["fifo"]
     (row,) = _job_rows(out / "jobs-fifo.csv")
-    # the idle Toronto pool starts it at the first planning step at or after 10:00:30 (60 s default: 10:01:00)
+    # the idle Toronto pool starts it at the first planning step at or after 10:00:30: the default 2 s step (the
+    # live beat's) plans it at once (10:00:30 is POSIX 1693821630, even), 60 s at 10:01:00, 7 s at 10:00:33
+    # (1693821630 is 4 mod 7: the next multiple of 7 is 3 s later)
     assert (row["job_id"], row["team"], row["status"], row["placement"], row["market"]) == \
         ("g1", "vision", "completed", "toronto", "")
     assert (row["submit"], row["start"]) == ("2023-09-04T10:00:30+00:00", start)
@@ -354,3 +357,33 @@ def test_simulate_no_cloud_and_market_choose_the_offers(run, tmp_path, flags, ma
     if "--no-cloud" in flags:  # g2 waits for g1's node: 10:00:00 + 10 h
         assert (rows["g2"]["placement"], rows["g2"]["start"]) == ("tiny", "2023-09-04T20:00:00+00:00")
     assert sum(float(row["dollars_usd"]) for row in rows.values()) == pytest.approx(m["cost_usd"], rel=1e-12)
+
+
+def test_simulate_results_meta_records_what_reproduces_the_run(run, tmp_path):
+    f = tmp_path / "one.csv"
+    f.write_text(ONE_JOB)
+    out = tmp_path / "o"
+    r = run("simulate", "--trace", str(f), "--policy", "fifo,federated", "--out", str(out), "--step", "30",
+            "--market", "spot", "--no-cloud", "--seed", "5", "--carbon-price", "250", "--value-of-time", "0.01",
+            "--slack-factor", "2", "--min-slack-h", "6", "--jobs", "1")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert {k: meta[k] for k in ("trace", "jobs", "jobs_limit", "step_s", "market", "no_cloud", "seed",
+                                 "carbon_price_usd_per_t", "value_of_time_usd_per_gpu_hour", "slack_factor",
+                                 "min_slack_h", "policies", "sweep_carbon_price_usd_per_t", "bound")} == {
+        "trace": str(f), "jobs": 1, "jobs_limit": 1, "step_s": 30.0, "market": "spot", "no_cloud": True, "seed": 5,
+        "carbon_price_usd_per_t": 250.0, "value_of_time_usd_per_gpu_hour": 0.01, "slack_factor": 2.0,
+        "min_slack_h": 6.0, "policies": ["fifo", "federated"], "sweep_carbon_price_usd_per_t": None, "bound": False}
+    assert meta["planner"]["cloud_enabled"] is False and meta["planner"]["carbon_price_usd_per_tonne"] == 250.0
+    assert meta["start"] == "2023-09-04T10:00+00:00" and meta["cluster"] == "bundled default"
+
+
+def test_simulate_results_meta_default_step_is_the_live_beat_interval(run, tmp_path):
+    from broker.model import PLAN_INTERVAL_S
+
+    f = tmp_path / "one.csv"
+    f.write_text(ONE_JOB)
+    out = tmp_path / "o"
+    assert run("simulate", "--trace", str(f), "--policy", "fifo", "--out", str(out)).exit_code == 0
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert (meta["step_s"], meta["market"], meta["no_cloud"], meta["seed"]) == (PLAN_INTERVAL_S, "any", False, 0)

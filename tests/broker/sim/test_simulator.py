@@ -83,8 +83,8 @@ def test_cheapest_tiny_trace_with_one_offer_exact_metrics():
     trace = make_trace(make_trace_job("a").at(T0).duration(H).gpus(4).build(),
                        make_trace_job("b").at(T0 + 30).duration(H).gpus(4).build())
     m = _run(trace, "cheapest", [_cloud_offer()]).metrics
-    # a on-prem T0..T0+3600.  b: tick T0+60, pool full -> provision; boot 300 s; runs T0+360..T0+3960
-    # billed from the create call: 3900 s x 10 USD/h = 10.8333 USD
+    # a on-prem T0..T0+3600.  b: planned at T0+30 (a multiple of the default 2 s step), pool full -> provision;
+    # boot 300 s; runs T0+330..T0+3930; billed from the create call: 3900 s x 10 USD/h = 10.8333 USD
     assert m["cloud_jobs"] == 1
     assert m["cloud_cost_usd"] == approx(10.0 * 3900 / 3600)
     # on-prem a: 1.44 kWh x 40 USD/MWh = 0.0576 USD; 0.288 kg
@@ -93,9 +93,9 @@ def test_cheapest_tiny_trace_with_one_offer_exact_metrics():
     # cloud: 4 x 0.3 kW x 1.1 = 1.32 kW x 1 h = 1.32 kWh at 100 g/kWh -> 0.132 kg
     assert m["energy_kwh"] == approx(1.44 + 1.32)
     assert m["carbon_kg"] == approx(0.288 + 0.132)
-    # JCT: a 3600, b 3960 - 30 = 3930; waits 0 and 330 (boot counts as wait)
-    assert m["mean_jct_s"] == approx((3600 + 3930) / 2)
-    assert m["mean_wait_s"] == approx(330 / 2)
+    # JCT: a 3600, b 3930 - 30 = 3900; waits 0 and 300 (boot counts as wait)
+    assert m["mean_jct_s"] == approx((3600 + 3900) / 2)
+    assert m["mean_wait_s"] == approx(300 / 2)
     assert (m["jobs_completed"], m["deadline_misses"]) == (2, 0)
 
 
@@ -168,12 +168,13 @@ def _two_full_pool_jobs():
 def test_no_cloud_keeps_the_policy_on_prem(policy):
     from broker.planner.core import PlannerConfig
 
-    # b's deadline T0+5400 is met only in the cloud (ready T0+360, ends T0+3960): both policies burst it
+    # b's deadline T0+5400 is met only in the cloud (planned at T0+30 on the default 2 s step, ready T0+330,
+    # ends T0+3930): both policies burst it
     trace = make_trace(make_trace_job("a").at(T0).duration(H).gpus(4).build(),
                        make_trace_job("b").at(T0 + 30).duration(H).gpus(4).deadline(T0 + 5400).build())
     with_cloud = simulate(trace, [_pool()], [_cloud_offer()], SIGNALS, policy, gpus=gpu_table())
     assert [(j.placement, j.start_s, j.deadline_met) for j in with_cloud.jobs] == [
-        ("lab", T0, True), (_cloud_offer().offer_id, T0 + 360, True)]
+        ("lab", T0, True), (_cloud_offer().offer_id, T0 + 330, True)]
     run = simulate(trace, [_pool()], [_cloud_offer()], SIGNALS, policy, gpus=gpu_table(),
                    planner_config=PlannerConfig(cloud_enabled=False))
     # without offers b waits for a: T0+3600..T0+7200 on the pool, past its deadline
@@ -199,7 +200,7 @@ def test_market_keeps_only_offers_of_that_market(market, used, usd_per_hour):
     assert (a.placement, a.market) == ("lab", "")
     offer = next(o for o in offers if o.market.value == used)
     assert (b.placement, b.market) == (offer.offer_id, used)
-    # b: planned at T0+60, billed from the create call for 300 s boot + 3600 s run
+    # b: planned at T0+30 (default 2 s step), billed from the create call for 300 s boot + 3600 s run
     assert run.metrics["cloud_cost_usd"] == approx(usd_per_hour * 3900 / 3600)
 
 
@@ -211,8 +212,9 @@ def test_per_job_records_of_the_cloud_burst_case_by_hand():
     assert (a.start_s, a.end_s, a.wait_s, a.placement, a.market) == (T0, T0 + H, 0.0, "lab", "")
     assert (a.dollars_usd, a.amortised_usd) == (approx(0.0576), approx(2.0))
     assert (a.energy_kwh, a.carbon_kg) == (approx(1.44), approx(0.288))
-    # b cloud: create at T0+60, ready T0+360, ends T0+3960; 3900 s x 10 USD/h; 1.32 kWh at 100 g/kWh
-    assert (b.start_s, b.end_s, b.wait_s) == (T0 + 360, T0 + 3960, 330.0)
+    # b cloud: create at T0+30 (default 2 s step), ready T0+330, ends T0+3930; 3900 s x 10 USD/h; 1.32 kWh at
+    # 100 g/kWh
+    assert (b.start_s, b.end_s, b.wait_s) == (T0 + 330, T0 + 3930, 300.0)
     assert (b.placement, b.market) == (_cloud_offer().offer_id, "on_demand")
     assert (b.dollars_usd, b.amortised_usd) == (approx(10.0 * 3900 / 3600), 0.0)
     assert (b.energy_kwh, b.carbon_kg) == (approx(1.32), approx(0.132))
@@ -237,3 +239,69 @@ def test_per_job_records_of_rejected_and_late_jobs():
     assert (rec["c"].energy_kwh, rec["c"].dollars_usd, rec["c"].amortised_usd) == (approx(0.36), approx(-0.0072),
                                                                                   approx(0.5))
     assert sum(j.dollars_usd for j in run.jobs) == approx(run.metrics["cost_usd"])
+
+
+# --------------------------------------------------------------------------- event-driven planning
+def test_default_step_is_the_live_beat_interval():
+    from broker.model import PLAN_INTERVAL_S
+    from broker.service.settings import BrokerSettings
+
+    assert PLAN_INTERVAL_S == 2.0
+    assert SimulationConfig().tick_s == PLAN_INTERVAL_S == BrokerSettings.model_fields["plan_interval_s"].default
+
+
+@pytest.mark.parametrize("gap_days", [0.5, 40.0, 300.0])
+def test_idle_spans_cost_no_cycle(gap_days):
+    # two jobs gap_days apart on a free pool, 1 s step: one planner cycle per arrival and none in between, however
+    # long the idle span (the clock jumps from event to event); finishes with an empty queue plan nothing
+    trace = make_trace(make_trace_job("a").at(T0).duration(H).gpus(4).build(),
+                       make_trace_job("b").at(T0 + gap_days * 86400).duration(H).gpus(4).build())
+    run = simulate(trace, [_pool()], [], SIGNALS, "fifo", gpus=gpu_table(), config=SimulationConfig(tick_s=1.0))
+    assert run.metrics["planner_cycles"] == 2
+    assert run.timeline_t_s.tolist() == [T0, T0 + gap_days * 86400]
+    assert [j.start_s for j in run.jobs] == [T0, T0 + gap_days * 86400]
+
+
+def test_a_job_left_undecided_is_planned_again_at_the_next_signal_hour():
+    from pricing.spot import SpotTrace
+
+    from broker.sim.simulator import SpotModel
+
+    # 8 GPUs on one node: the 4-GPU pool can never hold it, only the 8-GPU spot offer can.  The offer's spot
+    # trace (hourly ticks, 6-h period) is available 2 h of 6; at the arrival it is not, so federated leaves the job
+    # undecided ("no decision this cycle").  The simulator plans it again at each following UTC hour until the
+    # offer is available, then it provisions: ready 300 s (the offer's boot) after that hour.
+    offer = make_offer("v100x8-spot").gpu("V100", 8).spot(0.0).price(8.0).build()
+    spot = SpotTrace(zone="r1a", accelerator="v100", campaign="test", gap_s=3600.0,
+                     availability=np.array([0, 0, 0, 0, 1, 1], dtype=np.int8))
+    sm = SpotModel([offer], [spot], seed=0)
+    arrival = next(t for t in T0 + 60.0 * np.arange(6 * 60) if not sm.available(t)[0])
+    hour = next(h for h in H * (np.floor(arrival / H) + 1 + np.arange(12)) if sm.available(h)[0])
+    assert H < hour - arrival < 5 * H  # the hand-made trace makes it wait past at least one hour boundary
+    trace = make_trace(make_trace_job("big").at(float(arrival)).duration(H).gpus(8)
+                       .deadline(float(arrival) + 24 * H).build())
+    run = simulate(trace, [_pool()], [offer], SIGNALS, "federated", gpus=gpu_table(), spot_traces=[spot],
+                   config=SimulationConfig(tick_s=1.0))
+    (rec,) = run.jobs
+    assert (rec.status, rec.placement, rec.market) == ("completed", offer.offer_id, "spot")
+    assert rec.start_s == hour + 300.0 and rec.end_s == hour + 300.0 + H
+    # a cycle at the arrival, then one per hour boundary up to and including the one that provisions
+    assert run.metrics["planner_cycles"] == 1 + round((hour - math.floor(arrival / H) * H) / H)
+
+
+def test_a_job_no_offer_ever_takes_ends_unfinished_after_its_deadline():
+    from pricing.spot import SpotTrace
+
+    # as above, but the spot offer is never available: the job is looked at at its arrival (T0+30) and at every
+    # UTC hour up to the first one past its deadline (T0+5h+30): T0+1h ... T0+6h, 7 cycles; then the run ends
+    offer = make_offer("v100x8-spot").gpu("V100", 8).spot(0.0).price(8.0).build()
+    spot = SpotTrace(zone="r1a", accelerator="v100", campaign="test", gap_s=3600.0,
+                     availability=np.zeros(6, dtype=np.int8))
+    trace = make_trace(make_trace_job("big").at(T0 + 30).duration(H).gpus(8).deadline(T0 + 30 + 5 * H).build())
+    run = simulate(trace, [_pool()], [offer], SIGNALS, "federated", gpus=gpu_table(), spot_traces=[spot],
+                   config=SimulationConfig(tick_s=1.0))
+    (rec,) = run.jobs
+    assert rec.status == "unfinished" and rec.placement == ""
+    assert run.metrics["planner_cycles"] == 7
+    assert run.timeline_t_s.tolist() == [T0 + 30] + [T0 + k * H for k in range(1, 7)]
+    assert run.metrics["deadline_misses"] == 1
