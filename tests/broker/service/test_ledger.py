@@ -91,6 +91,11 @@ def spec(nodes=1, gpus=1, gpu="V100") -> JobSpec:
                    estimated_duration_s=3600, checkpoint_interval_s=600)
 
 
+def iid(jid: str, attempt: int, rank: int) -> str:
+    """The provider instance id the tests give rank ``rank`` of attempt ``attempt`` of ``jid``."""
+    return f"i-{jid}-{attempt}-{rank}"
+
+
 def _to_starting_cloud(store: JobStore, jid: str, offer: CloudOffer, attempt: int, created: datetime, nodes: int):
     with store.session() as s:
         j = s.get(Job, jid)
@@ -99,7 +104,7 @@ def _to_starting_cloud(store: JobStore, jid: str, offer: CloudOffer, attempt: in
                      "gpu_type": offer.gpu_type}
         assert JobStore.cas(s, jid, j.version, "queued", "provisioning", "test", created, attempt=attempt,
                             placement=placement)
-        parts = [{"rank": r, "instance_id": f"i-{attempt}-{r}", "node": f"{offer.provider}/i-{attempt}-{r}"}
+        parts = [{"rank": r, "instance_id": iid(jid, attempt, r), "node": f"{offer.provider}/i-{attempt}-{r}"}
                  for r in range(nodes)]
         s.add(Attempt(job_id=jid, number=attempt, kind="cloud", pool=None, offer_id=offer.offer_id, nodes=parts,
                       gpu_type=offer.gpu_type, gpus=nodes * offer.gpu_count, created_at=created, rank_exits={},
@@ -108,7 +113,7 @@ def _to_starting_cloud(store: JobStore, jid: str, offer: CloudOffer, attempt: in
             s.add(CloudInstance(job_id=jid, attempt=attempt, rank=r, offer_id=offer.offer_id, provider=offer.provider,
                                 region=offer.region, zone=offer.zone, instance_type=offer.instance_type,
                                 market=offer.market.value, idempotency_token=uuid.uuid4().hex, state="running",
-                                provider_instance_id=f"i-{attempt}-{r}", created_at=created, updated_at=created,
+                                provider_instance_id=iid(jid, attempt, r), created_at=created, updated_at=created,
                                 history=[]))
         s.flush()
         s.refresh(j)
@@ -172,7 +177,7 @@ def test_a_45_second_aws_job_is_billed_60_seconds(any_store):
         "succeeded"]
     [r] = records(any_store, jid)
     assert (r.line, r.resource, r.provider, r.zone, r.instance_type, r.market, r.team) == (
-        "instance", "i-1-0", "aws", "use1-az6", "p3.2xlarge", "on_demand", "ml")
+        "instance", iid(jid, 1, 0), "aws", "use1-az6", "p3.2xlarge", "on_demand", "ml")
     assert (r.start, r.end, r.run_s, r.billed_s) == (t0, t0 + timedelta(seconds=45), 45.0, 60.0)
     # 3.06 USD/h x 60 s / 3600 = 0.051 USD
     assert r.list_usd_per_hour == 3.06 and r.billed_usd == pytest.approx(0.051, abs=1e-12)
@@ -191,7 +196,7 @@ def test_a_two_node_gcp_spot_job_across_an_hour_boundary(any_store):
         "rank done", "succeeded"]
     rs = records(any_store, jid)
     assert [(r.rank, r.resource, r.market, r.run_s, r.billed_s) for r in rs] == [
-        (0, "i-1-0", "spot", 1800.0, 1800.0), (1, "i-1-1", "spot", 1800.0, 1800.0)]
+        (0, iid(jid, 1, 0), "spot", 1800.0, 1800.0), (1, iid(jid, 1, 1), "spot", 1800.0, 1800.0)]
     # each: 1.2 USD/h x 0.5 h = 0.60 USD; the gang 1.20 USD
     assert [r.billed_usd for r in rs] == pytest.approx([0.6, 0.6], abs=1e-12)
     # modelled A100 365 W x PUE 1.1 = 0.4015 kW; 0.20075 kWh each
@@ -227,7 +232,7 @@ def test_a_spot_attempt_interrupted_and_resumed_meters_both_attempts_once(any_st
     rs = records(any_store, jid)
     # attempt 1: 1200 s x 0.9 USD/h = 0.30 USD; attempt 2: 900 s = 0.225 USD
     assert [(r.attempt, r.resource, r.run_s, r.billed_usd) for r in rs] == [
-        (1, "i-1-0", 1200.0, pytest.approx(0.3)), (2, "i-2-0", 900.0, pytest.approx(0.225))]
+        (1, iid(jid, 1, 0), 1200.0, pytest.approx(0.3)), (2, iid(jid, 2, 0), 900.0, pytest.approx(0.225))]
     assert rs[0].end <= rs[1].start  # nothing metered twice
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(UsageRow)) == 2
