@@ -12,18 +12,20 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from broker.model import CloudOffer, JobSpec, Market, Pool, PoolNode
 from broker.service import ledger, lifecycle
 from broker.service.lifecycle import Place
 from broker.service.store import attempts as repo
 from broker.service.store import usage
-from broker.service.store.core import JobStore
+from broker.service.store.core import JobNotFound, JobStore
 from broker.service.store.tables import Attempt, CloudInstance, Job, Node, UsageRow
 from broker.usage import UsageError, UsageRecord
 from pricing.billing import BILLING_RULES, billed_seconds
 from pricing.series import HourlySeries
+from tests.broker.service import test_cloud as tc
+from tests.broker.service.test_cloud import net, settings  # noqa: F401 (fixtures: moto EC2 and its settings)
 
 UTC = timezone.utc
 DAY0 = datetime(2024, 3, 5, tzinfo=UTC)
@@ -434,3 +436,41 @@ def test_an_offer_or_pool_missing_from_the_prices_is_flagged_not_zero(any_store)
     [r] = records(any_store, jid)
     assert (r.billed_usd, r.energy_kwh, r.carbon_kg, r.billed_s) == (None, None, None, 60.0)
     assert r.estimated and "not in the price catalog" in r.estimate_reasons[-1]
+
+
+# ----------------------------------------------------------------------------- the real report path
+
+def test_replaying_the_same_instance_report_twice_meters_once(pg_store, settings):
+    """Through the instance report API on moto EC2: the exited report sent twice (same ``seq``), then again
+    with a fresh ``seq`` after the attempt ended, leaves one usage line per instance."""
+    offers = tc.OFFERS
+    install(offers=offers, carbon={"US-MIDA-PJM": hourly("US-MIDA-PJM", "gCO2e/kWh", {}, 400.0, hours=24 * 3650,
+                                                         start=datetime(2020, 1, 1, tzinfo=UTC))})
+    cb = tc.CloudBroker(pg_store, settings, offers=offers, computes={"aws": tc.adapter(settings)})
+    jid = tc.place(pg_store, tc.spec(nodes=1), offers[0])
+    cb.provision(jid, 1)
+    api, token = tc._api(pg_store, settings, cb), cb.token(jid, 1, 0)
+    assert tc._report(api, token, job_id=jid, attempt=1, rank=0, event="running", seq=1).json() == {"outcome": "running"}
+    exited = dict(job_id=jid, attempt=1, rank=0, event="exited", exit_code=0, seq=2)
+    assert tc._report(api, token, **exited).json() == {"outcome": "succeeded"}
+    assert tc._report(api, token, **exited).json() == {"outcome": "duplicate"}
+    assert tc._report(api, token, **{**exited, "seq": 3}).status_code == 200  # taken, the attempt has ended
+    [r] = records(pg_store, jid)
+    assert (r.line, r.provider, r.market, r.billed_s >= 60.0, r.list_usd_per_hour) == ("instance", "aws", "spot",
+                                                                                      True, 0.9)
+    with pg_store.session() as s:
+        assert s.scalar(select(func.count()).select_from(UsageRow)) == 1
+
+
+def test_the_ledger_outlives_the_retention_purge_of_its_job(any_store):
+    t0 = DAY0 + timedelta(hours=9)
+    jid = cloud_job(any_store, AWS_OD, t0)
+    run_ranks(any_store, jid, 1, t0, [(0, 0, t0 + timedelta(seconds=45))])
+    with any_store.session() as s:
+        s.execute(update(Job).where(Job.id == jid).values(finished_at=t0))
+    with any_store.session() as s:
+        gone = repo.purge_finished(s, ["succeeded"], t0 + timedelta(days=1), 10, ["intent"])
+    assert gone["jobs"] == 1
+    with pytest.raises(JobNotFound):
+        any_store.get(jid)
+    assert [r.job_id for r in records(any_store, jid)] == [jid]  # finance keeps the record
