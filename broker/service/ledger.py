@@ -16,7 +16,8 @@ What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules
   kgCO2e at the region's hourly carbon intensity.
 * **on-prem**, per rank (one node's GPUs), from the attempt's start to its end: ``line="energy"``: the
   GPUs' NVML total-energy counters (read at the start by :func:`snapshot_counters`, at the end from the
-  node's last heartbeat), scaled to the attempt's window when the readings' window differs (flagged), x
+  node's last heartbeat): their mean power over the attempt's window (flagged when the readings' window
+  differs from the run by more than 5 %, or 1 s, whichever is more), x
   the pool's PUE, priced at the pool's price zone's hourly tariff and carbon
   (:func:`~broker.planner.costs.onprem_cost` with the counter's mean power); where a GPU has no counter,
   the mean of its sampled power at the two readings (flagged), else the modelled power (flagged);
@@ -56,6 +57,11 @@ __all__ = ["FILL_HOURS", "LedgerPrices", "install", "configure", "prices", "snap
 #: a missing hour of a price or carbon series is filled from a neighbouring hour at most this many hours away
 FILL_HOURS = 3
 _H = 3600.0
+#: counter readings come with the agents' heartbeats, not exactly at the run's start and end: the counter's mean
+#: power is applied to the run, and the line is flagged an estimate when the readings' window differs from the
+#: run by more than this share of the run (or :data:`_COUNTER_SLACK_S`, whichever is more)
+_COUNTER_SLACK = 0.05
+_COUNTER_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -201,7 +207,7 @@ def _rank_power_kw(start_rd: dict | None, end_rd: dict | None, gpus: list[int], 
         ea, eb = a.get("energy_mj"), b.get("energy_mj")
         if ea is not None and eb is not None and t0 is not None and t1 is not None and t1 > t0 and eb >= ea:
             kw += (eb - ea) / 1000.0 / (t1 - t0) / 1000.0  # mJ -> J, / s -> W, -> kW
-            if abs((t1 - t0) - run_s) > 1.0:
+            if abs((t1 - t0) - run_s) > max(_COUNTER_SLACK_S, _COUNTER_SLACK * run_s):
                 reasons.append(f"GPU {g}: counter read over {t1 - t0:.0f} s of the {run_s:.0f}-s run; "
                                "scaled to the run")
             continue

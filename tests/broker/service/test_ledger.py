@@ -474,3 +474,69 @@ def test_the_ledger_outlives_the_retention_purge_of_its_job(any_store):
     with pytest.raises(JobNotFound):
         any_store.get(jid)
     assert [r.job_id for r in records(any_store, jid)] == [jid]  # finance keeps the record
+
+
+def test_an_onprem_attempt_through_the_node_api_is_metered_from_the_agents_energy_counters(pg_store):
+    """The node agent's path: heartbeats carrying NVML counters, ``running``, a later heartbeat, ``ended``: the
+    energy line comes from the counters (not flagged), priced with the live broker's own prices (the bundled
+    cluster's pool ``local``, replayed tariff and carbon)."""
+    import time
+
+    from fastapi.testclient import TestClient
+
+    from broker.service.api import create_app
+    from broker.service.cycle import PlanningCycle
+    from broker.service.live import LiveEnvironment
+    from broker.service.settings import BrokerSettings
+    from broker.service.tokens import create_node_token
+
+    ledger.install(None)  # the process's own prices, as the live broker has them
+    settings = BrokerSettings(admin_token="admin-secret-for-tests", max_attempts=3)
+    c = TestClient(create_app(pg_store, settings))
+    tok = {"Authorization": f"Bearer {create_node_token(pg_store, 'n2')}"}
+
+    def heartbeat(mj: int) -> None:
+        tel = {"backend": "fake", "gpus": [{"index": 0, "energy_mj": mj, "power_w": 250.0}]}
+        body = {"pool": "local", "gpu_type": "V100", "gpu_count": 1, "gpu_memory_gb": 16.0, "healthy_gpus": [0],
+                "agent_id": "a", "telemetry": tel}
+        assert c.post("/v1/node/heartbeat", json=body, headers=tok).status_code == 200
+
+    t0 = time.monotonic()
+    counter = lambda: 1_000_000 + round(250 * (time.monotonic() - t0) * 1000)  # noqa: E731  250 W, in mJ
+    heartbeat(counter())
+    jid = pg_store.submit("ml", JobSpec(command=["true"], estimated_duration_s=60.0))[0].id
+    PlanningCycle(pg_store, LiveEnvironment(settings.planner), settings).run()
+    heartbeat(counter())  # the agent's next heartbeat, just before it starts the job
+    base = f"/v1/node/attempts/{jid}/1/0"
+    assert c.post(f"{base}/running", headers=tok).json() == {"changed": True}
+    t = time.monotonic()
+    time.sleep(1.5)
+    heartbeat(counter())
+    assert c.post(f"{base}/ended", json={"exit_code": 0}, headers=tok).json()["recorded"] is True
+    elapsed = time.monotonic() - t
+    amortised, energy = sorted(records(pg_store, jid), key=lambda r: r.line)
+    assert (energy.pool, energy.gpu_count, energy.resource) == ("local", 1, "n2")
+    # 250 W x the run (~1.5 s) x PUE 1.3 (broker/data/local_cluster.yaml)
+    assert energy.energy_kwh == pytest.approx(0.250 * 1.3 * energy.run_s / 3600, rel=0.05)
+    assert energy.run_s == pytest.approx(elapsed, abs=0.5)
+    assert not energy.estimated, energy.estimate_reasons
+    assert energy.billed_usd is not None and energy.carbon_kg is not None and energy.carbon_kg > 0
+    assert amortised.billed_usd == pytest.approx(0.55 * energy.run_s / 3600)  # $0.55/GPU-h
+
+
+def test_counter_readings_far_from_the_runs_edges_give_the_mean_power_over_the_run_flagged(any_store):
+    t_read, t0, t1 = (DAY0 + timedelta(hours=14), DAY0 + timedelta(hours=14, minutes=30),
+                      DAY0 + timedelta(hours=15, minutes=30))
+    with any_store.session() as s:  # the last heartbeat before the start was 30 min earlier
+        _node(s, "n1", "site", t_read, [0, 0, 0, 0], [200.0] * 4)
+    jid = onprem_job(any_store, "site", "n1", [0], t0)
+    with any_store.session() as s:
+        assert lifecycle.mark_running(s, s.get(Job, jid), repo.attempt_row(s, jid, 1), t0, "running")
+        _node(s, "n1", "site", t1, [1_080_000_000, 0, 0, 0], [200.0] * 4)  # 1080 kJ over 5400 s: 200 W
+    run_ranks(any_store, jid, 1, t0, [(0, 0, t1)], cloud=False)
+    _, energy = sorted(records(any_store, jid), key=lambda r: r.line)
+    # 200 W x 1 h x PUE 1.2 = 0.24 kWh (not the 0.36 kWh the counter moved since the earlier reading);
+    # tariff 30 min at 100 + 30 min at 300 USD/MWh: 0.24 kW x 200 / 1000 = 0.048 USD
+    assert energy.energy_kwh == pytest.approx(0.24) and energy.billed_usd == pytest.approx(0.048)
+    assert energy.estimated and energy.estimate_reasons == (
+        "GPU 0: counter read over 5400 s of the 3600-s run; scaled to the run",)
