@@ -262,7 +262,8 @@ def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Usa
         why += _unreported(att, row.rank)
         billed = billed_seconds(row.provider, run_s)
         gpu_type = offer.gpu_type if offer else (att.gpu_type or "unknown")
-        gpu_count = offer.gpu_count if offer else max(1, att.gpus // max(1, len(att.nodes or []) or 1))
+        ranks = max(1, len(att.nodes or []))
+        gpu_count = offer.gpu_count if offer else max(1, att.gpus // ranks)  # unknown offer: the attempt's share
         if offer is None:
             usd = energy = carbon = price = None
             why.append(f"offer {row.offer_id!r} not in the price catalog: no price, power or carbon zone")

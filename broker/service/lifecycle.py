@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, JobSpec
+from broker.service import ledger
 from broker.service.store import attempts as repo
+from broker.service.store import usage
 from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, Job
 from broker.states import JobState
@@ -111,9 +113,6 @@ def record_usage(s, att: Attempt, now: datetime) -> int:
     (:func:`broker.service.ledger.meter_attempt`: one per cloud instance, or an energy and an amortised line
     per on-prem rank) at this process's prices (:func:`broker.service.ledger.prices`), skipping any already
     written (:func:`broker.service.store.usage.add_usage`). Returns how many were written."""
-    from broker.service import ledger
-    from broker.service.store import usage
-
     job = repo.job_row(s, att.job_id)
     return usage.add_usage(s, ledger.meter_attempt(s, att, job, now, ledger.prices()), now)
 
@@ -180,9 +179,7 @@ def mark_running(s, j: Job, att: Attempt | None, now: datetime, reason: str) -> 
     repo.reload(s, j)
     if att is not None and att.started_at is None:
         att.started_at = now
-        from broker.service.ledger import snapshot_counters
-
-        snapshot_counters(s, att, now)  # the energy counters at the start of the attempt's energy line
+        ledger.snapshot_counters(s, att, now)  # the energy counters at the start of the attempt's energy line
     return True
 
 

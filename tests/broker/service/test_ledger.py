@@ -22,7 +22,6 @@ from broker.service.store import usage
 from broker.service.store.core import JobNotFound, JobStore
 from broker.service.store.tables import Attempt, CloudInstance, Job, Node, UsageRow
 from broker.usage import UsageError, UsageRecord
-from pricing.billing import BILLING_RULES, billed_seconds
 from pricing.series import HourlySeries
 from tests.broker.service import test_cloud as tc
 from tests.broker.service.test_cloud import net, settings  # noqa: F401 (fixtures: moto EC2 and its settings)
@@ -152,22 +151,6 @@ def run_ranks(store: JobStore, jid: str, attempt: int, started: datetime, ends: 
 def records(store: JobStore, jid: str) -> list[UsageRecord]:
     with store.session() as s:
         return usage.usage_rows(s, jid)
-
-
-# ----------------------------------------------------------------------------- billing rules
-
-def test_billing_rules_name_their_source_and_round_as_documented():
-    assert {p: (r.min_billed_s, r.increment_s) for p, r in BILLING_RULES.items()} == {
-        "aws": (60.0, 1.0), "gcp": (60.0, 1.0), "onprem": (0.0, 1.0)}
-    assert all(r.source for r in BILLING_RULES.values())
-    assert billed_seconds("aws", 45) == 60.0
-    assert billed_seconds("gcp", 61.2) == 62.0
-    assert billed_seconds("aws", 120.0000001) == 120.0  # float noise of datetime arithmetic is not a new second
-    assert billed_seconds("onprem", 45) == 45.0
-    with pytest.raises(ValueError, match=r"provider='azure': no billing rule"):
-        billed_seconds("azure", 10)
-    with pytest.raises(ValueError, match=r"run_s=-1: must be a finite number"):
-        billed_seconds("aws", -1)
 
 
 # ----------------------------------------------------------------------------- cloud
