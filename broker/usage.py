@@ -23,10 +23,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-__all__ = ["LINES", "UsageError", "UsageRecord"]
+__all__ = ["LINES", "PRICING_UNITS", "UsageError", "UsageRecord"]
 
 #: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
 LINES = ("instance", "energy", "amortised")
+#: the unit each line's list price is per, by line (FOCUS ``PricingUnit`` values)
+PRICING_UNITS = {"instance": "Hours", "energy": "kWh", "amortised": "GPU-Hours"}
 
 
 class UsageError(ValueError):
@@ -59,8 +61,11 @@ class UsageRecord:
         gpu_type, gpu_count: the rank's GPUs.
         run_s: seconds in the window.
         billed_s: seconds billed (:func:`pricing.billing.billed_seconds`); on-prem: ``run_s``.
-        list_usd_per_hour: the list unit price: the instance's USD/h; energy: the mean tariff over the
-            window, USD/kWh; amortised: USD per GPU-hour.
+        list_unit_price_usd: the list price of one ``pricing_unit``, USD (FOCUS ``ListUnitPrice``): the
+            instance's USD per hour; energy: the mean tariff over the window, USD per kWh; amortised: USD
+            per GPU-hour.
+        pricing_unit: what ``list_unit_price_usd`` is per (FOCUS ``PricingUnit``): ``"Hours"``,
+            ``"kWh"``, ``"GPU-Hours"`` (:data:`PRICING_UNITS`).
         billed_usd: what the line costs, USD (energy may be negative at negative prices); ``None``: unknown.
         energy_kwh: facility energy, kWh (0 for the amortised line); ``None``: unknown.
         carbon_kg: kgCO2e, location-based; ``None``: unknown.
@@ -81,10 +86,11 @@ class UsageRecord:
     gpu_count: int
     run_s: float
     billed_s: float
-    list_usd_per_hour: float | None
+    list_unit_price_usd: float | None
     billed_usd: float | None
     energy_kwh: float | None
     carbon_kg: float | None
+    pricing_unit: str = "Hours"
     project: str | None = None
     region: str | None = None
     zone: str | None = None
@@ -105,12 +111,15 @@ class UsageRecord:
         if self.end < self.start:
             raise UsageError(f"end={self.end.isoformat()!r}: before start={self.start.isoformat()!r} "
                              f"({self.job_id} attempt {self.attempt} rank {self.rank})")
+        if self.pricing_unit != PRICING_UNITS[self.line]:
+            raise UsageError(f"pricing_unit={self.pricing_unit!r}: an {self.line} line is priced per "
+                             f"{PRICING_UNITS[self.line]!r}")
         if not self.provider:
             raise UsageError(f"provider={self.provider!r}: empty")
         if self.gpu_count < 0:
             raise UsageError(f"gpu_count={self.gpu_count!r}: must be >= 0")
-        for name in ("run_s", "billed_s", "energy_kwh", "carbon_kg", "list_usd_per_hour"):
-            _check_amount(name, getattr(self, name), signed=name == "list_usd_per_hour")
+        for name in ("run_s", "billed_s", "energy_kwh", "carbon_kg", "list_unit_price_usd"):
+            _check_amount(name, getattr(self, name), signed=name == "list_unit_price_usd")
         _check_amount("billed_usd", self.billed_usd, signed=True)
         unknown = [n for n in ("billed_usd", "energy_kwh", "carbon_kg") if getattr(self, n) is None]
         if unknown and not (self.estimated and self.estimate_reasons):

@@ -74,7 +74,8 @@ def billing_rule(provider: str) -> BillingRule:
     try:
         return BILLING_RULES[provider]
     except (KeyError, TypeError):
-        raise ValueError(f"provider={provider!r}: no billing rule (known: {', '.join(sorted(BILLING_RULES))})") from None
+        known = ", ".join(sorted(BILLING_RULES))
+        raise ValueError(f"provider={provider!r}: no billing rule (known: {known})") from None
 
 
 def billed_seconds(provider: str, run_s: float) -> float:

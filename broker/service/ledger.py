@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from broker.model import CloudOffer, Pool
 from broker.planner.costs import cloud_bill_usd, cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
-from broker.usage import UsageRecord
+from broker.usage import PRICING_UNITS, UsageRecord
 from pricing.billing import billed_seconds, billing_rule
 from pricing.power import gpu_power_w
 
@@ -283,7 +283,7 @@ def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Usa
                                start=row.created_at, end=stop, provider=row.provider, region=row.region,
                                zone=row.zone, instance_type=row.instance_type, market=row.market,
                                gpu_type=gpu_type, gpu_count=gpu_count, run_s=run_s, billed_s=billed,
-                               list_usd_per_hour=price, billed_usd=usd, energy_kwh=energy, carbon_kg=carbon,
+                               list_unit_price_usd=price, billed_usd=usd, energy_kwh=energy, carbon_kg=carbon,
                                estimated=bool(why), estimate_reasons=tuple(why)))
     return out
 
@@ -324,7 +324,8 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
         if pool is None:
             why.append(f"pool {att.pool!r} not in the cluster file: no PUE, tariff, carbon zone or $/GPU-h")
             for line in ("energy", "amortised"):
-                out.append(UsageRecord(**common, line=line, list_usd_per_hour=None, billed_usd=None,
+                out.append(UsageRecord(**common, line=line, pricing_unit=PRICING_UNITS[line],
+                                       list_unit_price_usd=None, billed_usd=None,
                                        energy_kwh=None if line == "energy" else 0.0,
                                        carbon_kg=None if line == "energy" else 0.0,
                                        estimated=True, estimate_reasons=tuple(why)))
@@ -339,14 +340,15 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
                         carbon_integral=ci if ci is not None else math.nan)
         ewhy = why + twhy + cwhy
         mean_tariff = (tariff / (run_s / _H) / 1000.0) if tariff is not None and run_s > 0 else None
-        out.append(UsageRecord(**common, line="energy", region=pool.price_zone,
-                               list_usd_per_hour=mean_tariff,
+        out.append(UsageRecord(**common, line="energy", pricing_unit=PRICING_UNITS["energy"],
+                               region=pool.price_zone, list_unit_price_usd=mean_tariff,
                                billed_usd=None if tariff is None else float(c.energy_usd),
                                energy_kwh=float(c.energy_kwh), carbon_kg=None if ci is None else float(c.carbon_kg),
                                estimated=bool(ewhy), estimate_reasons=tuple(ewhy)))
         awhy = clock + _unreported(att, rank)
-        out.append(UsageRecord(**common, line="amortised", region=pool.price_zone,
-                               list_usd_per_hour=pool.amortised_usd_per_gpu_hour,
+        out.append(UsageRecord(**common, line="amortised", pricing_unit=PRICING_UNITS["amortised"],
+                               region=pool.price_zone,
+                               list_unit_price_usd=pool.amortised_usd_per_gpu_hour,
                                billed_usd=float(c.amortised_usd), energy_kwh=0.0, carbon_kg=0.0,
                                estimated=bool(awhy), estimate_reasons=tuple(awhy)))
     return out

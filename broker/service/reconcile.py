@@ -79,7 +79,8 @@ def read_cur_csv(path: str | Path) -> list[BillLine]:
             try:
                 cost = float(cost_text)
             except (TypeError, ValueError):
-                raise ReconcileError(f"{where} column 'lineItem/UnblendedCost': {cost_text!r} is not a number") from None
+                raise ReconcileError(f"{where} column 'lineItem/UnblendedCost': {cost_text!r} is not a number"
+                                     ) from None
             if not math.isfinite(cost):
                 raise ReconcileError(f"{where} column 'lineItem/UnblendedCost': {cost_text!r} is not finite")
             cur = (row.get(_CURRENCY) or "USD").strip() or "USD"

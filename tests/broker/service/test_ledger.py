@@ -165,7 +165,7 @@ def test_a_45_second_aws_job_is_billed_60_seconds(any_store):
         "instance", iid(jid, 1, 0), "aws", "use1-az6", "p3.2xlarge", "on_demand", "ml")
     assert (r.start, r.end, r.run_s, r.billed_s) == (t0, t0 + timedelta(seconds=45), 45.0, 60.0)
     # 3.06 USD/h x 60 s / 3600 = 0.051 USD
-    assert r.list_usd_per_hour == 3.06 and r.billed_usd == pytest.approx(0.051, abs=1e-12)
+    assert (r.list_unit_price_usd, r.pricing_unit) == (3.06, "Hours") and r.billed_usd == pytest.approx(0.051, abs=1e-12)
     # modelled V100 power 274 W (40 W idle + 0.9 x 260 W) x PUE 1.15 = 0.3151 kW; x 45 s = 0.00393875 kWh;
     # x 400 gCO2e/kWh = 1.5755 gCO2e
     assert r.energy_kwh == pytest.approx(0.00393875, rel=1e-9)
@@ -270,12 +270,13 @@ def test_an_onprem_job_is_priced_from_the_energy_counter_across_a_tariff_change(
     assert energy.energy_kwh == pytest.approx(0.66, rel=1e-12)
     # tariff: 30 min at 100 + 30 min at 300 USD/MWh = 200 USD/MWh x h; 0.66 kW x 200 / 1000 = 0.132 USD
     assert energy.billed_usd == pytest.approx(0.132, rel=1e-12)
-    assert energy.list_usd_per_hour == pytest.approx(0.2)  # the mean tariff, USD/kWh
+    assert (energy.list_unit_price_usd, energy.pricing_unit) == (pytest.approx(0.2), "kWh")  # the mean tariff
     # carbon: 0.66 kWh x 100 gCO2e/kWh = 0.066 kgCO2e
     assert energy.carbon_kg == pytest.approx(0.066, rel=1e-12)
     assert not energy.estimated and energy.estimate_reasons == ()
     # amortised: 2 GPUs x 1 h x 0.5 USD/GPU-h = 1.00 USD, its own line, no energy
     assert (amortised.billed_usd, amortised.energy_kwh, amortised.carbon_kg) == (pytest.approx(1.0), 0.0, 0.0)
+    assert (amortised.list_unit_price_usd, amortised.pricing_unit) == (0.5, "GPU-Hours")
     assert not amortised.estimated
 
 
@@ -399,7 +400,7 @@ def test_adding_the_same_records_twice_writes_them_once(any_store):
 
 def test_a_usage_record_that_ends_before_it_starts_is_refused_naming_the_fields():
     base = dict(job_id="j", attempt=1, rank=0, line="instance", resource="i-1", team="ml", provider="aws",
-                gpu_type="V100", gpu_count=1, run_s=1.0, billed_s=60.0, list_usd_per_hour=1.0, billed_usd=0.01,
+                gpu_type="V100", gpu_count=1, run_s=1.0, billed_s=60.0, list_unit_price_usd=1.0, billed_usd=0.01,
                 energy_kwh=0.0, carbon_kg=0.0)
     with pytest.raises(UsageError, match=r"end='2024-03-05T00:00:00\+00:00': before start='2024-03-05T00:01:00"):
         UsageRecord(**base, start=DAY0 + timedelta(minutes=1), end=DAY0)
@@ -407,6 +408,8 @@ def test_a_usage_record_that_ends_before_it_starts_is_refused_naming_the_fields(
         UsageRecord(**{**base, "billed_usd": None}, start=DAY0, end=DAY0)
     with pytest.raises(UsageError, match=r"billed_usd=nan: not a finite number"):
         UsageRecord(**{**base, "billed_usd": float("nan")}, start=DAY0, end=DAY0)
+    with pytest.raises(UsageError, match=r"pricing_unit='kWh': an instance line is priced per 'Hours'"):
+        UsageRecord(**base, pricing_unit="kWh", start=DAY0, end=DAY0)
     with pytest.raises(UsageError, match=r"line='disk': not one of"):
         UsageRecord(**{**base, "line": "disk"}, start=DAY0, end=DAY0)
 
@@ -439,7 +442,7 @@ def test_replaying_the_same_instance_report_twice_meters_once(pg_store, settings
     assert tc._report(api, token, **exited).json() == {"outcome": "duplicate"}
     assert tc._report(api, token, **{**exited, "seq": 3}).status_code == 200  # taken, the attempt has ended
     [r] = records(pg_store, jid)
-    assert (r.line, r.provider, r.market, r.billed_s >= 60.0, r.list_usd_per_hour) == ("instance", "aws", "spot",
+    assert (r.line, r.provider, r.market, r.billed_s >= 60.0, r.list_unit_price_usd) == ("instance", "aws", "spot",
                                                                                       True, 0.9)
     with pg_store.session() as s:
         assert s.scalar(select(func.count()).select_from(UsageRow)) == 1
