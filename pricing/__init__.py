@@ -10,6 +10,7 @@ Modules (one idea each):
 * :mod:`pricing.power` — GPU specs, power model, cloud PUE.
 * :mod:`pricing.spot` — spot availability traces and interruption rates.
 * :mod:`pricing.offers` — :class:`CloudOffer` (a priced cloud option) and :class:`Market`.
+* :mod:`pricing.billing` — per-provider billing rules (minimum, increment, source) and billed seconds.
 * :mod:`pricing.catalog` — priced AWS/GCP GPU offers from the bundled catalogs.
 * :mod:`pricing.signals` — :class:`GridSignals` for the planner.
 * :mod:`pricing.errors` — the exception tree (all ``ValueError``).

@@ -11,6 +11,8 @@ Commands:
   amortised_usd, energy_kwh, carbon_kg, wait_s, deadline (UTC), deadline_met, starts).
 * ``fedbroker offers`` — list the cloud and on-prem options for one request,
   cheapest and cleanest first, with $/hour, total $, kWh and kgCO2e over the run.
+* ``fedbroker cost reconcile`` — the usage ledger against a provider's bill or a pool's meter
+  (:mod:`broker.cli.cost`).
 
 Bad arguments exit with status 2 and a message naming the option and value.
 """
@@ -456,6 +458,7 @@ _register_serve(app)
 from broker.cli.jobs import register as _register_jobs; _register_jobs(app)
 from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
 from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
+from broker.cli.cost import register as _register_cost; _register_cost(app)
 
 
 def main() -> None:  # pragma: no cover - console script entry

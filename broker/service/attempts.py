@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 
 from broker.service import lifecycle
+from broker.service.ledger import snapshot_counters
 from broker.service.lifecycle import Place
 from broker.service.store import attempts as repo
 from broker.service.store.core import JobStore
@@ -140,6 +141,7 @@ def report_end(store: JobStore, job_id: str, attempt: int, rank: int, node: str,
                     continue
             elif att.started_at is None:
                 att.started_at = now
+                snapshot_counters(s, att, now)
             end = lifecycle.rank_ended(s, j, att, rank, exit_code, now, place, max_attempts=max_attempts)
             if not end.retry:
                 return True, end.ended

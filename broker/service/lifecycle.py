@@ -18,8 +18,9 @@ instances through :mod:`broker.service.cloud.reports`, the reconciler and the cl
 * :func:`cancel_attempt` — the attempt is stopped by the broker for a cancel.
 
 Every ended attempt goes through :func:`close_attempt`, which calls :func:`record_usage` once per
-attempt in the transaction that ends it: the one place the finance ledger (issue #12) writes its usage
-record. Functions run inside the caller's session ``s`` and move job states with compare-and-set
+attempt in the transaction that ends it: the one place the finance ledger (issue #12,
+:mod:`broker.service.ledger`) writes its usage records; :func:`mark_running` keeps the on-prem energy
+counters read at the attempt's start. Functions run inside the caller's session ``s`` and move job states with compare-and-set
 (:meth:`broker.service.store.core.JobStore.cas`); none runs SQL of its own.
 """
 
@@ -30,7 +31,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, JobSpec
+from broker.service import ledger
 from broker.service.store import attempts as repo
+from broker.service.store import usage
 from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, Job
 from broker.states import JobState
@@ -104,13 +107,14 @@ def checkpointed_work_s(spec: dict, ran_s: float, throughput: float = 1.0) -> fl
     return math.floor(ran_s / every) * every * throughput
 
 
-def record_usage(s, att: Attempt, now: datetime) -> None:
+def record_usage(s, att: Attempt, now: datetime) -> int:
     """The usage-record hook: called once per ended attempt, inside the transaction that ends it, after
-    ``att.ended_at``/``outcome``/``exit_code`` are set. The finance ledger (issue #12) writes here one usage
-    record per attempt rank (``att.nodes``: the ranks and where they ran; ``att.gpus``, ``att.gpu_type``,
-    ``att.started_at``..``att.ended_at`` (UTC): the GPU-seconds; ``att.offer_id``: the cloud price;
-    ``att.pool``: the on-prem tariff; ``att.rank_exits``: each rank's end). Today it records nothing."""
-    return None
+    ``att.ended_at``/``outcome``/``exit_code`` are set. Writes the finance ledger's records of the attempt
+    (:func:`broker.service.ledger.meter_attempt`: one per cloud instance, or an energy and an amortised line
+    per on-prem rank) at this process's prices (:func:`broker.service.ledger.prices`), skipping any already
+    written (:func:`broker.service.store.usage.add_usage`). Returns how many were written."""
+    job = repo.job_row(s, att.job_id)
+    return usage.add_usage(s, ledger.meter_attempt(s, att, job, now, ledger.prices()), now)
 
 
 def close_attempt(s, att: Attempt | None, now: datetime, outcome: str, reason: str | None = None,
@@ -175,6 +179,7 @@ def mark_running(s, j: Job, att: Attempt | None, now: datetime, reason: str) -> 
     repo.reload(s, j)
     if att is not None and att.started_at is None:
         att.started_at = now
+        ledger.snapshot_counters(s, att, now)  # the energy counters at the start of the attempt's energy line
     return True
 
 

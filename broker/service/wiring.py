@@ -71,8 +71,10 @@ class Services:
         return get_app().fedbroker_settings
 
     def _build_store(self):
+        from broker.service import ledger
         from broker.service.store.core import JobStore
 
+        ledger.configure(self.settings.cluster)  # the usage ledger prices on-prem usage with this cluster file
         return JobStore.from_settings(self.settings)
 
     def _build_redis(self):
@@ -82,8 +84,12 @@ class Services:
         from broker.service.cloud import offer_allowed
         from broker.service.live import LiveEnvironment
 
+        from broker.service import ledger
+
         st = self.settings
-        return LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st))
+        env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st))
+        ledger.install(ledger.LedgerPrices.from_environment(env))  # one load of the offers and signals
+        return env
 
     def _build_cycle(self):
         from broker.service.cycle import PlanningCycle

@@ -7,6 +7,7 @@
   :class:`~broker.service.store.tokens.Principal` and :func:`~broker.service.store.tokens.hash_token`;
 * :mod:`.planning` — the rows the planning cycle reads and writes (intake, snapshot, apply, notes);
 * :mod:`.nodes` — what the node API's long-poll watches (the jobs on nodes);
+* :mod:`.usage` — the usage ledger's rows (``usage_records``): add once per key, read back;
 * :mod:`.quota` — the error a submit over the team's queued-jobs quota raises;
 * :mod:`.migrations` — the Alembic revisions, applied by ``JobStore.migrate``.
 

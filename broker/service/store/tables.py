@@ -17,6 +17,9 @@ Tables:
 * ``api_tokens`` — API tokens (kind, team, expiry, last use), stored as SHA-256 hashes only.
 * ``audit_events`` — who (token id, team, kind) did what (token operations, job submits and
   cancels, schedule changes) to which target, written in the transaction of the change.
+* ``usage_records`` — the finance ledger: one row per metered resource of an attempt rank
+  (:class:`broker.usage.UsageRecord`), written in the transaction that ends the attempt; unique on
+  (job, attempt, rank, line, resource), so a replayed end meters once.
 * ``planner_state`` — one row: the planner fence (``version`` is bumped by every
   applied planning cycle; a cycle planned on an older version is discarded).
 
@@ -36,7 +39,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "CloudInstanceEvent", "Schedule",
-           "ApiToken", "AuditEvent", "PlannerState", "utcnow"]
+           "ApiToken", "AuditEvent", "UsageRow", "PlannerState", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -176,6 +179,9 @@ class Attempt(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     #: cloud attempts: every option tried (``providers.base.FailoverHistory.to_json``), in order
     failover: Mapped[list[Any] | None]
+    #: on-prem energy counters read when the attempt started (:func:`broker.service.ledger.snapshot_counters`):
+    #: ``{"start": {node: {"at": iso UTC, "gpus": {index: {"energy_mj": int|None, "power_w": float|None}}}}}``
+    meter: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     __table_args__ = (UniqueConstraint("job_id", "number", name="uq_attempts_job_number"),)
 
@@ -328,6 +334,46 @@ class AuditEvent(Base):
     action: Mapped[str] = mapped_column(String(40))
     target: Mapped[str] = mapped_column(String(200), default="")
     detail: Mapped[dict[str, Any]]
+
+
+class UsageRow(Base):
+    """One usage record (:class:`broker.usage.UsageRecord`): USD, kWh, kgCO2e of one resource of one attempt
+    rank over ``[start, end]`` (UTC). ``None`` figures are unknown and flagged (``estimated``, ``estimate_reasons``)."""
+
+    __tablename__ = "usage_records"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(40), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    line: Mapped[str] = mapped_column(String(16))
+    resource: Mapped[str] = mapped_column(String(100))
+    team: Mapped[str] = mapped_column(String(63), index=True)
+    project: Mapped[str | None] = mapped_column(String(63))
+    #: indexed: reports read a period
+    start: Mapped[datetime] = mapped_column(index=True)
+    end: Mapped[datetime]
+    provider: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str | None] = mapped_column(String(40))
+    zone: Mapped[str | None] = mapped_column(String(40))
+    pool: Mapped[str | None] = mapped_column(String(63))
+    instance_type: Mapped[str | None] = mapped_column(String(40))
+    market: Mapped[str | None] = mapped_column(String(16))
+    gpu_type: Mapped[str] = mapped_column(String(32))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    run_s: Mapped[float] = mapped_column(Float)
+    billed_s: Mapped[float] = mapped_column(Float)
+    list_unit_price_usd: Mapped[float | None] = mapped_column(Float)
+    pricing_unit: Mapped[str] = mapped_column(String(16))
+    billed_usd: Mapped[float | None] = mapped_column(Float)
+    energy_kwh: Mapped[float | None] = mapped_column(Float)
+    carbon_kg: Mapped[float | None] = mapped_column(Float)
+    estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    estimate_reasons: Mapped[list[Any]]
+    source: Mapped[str] = mapped_column(String(8), default="live")
+    recorded_at: Mapped[datetime]
+
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "line", "resource", name="uq_usage_records_line"),)
 
 
 class PlannerState(Base):

@@ -1,0 +1,113 @@
+"""``fedbroker cost``: the usage ledger against the provider's side (issue #12).
+
+* ``fedbroker cost reconcile --from 2024-03-01 --to 2024-04-01 --cur bill.csv [--provider aws]`` — the ledger's
+  instance lines against an AWS Cost and Usage Report-like CSV (:func:`broker.service.reconcile.read_cur_csv`):
+  the provider total, what job lines carry (allocated) and the rest (unallocated), with every resource whose
+  figures differ. ``--pool P --metered-kwh X`` does the same for an on-prem pool's energy against its meter.
+  Exit 1 when a resource differs or the ledger has lines the bill does not; 2 for bad input.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from broker.cli.cloud import ConfigOpt, _database, _settings
+from broker.cli.console import JsonOpt, current_console, echo_json, fail
+
+__all__ = ["cost_app", "register", "parse_day"]
+
+cost_app = typer.Typer(no_args_is_help=True, help="Costs from the usage ledger: reconcile with the provider's bill.")
+
+
+def parse_day(text: str, option: str) -> datetime:
+    """``YYYY-MM-DD`` or an ISO 8601 instant (UTC when no zone is given) -> aware UTC datetime; exit 2 naming
+    ``option`` otherwise."""
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"{option}={text!r}: not a date (YYYY-MM-DD) or an ISO 8601 instant", code=2)
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
+
+
+@cost_app.command("reconcile")
+def reconcile_cmd(start: str = typer.Option(..., "--from", help="Period start, UTC (YYYY-MM-DD or ISO instant)."),
+                  end: str = typer.Option(..., "--to", help="Period end (exclusive), UTC."),
+                  cur: Optional[Path] = typer.Option(None, "--cur", help="AWS CUR-like CSV of the provider's bill."),
+                  provider: str = typer.Option("aws", "--provider", help="Provider whose ledger lines --cur bills."),
+                  pool: Optional[str] = typer.Option(None, "--pool", help="On-prem pool to reconcile (--metered-kwh)."),
+                  metered_kwh: Optional[float] = typer.Option(None, "--metered-kwh",
+                                                              help="The pool's metered facility energy, kWh."),
+                  config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """The ledger against a provider-side total for [--from, --to): provider total = allocated + unallocated."""
+    from broker.service.reconcile import ReconcileError, read_cur_csv, reconcile_cloud, reconcile_energy
+    from broker.service.store import usage
+    from broker.service.store.core import JobStore
+
+    t0, t1 = parse_day(start, "--from"), parse_day(end, "--to")
+    if t1 <= t0:
+        fail(f"--to={end!r}: not after --from={start!r}", code=2)
+    if cur is None and pool is None:
+        fail("nothing to reconcile: give --cur FILE and/or --pool P --metered-kwh X", code=2)
+    if (pool is None) != (metered_kwh is None):
+        fail("--pool and --metered-kwh go together", code=2)
+    try:
+        bill = read_cur_csv(cur) if cur is not None else None
+    except (ReconcileError, ValueError, OSError) as e:
+        fail(str(e), code=2)
+    st = _settings(config)
+    store = JobStore.from_settings(st)
+    with _database(st), store.session() as s:
+        records = usage.usage_rows(s, start=t0, end=t1)
+    out: dict = {"from": t0.isoformat(), "to": t1.isoformat()}
+    bad = False
+    con = current_console()
+    if bill is not None:
+        rec = reconcile_cloud(records, bill, t0, t1, provider=provider)
+        diffs = [*rec.mismatched, *rec.ledger_only]
+        bad = bool(diffs)
+        out["cloud"] = {"provider": provider, "provider_total_usd": rec.provider_total_usd,
+                        "allocated_usd": rec.allocated_usd, "unallocated_usd": rec.unallocated_usd,
+                        "unpriced_lines": rec.unpriced,
+                        "differences": [{"resource": d.resource, "ledger_usd": d.ledger_usd,
+                                         "provider_usd": d.provider_usd, "difference_usd": d.difference_usd}
+                                        for d in diffs]}
+        if not as_json:
+            con.print(f"{provider} {t0:%Y-%m-%d}..{t1:%Y-%m-%d}: provider total ${rec.provider_total_usd:,.4f} = "
+                      f"allocated to jobs ${rec.allocated_usd:,.4f} + unallocated ${rec.unallocated_usd:,.4f}"
+                      + (f"; {rec.unpriced} ledger line(s) unpriced (flagged)" if rec.unpriced else ""))
+            if diffs:
+                tab = Table(title=f"{len(diffs)} resource(s) where the ledger and the bill differ")
+                for col in ("resource", "ledger USD", "provider USD", "difference USD"):
+                    tab.add_column(col)
+                for d in diffs:
+                    tab.add_row(escape(d.resource), f"{d.ledger_usd:.4f}", f"{d.provider_usd:.4f}",
+                                f"{d.difference_usd:+.4f}")
+                con.print(tab)
+    if pool is not None:
+        try:
+            e = reconcile_energy(records, pool, metered_kwh, t0, t1)
+        except ValueError as exc:
+            fail(str(exc), code=2)
+        out["energy"] = {"pool": pool, "metered_kwh": e.metered_kwh, "allocated_kwh": e.allocated_kwh,
+                         "unallocated_kwh": e.unallocated_kwh, "unknown_lines": e.unknown_lines}
+        bad = bad or e.unallocated_kwh < 0
+        if not as_json:
+            con.print(f"pool {pool}: metered {e.metered_kwh:,.3f} kWh = allocated to jobs {e.allocated_kwh:,.3f} kWh"
+                      f" + unallocated (idle, overhead) {e.unallocated_kwh:,.3f} kWh"
+                      + (f"; {e.unknown_lines} energy line(s) unknown (flagged)" if e.unknown_lines else "")
+                      + ("  [the ledger allocated more than was metered]" if e.unallocated_kwh < 0 else ""))
+    if as_json:
+        echo_json(out)
+    if bad:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fedbroker cost`` to the main CLI."""
+    app.add_typer(cost_app, name="cost")

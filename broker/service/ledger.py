@@ -1,0 +1,354 @@
+"""The usage ledger (issue #12): meters each ended attempt once, in the transaction that ends it.
+
+:func:`broker.service.lifecycle.close_attempt` calls :func:`broker.service.lifecycle.record_usage` once per
+attempt; that calls :func:`meter_attempt` (the records) and :func:`broker.service.store.usage.add_usage`
+(the rows, skipping any already written: a replayed end meters once). Nothing here commits: the records
+are in the caller's transaction, so a crash leaves the attempt un-ended *and* un-metered, never half.
+
+What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules: :mod:`pricing.billing`):
+
+* **cloud** (``line="instance"``), one per instance created for the attempt (``cloud_instances`` rows with
+  a provider instance id, failed-over gang members included: they were billed too): from the create call
+  (the intent row's ``created_at``) to the attempt's end (or the row's termination, if earlier);
+  ``billed_s`` by :func:`pricing.billing.billed_seconds`; USD by :func:`~broker.planner.costs.cloud_bill_usd`
+  at the offer's list price. Energy: modelled power (every GPU of the instance busy, :func:`pricing.power.
+  gpu_power_w` at its default utilisation) x the provider's PUE (flagged: cloud instances give no counter);
+  kgCO2e at the region's hourly carbon intensity.
+* **on-prem**, per rank (one node's GPUs), from the attempt's start to its end: ``line="energy"``: the
+  GPUs' NVML total-energy counters (read at the start by :func:`snapshot_counters`, at the end from the
+  node's last heartbeat): their mean power over the attempt's window (flagged when the readings' window
+  differs from the run by more than 5 %, or 1 s, whichever is more), x
+  the pool's PUE, priced at the pool's price zone's hourly tariff and carbon
+  (:func:`~broker.planner.costs.onprem_cost` with the counter's mean power); where a GPU has no counter,
+  the mean of its sampled power at the two readings (flagged), else the modelled power (flagged);
+  ``line="amortised"``: GPUs x hours x the pool's amortised USD/GPU-h, its own line.
+* kgCO2e is **location-based**: the grid zone's average hourly intensity, not market-based contracts.
+* A missing hour of price or carbon inside a window is interpolated from the nearest hours within
+  :data:`FILL_HOURS` (flagged); farther than that, or outside the series, the figure is ``None`` with
+  the reason (never 0). A rank that never reported its end is metered to the attempt's end (flagged).
+
+Not metered yet (issue #12, later steps): idle allocated GPU time as its own line (an on-prem attempt that
+never started, the time between dispatch and start), resources that keep billing while stopped (disks,
+addresses).
+
+Prices: :func:`prices` gives the :class:`LedgerPrices` of this process: the one :func:`install`-ed (the live
+wiring installs its planning environment's), else one built on first use from the cluster file given to
+:func:`configure` (default the bundled live cluster) and the bundled catalogs and grid signals.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from broker.model import CloudOffer, Pool
+from broker.planner.costs import cloud_bill_usd, cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
+from broker.usage import PRICING_UNITS, UsageRecord
+from pricing.billing import billed_seconds, billing_rule
+from pricing.power import gpu_power_w
+
+__all__ = ["FILL_HOURS", "LedgerPrices", "install", "configure", "prices", "snapshot_counters", "meter_attempt",
+           "window_integral"]
+
+#: a missing hour of a price or carbon series is filled from a neighbouring hour at most this many hours away
+FILL_HOURS = 3
+_H = 3600.0
+#: counter readings come with the agents' heartbeats, not exactly at the run's start and end: the counter's mean
+#: power is applied to the run, and the line is flagged an estimate when the readings' window differs from the
+#: run by more than this share of the run (or :data:`_COUNTER_SLACK_S`, whichever is more)
+_COUNTER_SLACK = 0.05
+_COUNTER_SLACK_S = 1.0
+
+
+@dataclass(frozen=True)
+class LedgerPrices:
+    """What the ledger prices with.
+
+    Attributes:
+        offers: cloud offers by ``offer_id`` (list USD/h, GPUs, PUE, carbon zone).
+        pools: on-prem pools by name (price and carbon zones, PUE, amortised USD/GPU-h).
+        signals_at: ``POSIX s -> signals`` whose ``carbon(zone)`` (gCO2e/kWh) and ``price(zone)`` (USD/MWh,
+            ``None`` when the zone has none) are :class:`pricing.series.HourlySeries` on real UTC instants
+            around that instant (the live broker replays the bundled history: :class:`broker.service.live.
+            ReplayedSignals`).
+    """
+
+    offers: Mapping[str, CloudOffer]
+    pools: Mapping[str, Pool]
+    signals_at: Callable[[float], Any]
+
+    @classmethod
+    def of(cls, offers: Iterable[CloudOffer], pools: Iterable[Pool], signals: Any) -> "LedgerPrices":
+        """From offers, pools and one signals object (series on real instants)."""
+        return cls({o.offer_id: o for o in offers}, {p.name: p for p in pools}, lambda _t: signals)
+
+    @classmethod
+    def from_environment(cls, env) -> "LedgerPrices":
+        """From a :class:`broker.service.live.LiveEnvironment`: its offers, its cluster file's pools, and its
+        replayed signals (the replay offset of the window's start)."""
+        from broker.service.live import ReplayedSignals
+
+        base, offset_for = env.base_signals, env.offset_for
+        return cls({o.offer_id: o for o in env.offers}, dict(env.site_pools),
+                   lambda t: ReplayedSignals(base, offset_for(t)))
+
+
+_lock = threading.Lock()
+_installed: LedgerPrices | None = None
+_cluster: Path | None = None
+
+
+def install(p: LedgerPrices | None) -> None:
+    """Make ``p`` the ledger's prices in this process (``None``: build them again on next use)."""
+    global _installed
+    with _lock:
+        _installed = p
+
+
+def configure(cluster: str | Path | None) -> None:
+    """The cluster file the lazily built prices read (``None``: the bundled live cluster); forgets built ones."""
+    global _cluster, _installed
+    with _lock:
+        if (Path(cluster) if cluster else None) != _cluster:
+            _cluster, _installed = (Path(cluster) if cluster else None), None
+
+
+def prices() -> LedgerPrices:
+    """This process's :class:`LedgerPrices` (see the module docstring)."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            from broker.planner.core import PlannerConfig
+            from broker.service.live import LiveEnvironment
+
+            _installed = LedgerPrices.from_environment(LiveEnvironment(PlannerConfig(), _cluster))
+        return _installed
+
+
+# ----------------------------------------------------------------------------- signals
+def _hour(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:00Z")
+
+
+def window_integral(series, start_s: float, end_s: float, what: str) -> tuple[float | None, list[str]]:
+    """``∫ value dt`` of ``series`` over ``[start_s, end_s]`` (POSIX s), in its unit x hours, and the reasons
+    it is an estimate. A missing interval is filled with the nearest present value within
+    :data:`FILL_HOURS` intervals (the mean of the two neighbours when both are as near; flagged). ``None``
+    with the reason when ``series`` is ``None``, the window leaves the series, or a gap is wider."""
+    if series is None:
+        return None, [f"no {what} series"]
+    if end_s <= start_s:
+        return 0.0, []
+    v = series.integral(start_s, end_s)
+    if math.isfinite(v):
+        return v, []
+    if start_s < series.start_s or end_s > series.end_s:
+        return None, [f"no {what} for {_hour(start_s)}..{_hour(end_s)}: outside the {series.zone} series"]
+    iv, vals = series.interval_s, series.values
+    i0, i1 = int((start_s - series.start_s) // iv), int(math.ceil((end_s - series.start_s) / iv))
+    total, filled = 0.0, []
+    for i in range(i0, min(i1, vals.size)):
+        a = max(start_s, series.start_s + i * iv)
+        b = min(end_s, series.start_s + (i + 1) * iv)
+        x = float(vals[i])
+        if math.isnan(x):
+            for d in range(1, FILL_HOURS + 1):
+                near = [float(vals[k]) for k in (i - d, i + d) if 0 <= k < vals.size and not math.isnan(vals[k])]
+                if near:
+                    x = sum(near) / len(near)
+                    break
+            else:
+                return None, [f"no {what} for {_hour(a)} in {series.zone} (no value within {FILL_HOURS} h)"]
+            filled.append(_hour(a))
+        total += x * (b - a) / _H
+    return total, [f"{what} interpolated for {', '.join(filled)} in {series.zone}"] if filled else []
+
+
+# ----------------------------------------------------------------------------- energy counters
+def snapshot_counters(s, att, at: datetime) -> None:
+    """Inside ``s``: keep on on-prem attempt ``att`` (``att.meter["start"]``) the energy counters and power
+    samples its nodes last reported (each node's last heartbeat, with its instant): the start readings of
+    the attempt's energy line. Called when the attempt starts running; does nothing for a cloud attempt or
+    when the readings are already kept."""
+    from broker.service.store.tables import Node
+
+    if att is None or att.kind != "onprem" or (att.meter or {}).get("start"):
+        return
+    start: dict[str, Any] = {}
+    for part in att.nodes or []:
+        n = s.get(Node, part.get("node"))
+        if n is None:
+            continue
+        start[n.name] = _reading(n, part.get("gpus", []))
+    att.meter = {**(att.meter or {}), "start": start}
+
+
+def _reading(node, gpus: Iterable[int]) -> dict:
+    tel = {g.get("index"): g for g in ((node.telemetry or {}).get("gpus") or [])}
+    return {"at": node.last_heartbeat_at.isoformat(),
+            "gpus": {str(i): {"energy_mj": (tel.get(i) or {}).get("energy_mj"),
+                              "power_w": (tel.get(i) or {}).get("power_w")} for i in gpus}}
+
+
+def _rank_power_kw(start_rd: dict | None, end_rd: dict | None, gpus: list[int], gpu_type: str,
+                   run_s: float) -> tuple[float, list[str]]:
+    """Mean IT power of a rank's GPUs over its window, kW, and the reasons it is an estimate: from the
+    energy counters, else sampled power, else the modelled power of ``gpu_type``."""
+    kw, reasons, modelled = 0.0, [], []
+    t0 = datetime.fromisoformat(start_rd["at"]).timestamp() if start_rd else None
+    t1 = datetime.fromisoformat(end_rd["at"]).timestamp() if end_rd else None
+    for g in gpus:
+        a = ((start_rd or {}).get("gpus") or {}).get(str(g)) or {}
+        b = ((end_rd or {}).get("gpus") or {}).get(str(g)) or {}
+        ea, eb = a.get("energy_mj"), b.get("energy_mj")
+        if ea is not None and eb is not None and t0 is not None and t1 is not None and t1 > t0 and eb >= ea:
+            kw += (eb - ea) / 1000.0 / (t1 - t0) / 1000.0  # mJ -> J, / s -> W, -> kW
+            if abs((t1 - t0) - run_s) > max(_COUNTER_SLACK_S, _COUNTER_SLACK * run_s):
+                reasons.append(f"GPU {g}: counter read over {t1 - t0:.0f} s of the {run_s:.0f}-s run; "
+                               "scaled to the run")
+            continue
+        pa, pb = a.get("power_w"), b.get("power_w")
+        samples = [p for p in (pa, pb) if p is not None]
+        if samples:
+            kw += sum(samples) / len(samples) / 1000.0
+            why = ("counter went backwards (driver reloaded?)" if ea is not None and eb is not None and eb < ea
+                   else "no energy counter")
+            reasons.append(f"GPU {g}: {why}; mean of {len(samples)} power sample(s)")
+            continue
+        kw += gpu_power_w(gpu_type) / 1000.0
+        modelled.append(str(g))
+    if modelled:
+        reasons.append(f"GPU(s) {', '.join(modelled)}: no counter or power sample; modelled {gpu_type} power")
+    return kw, reasons
+
+
+# ----------------------------------------------------------------------------- metering
+def meter_attempt(s, att, job, now: datetime, p: LedgerPrices) -> list[UsageRecord]:
+    """Inside ``s``: the usage records of ended attempt ``att`` of ``job`` (``att.ended_at`` set; ``now`` its
+    end, UTC). Reads the attempt's cloud instance rows or its nodes' last readings; writes nothing."""
+    end = att.ended_at or now
+    base = dict(job_id=att.job_id, attempt=att.number, team=job.team if job is not None else "",
+                project=((job.spec or {}).get("project") if job is not None else None))
+    if att.kind == "cloud":
+        return _meter_cloud(s, att, end, base, p)
+    return _meter_onprem(s, att, end, base, p)
+
+
+def _unreported(att, rank: int) -> list[str]:
+    code = (att.rank_exits or {}).get(str(rank))
+    if code is None or code == "lost":
+        return [f"rank {rank} never reported its end; metered to the attempt's end"]
+    return []
+
+
+def _window(start: datetime, end: datetime) -> tuple[datetime, float, list[str]]:
+    if end < start:  # clocks disagree: flagged, metered as nothing rather than a negative time
+        return start, 0.0, [f"end {end.isoformat()} before start {start.isoformat()}; metered 0 s"]
+    return end, (end - start).total_seconds(), []
+
+
+def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
+    from broker.service.store import usage as repo
+
+    out = []
+    for row in repo.billed_instances(s, att.job_id, att.number):
+        stop = row.updated_at if row.state in ("terminated", "abandoned") and row.updated_at < end else end
+        stop, run_s, why = _window(row.created_at, stop)
+        offer = p.offers.get(row.offer_id)
+        why += _unreported(att, row.rank)
+        billed = billed_seconds(row.provider, run_s)
+        gpu_type = offer.gpu_type if offer else (att.gpu_type or "unknown")
+        ranks = max(1, len(att.nodes or []))
+        gpu_count = offer.gpu_count if offer else max(1, att.gpus // ranks)  # unknown offer: the attempt's share
+        if offer is None:
+            usd = energy = carbon = price = None
+            why.append(f"offer {row.offer_id!r} not in the price catalog: no price, power or carbon zone")
+        else:
+            price = offer.usd_per_hour
+            usd = float(cloud_bill_usd(billed, 0.0, price, billing_rule(row.provider).min_billed_s))
+            busy = gpu_power_w(offer.gpu_type) / 1000.0
+            kw = cloud_kw(1, offer.gpu_count, offer.gpu_count, busy, busy, offer.pue)
+            energy = float(load_energy_kwh(kw, run_s))
+            why.append(f"power modelled ({offer.gpu_count} x {offer.gpu_type} at the default utilisation x PUE "
+                       f"{offer.pue}): cloud instances give no energy counter")
+            ci, cwhy = window_integral(_carbon(p, offer.carbon_zone, row.created_at), row.created_at.timestamp(),
+                                       stop.timestamp(), "carbon intensity")
+            carbon = None if ci is None else float(load_emissions_kg(kw, ci))
+            why += cwhy
+        out.append(UsageRecord(**base, rank=row.rank, line="instance", resource=row.provider_instance_id,
+                               start=row.created_at, end=stop, provider=row.provider, region=row.region,
+                               zone=row.zone, instance_type=row.instance_type, market=row.market,
+                               gpu_type=gpu_type, gpu_count=gpu_count, run_s=run_s, billed_s=billed,
+                               list_unit_price_usd=price, billed_usd=usd, energy_kwh=energy, carbon_kg=carbon,
+                               estimated=bool(why), estimate_reasons=tuple(why)))
+    return out
+
+
+def _carbon(p: LedgerPrices, zone: str, at: datetime):
+    try:
+        return p.signals_at(at.timestamp()).carbon(zone)
+    except ValueError:
+        return None
+
+
+def _price(p: LedgerPrices, zone: str, at: datetime):
+    try:
+        return p.signals_at(at.timestamp()).price(zone)
+    except ValueError:
+        return None
+
+
+def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
+    from broker.service.store.tables import Node
+
+    if att.started_at is None:  # nothing ran: the held GPUs are idle time (a later line)
+        return []
+    pool = p.pools.get(att.pool or "")
+    out = []
+    for part in att.nodes or []:
+        rank, node, gpus = int(part.get("rank", 0)), part.get("node", ""), list(part.get("gpus", []))
+        stop, run_s, clock = _window(att.started_at, end)
+        why = clock + _unreported(att, rank)
+        n = s.get(Node, node)
+        start_rd = ((att.meter or {}).get("start") or {}).get(node)
+        end_rd = _reading(n, gpus) if n is not None else None
+        gpu_type = att.gpu_type or (n.gpu_type if n is not None else "unknown")
+        it_kw, pwhy = _rank_power_kw(start_rd, end_rd, gpus, gpu_type, run_s)
+        why += pwhy
+        common = dict(base, rank=rank, resource=node, start=att.started_at, end=stop, provider="onprem",
+                      pool=att.pool, gpu_type=gpu_type, gpu_count=len(gpus), run_s=run_s, billed_s=run_s)
+        if pool is None:
+            why.append(f"pool {att.pool!r} not in the cluster file: no PUE, tariff, carbon zone or $/GPU-h")
+            for line in ("energy", "amortised"):
+                out.append(UsageRecord(**common, line=line, pricing_unit=PRICING_UNITS[line],
+                                       list_unit_price_usd=None, billed_usd=None,
+                                       energy_kwh=None if line == "energy" else 0.0,
+                                       carbon_kg=None if line == "energy" else 0.0,
+                                       estimated=True, estimate_reasons=tuple(why)))
+            continue
+        kw = it_kw * pool.pue
+        t0, t1 = att.started_at.timestamp(), stop.timestamp()
+        tariff, twhy = window_integral(_price(p, pool.price_zone, att.started_at), t0, t1,
+                                       "electricity price")
+        ci, cwhy = window_integral(_carbon(p, pool.carbon_zone, att.started_at), t0, t1, "carbon intensity")
+        c = onprem_cost(run_s, gpus=len(gpus), kw=kw, usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
+                        tariff_integral=tariff if tariff is not None else math.nan,
+                        carbon_integral=ci if ci is not None else math.nan)
+        ewhy = why + twhy + cwhy
+        mean_tariff = (tariff / (run_s / _H) / 1000.0) if tariff is not None and run_s > 0 else None
+        out.append(UsageRecord(**common, line="energy", pricing_unit=PRICING_UNITS["energy"],
+                               region=pool.price_zone, list_unit_price_usd=mean_tariff,
+                               billed_usd=None if tariff is None else float(c.energy_usd),
+                               energy_kwh=float(c.energy_kwh), carbon_kg=None if ci is None else float(c.carbon_kg),
+                               estimated=bool(ewhy), estimate_reasons=tuple(ewhy)))
+        awhy = clock + _unreported(att, rank)
+        out.append(UsageRecord(**common, line="amortised", pricing_unit=PRICING_UNITS["amortised"],
+                               region=pool.price_zone,
+                               list_unit_price_usd=pool.amortised_usd_per_gpu_hour,
+                               billed_usd=float(c.amortised_usd), energy_kwh=0.0, carbon_kg=0.0,
+                               estimated=bool(awhy), estimate_reasons=tuple(awhy)))
+    return out

@@ -1,0 +1,142 @@
+"""The usage record: one line of the finance ledger (issue #12), the same type for live use and simulated runs.
+
+A :class:`UsageRecord` is one metered resource of one attempt rank over ``[start, end]`` (UTC): a cloud
+instance (``line="instance"``), the electricity an on-prem rank drew (``line="energy"``) or its amortised
+capital (``line="amortised"``). The live broker writes them in the transaction that ends the attempt
+(:func:`broker.service.lifecycle.record_usage` -> :mod:`broker.service.ledger`); the simulator can build
+the same records from its realised runs (``source="sim"``), so one report reads both.
+
+Money is USD, energy kWh (facility: IT energy x PUE), emissions kgCO2e (location-based: the grid zone's
+hourly average intensity, not market-based contracts). A figure that could not be computed is ``None``
+with the reason in ``estimate_reasons``, never 0; a figure that is an estimate (modelled power, a missing
+counter, an interpolated hour) has ``estimated=True`` and the reason.
+
+Lines not metered yet (said so): idle allocated GPU time as its own line, resources that keep billing
+while stopped (disks, addresses).
+
+Errors: :class:`UsageError` (a ``ValueError``) naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+__all__ = ["LINES", "PRICING_UNITS", "UsageError", "UsageRecord"]
+
+#: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
+LINES = ("instance", "energy", "amortised")
+#: the unit each line's list price is per, by line (FOCUS ``PricingUnit`` values)
+PRICING_UNITS = {"instance": "Hours", "energy": "kWh", "amortised": "GPU-Hours"}
+
+
+class UsageError(ValueError):
+    """A usage record could not be built: names the field and the value."""
+
+
+def _check_amount(name: str, v: float | None, *, signed: bool = False) -> None:
+    if v is None:
+        return
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UsageError(f"{name}={v!r}: not a finite number (give None with a reason for an unknown figure)")
+    if v < 0 and not signed:
+        raise UsageError(f"{name}={v!r}: must be >= 0")
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One metered resource of one attempt rank.
+
+    Attributes:
+        job_id, attempt, rank: the attempt rank metered.
+        line: one of :data:`LINES`.
+        resource: the resource's id (cloud instance id, or on-prem node name).
+        team, project: whom it is charged to (``project`` ``None`` while jobs carry none).
+        start, end: UTC instants of the metered window (``end >= start``).
+        provider: ``"aws"``, ``"gcp"`` or ``"onprem"``.
+        region, zone: cloud region and zone; on-prem: the pool's price zone as region, ``None`` zone.
+        pool: the on-prem pool (``None`` for cloud).
+        instance_type, market: the cloud instance type and ``"spot"``/``"on_demand"`` (``None`` on-prem).
+        gpu_type, gpu_count: the rank's GPUs.
+        run_s: seconds in the window.
+        billed_s: seconds billed (:func:`pricing.billing.billed_seconds`); on-prem: ``run_s``.
+        list_unit_price_usd: the list price of one ``pricing_unit``, USD (FOCUS ``ListUnitPrice``): the
+            instance's USD per hour; energy: the mean tariff over the window, USD per kWh; amortised: USD
+            per GPU-hour.
+        pricing_unit: what ``list_unit_price_usd`` is per (FOCUS ``PricingUnit``): ``"Hours"``,
+            ``"kWh"``, ``"GPU-Hours"`` (:data:`PRICING_UNITS`).
+        billed_usd: what the line costs, USD (energy may be negative at negative prices); ``None``: unknown.
+        energy_kwh: facility energy, kWh (0 for the amortised line); ``None``: unknown.
+        carbon_kg: kgCO2e, location-based; ``None``: unknown.
+        estimated: some figure is an estimate or unknown; ``estimate_reasons`` says which and why.
+        source: ``"live"`` (the broker) or ``"sim"`` (a simulated run).
+    """
+
+    job_id: str
+    attempt: int
+    rank: int
+    line: str
+    resource: str
+    team: str
+    start: datetime
+    end: datetime
+    provider: str
+    gpu_type: str
+    gpu_count: int
+    run_s: float
+    billed_s: float
+    list_unit_price_usd: float | None
+    billed_usd: float | None
+    energy_kwh: float | None
+    carbon_kg: float | None
+    pricing_unit: str = "Hours"
+    project: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    pool: str | None = None
+    instance_type: str | None = None
+    market: str | None = None
+    estimated: bool = False
+    estimate_reasons: tuple[str, ...] = field(default_factory=tuple)
+    source: str = "live"
+
+    def __post_init__(self) -> None:
+        if self.line not in LINES:
+            raise UsageError(f"line={self.line!r}: not one of {', '.join(LINES)}")
+        for name in ("start", "end"):
+            v = getattr(self, name)
+            if not isinstance(v, datetime) or v.tzinfo is None:
+                raise UsageError(f"{name}={v!r}: needs a timezone-aware UTC datetime")
+        if self.end < self.start:
+            raise UsageError(f"end={self.end.isoformat()!r}: before start={self.start.isoformat()!r} "
+                             f"({self.job_id} attempt {self.attempt} rank {self.rank})")
+        if self.pricing_unit != PRICING_UNITS[self.line]:
+            raise UsageError(f"pricing_unit={self.pricing_unit!r}: an {self.line} line is priced per "
+                             f"{PRICING_UNITS[self.line]!r}")
+        if not self.provider:
+            raise UsageError(f"provider={self.provider!r}: empty")
+        if self.gpu_count < 0:
+            raise UsageError(f"gpu_count={self.gpu_count!r}: must be >= 0")
+        for name in ("run_s", "billed_s", "energy_kwh", "carbon_kg", "list_unit_price_usd"):
+            _check_amount(name, getattr(self, name), signed=name == "list_unit_price_usd")
+        _check_amount("billed_usd", self.billed_usd, signed=True)
+        unknown = [n for n in ("billed_usd", "energy_kwh", "carbon_kg") if getattr(self, n) is None]
+        if unknown and not (self.estimated and self.estimate_reasons):
+            raise UsageError(f"{unknown[0]}=None: an unknown figure needs estimated=True and a reason")
+        if self.estimated and not self.estimate_reasons:
+            raise UsageError("estimate_reasons=(): an estimated record must say why")
+        if self.source not in ("live", "sim"):
+            raise UsageError(f"source={self.source!r}: not 'live' or 'sim'")
+
+    @property
+    def gpu_hours(self) -> float:
+        """GPU-hours of the window, ``gpu_count x run_s / 3600``. An on-prem rank has two lines over the same
+        GPUs (``energy`` and ``amortised``): count GPU-hours from ``instance`` and ``energy`` lines only."""
+        return self.gpu_count * self.run_s / 3600.0
+
+    def to_dict(self) -> dict:
+        """The record as a dict of plain values (datetimes kept; ``estimate_reasons`` a list)."""
+        d = asdict(self)
+        d["estimate_reasons"] = list(self.estimate_reasons)
+        return d
