@@ -145,7 +145,7 @@ def simulate(
     except (ValueError, OSError) as e:
         _fail(str(e))
     if scen.user_signals is not None:
-        current_console().print(f"signals from {signals}: " + "; ".join(scen.user_signals.summary()))
+        current_console().print(f"signals from {signals}:\n  " + "\n  ".join(scen.user_signals.summary()))
     site_tz = scen.pools[0].timezone
     kw = dict(start=start_dt, limit=jobs, slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0)
     try:
