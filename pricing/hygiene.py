@@ -18,8 +18,9 @@ item 3):
 * **Long gaps** take the next source's value for that hour, then a
   conservative value (:func:`fill_gaps`), both flagged estimated. For carbon
   the conservative value is never 0 or below (a missing hour must never look
-  like the greenest hour): :func:`conservative_value` is the highest value seen
-  in the reference series, else :data:`DEFAULT_CONSERVATIVE_CARBON`.
+  like the greenest hour): :func:`conservative_value` is the
+  :data:`CONSERVATIVE_PERCENTILE`-th percentile of the reference series, else
+  :data:`DEFAULT_CONSERVATIVE_CARBON`.
 * Prices may be negative and stay negative everywhere.
 
 A :class:`CheckedSeries` carries the values with, per hour, whether the value is
@@ -37,7 +38,8 @@ import numpy as np
 
 from pricing.series import HourlySeries, SeriesError
 
-__all__ = ["CheckedSeries", "HOUR_S", "MAX_INTERPOLATED_GAP_H", "DEFAULT_CONSERVATIVE_CARBON", "INTERPOLATED",
+__all__ = ["CheckedSeries", "HOUR_S", "MAX_INTERPOLATED_GAP_H", "DEFAULT_CONSERVATIVE_CARBON",
+           "CONSERVATIVE_PERCENTILE", "INTERPOLATED",
            "CONSERVATIVE", "hour_grid", "completeness", "to_hourly", "interpolate_short_gaps", "conservative_value",
            "fill_gaps"]
 
@@ -52,6 +54,12 @@ MAX_INTERPOLATED_GAP_H = 2
 #: (2014) Annex III life-cycle median for pulverised-coal generation, 820 gCO2e/kWh — about the dirtiest grid
 #: mix there is, so an hour with no data never looks green.
 DEFAULT_CONSERVATIVE_CARBON = 820.0
+
+#: Percentile of a zone's known values used for an hour no source has. High enough that the hour never looks
+#: cheap or green (it is above 19 hours in 20), but not the single highest hour: that is often a one-hour
+#: scarcity spike (bundled DE-LU prices 2023-24: maximum 1,012 USD/MWh, 95th percentile 171, median 96), and a
+#: day filled with it would dominate a replay's bill.
+CONSERVATIVE_PERCENTILE = 95.0
 
 #: Origin label of an hour filled by interpolation.
 INTERPOLATED = "interpolated"
@@ -226,16 +234,18 @@ def interpolate_short_gaps(checked: CheckedSeries, max_gap_h: int = MAX_INTERPOL
 
 
 def conservative_value(kind: str, reference: Sequence[HourlySeries] = ()) -> float | None:
-    """The value an hour with no data gets: the highest value seen in ``reference`` series.
+    """The value an hour with no data gets: the :data:`CONSERVATIVE_PERCENTILE`-th percentile (linear
+    interpolation) of the known values of the ``reference`` series, pooled.
 
     ``kind`` is ``"carbon"`` (gCO2e/kWh: never 0 or below; :data:`DEFAULT_CONSERVATIVE_CARBON` when the
-    references hold no positive value) or ``"price"`` (the highest price seen, or ``None`` when there is no
-    reference: no price is safe to invent). Raises :class:`SeriesError` for another ``kind``.
+    percentile is not positive or there is no reference value) or ``"price"`` (``None`` when there is no
+    reference value: no price is safe to invent). Raises :class:`SeriesError` for another ``kind``.
     """
     if kind not in ("carbon", "price"):
         raise SeriesError(f"kind={kind!r}: choose 'carbon' or 'price'")
-    vals = [float(np.nanmax(r.values)) for r in reference if not np.isnan(r.values).all()]
-    top = max(vals) if vals else None
+    known = [r.values[~np.isnan(r.values)] for r in reference]
+    pooled = np.concatenate(known) if known else np.zeros(0)
+    top = float(np.percentile(pooled, CONSERVATIVE_PERCENTILE)) if pooled.size else None
     if kind == "carbon":
         return top if top is not None and top > 0 else DEFAULT_CONSERVATIVE_CARBON
     return top

@@ -26,7 +26,8 @@ both lines.
 **Hygiene** (the rules of :mod:`pricing.hygiene`): each (zone, kind) series spans its first to its last hour;
 runs of at most :data:`pricing.hygiene.MAX_INTERPOLATED_GAP_H` missing hours between two values are
 interpolated (estimated); longer gaps take the bundled series of the same zone for those hours if it has them,
-then a conservative value (carbon: the highest value in the zone's series, never 0; price: the highest price).
+then a conservative value (the 95th percentile of the zone's known values, never 0 for carbon:
+:func:`pricing.hygiene.conservative_value`).
 
 Errors: :class:`UserSignalsError` (a ``ValueError``) naming the file, line, field and value.
 """

@@ -104,9 +104,12 @@ def test_carbon_is_never_filled_with_zero():
     zeros = HourlySeries("Z", "gCO2e/kWh", T0, np.zeros(3))
     assert conservative_value("carbon", [zeros]) == DEFAULT_CONSERVATIVE_CARBON == 820.0
     assert conservative_value("carbon", []) == 820.0
-    assert conservative_value("carbon", [HourlySeries("Z", "u", T0, np.array([50.0, 300.0, float("nan")]))]) == 300.0
-    # prices: the highest seen (negative prices included), or None: no price is safe to invent
-    assert conservative_value("price", [HourlySeries("Z", "u", T0, np.array([-20.0, -5.0]))]) == -5.0
+    # the 95th percentile of the known values, pooled: [50, 100, 300, 400, 500] -> 400 + 0.8 x 100 = 480
+    refs = [HourlySeries("Z", "u", T0, np.array([50.0, 300.0, float("nan")])),
+            HourlySeries("Z", "u", T0, np.array([500.0, 100.0, 400.0]))]
+    assert conservative_value("carbon", refs) == pytest.approx(480.0, rel=1e-12)
+    # prices: negative prices included ([-20, -5] -> -20 + 0.95 x 15 = -5.75), or None: no price is safe to invent
+    assert conservative_value("price", [HourlySeries("Z", "u", T0, np.array([-20.0, -5.0]))]) == pytest.approx(-5.75)
     assert conservative_value("price", []) is None
     with pytest.raises(SeriesError, match="kind='water'"):
         conservative_value("water")

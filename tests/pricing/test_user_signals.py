@@ -34,8 +34,8 @@ def test_carbon_and_prices_with_gaps_negative_prices_and_offsets(tmp_path):
     assert [f.name for f in u.files] == ["carbon.csv", "prices.csv"] and u.rows == 6
     c = u.carbon["XX-TEST"]
     # 00 100 measured | 01 interpolated 200 | 02 300 (estimated in the file) | 03..05: 3-hour gap, no bundled
-    # XX-TEST series -> the conservative value, the highest carbon seen (300) | 06 250
-    assert c.series.values.tolist() == [100.0, 200.0, 300.0, 300.0, 300.0, 300.0, 250.0]
+    # XX-TEST series -> the conservative value, the 95th percentile of [100, 250, 300] = 250 + 0.9 x 50 = 295 | 06 250
+    assert c.series.values.tolist() == pytest.approx([100.0, 200.0, 300.0, 295.0, 295.0, 295.0, 250.0], rel=1e-12)
     assert c.estimated.tolist() == [False, True, True, True, True, True, False]
     assert c.origin.tolist() == ["user", INTERPOLATED, "user", CONSERVATIVE, CONSERVATIVE, CONSERVATIVE, "user"]
     p = u.price["XX-TEST"]
@@ -62,9 +62,9 @@ def test_per_kwh_prices_and_a_long_gap_filled_from_the_bundled_zone(tmp_path):
     assert p[1:6].tolist() == [bp.value_at(t0 + k * 3600) for k in range(1, 6)]
     assert c[1:6].tolist() == [bc.value_at(t0 + k * 3600) for k in range(1, 6)]
     assert u.price["CA-ON"].origin[1:6].tolist() == ["bundled-price"] * 5
-    # without the bundle: the conservative (highest) value
+    # without the bundle: the conservative value, the 95th percentile of [40, 60] = 59
     u2 = load_user_signals(tmp_path, bundled_fallback=False)
-    assert u2.carbon["CA-ON"].series.values[1:6].tolist() == [60.0] * 5
+    assert u2.carbon["CA-ON"].series.values[1:6].tolist() == pytest.approx([59.0] * 5, rel=1e-12)
 
 
 def test_grid_signals_with_user_series_in_place_of_the_bundled_ones(tmp_path):
