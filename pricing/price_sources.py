@@ -30,7 +30,8 @@ before the 15-minute market time unit went live (2025-10-01, the client's
 signs kept. The day-ahead prices of a past window are its ``history``; those
 published for the coming day are the ``forecast``. Zone ids are the project's
 (``DE-LU``) mapped to the client's areas (``DE_LU``) unless ``areas`` says
-otherwise.
+otherwise. ``entsoe-py`` logs each request's parameters, token included, at DEBUG: those records are
+dropped by a filter on its logger.
 
 Errors: :class:`TariffError` (a ``ValueError``) names the config field and value;
 feed faults are :class:`pricing.sources.SourceError` subclasses.
@@ -38,6 +39,7 @@ feed faults are :class:`pricing.sources.SourceError` subclasses.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from datetime import datetime, timezone
@@ -194,6 +196,19 @@ class Tariff(SignalSource):
         return self._window(zone, start_s, end_s, True)
 
 
+class _DropTokenRecords(logging.Filter):
+    """Drop ``entsoe-py`` log records that carry the security token (it logs each request's params at DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "securityToken" not in record.getMessage()
+
+
+def _guard_entsoe_logs() -> None:
+    lg = logging.getLogger("entsoe.entsoe")
+    if not any(isinstance(f, _DropTokenRecords) for f in lg.filters):
+        lg.addFilter(_DropTokenRecords())
+
+
 class EntsoeDayAhead(SignalSource):
     """ENTSO-E SDAC day-ahead prices through ``entsoe-py``: history and forecast, USD/MWh.
 
@@ -243,6 +258,7 @@ class EntsoeDayAhead(SignalSource):
         except (ValueError, KeyError):
             raise ValueError(f"zone={zone!r}: no ENTSO-E area {name!r}; pass areas={{zone: area}}") from None
         client = self._get_client()
+        _guard_entsoe_logs()
         try:
             with warnings.catch_warnings():  # entsoe-py parses the XML with html.parser and says so each time
                 warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)

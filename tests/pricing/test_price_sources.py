@@ -191,3 +191,12 @@ def test_entsoe_start_need_not_be_on_the_hour(entsoe_server):
     assert (got.series.values / EUR).tolist() == pytest.approx([1.0, 2.0, 3.0])
     assert got.series.start_s == utc(2024, 5, 1).timestamp()
     assert got.origin.tolist() == ["entsoe-day-ahead"] * 3
+
+
+def test_entsoe_token_never_reaches_the_logs(entsoe_server, caplog):
+    import logging
+
+    entsoe_server["xml"] = entsoe_prices_xml(DE_LU, utc(2024, 5, 1), 60, [1.0])
+    with caplog.at_level(logging.DEBUG):
+        _src().history("DE-LU", utc(2024, 5, 1).timestamp(), utc(2024, 5, 1, 1).timestamp())
+    assert "tok" not in caplog.text and "securityToken" not in caplog.text
