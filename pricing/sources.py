@@ -16,7 +16,9 @@ the window asked for: hours the source did not deliver are ``NaN``, so an empty
 ``200 OK`` shows up as missing data (:func:`pricing.hygiene.completeness`).
 
 Sources here: :class:`BundledCarbon` and :class:`BundledPrice` (the 2023-2024
-history in ``pricing/data``, history only). Feeds: :mod:`pricing.carbon_sources`
+history in ``pricing/data``, history only). :class:`SourceChain` asks several
+sources of one kind and unit in order and applies the gap rules of
+:mod:`pricing.hygiene` (a source that fails counts as all missing). Feeds: :mod:`pricing.carbon_sources`
 (GB Carbon Intensity API, Electricity Maps), :mod:`pricing.price_sources`
 (operator tariff, ENTSO-E day-ahead).
 
@@ -34,16 +36,17 @@ from __future__ import annotations
 
 import email.utils
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pricing.hygiene import CheckedSeries, hour_grid
+from pricing.hygiene import MAX_INTERPOLATED_GAP_H, CheckedSeries, conservative_value, fill_gaps, hour_grid
 from pricing.series import HourlySeries, SeriesError
 
 __all__ = ["SourceError", "RateLimited", "SourceAuthError", "SourceUnavailable", "HasLatest", "HasHistory",
            "HasForecast", "SignalSource", "capabilities", "window_from_series", "HttpJson", "BundledCarbon",
-           "BundledPrice", "retry_after_seconds"]
+           "BundledPrice", "retry_after_seconds", "SourceChain", "ChainResult"]
 
 
 class SourceError(RuntimeError):
@@ -255,3 +258,79 @@ class BundledPrice(SignalSource):
         from pricing.electricity import load_electricity_price
 
         return window_from_series(load_electricity_price(zone), start_s, end_s, self.name)
+
+
+@dataclass(frozen=True)
+class ChainResult:
+    """What :meth:`SourceChain.window` found.
+
+    Attributes:
+        checked: the series after the gap rules (origin per hour: source name, ``interpolated``, ``conservative``).
+        errors: source name -> the error that source raised (its hours counted as missing).
+        skipped: sources without the capability asked for.
+    """
+
+    checked: CheckedSeries
+    errors: dict[str, SourceError]
+    skipped: tuple[str, ...]
+
+
+class SourceChain:
+    """Sources of one kind and unit in order of preference, with the gap rules applied to their answers.
+
+    Args:
+        sources: e.g. ``[ElectricityMaps(), BundledCarbon()]``; all must share ``kind`` and ``unit``.
+        max_gap_h: see :func:`pricing.hygiene.interpolate_short_gaps`.
+        conservative: the value of hours no source has; default :func:`pricing.hygiene.conservative_value`
+            of the series the sources returned (carbon: never <= 0; price: none when nothing came back).
+
+    Raises ``ValueError`` naming the source whose kind or unit differs.
+    """
+
+    def __init__(self, sources: list[SignalSource], *, max_gap_h: int = MAX_INTERPOLATED_GAP_H,
+                 conservative: float | None = None):
+        if not sources:
+            raise ValueError("sources: empty chain")
+        k, u = sources[0].kind, sources[0].unit
+        for src in sources[1:]:
+            if (src.kind, src.unit) != (k, u):
+                raise ValueError(f"sources: {src.name!r} serves {src.kind} in {src.unit!r}, the chain {k} in {u!r}")
+        self.sources = list(sources)
+        self.kind, self.unit = k, u
+        self.max_gap_h = max_gap_h
+        self.conservative = conservative
+
+    def window(self, zone: str, start_s: float, end_s: float, want: str = "history") -> ChainResult:
+        """The hours of ``[start_s, end_s)`` from the first source that has each (``want``: history or forecast).
+
+        A source that raises :class:`SourceError` or has no such zone (``ValueError``) contributes no hour;
+        its error is kept in :attr:`ChainResult.errors`. Hours no source has get the conservative value.
+        """
+        if want not in ("history", "forecast"):
+            raise ValueError(f"want={want!r}: choose history or forecast")
+        proto = HasHistory if want == "history" else HasForecast
+        grid = hour_grid(start_s, end_s)
+        empty = CheckedSeries.of(HourlySeries(zone, self.unit, float(grid[0]), np.full(grid.size, np.nan)), "",
+                                 forecast=want == "forecast")
+        got: list[CheckedSeries] = []  # one per capable source; a failed one is all missing
+        errors: dict[str, SourceError] = {}
+        skipped: list[str] = []
+        for src in self.sources:
+            if not isinstance(src, proto):
+                skipped.append(src.name)
+                continue
+            try:
+                got.append(getattr(src, want)(zone, start_s, end_s))
+            except SourceError as e:
+                errors[src.name] = e
+                got.append(empty)
+            except ValueError as e:  # a zone the source does not serve
+                errors[src.name] = SourceError(src.name, str(e))
+                got.append(empty)
+        primary, rest = (got[0], got[1:]) if got else (empty, [])
+        cons = self.conservative
+        if cons is None:
+            cons = conservative_value(self.kind, [c.series for c in got])
+        # the first capable source is the primary: every hour another source fills is flagged estimated
+        out = fill_gaps(primary, rest, conservative=cons, max_gap_h=self.max_gap_h, kind=self.kind)
+        return ChainResult(out, errors, tuple(skipped))
