@@ -11,7 +11,8 @@ is not mixed with the bundled life-cycle ``gCO2e/kWh`` series. Zones: ``"GB"``
 London … 17 Wales). Half-hours are averaged to hours (both halves needed).
 National history uses ``actual``; a half-hour whose ``actual`` is null takes its
 ``forecast`` flagged estimated; regional figures are forecast-only, so regional
-history is flagged estimated. Endpoints: ``/intensity/{from}/{to}``,
+history is flagged estimated; a half-hour served twice (api-definitions#17)
+counts once, as the mean of its records, flagged estimated if they differ. Endpoints: ``/intensity/{from}/{to}``,
 ``/intensity/{from}/fw48h``, ``/regional/intensity/{from}/{to}/regionid/{id}``,
 ``/regional/intensity/{from}/fw48h/regionid/{id}``; a range request spans at
 most 14 days (longer windows are split).

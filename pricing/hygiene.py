@@ -160,7 +160,7 @@ def to_hourly(times_s: Sequence[float] | np.ndarray, values: Sequence[float] | n
     Returns:
         A :class:`CheckedSeries`: an hour's value is the time-weighted mean of its intervals when they
         cover the whole hour, else ``NaN``. Intervals outside the window are ignored; a repeated
-        interval keeps its last value.
+        interval counts once with the mean of its values (estimated if they differ).
 
     Raises :class:`SeriesError` for mismatched lengths, a duration that does not divide an hour, or an
     interval that straddles an hour boundary.
@@ -180,20 +180,23 @@ def to_hourly(times_s: Sequence[float] | np.ndarray, values: Sequence[float] | n
     sums = np.zeros(n)
     cover = np.zeros(n)
     est_h = np.zeros(n, dtype=bool)
-    seen: dict[float, int] = {}
-    for k in range(t.size):  # last value of a repeated interval wins
-        seen[float(t[k])] = k
-    for k in seen.values():
-        if np.isnan(v[k]):
-            continue
+    # a repeated interval (the GB API once served two different records for one half-hour,
+    # carbon-intensity/api-definitions#17): the mean of its values, flagged estimated if they differ
+    seen: dict[float, list[int]] = {}
+    for k in range(t.size):
+        if not np.isnan(v[k]):
+            seen.setdefault(float(t[k]), []).append(k)
+    for ks in seen.values():
+        k = ks[0]
         h = int(np.floor((t[k] - grid[0]) / HOUR_S))
         if h < 0 or h >= n:
             continue
         if t[k] + d[k] > grid[h] + HOUR_S + 1e-6 or (t[k] - grid[h]) % d[k] > 1e-6:
             raise SeriesError(f"times_s: interval at {t[k]} of {d[k]:.0f} s is not aligned inside one UTC hour")
-        sums[h] += v[k] * d[k]
+        vals = v[ks]
+        sums[h] += float(vals.mean()) * d[k]
         cover[h] += d[k]
-        est_h[h] |= bool(est[k])
+        est_h[h] |= bool(est[ks].any()) or bool(np.ptp(vals) > 0)
     full = np.abs(cover - HOUR_S) < 1e-6
     out = np.full(n, np.nan)
     out[full] = sums[full] / HOUR_S

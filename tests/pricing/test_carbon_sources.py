@@ -59,6 +59,15 @@ def test_gb_history_averages_half_hours_and_a_null_actual_takes_the_forecast_fla
     assert np.isnan(fill_gaps(got).series.values[2])
 
 
+def test_gb_duplicate_half_hour_records_count_once_as_their_mean_flagged(rsps):
+    # carbon-intensity/api-definitions#17: two records for 2021-04-19 19:00-19:30 with different values
+    t = utc(2021, 4, 19, 19)
+    rows = [gb_period(t, 200, 180), gb_period(t, 200, 220), gb_period(t + timedelta(minutes=30), 210, 240)]
+    rsps.get(f"{GB}/intensity/2021-04-19T19:00Z/2021-04-19T20:00Z", json=gb_national(rows))
+    got = GbCarbonIntensity().history("GB", t.timestamp(), t.timestamp() + H)
+    assert got.series.values.tolist() == [220.0] and got.estimated.tolist() == [True]  # (200 + 240) / 2
+
+
 def test_gb_empty_200_is_missing_data(rsps):
     rsps.get(f"{GB}/intensity/2024-03-31T00:00Z/2024-03-31T02:00Z", json={"data": []})
     got = GbCarbonIntensity().history("GB", T0.timestamp(), T0.timestamp() + 2 * H)
