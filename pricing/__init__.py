@@ -13,7 +13,13 @@ Modules (one idea each):
 * :mod:`pricing.billing` — per-provider billing rules (minimum, increment, source) and billed seconds.
 * :mod:`pricing.catalog` — priced AWS/GCP GPU offers from the bundled catalogs.
 * :mod:`pricing.signals` — :class:`GridSignals` for the planner.
-* :mod:`pricing.errors` — the exception tree (all ``ValueError``).
+* :mod:`pricing.hygiene` — completeness, sub-hourly to hourly, gap interpolation, fallbacks (:class:`CheckedSeries`).
+* :mod:`pricing.sources` — signal source interfaces (latest/history/forecast), fetch errors, bundled sources.
+* :mod:`pricing.carbon_sources` — GB Carbon Intensity API, Electricity Maps.
+* :mod:`pricing.price_sources` — operator tariff (fixed/time-of-use), ENTSO-E day-ahead via ``entsoe-py``.
+* :mod:`pricing.user_signals` — user hourly carbon/price CSVs (``simulate --signals DIR``).
+* :mod:`pricing.errors` — the exception tree of bad input (all ``ValueError``; fetch faults are
+  :class:`pricing.sources.SourceError`, a ``RuntimeError``).
 
 Imports nothing from ``broker`` (an import-linter contract in ``pyproject.toml``). Data lives in
 ``pricing/data`` (built by ``scripts/bundle_data.py``; sources and licences in ``pricing/data/SOURCES.md``).

@@ -97,6 +97,11 @@ def simulate(
              "decisions use the carbon price (federated) at each, re-price the single run of the others, and with "
              "--bound solve the bound's score LP at each: the cost-carbon frontier (results.json 'frontier', the "
              "report's frontier plot and ratio table)."),
+    signals: Optional[Path] = typer.Option(
+        None, "--signals", help="Folder of your own hourly carbon and price CSVs (columns zone, hour_utc, value, "
+                                "unit, quality; see pricing/user_signals.py) replayed in place of the bundled "
+                                "series of the zones they give; short gaps interpolated, long ones filled from the "
+                                "bundle, then a conservative value."),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), help="Processes for the policy runs and LP solves "
                                                                   "(1: all in this process; the runs' wall-clock "
                                                                   "timings include any wait for a core)."),
@@ -142,9 +147,11 @@ def simulate(
     start_dt = _parse_time(start, "--start") if start else None
     _prepare_out(out)
     try:
-        scen = load_scenario(cluster)
+        scen = load_scenario(cluster, signals_dir=signals)
     except (ValueError, OSError) as e:
         _fail(str(e))
+    if scen.user_signals is not None:
+        current_console().print(f"signals from {signals}:\n  " + "\n  ".join(scen.user_signals.summary()))
     site_tz = scen.pools[0].timezone
     kw = dict(start=start_dt, limit=jobs, slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0)
     try:
@@ -166,7 +173,7 @@ def simulate(
                        cloud_enabled=not no_cloud)
     spec = RunSpec(trace=trace, cluster=str(cluster) if cluster else None, start=start_dt, limit=jobs,
                    slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0, planner=pc.model_dump(), seed=seed,
-                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H)
+                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H, signals=str(signals) if signals else None)
     # the longest first (workers take tasks in order): the carbon-price runs, the others' runs, then the LPs
     sens = [p for p in policies if uses_carbon_price(p)]
     tasks = [Task("run", carbon_price, p, full=True) for p in sens]
@@ -230,6 +237,7 @@ def simulate(
             "sweep_carbon_price_usd_per_t": prices or None, "bound": bound,
             "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
+            "signals": str(signals) if signals else "bundled",
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta, bound_doc, frontier)
     csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
@@ -261,7 +269,7 @@ def _check_coverage(tr, scen) -> None:
     c = sig.carbon(scen.pools[0].carbon_zone)
     t0, t1 = tr.jobs[0].submit_s, tr.jobs[-1].submit_s
     if t0 < c.start_s or t1 > c.end_s:
-        _fail(f"the trace spans {_iso(t0)}..{_iso(t1)} but the bundled price/carbon data covers "
+        _fail(f"the trace spans {_iso(t0)}..{_iso(t1)} but the carbon data of zone {c.zone} covers "
               f"{_iso(c.start_s)}..{_iso(c.end_s)}; pass a --start (e.g. {_iso(c.start_s)[:10]}) so that "
               "the whole trace falls inside")
 

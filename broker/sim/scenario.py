@@ -4,7 +4,8 @@
 the data bundled in ``pricing/data`` and ``broker/data`` (no network). Every
 zone referenced by a pool or an offer must have a carbon series; a pool's
 price zone must have an electricity price series (else ``ValueError`` naming
-the pool and zone).
+the pool and zone). With ``signals_dir`` the user's hourly series
+(:mod:`pricing.user_signals`) replace the bundled ones for the zones they give.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Scenario:
         signals: ``pricing.signals.GridSignals`` for every zone used.
         spot_traces: ``pricing.spot.SpotTrace`` list.
         gpus: GPU throughput/power table.
+        user_signals: the ``pricing.user_signals.UserSignals`` read with ``signals_dir`` (None: bundled only).
     """
 
     pools: list[Pool]
@@ -38,19 +40,24 @@ class Scenario:
     signals: object
     spot_traces: list = field(default_factory=list)
     gpus: GpuTable | None = None
+    user_signals: object = None
 
 
-def load_scenario(cluster: str | Path | None = None, with_pools: bool = True) -> Scenario:
+def load_scenario(cluster: str | Path | None = None, with_pools: bool = True,
+                  signals_dir: str | Path | None = None) -> Scenario:
     """Load the default (or ``cluster``) on-prem pools and all bundled offers and signals.
 
+    ``signals_dir``: a folder of user carbon/price CSVs (:func:`pricing.user_signals.load_user_signals`) used in
+    place of the bundled series of the zones it gives (``Scenario.user_signals``).
     Raises ``broker.cluster.ClusterError`` for a bad cluster file and ``ValueError``
-    when a pool names a zone without bundled data.
+    when a pool names a zone without bundled or user data (or a user file is malformed).
     """
     from pricing.carbon import available_carbon_zones
     from pricing.catalog import load_offers
     from pricing.electricity import available_price_zones
     from pricing.signals import load_grid_signals
     from pricing.spot import load_spot_traces
+    from pricing.user_signals import grid_signals_with, load_user_signals
 
     from pricing.power import UnknownGpuTypeError, canonical_gpu_type
 
@@ -66,15 +73,18 @@ def load_scenario(cluster: str | Path | None = None, with_pools: bool = True) ->
             nodes.append(nd if g == nd.gpu_type else nd.model_copy(update={"gpu_type": g}))
         canon.append(p.model_copy(update={"nodes": tuple(nodes)}))
     pools = canon
+    user = load_user_signals(signals_dir) if signals_dir is not None else None
+    carbon_zones = set(available_carbon_zones()) | set(user.carbon if user else ())
+    price_zones = set(available_price_zones()) | set(user.price if user else ())
     for p in pools:
-        if p.carbon_zone not in available_carbon_zones():
+        if p.carbon_zone not in carbon_zones:
             raise ValueError(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no bundled series; "
-                             f"available: {', '.join(available_carbon_zones())}")
-        if p.price_zone not in available_price_zones():
+                             f"available: {', '.join(sorted(carbon_zones))}")
+        if p.price_zone not in price_zones:
             raise ValueError(f"pool {p.name!r}: price_zone={p.price_zone!r} has no bundled series; "
-                             f"available: {', '.join(available_price_zones())}")
+                             f"available: {', '.join(sorted(price_zones))}")
     cat = load_offers()
     zones = {p.carbon_zone for p in pools} | {p.price_zone for p in pools} | {o.carbon_zone for o in cat.offers}
-    signals = load_grid_signals(sorted(zones))
+    signals = grid_signals_with(sorted(zones), user) if user else load_grid_signals(sorted(zones))
     return Scenario(pools=pools, offers=list(cat.offers), offers_skipped=dict(cat.skipped), signals=signals,
-                    spot_traces=load_spot_traces(), gpus=GpuTable.from_pricing())
+                    spot_traces=load_spot_traces(), gpus=GpuTable.from_pricing(), user_signals=user)

@@ -46,6 +46,7 @@ class RunSpec:
         planner: the :class:`PlannerConfig` fields (``model_dump()``) at the main carbon price.
         seed, step_s, market: :class:`~broker.sim.simulator.SimulationConfig`'s ``seed``, ``tick_s`` (s), ``market``.
         block_h: hours per LP time step of the bound.
+        signals: folder of user carbon/price CSVs (``simulate --signals``), None for the bundled series.
     """
 
     trace: str
@@ -59,6 +60,7 @@ class RunSpec:
     step_s: float = PLAN_INTERVAL_S
     market: Market | None = None
     block_h: int = 1
+    signals: str | None = None
 
     def load(self) -> tuple[Any, Any]:
         """``(trace, scenario)``: the trace and the bundled scenario, loaded as ``simulate`` loads them."""
@@ -67,7 +69,7 @@ class RunSpec:
         from broker.sim.scenario import load_scenario
         from broker.sim.traces import load_generic_csv, load_philly
 
-        scen = load_scenario(self.cluster)
+        scen = load_scenario(self.cluster, signals_dir=self.signals)
         kw = dict(start=self.start, limit=self.limit, slack_factor=self.slack_factor, min_slack_s=self.min_slack_s)
         if self.trace == "philly":
             tr = load_philly(site_tz=scen.pools[0].timezone, **kw)

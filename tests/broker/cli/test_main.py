@@ -387,3 +387,44 @@ def test_simulate_results_meta_default_step_is_the_live_beat_interval(run, tmp_p
     assert run("simulate", "--trace", str(f), "--policy", "fifo", "--out", str(out)).exit_code == 0
     meta = json.loads((out / "results.json").read_text())["meta"]
     assert (meta["step_s"], meta["market"], meta["no_cloud"], meta["seed"]) == (PLAN_INTERVAL_S, "any", False, 0)
+
+
+# --------------------------------------------------------------------------- --signals (bring your own history)
+def test_simulate_with_user_signals_replays_them_with_gaps_interpolated(run, tmp_path):
+    # 2030: outside the bundle, so every figure comes from the user's files. Carbon 10:00 is empty: interpolated
+    # between 100 (09:00) and 300 (11:00) to 200; the job runs 10:01:00-11:01:00 (60-s step) on the Toronto pool.
+    sig = tmp_path / "signals"
+    sig.mkdir()
+    (sig / "carbon.csv").write_text("zone,hour_utc,value,unit,quality\n"
+                                    "CA-ON,2030-09-02T09:00Z,100,gCO2e/kWh,measured\n"
+                                    "CA-ON,2030-09-02T10:00Z,,gCO2e/kWh,measured\n"
+                                    "CA-ON,2030-09-02T11:00Z,300,gCO2e/kWh,measured\n"
+                                    "CA-ON,2030-09-02T12:00Z,300,gCO2e/kWh,estimated\n")
+    (sig / "price.csv").write_text("zone,hour_utc,value,unit,quality\n"
+                                   + "".join(f"CA-ON,2030-09-02T{h:02d}:00Z,50,CAD/MWh,measured\n" for h in range(9, 13)))
+    f = tmp_path / "one.csv"
+    f.write_text(ONE_JOB.replace("2023-09-04", "2030-09-02"))
+    out = tmp_path / "o"
+    r = run("simulate", "--trace", str(f), "--policy", "fifo", "--no-cloud", "--signals", str(sig), "--out", str(out),
+            "--step", "60")
+    assert r.exit_code == 0, r.output
+    assert "carbon CA-ON: 2030-09-02T09:00+00:00..2030-09-02T13:00+00:00, 4 h, 2 estimated (interpolated 1" in r.output
+    doc = json.loads((out / "results.json").read_text())
+    m = doc["policies"]["fifo"]
+    assert doc["meta"]["signals"] == str(sig)
+    kwh = 4 * GpuTable.from_pricing().busy_kw["V100"] * 1.3
+    assert m["energy_kwh"] == pytest.approx(kwh, rel=1e-12)
+    assert m["carbon_kg"] == pytest.approx(kwh * (59 * 200 + 1 * 300) / 60 / 1000, rel=1e-9)
+    assert m["onprem_energy_cost_usd"] == pytest.approx(kwh * 50 / 1000 / 1.3495, rel=1e-9)
+    assert m.get("missing_signal_hours", 0.0) == 0.0
+    # without --signals the same 2030 trace is outside the bundled data
+    r2 = run("simulate", "--trace", str(f), "--policy", "fifo", "--no-cloud", "--out", str(tmp_path / "o2"))
+    assert r2.exit_code == 2 and "the carbon data of zone CA-ON covers" in r2.output
+
+
+def test_simulate_bad_signals_folder_exits_2(run, tmp_path):
+    sig = tmp_path / "s"
+    sig.mkdir()
+    (sig / "c.csv").write_text("zone,hour_utc,value,unit,quality\nCA-ON,2030-09-02T09:30Z,1,gCO2e/kWh,measured\n")
+    r = run("simulate", "--jobs", "5", "--signals", str(sig), "--out", str(tmp_path / "o"))
+    assert r.exit_code == 2 and "c.csv:2: hour_utc='2030-09-02T09:30Z': not on the hour" in r.output

@@ -206,3 +206,17 @@ def test_a_task_that_fails_in_a_worker_raises_here_and_the_rest_are_dropped():
     done = []
     out = run_tasks(tasks[1:2], spec, workers=2, on_done=lambda t, r, s: done.append(t))  # one task: in-process
     assert done == tasks[1:2] and out[0]["jobs_submitted"] == 20
+
+
+def test_run_spec_loads_the_user_signals_in_a_worker(tmp_path):
+    # the worker processes rebuild the scenario from the RunSpec: --signals must reach them
+    from broker.sim.sweep import RunSpec
+
+    (tmp_path / "c.csv").write_text("zone,hour_utc,value,unit,quality\n"
+                                    "CA-ON,2023-09-04T00:00Z,123,gCO2e/kWh,measured\n")
+    _, scen = RunSpec(trace="philly", limit=5, signals=str(tmp_path)).load()
+    c = scen.signals.carbon("CA-ON")
+    assert c.values.tolist() == [123.0] and c.start_s == 1693785600.0  # 2023-09-04T00:00Z
+    assert scen.user_signals.files == [tmp_path / "c.csv"]
+    _, bundled = RunSpec(trace="philly", limit=5).load()
+    assert bundled.signals.carbon("CA-ON").values.size == 17544 and bundled.user_signals is None
