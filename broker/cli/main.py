@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 
 import typer
 
-from broker.cli.console import current_console, echo_json, fail
+from broker.cli.console import current_console, echo_json, fail, stderr
 from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
 from broker.planner.costs import score
@@ -337,8 +337,9 @@ def offers(
     if not rows:
         _fail(f"no offer or pool holds {nodes} x {count} {gpu or 'any'} GPUs"
               + (f" in region {region!r}" if region else "") + ("" if spot else " on-demand"))
-    if any(math.isnan(r.carbon_kg) for r in rows):
-        current_console().print("[yellow]note:[/yellow] options without carbon data for that window are listed last")
+    if any(math.isnan(r.carbon_kg) for r in rows):  # on stderr: --json keeps stdout pure JSON
+        stderr.print("[yellow]note:[/yellow] some options run past the bundled carbon data (kgCO2e n/a)"
+                     + ("; they are listed last" if sort != "cost" else ""))
     if as_json:
         echo_json([option_json(r, nodes) for r in rows])
         return
@@ -372,12 +373,16 @@ def request_job(ctx: PlannerContext, gpu_types: frozenset[str] | None, count: in
 def ranked_options(ctx: PlannerContext, job: PendingJob, start_s: float, sort: str = "cost",
                    carbon_price: float = 190.0, cloud_only: bool = False) -> list[OptionRow]:
     """The answer of ``fedbroker offers``: :func:`option_rows` ranked by ``sort`` (``cost``: total USD, then
-    kgCO2e; ``carbon``; ``score`` at ``carbon_price`` USD/tCO2e), rows without carbon data last."""
+    kgCO2e, rows without carbon data after their equals; ``carbon`` and ``score`` at ``carbon_price`` USD/tCO2e:
+    rows without carbon data last, as they cannot be ranked)."""
     rows = option_rows(ctx, job, start_s, cloud_only=cloud_only)
     # the score of a query prices carbon only: it has no priority, so no value of time for the wait
     key = {"cost": lambda r: (r.dollars_usd, r.carbon_kg), "carbon": lambda r: (r.carbon_kg, r.dollars_usd),
            "score": lambda r: (score(r.dollars_usd, r.carbon_kg, 0.0, 0.0, carbon_price), r.dollars_usd)}[sort]
-    rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
+    if sort == "cost":
+        rows.sort(key=lambda r: (r.dollars_usd, math.isnan(r.carbon_kg), r.carbon_kg))
+    else:
+        rows.sort(key=lambda r: (math.isnan(r.carbon_kg),) + key(r))
     return rows
 
 

@@ -73,7 +73,7 @@ from broker.service.node_api import node_router
 from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
-from broker.service.metrics import CONTENT_TYPE, render_metrics
+from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
 from broker.service.settings import BrokerSettings
@@ -384,13 +384,17 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return out
 
     # ------------------------------------------------------------------ metrics
+    scrapes = ScrapeCache(store, SCRAPE_CACHE_S)
+
     @app.get("/metrics", tags=["health"], response_class=Response,
              responses={200: {"content": {CONTENT_TYPE: {}}, "description": "Prometheus text exposition"},
-                        401: _ERRORS[401]})
+                        401: _ERRORS[401],
+                        403: {"model": ErrorBody, "description": "a node token (node agents use /v1/node only)"}})
     def metrics(who: Caller) -> Response:
         """Prometheus metrics (:mod:`broker.service.metrics`): an admin token sees every team's series, any
-        other token (member, read-only, team-admin) only its own team's; a node token gets 403."""
-        body = render_metrics(store, None if who.admin else who.team, _utcnow())
+        other token (member, read-only, team-admin) only its own team's; a node token gets 403. Each scope's
+        answer is reused for ``SCRAPE_CACHE_S`` (10 s)."""
+        body = scrapes.get(None if who.admin else who.team, _utcnow())
         return Response(body, media_type=CONTENT_TYPE)
 
     # ------------------------------------------------------------------ jobs

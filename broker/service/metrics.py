@@ -20,10 +20,13 @@ from prometheus_client.utils import floatToGoString
 from broker.service.store import metrics as rows
 from broker.service.store.core import JobStore
 
-__all__ = ["StoreCollector", "render_metrics", "METRIC_NAMES", "WAIT_BUCKETS_S", "CONTENT_TYPE"]
+__all__ = ["StoreCollector", "ScrapeCache", "render_metrics", "METRIC_NAMES", "WAIT_BUCKETS_S", "CONTENT_TYPE",
+           "SCRAPE_CACHE_S"]
 
 #: the exposition format's content type
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: seconds a scope's exposition is reused (Prometheus' default scrape interval is 15 s)
+SCRAPE_CACHE_S = 10.0
 #: upper bounds of the wait histogram's buckets, seconds (1 min ... 1 day; the deadlines' scale)
 WAIT_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
 #: every metric this module exposes
@@ -44,7 +47,7 @@ class StoreCollector(Collector):
             queued = rows.queue_depth(s, self.team)
             instances = rows.cloud_instance_counts(s, self.team)
             held = rows.attempt_gpu_seconds(s, self.team, self.now)
-            waits = rows.first_waits(s, self.team)
+            waits = rows.wait_histogram(s, self.team, WAIT_BUCKETS_S)
         jobs = GaugeMetricFamily("fedbroker_jobs", "Jobs on record by team and state.", labels=["team", "state"])
         for t, st, n in states:
             jobs.add_metric([t, st], n)
@@ -67,13 +70,10 @@ class StoreCollector(Collector):
         yield gh
         hist = HistogramMetricFamily("fedbroker_job_wait_seconds", "Seconds from submission to the start of "
                                      "the current run, jobs on record that started, by team.", labels=["team"])
-        by_team: dict[str, list[float]] = {}
-        for t, w in waits:
-            by_team.setdefault(t, []).append(w)
-        for t, ws in sorted(by_team.items()):
-            buckets = [(_le(b), float(sum(w <= b for w in ws))) for b in WAIT_BUCKETS_S]
-            buckets.append(("+Inf", float(len(ws))))
-            hist.add_metric([t], buckets, sum_value=sum(ws))
+        for t, under, n, total in waits:
+            buckets = [(_le(b), float(c)) for b, c in zip(WAIT_BUCKETS_S, under)]
+            buckets.append(("+Inf", float(n)))
+            hist.add_metric([t], buckets, sum_value=total)
         yield hist
 
 
@@ -86,3 +86,24 @@ def render_metrics(store: JobStore, team: str | None, now: datetime) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store, team, now))
     return generate_latest(registry)
+
+
+class ScrapeCache:
+    """The last exposition per scope (a team, or None for admin), reused for ``ttl_s`` seconds, so a token
+    that scrapes in a loop costs the database one read per scope and period (:data:`SCRAPE_CACHE_S`)."""
+
+    def __init__(self, store: JobStore, ttl_s: float = 0.0):
+        self.store, self.ttl_s = store, ttl_s
+        self._last: dict[str | None, tuple[float, bytes]] = {}
+
+    def get(self, team: str | None, now: datetime) -> bytes:
+        """The exposition for ``team`` at ``now`` (UTC), at most ``ttl_s`` seconds old."""
+        t = now.timestamp()
+        hit = self._last.get(team)
+        if hit is not None and t - hit[0] < self.ttl_s:
+            return hit[1]
+        body = render_metrics(self.store, team, now)
+        if len(self._last) > 10_000:  # teams are bounded by the token table; never grow without end
+            self._last.clear()
+        self._last[team] = (t, body)
+        return body

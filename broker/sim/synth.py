@@ -125,10 +125,15 @@ def generate(kind_name: str, *, seed: int = 0, days: float | None = None, load: 
         raise ValueError(f"diurnal={diurnal!r}: must be in [0, 1]")
     if start.tzinfo is None:
         raise ValueError(f"start={start!r}: must be timezone-aware")
+    if seed < 0:
+        raise ValueError(f"seed={seed!r}: must be >= 0")
 
     rng = np.random.default_rng(seed)
     span_s = days * 86400.0
     peak_per_s = mean_rate_per_h(kind, load, pool_gpus) * (1 + diurnal) / 3600.0
+    if peak_per_s * span_s > MAX_JOBS:
+        raise ValueError(f"load={load:g}, pool_gpus={pool_gpus}, days={days:g}: about {peak_per_s * span_s:,.0f} "
+                         f"arrivals to draw, more than {MAX_JOBS:,}: lower one of them")
     n = rng.poisson(peak_per_s * span_s)
     t = np.sort(rng.uniform(0.0, span_s, n))
     hour = ((start.timestamp() + t) / 3600.0) % 24.0
@@ -145,6 +150,13 @@ def generate(kind_name: str, *, seed: int = 0, days: float | None = None, load: 
         rows.append({"job_id": f"{kind_name}-{i}", "submit_time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
                      "duration_s": str(int(dur[i])), "num_gpus": str(int(gpus[i])), "team": TEAMS[teams[i]]})
     return rows
+
+
+#: most arrivals :func:`generate` draws (about 1 GB of rows in memory; the Philly trace has 82,247 jobs)
+MAX_JOBS = 2_000_000
+#: generate()'s argument names as main()'s options, for error messages
+_FLAGS = {"days=": "--days=", "load=": "--load=", "pool_gpus=": "--pool-gpus=", "diurnal=": "--diurnal=",
+          "seed=": "--seed=", "start=": "--start="}
 
 
 def write_csv(rows: list[dict[str, str]], path: Path) -> None:
@@ -172,15 +184,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diurnal", type=float, default=0.5, help="amplitude of the daily arrival-rate swing, 0..1")
     ap.add_argument("--start", default="2023-09-04", help="first day, UTC (ISO date)")
     a = ap.parse_args(argv)
+    if a.out.is_dir() or not a.out.parent.is_dir():
+        print(f"error: out={str(a.out)!r}: " + ("is a directory" if a.out.is_dir() else "its folder does not exist"),
+              file=sys.stderr)
+        return 2
     try:
         start = datetime.fromisoformat(a.start)
+    except ValueError:
+        print(f"error: --start={a.start!r}: not an ISO 8601 date or instant (e.g. 2023-09-04)", file=sys.stderr)
+        return 2
+    try:
         start = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
         rows = generate(a.kind, seed=a.seed, days=a.days, load=a.load, pool_gpus=a.pool_gpus, diurnal=a.diurnal,
                         start=start)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        msg = str(e)
+        for arg, flag in _FLAGS.items():
+            msg = msg.replace(arg, flag)
+        print(f"error: {msg}", file=sys.stderr)
         return 2
-    write_csv(rows, a.out)
+    if not rows:
+        print("error: no job arrived in the span: raise --days or --load", file=sys.stderr)
+        return 2
+    try:
+        write_csv(rows, a.out)
+    except OSError as e:
+        print(f"error: out={str(a.out)!r}: {e.strerror or e}", file=sys.stderr)
+        return 2
     days = KINDS[a.kind].days if a.days is None else a.days
     print(f"{a.out}: {len(rows)} jobs, offered load {offered_load(rows, days, a.pool_gpus):.2f} of {a.pool_gpus} GPUs")
     return 0

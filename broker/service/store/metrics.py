@@ -8,19 +8,19 @@ never a job id.
 * :func:`queue_depth` — queued jobs per (team, committed pool);
 * :func:`cloud_instance_counts` — cloud instance records per (provider, state);
 * :func:`attempt_gpu_seconds` — GPU-seconds of attempts per (team, kind, pool or provider), running ones up to now;
-* :func:`first_waits` — seconds from submission to start, per started job (team, seconds).
+* :func:`wait_histogram` — per team, started jobs by wait (submission to start) bucket, their count and sum.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from broker.service.store.tables import Attempt, CloudInstance, Job
 
-__all__ = ["job_state_counts", "queue_depth", "cloud_instance_counts", "attempt_gpu_seconds", "first_waits"]
+__all__ = ["job_state_counts", "queue_depth", "cloud_instance_counts", "attempt_gpu_seconds", "wait_histogram"]
 
 
 def job_state_counts(s: Session, team: str | None) -> list[tuple[str, str, int]]:
@@ -52,26 +52,39 @@ def cloud_instance_counts(s: Session, team: str | None) -> list[tuple[str, str, 
     return [(pr, st, int(n)) for pr, st, n in s.execute(q)]
 
 
+def _seconds(s: Session, later, earlier):
+    """SQL for ``later - earlier`` in seconds (PostgreSQL ``extract(epoch ...)``, SQLite ``julianday``)."""
+    if s.get_bind().dialect.name == "postgresql":
+        return func.extract("epoch", later - earlier)
+    # julianday is a float of days (~1e-9 d resolution): rounded to the millisecond the stored instants carry
+    return func.round((func.julianday(later) - func.julianday(earlier)) * 86400.0, 3)
+
+
 def attempt_gpu_seconds(s: Session, team: str | None, now: datetime) -> list[tuple[str, str, str, float]]:
     """``(team, kind, place, GPU-seconds)``: attempts' GPUs x (end, or ``now`` while running, - start),
-    summed per team, kind (``onprem``/``cloud``) and place (the pool, or the provider: the offer id's first
-    field). Attempts that never started count 0. Summed in Python: portable across PostgreSQL and SQLite."""
-    q = (select(Job.team, Attempt.kind, Attempt.pool, Attempt.offer_id, Attempt.gpus, Attempt.started_at,
-                Attempt.ended_at).join(Job, Job.id == Attempt.job_id).where(Attempt.started_at.is_not(None)))
+    summed in SQL per team, kind (``onprem``/``cloud``) and place (the pool, or the provider: the offer id's
+    first field). Attempts that never started count 0."""
+    held = Attempt.gpus * _seconds(s, func.coalesce(Attempt.ended_at, now), Attempt.started_at)
+    q = (select(Job.team, Attempt.kind, Attempt.pool, Attempt.offer_id, func.sum(held))
+         .join(Job, Job.id == Attempt.job_id).where(Attempt.started_at.is_not(None))
+         .group_by(Job.team, Attempt.kind, Attempt.pool, Attempt.offer_id))
     if team is not None:
         q = q.where(Job.team == team)
     out: dict[tuple[str, str, str], float] = {}
-    for t, kind, pool, offer, gpus, start, end in s.execute(q):
+    for t, kind, pool, offer, sec in s.execute(q):  # one row per pool or offer: folded to places here
         place = (pool or "") if kind == "onprem" else (offer or "").split(":", 1)[0]
-        held = max(((end or now) - start).total_seconds(), 0.0)
-        out[(t, kind, place)] = out.get((t, kind, place), 0.0) + gpus * held
+        out[(t, kind, place)] = out.get((t, kind, place), 0.0) + max(float(sec or 0.0), 0.0)
     return [(t, k, p, v) for (t, k, p), v in sorted(out.items())]
 
 
-def first_waits(s: Session, team: str | None) -> list[tuple[str, float]]:
-    """``(team, seconds from submission to start)`` of every job that has started (``jobs.started_at``: the
-    current run's start; a requeue clears it)."""
-    q = select(Job.team, Job.created_at, Job.started_at).where(Job.started_at.is_not(None))
+def wait_histogram(s: Session, team: str | None, bounds_s: tuple[float, ...]) -> list[tuple[str, list[int], int, float]]:
+    """Per team, ``(team, jobs with wait <= each bound, jobs, sum of waits s)`` over the jobs that have started;
+    the wait is submission to start (``jobs.started_at``: the current run's start; a requeue clears it).
+    Counted in SQL."""
+    wait = _seconds(s, Job.started_at, Job.created_at)
+    cols = [func.sum(case((wait <= b, 1), else_=0)) for b in bounds_s]
+    q = (select(Job.team, func.count(), func.sum(wait), *cols).where(Job.started_at.is_not(None))
+         .group_by(Job.team).order_by(Job.team))
     if team is not None:
         q = q.where(Job.team == team)
-    return [(t, max((st - c).total_seconds(), 0.0)) for t, c, st in s.execute(q)]
+    return [(r[0], [int(c or 0) for c in r[3:]], int(r[1]), max(float(r[2] or 0.0), 0.0)) for r in s.execute(q)]

@@ -265,6 +265,19 @@ def test_offers_json_hours_are_on_the_requested_gpu_and_prices_per_instance(run)
     assert totals == sorted(totals)  # ranked by cost
 
 
+def test_offers_past_the_carbon_data_stay_ranked_by_cost_and_json_stays_pure(run):
+    import json
+
+    # runs from the last bundled hour end after the data: their kgCO2e is n/a, but cost still ranks them
+    r = run("offers", "--gpu", "V100", "--start", "2024-12-31T23:00", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)  # the note goes to stderr
+    assert any(x["kg_co2e"] is None for x in rows) and any(x["kg_co2e"] is not None for x in rows)
+    totals = [x["total_usd"] for x in rows]
+    assert totals == sorted(totals)
+    assert "run past the bundled carbon data" in r.stderr
+
+
 def test_offers_json_and_table_flag_carbon_estimates(run):
     import json
 

@@ -37,10 +37,10 @@ def _spec():
 
 
 @pytest.fixture
-def seeded(pg_store):
+def seeded(any_store):
     """Team ``a``: one job queued for pool ``toronto`` and one that ran 2 GPUs on-prem for 2 h after waiting
     120 s; team ``b``: one job that ran 1 GPU on AWS spot for 30 min (one instance record, ``terminated``)."""
-    st = pg_store
+    st = any_store
     t0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     a1 = st.submit("a", _spec())[0].id
     a2 = st.submit("a", _spec())[0].id
@@ -124,3 +124,17 @@ def test_grafana_dashboard_reads_only_metrics_the_endpoint_serves(seeded):
     used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"\bfedbroker_\w+", e)}
     assert used and used <= served, used - served
     assert used == served  # every metric has a panel
+
+
+def test_scrape_cache_reuses_a_scope_for_its_ttl_then_reads_again(seeded):
+    from broker.service.metrics import ScrapeCache
+
+    st, _ = seeded
+    cache = ScrapeCache(st, ttl_s=10.0)
+    t = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    first = cache.get("a", t)
+    st.submit("a", _spec())  # a new job of team a
+    assert cache.get("a", t + timedelta(seconds=9.9)) == first  # within the TTL: the same answer
+    fresh = _samples(cache.get("a", t + timedelta(seconds=10)).decode())
+    assert fresh[("fedbroker_jobs", (("state", "submitted"), ("team", "a")))] == 1
+    assert cache.get("b", t) != first  # scopes are cached apart

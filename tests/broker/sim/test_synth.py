@@ -110,4 +110,25 @@ def test_main_writes_the_file(tmp_path, capsys):
     assert out.read_bytes() == ref.read_bytes()
     assert "jobs, offered load" in capsys.readouterr().out
     assert main(["gangs", str(out), "--load", "0"]) == 2
-    assert "load=0.0" in capsys.readouterr().err
+    assert "--load=0.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,err", [
+    (["--load", "1e9"], "--load=1e+09, --pool-gpus=384, --days=14: about "),
+    (["--pool-gpus", "100000000"], "more than 2,000,000: lower one of them"),
+    (["--seed", "-1"], "--seed=-1: must be >= 0"),
+    (["--start", "garbage"], "--start='garbage': not an ISO 8601 date"),
+    (["--days", "0.0001"], "no job arrived in the span"),
+])
+def test_main_bad_options_exit_2_naming_the_option_before_any_work(tmp_path, capsys, args, err):
+    out = tmp_path / "g.csv"
+    assert main(["gangs", str(out), *args]) == 2
+    assert err in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_main_bad_output_path_exits_2_naming_it(tmp_path, capsys):
+    assert main(["short", str(tmp_path / "no" / "x.csv")]) == 2
+    assert "its folder does not exist" in capsys.readouterr().err
+    assert main(["short", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
