@@ -5,7 +5,8 @@ cheaper/cleaner slot, or waiting in the queue) and every available cloud offer::
 
     score = dollars + carbon_price x kgCO2e + value_of_time x wait
 
-subject to the deadline (pessimistic spot finish), team budget, price cap and
+subject to the deadline (pessimistic spot finish), the team's remaining cloud budget
+(``PlannerConfig.team_budget_usd``: cloud options only; a capped team runs on-prem), price cap and
 gang rules, and preempts lower-priority preemptible jobs when that scores better
 (single-node jobs, hysteresis: strictly lower class, a minimum run since start).
 
@@ -37,11 +38,13 @@ from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
                                         never_fits_reason, run_onprem_queue, work_bucket)
 
-__all__ = ["plan_federated", "CLOUD_TOP"]
+__all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE"]
 
 #: the top offers of a shape's ranking costed exactly for every job of the shape
 CLOUD_TOP = 16
 _NOTE_NOW = "start now"
+#: how an explanation starts when a team's cloud budget (``PlannerConfig.team_budget_usd``) kept the cloud out
+BUDGET_CAP_NOTE = "team budget cap reached"
 #: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
 _NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
           "defer": "deferred to a cheaper/cleaner window"}
@@ -180,7 +183,7 @@ _NOW, _WAIT, _DEFER = 0, 1, 2
 _KIND_NAMES = ("now", "wait", "defer")
 
 
-def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget):
+def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h):
     """On-prem option per (job, target), vectorised over ``jobs`` of one shape.
 
     Two waits of a job that does not fit now:
@@ -266,7 +269,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
                 e, am, en, c = (np.where(take, x2, x) for x, x2 in ((e, e2), (am, am2), (en, en2), (c, c2)))
                 kind = np.where(take, _DEFER, kind)
         dollars = e + am
-        feasible = (s + r <= latest_finish) & (dollars <= budget) & ~np.isnan(dollars) & ~np.isnan(c)
+        feasible = (s + r <= latest_finish) & ~np.isnan(dollars) & ~np.isnan(c)  # budgets bound cloud spend only
         sc = np.where(feasible, score(e + (am if amort_in else 0.0), c, s - now, vot_h, cp), INF)
         # the record of a wait: its expected start, costed there (the choice above stands)
         waits = (kind == _WAIT) & (expect != wait)
@@ -357,7 +360,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
     work = np.array([j.work_s for j in jobs])
     latest_finish = np.array([j.deadline_s for j in jobs]) - cfg.deadline_margin_s
     budget = budgets.get(job0.team, INF) if n == 1 else INF
-    onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget)
+    onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h)
     cloud, cloud_extra = (_cloud_columns(cy, jobs, offers, work, latest_finish, vot_h, budget)
                           if offers.size else (None, {}))
     # plain lists: per-job Python below indexes them ~30 times per job
@@ -387,8 +390,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             if f:
                 note = _NOTES[kind]
             else:
-                note = ("misses the deadline" if s_ + r_ > lf[i]
-                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+                note = "misses the deadline" if s_ + r_ > lf[i] else "no price/carbon data"
             opt = OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f, note)
             options.append((sc[i], 0 if f else 1, opt, {"p": p, "t": t, "nodes": fits[i][ti], "wait": wt[i], "kind": kind},
                             s_ + r_))
@@ -398,11 +400,20 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             else:
                 rows = [(cl_offer[i][k], {name: cl[name][i][k] for name in cl}, True) for k in range(kcount[i])]
             for o, v, f in rows:
-                note = "" if f else ("misses the deadline" if now + v["finish"] > lf[i] else "over price cap or budget")
+                over = not v["dollars"] <= budget  # never chosen, not even to minimise lateness (_choose)
+                if f:
+                    note = ""
+                elif now + v["finish"] > lf[i]:
+                    note = "misses the deadline"
+                elif over:
+                    note = f"{BUDGET_CAP_NOTE}: costs ${v['dollars']:.2f}, ${max(budget, 0.0):.2f} of the team's cloud budget left"
+                else:
+                    note = "over the job's price cap or no carbon data"
                 opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
                                      v["dollars"], v["energy"], v["carbon"], v["score"] if f else NAN, f, note,
                                      ctx.offer_carbon_estimated[o])
-                options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o}, now + v["finish"]))
+                options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o, "over_budget": over},
+                                now + v["finish"]))
         _choose(cy, job, targets, options, ahead, budgets)
 
 
@@ -471,8 +482,7 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
             elif fe[i]:
                 note = "already waited; the cloud can still meet the deadline"
             else:
-                note = ("misses the deadline" if s_ + r_ > lf[i]
-                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+                note = "misses the deadline" if s_ + r_ > lf[i] else "no price/carbon data"
             return OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f,
                                   note), (p, t, kind, wt[i], ti)
         k = c - T
@@ -521,6 +531,23 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
             cy.decisions.append(Decision(job.job_id, DecisionKind.wait, pool=ctx.pools[p].name,
                                          not_before=now + 3600.0, reason="no cloud offer available now"))
         return
+    shown = options  # the explanation lists the options the cap ruled out too
+    if job.team in budgets:
+        # a hard cap: a cloud option over the team's remaining budget is never chosen, not even to minimise
+        # lateness below; with nothing else the job gets no decision this cycle and waits (none is dropped)
+        blocked = [o for o in options if o[3].get("over_budget")]
+        options = [o for o in options if not o[3].get("over_budget")]
+        cap_note = ""
+        if blocked or budgets[job.team] <= 0:
+            cap_note = (f"{BUDGET_CAP_NOTE}: team {job.team} has ${max(budgets[job.team], 0.0):.2f} of its cloud "
+                        f"budget left this month"
+                        + ((lambda c: f" and cloud offer {c.target} would cost ${c.dollars_usd:.2f}")(
+                            min((o[2] for o in blocked), key=lambda x: x.dollars_usd)) if blocked else "")
+                        + "; no new cloud spend, the job waits for on-prem capacity or its deadline; ")
+        if not options:
+            return
+    else:
+        cap_note = ""
     feasible_opts = [o for o in options if o[1] == 0]
     if job.committed_pool is not None and any(o[2].kind == "cloud" for o in feasible_opts):
         # it already waited once and was reviewed: waiting again (the estimate proved
@@ -530,7 +557,7 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         best = min(feasible_opts, key=lambda o: (o[0], o[2].target))
     else:  # every option misses the deadline: minimise lateness
         best = min(options, key=lambda o: (o[4], o[2].target))
-    alts = tuple(o[2] for o in sorted(options, key=lambda o: (o[1], o[0], o[4])) if o is not best)[:N_ALTERNATIVES]
+    alts = tuple(o[2] for o in sorted(shown, key=lambda o: (o[1], o[0], o[4])) if o is not best)[:N_ALTERNATIVES]
     opt, how = best[2], best[3]
 
     # --- preemption for higher-priority jobs that would otherwise wait or go to the cloud
@@ -540,19 +567,17 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
 
     if "offer" in how:
         o = how["offer"]
-        if job.team in budgets:
+        if job.team in budgets:  # the cycle's later jobs of the team see what is left
             budgets[job.team] -= opt.dollars_usd
         cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
                                      alternatives=alts, reason="best score: cloud"))
         return
     p, t = how["p"], how["t"]
-    if job.team in budgets:
-        budgets[job.team] -= opt.dollars_usd
     if how["kind"] == "now":
-        cy.start(job, p, t, how["nodes"], option=opt, alternatives=alts, reason="best score: on-prem now")
+        cy.start(job, p, t, how["nodes"], option=opt, alternatives=alts, reason=cap_note + "best score: on-prem now")
     elif how["kind"] == "defer":
         cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=opt, pool=ctx.pools[p].name,
-                                     not_before=opt.start_s, alternatives=alts, reason=opt.note))
+                                     not_before=opt.start_s, alternatives=alts, reason=cap_note + opt.note))
     else:
         # Look again when the cloud must be chosen to still meet the deadline (with a margin
         # for spot rework and capacity), or after the expected wait if there is no cloud
@@ -566,7 +591,7 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         else:
             review = now + max(how["wait"], cfg.min_review_s)
         cy.decisions.append(Decision(job.job_id, DecisionKind.wait, option=opt, pool=ctx.pools[p].name,
-                                     not_before=review, alternatives=alts, reason=opt.note))
+                                     not_before=review, alternatives=alts, reason=cap_note + opt.note))
 
 
 def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, alts) -> bool:
