@@ -13,12 +13,14 @@ gang rules, and preempts lower-priority preemptible jobs when that scores better
 How a 100k-job cycle stays near a second (measured in BENCHMARKS.md):
 
 * jobs are scanned in queue order; jobs that fit now get their nodes set aside,
-  jobs that may preempt or spend a budget are decided at once;
+  jobs that may preempt are decided at once;
 * the rest are decided per *shape* (GPU types, gang, memory, market, regions,
   checkpointing, priority, a x1.5 work bucket) with NumPy: wait estimates from the
   release profile, exact on-prem costs, the best start slot from a per-shape slot
   table, exact costs on the shape's top-ranked cloud offers, and the choice;
-* explanations (the best rejected options) of batch decisions are built on read.
+* explanations (the best rejected options) of batch decisions are built on read;
+* a team's remaining cloud budget is charged by the batch's cloud decisions in queue order; one
+  that does not fit is decided again alone against what is left.
 
 Shared machinery (capacity index, queue pass, reservations) is in :mod:`broker.planner.policy_base`;
 the cost model and the score in :mod:`broker.planner.costs`.
@@ -141,9 +143,10 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             continue
         if not targets and offers.size == 0:
             continue  # only the cloud can hold it and no offer is available now: no decision this cycle
-        # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
-        # decided at once, in queue order. The others cannot change the capacity or each
-        # other's options this cycle: they are decided together, per shape, vectorised.
+        # Jobs that may preempt are decided at once, in queue order. The others cannot change
+        # the capacity (jobs that fit now set their nodes aside) or each other's options this
+        # cycle: they are decided together, per shape, vectorised; a budgeted team's cloud
+        # decisions are then charged to its budget in order (_charge_budgets).
         free_now, fits, ti = [], [], None
         for k, (p, t) in enumerate(targets):
             f = cy.index[p].total_free.get(t, 0)
@@ -152,7 +155,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             fits.append(nodes)
             if ti is None and nodes is not None:
                 ti = k
-        if job.priority >= 2 or job.team in budgets:
+        if job.priority >= 2:
             _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
         else:
             if ti is not None:
@@ -174,8 +177,55 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         for i in nodes:
             cy.index[p].give(i, g)
     for jobs, targets, offers, fits, free_now in batches.values():
-        _decide_federated(cy, jobs, targets, offers, ahead, budgets, fits, free_now)
+        n0 = len(cy.decisions)
+        _decide_federated(cy, jobs, targets, offers, ahead, {}, fits, free_now)
+        if budgets:
+            _charge_budgets(cy, n0, jobs, targets, offers, ahead, budgets)
     return cy.decisions
+
+
+def _cap_note(team: str, left: float, blocked=None) -> str:
+    """The start of an explanation when the team's cloud budget kept the cloud out (``blocked``: the cheapest
+    cloud option it ruled out)."""
+    return (f"{BUDGET_CAP_NOTE}: team {team} has ${max(left, 0.0):.2f} of its cloud budget left this month"
+            + (f" and cloud offer {blocked.target} would cost ${blocked.dollars_usd:.2f}" if blocked is not None else "")
+            + "; no new cloud spend, the job waits for on-prem capacity or its deadline; ")
+
+
+def _charge_budgets(cy: Cycle, n0: int, jobs: list[PendingJob], targets, offers: np.ndarray, ahead, budgets) -> None:
+    """Charge the cloud decisions of a batch (``cy.decisions[n0:]``, decided without budgets) to their teams'
+    budgets, in queue order. A decision over what is left is taken back and its job decided again, alone,
+    against the budget (:func:`_choose`): with the offers when some budget is left (a cheaper offer may fit),
+    among its on-prem options only when none is. On-prem decisions are unchanged: a budget only removes cloud
+    options, and the best option of a set stays the best of any subset holding it."""
+    by_id = {j.job_id: j for j in jobs}
+    keep, over = [], []
+    for d in cy.decisions[n0:]:
+        j = by_id.get(d.job_id)
+        if d.kind is DecisionKind.provision and j is not None and j.team in budgets:
+            if d.option.dollars_usd <= budgets[j.team]:
+                budgets[j.team] -= d.option.dollars_usd
+            else:
+                over.append((j, d))
+                continue
+        keep.append(d)
+    if not over:
+        return
+    del cy.decisions[n0:]
+    cy.decisions.extend(keep)
+    for j, d in over:
+        left = budgets[j.team]
+        free_now, fits = [], []
+        for p, t in targets:
+            f = cy.index[p].total_free.get(t, 0)
+            free_now.append(f)
+            fits.append(cy.fit_now(j, p, t) if f >= j.gpus else None)
+        n1 = len(cy.decisions)
+        _decide_federated(cy, [j], targets, offers if left > 0 else NO_OFFERS, ahead, budgets, [fits], [free_now])
+        if left <= 0:
+            for nd in cy.decisions[n1:]:  # name the cloud option the spent budget ruled out
+                if nd.job_id == j.job_id and nd.reason.startswith(_cap_note(j.team, left)):
+                    nd.reason = _cap_note(j.team, left, d.option) + nd.reason[len(_cap_note(j.team, left)):]
 
 
 #: codes of on-prem option kinds in the vectorised decision
@@ -539,11 +589,8 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         options = [o for o in options if not o[3].get("over_budget")]
         cap_note = ""
         if blocked or budgets[job.team] <= 0:
-            cap_note = (f"{BUDGET_CAP_NOTE}: team {job.team} has ${max(budgets[job.team], 0.0):.2f} of its cloud "
-                        f"budget left this month"
-                        + ((lambda c: f" and cloud offer {c.target} would cost ${c.dollars_usd:.2f}")(
-                            min((o[2] for o in blocked), key=lambda x: x.dollars_usd)) if blocked else "")
-                        + "; no new cloud spend, the job waits for on-prem capacity or its deadline; ")
+            cap_note = _cap_note(job.team, budgets[job.team],
+                                 min((o[2] for o in blocked), key=lambda x: x.dollars_usd) if blocked else None)
         if not options:
             return
     else:
