@@ -529,12 +529,12 @@ class PlanningCycle:
         self._now_s = now_s
         nodes = self.live_nodes(s, now)
         pools = self.env.pools_for(nodes)
+        remaining, states = planner_budgets(s, now)  # also with no job waiting: the soft alert is raised
+        self._capped = {st.team: st for st in states if st.capped}
         waiting = self._waiting_jobs(s)
         if not waiting:
             return None
         ctx = self.env.context(pools, now_s)
-        remaining, states = planner_budgets(s, now)
-        self._capped = {st.team: st for st in states if st.capped}
         if remaining:  # this cycle's copy of the (cached) context: only the config differs
             ctx = copy.copy(ctx)
             ctx.config = ctx.config.model_copy(update={"team_budget_usd": {**ctx.config.team_budget_usd, **remaining}})

@@ -113,6 +113,16 @@ def test_the_soft_alert_is_raised_once_a_month_and_rearmed_by_a_new_cap(pg_store
     assert len(alerts()) == 2  # 85 < 800: no alert
 
 
+def test_a_planning_cycle_with_no_job_waiting_still_raises_the_alert(pg_store):
+    cyc, _ = _world(pg_store)
+    _place_cloud(pg_store, "ml", 9.0)  # running on a cloud offer; nothing queued
+    set_budget(pg_store, "ml", 10.0, now=NOW)
+    cyc.run(now=NOW)
+    with pg_store.session() as s:
+        ev = s.execute(select(AuditEvent).where(AuditEvent.action == "budget.alert")).scalar_one()
+    assert (ev.target, ev.actor_kind, ev.detail["committed_usd"], ev.detail["cap_usd"]) == ("ml", "database", 9.0, 10.0)
+
+
 def test_bad_budget_input_names_the_field(pg_store):
     for kw, field in (({"team": "no spaces", "cap_usd": 1.0}, "team="), ({"team": "ml", "cap_usd": -1.0}, "cap_usd="),
                       ({"team": "ml", "cap_usd": float("inf")}, "cap_usd="),
