@@ -472,6 +472,7 @@ from broker.cli.jobs import register as _register_jobs; _register_jobs(app)
 from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
 from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
 from broker.cli.cost import register as _register_cost; _register_cost(app)
+from broker.cli.budgets import register as _register_budgets; _register_budgets(app)
 
 
 def main() -> None:  # pragma: no cover - console script entry

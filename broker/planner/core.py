@@ -112,7 +112,11 @@ class PlannerConfig(BaseModel):
             ``PriorityWeightFairshare``). Default 2: at or above 1 a job at the cap precedes every
             fresh job whatever the teams' usage; 2 also bounds the pass-by window to half of
             ``priority_max_age_s``. 0 = the strict order fair share, then age.
-        team_budget_usd: team -> remaining budget, USD; absent = unlimited.
+        team_budget_usd: team -> remaining *cloud* budget, USD; absent = unlimited. ``federated`` only: a
+            cloud option costing more than what is left is never chosen (not even to minimise lateness) and
+            each cloud decision takes its ``dollars_usd`` off before the team's next job is decided; on-prem
+            options are not limited (the capacity is paid for anyway). The live broker passes each budgeted
+            team's ``cap - spent - committed`` (:mod:`broker.service.budgets`).
         cloud_enabled: the federated/cheapest policies may use cloud offers.
         urgency_bucket_s: ``federated`` orders its on-prem queue least-laxity first: by the
             job's latest on-prem start (deadline - remaining reference-GPU runtime) floored

@@ -5,19 +5,22 @@ cheaper/cleaner slot, or waiting in the queue) and every available cloud offer::
 
     score = dollars + carbon_price x kgCO2e + value_of_time x wait
 
-subject to the deadline (pessimistic spot finish), team budget, price cap and
+subject to the deadline (pessimistic spot finish), the team's remaining cloud budget
+(``PlannerConfig.team_budget_usd``: cloud options only; a capped team runs on-prem), price cap and
 gang rules, and preempts lower-priority preemptible jobs when that scores better
 (single-node jobs, hysteresis: strictly lower class, a minimum run since start).
 
 How a 100k-job cycle stays near a second (measured in BENCHMARKS.md):
 
 * jobs are scanned in queue order; jobs that fit now get their nodes set aside,
-  jobs that may preempt or spend a budget are decided at once;
+  jobs that may preempt are decided at once;
 * the rest are decided per *shape* (GPU types, gang, memory, market, regions,
   checkpointing, priority, a x1.5 work bucket) with NumPy: wait estimates from the
   release profile, exact on-prem costs, the best start slot from a per-shape slot
   table, exact costs on the shape's top-ranked cloud offers, and the choice;
-* explanations (the best rejected options) of batch decisions are built on read.
+* explanations (the best rejected options) of batch decisions are built on read;
+* a team's remaining cloud budget is charged by the batch's cloud decisions in queue order; one
+  that does not fit is decided again alone against what is left.
 
 Shared machinery (capacity index, queue pass, reservations) is in :mod:`broker.planner.policy_base`;
 the cost model and the score in :mod:`broker.planner.costs`.
@@ -37,11 +40,13 @@ from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
                                         never_fits_reason, run_onprem_queue, work_bucket)
 
-__all__ = ["plan_federated", "CLOUD_TOP"]
+__all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE"]
 
 #: the top offers of a shape's ranking costed exactly for every job of the shape
 CLOUD_TOP = 16
 _NOTE_NOW = "start now"
+#: how an explanation starts when a team's cloud budget (``PlannerConfig.team_budget_usd``) kept the cloud out
+BUDGET_CAP_NOTE = "team budget cap reached"
 #: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
 _NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
           "defer": "deferred to a cheaper/cleaner window"}
@@ -138,9 +143,10 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             continue
         if not targets and offers.size == 0:
             continue  # only the cloud can hold it and no offer is available now: no decision this cycle
-        # Jobs that fit now (they take capacity), may preempt, or spend a team budget are
-        # decided at once, in queue order. The others cannot change the capacity or each
-        # other's options this cycle: they are decided together, per shape, vectorised.
+        # Jobs that may preempt are decided at once, in queue order. The others cannot change
+        # the capacity (jobs that fit now set their nodes aside) or each other's options this
+        # cycle: they are decided together, per shape, vectorised; a budgeted team's cloud
+        # decisions are then charged to its budget in order (_charge_budgets).
         free_now, fits, ti = [], [], None
         for k, (p, t) in enumerate(targets):
             f = cy.index[p].total_free.get(t, 0)
@@ -149,7 +155,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             fits.append(nodes)
             if ti is None and nodes is not None:
                 ti = k
-        if job.priority >= 2 or job.team in budgets:
+        if job.priority >= 2:
             _decide_federated(cy, [job], targets, offers, ahead, budgets, [fits], [free_now])
         else:
             if ti is not None:
@@ -171,8 +177,55 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         for i in nodes:
             cy.index[p].give(i, g)
     for jobs, targets, offers, fits, free_now in batches.values():
-        _decide_federated(cy, jobs, targets, offers, ahead, budgets, fits, free_now)
+        n0 = len(cy.decisions)
+        _decide_federated(cy, jobs, targets, offers, ahead, {}, fits, free_now)
+        if budgets:
+            _charge_budgets(cy, n0, jobs, targets, offers, ahead, budgets)
     return cy.decisions
+
+
+def _cap_note(team: str, left: float, blocked=None) -> str:
+    """The start of an explanation when the team's cloud budget kept the cloud out (``blocked``: the cheapest
+    cloud option it ruled out)."""
+    return (f"{BUDGET_CAP_NOTE}: team {team} has ${max(left, 0.0):.2f} of its cloud budget left this month"
+            + (f" and cloud offer {blocked.target} would cost ${blocked.dollars_usd:.2f}" if blocked is not None else "")
+            + "; no new cloud spend, the job waits for on-prem capacity or its deadline; ")
+
+
+def _charge_budgets(cy: Cycle, n0: int, jobs: list[PendingJob], targets, offers: np.ndarray, ahead, budgets) -> None:
+    """Charge the cloud decisions of a batch (``cy.decisions[n0:]``, decided without budgets) to their teams'
+    budgets, in queue order. A decision over what is left is taken back and its job decided again, alone,
+    against the budget (:func:`_choose`): with the offers when some budget is left (a cheaper offer may fit),
+    among its on-prem options only when none is. On-prem decisions are unchanged: a budget only removes cloud
+    options, and the best option of a set stays the best of any subset holding it."""
+    by_id = {j.job_id: j for j in jobs}
+    keep, over = [], []
+    for d in cy.decisions[n0:]:
+        j = by_id.get(d.job_id)
+        if d.kind is DecisionKind.provision and j is not None and j.team in budgets:
+            if d.option.dollars_usd <= budgets[j.team]:
+                budgets[j.team] -= d.option.dollars_usd
+            else:
+                over.append((j, d))
+                continue
+        keep.append(d)
+    if not over:
+        return
+    del cy.decisions[n0:]
+    cy.decisions.extend(keep)
+    for j, d in over:
+        left = budgets[j.team]
+        free_now, fits = [], []
+        for p, t in targets:
+            f = cy.index[p].total_free.get(t, 0)
+            free_now.append(f)
+            fits.append(cy.fit_now(j, p, t) if f >= j.gpus else None)
+        n1 = len(cy.decisions)
+        _decide_federated(cy, [j], targets, offers if left > 0 else NO_OFFERS, ahead, budgets, [fits], [free_now])
+        if left <= 0:
+            for nd in cy.decisions[n1:]:  # name the cloud option the spent budget ruled out
+                if nd.job_id == j.job_id and nd.reason.startswith(_cap_note(j.team, left)):
+                    nd.reason = _cap_note(j.team, left, d.option) + nd.reason[len(_cap_note(j.team, left)):]
 
 
 #: codes of on-prem option kinds in the vectorised decision
@@ -180,7 +233,7 @@ _NOW, _WAIT, _DEFER = 0, 1, 2
 _KIND_NAMES = ("now", "wait", "defer")
 
 
-def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget):
+def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h):
     """On-prem option per (job, target), vectorised over ``jobs`` of one shape.
 
     Two waits of a job that does not fit now:
@@ -266,7 +319,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
                 e, am, en, c = (np.where(take, x2, x) for x, x2 in ((e, e2), (am, am2), (en, en2), (c, c2)))
                 kind = np.where(take, _DEFER, kind)
         dollars = e + am
-        feasible = (s + r <= latest_finish) & (dollars <= budget) & ~np.isnan(dollars) & ~np.isnan(c)
+        feasible = (s + r <= latest_finish) & ~np.isnan(dollars) & ~np.isnan(c)  # budgets bound cloud spend only
         sc = np.where(feasible, score(e + (am if amort_in else 0.0), c, s - now, vot_h, cp), INF)
         # the record of a wait: its expected start, costed there (the choice above stands)
         waits = (kind == _WAIT) & (expect != wait)
@@ -357,7 +410,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
     work = np.array([j.work_s for j in jobs])
     latest_finish = np.array([j.deadline_s for j in jobs]) - cfg.deadline_margin_s
     budget = budgets.get(job0.team, INF) if n == 1 else INF
-    onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h, budget)
+    onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h)
     cloud, cloud_extra = (_cloud_columns(cy, jobs, offers, work, latest_finish, vot_h, budget)
                           if offers.size else (None, {}))
     # plain lists: per-job Python below indexes them ~30 times per job
@@ -387,8 +440,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             if f:
                 note = _NOTES[kind]
             else:
-                note = ("misses the deadline" if s_ + r_ > lf[i]
-                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+                note = "misses the deadline" if s_ + r_ > lf[i] else "no price/carbon data"
             opt = OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f, note)
             options.append((sc[i], 0 if f else 1, opt, {"p": p, "t": t, "nodes": fits[i][ti], "wait": wt[i], "kind": kind},
                             s_ + r_))
@@ -398,11 +450,20 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
             else:
                 rows = [(cl_offer[i][k], {name: cl[name][i][k] for name in cl}, True) for k in range(kcount[i])]
             for o, v, f in rows:
-                note = "" if f else ("misses the deadline" if now + v["finish"] > lf[i] else "over price cap or budget")
+                over = not v["dollars"] <= budget  # never chosen, not even to minimise lateness (_choose)
+                if f:
+                    note = ""
+                elif now + v["finish"] > lf[i]:
+                    note = "misses the deadline"
+                elif over:
+                    note = f"{BUDGET_CAP_NOTE}: costs ${v['dollars']:.2f}, ${max(budget, 0.0):.2f} of the team's cloud budget left"
+                else:
+                    note = "over the job's price cap or no carbon data"
                 opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
                                      v["dollars"], v["energy"], v["carbon"], v["score"] if f else NAN, f, note,
                                      ctx.offer_carbon_estimated[o])
-                options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o}, now + v["finish"]))
+                options.append((v["score"] if f else INF, 0 if f else 1, opt, {"offer": o, "over_budget": over},
+                                now + v["finish"]))
         _choose(cy, job, targets, options, ahead, budgets)
 
 
@@ -471,8 +532,7 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
             elif fe[i]:
                 note = "already waited; the cloud can still meet the deadline"
             else:
-                note = ("misses the deadline" if s_ + r_ > lf[i]
-                        else ("no price/carbon data" if math.isnan(dl[i]) or math.isnan(cb[i]) else "over budget"))
+                note = "misses the deadline" if s_ + r_ > lf[i] else "no price/carbon data"
             return OptionEstimate("onprem", pname, s_, s_ - now, r_, dl[i], en[i], cb[i], sc[i] if f else NAN, f,
                                   note), (p, t, kind, wt[i], ti)
         k = c - T
@@ -521,6 +581,20 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
             cy.decisions.append(Decision(job.job_id, DecisionKind.wait, pool=ctx.pools[p].name,
                                          not_before=now + 3600.0, reason="no cloud offer available now"))
         return
+    shown = options  # the explanation lists the options the cap ruled out too
+    if job.team in budgets:
+        # a hard cap: a cloud option over the team's remaining budget is never chosen, not even to minimise
+        # lateness below; with nothing else the job gets no decision this cycle and waits (none is dropped)
+        blocked = [o for o in options if o[3].get("over_budget")]
+        options = [o for o in options if not o[3].get("over_budget")]
+        cap_note = ""
+        if blocked or budgets[job.team] <= 0:
+            cap_note = _cap_note(job.team, budgets[job.team],
+                                 min((o[2] for o in blocked), key=lambda x: x.dollars_usd) if blocked else None)
+        if not options:
+            return
+    else:
+        cap_note = ""
     feasible_opts = [o for o in options if o[1] == 0]
     if job.committed_pool is not None and any(o[2].kind == "cloud" for o in feasible_opts):
         # it already waited once and was reviewed: waiting again (the estimate proved
@@ -530,7 +604,7 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         best = min(feasible_opts, key=lambda o: (o[0], o[2].target))
     else:  # every option misses the deadline: minimise lateness
         best = min(options, key=lambda o: (o[4], o[2].target))
-    alts = tuple(o[2] for o in sorted(options, key=lambda o: (o[1], o[0], o[4])) if o is not best)[:N_ALTERNATIVES]
+    alts = tuple(o[2] for o in sorted(shown, key=lambda o: (o[1], o[0], o[4])) if o is not best)[:N_ALTERNATIVES]
     opt, how = best[2], best[3]
 
     # --- preemption for higher-priority jobs that would otherwise wait or go to the cloud
@@ -540,19 +614,17 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
 
     if "offer" in how:
         o = how["offer"]
-        if job.team in budgets:
+        if job.team in budgets:  # the cycle's later jobs of the team see what is left
             budgets[job.team] -= opt.dollars_usd
         cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
                                      alternatives=alts, reason="best score: cloud"))
         return
     p, t = how["p"], how["t"]
-    if job.team in budgets:
-        budgets[job.team] -= opt.dollars_usd
     if how["kind"] == "now":
-        cy.start(job, p, t, how["nodes"], option=opt, alternatives=alts, reason="best score: on-prem now")
+        cy.start(job, p, t, how["nodes"], option=opt, alternatives=alts, reason=cap_note + "best score: on-prem now")
     elif how["kind"] == "defer":
         cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=opt, pool=ctx.pools[p].name,
-                                     not_before=opt.start_s, alternatives=alts, reason=opt.note))
+                                     not_before=opt.start_s, alternatives=alts, reason=cap_note + opt.note))
     else:
         # Look again when the cloud must be chosen to still meet the deadline (with a margin
         # for spot rework and capacity), or after the expected wait if there is no cloud
@@ -566,7 +638,7 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         else:
             review = now + max(how["wait"], cfg.min_review_s)
         cy.decisions.append(Decision(job.job_id, DecisionKind.wait, option=opt, pool=ctx.pools[p].name,
-                                     not_before=review, alternatives=alts, reason=opt.note))
+                                     not_before=review, alternatives=alts, reason=cap_note + opt.note))
 
 
 def _try_preempt(cy: Cycle, job: PendingJob, targets, best_opt: OptionEstimate, alts) -> bool:

@@ -752,6 +752,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     from broker.service.api_tokens import register as register_token_routes
 
     register_token_routes(app, store, settings, Caller)
+
+    # ------------------------------------------------------------------ budgets (broker.service.api_budgets)
+    from broker.service.api_budgets import register as register_budget_routes
+
+    register_budget_routes(app, store, Caller)
     return app
 
 

@@ -12,7 +12,9 @@ in the transactions this module opens.
    window (:func:`broker.planner.windows.best_start`); ``deferred`` jobs whose ``not_before``
    has come are ``queued`` again; waiting jobs past their ``not_after`` fail. At most
    ``settings.intake_per_cycle`` jobs a cycle, round-robin across teams (:meth:`PlanningCycle.intake`).
-2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat), queued
+2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat), each budgeted team's remaining
+   cloud budget (``cap - spent - committed``, :func:`broker.service.budgets.planner_budgets`, which also
+   raises a team's soft alert once a month) as ``PlannerConfig.team_budget_usd``, queued
    jobs and the jobs holding GPUs, turned into the planner's :class:`Snapshot`
    exactly as the simulator builds it (``pending`` = new, requeued or due for
    review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
@@ -42,6 +44,7 @@ each in a savepoint. Only store-wide errors (the database unreachable) end a cyc
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import math
@@ -59,6 +62,8 @@ from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, 
 from broker.planner.core import PendingJob, RunningJob, Snapshot
 from broker.planner.costs import onprem_kw, score
 from broker.planner.fair_share import decayed_usage
+from broker.planner.federated import BUDGET_CAP_NOTE
+from broker.service.budgets import planner_budgets
 from broker.planner.policy_base import queue_group
 from broker.planner.registry import plan
 from broker.states import JobState, check_transition
@@ -174,6 +179,7 @@ class PlanningCycle:
         self._failed_logged: set[str] = set()  # jobs whose per-job failure was logged
         self._bad: list[tuple[Job, str, Exception]] = []  # (job, step, error) to fail after the read / plan
         self.intake_capped = False  # the last intake left due jobs for the next cycle (intake_per_cycle)
+        self._capped: dict = {}  # team -> BudgetState of the teams whose cloud budget is spent (this cycle)
         self._waiting: dict[str, _Waiting] = {}  # queued job id -> its row and planner view at a version
 
     # ------------------------------------------------------------------ public
@@ -523,10 +529,15 @@ class PlanningCycle:
         self._now_s = now_s
         nodes = self.live_nodes(s, now)
         pools = self.env.pools_for(nodes)
+        remaining, states = planner_budgets(s, now)  # also with no job waiting: the soft alert is raised
+        self._capped = {st.team: st for st in states if st.capped}
         waiting = self._waiting_jobs(s)
         if not waiting:
             return None
         ctx = self.env.context(pools, now_s)
+        if remaining:  # this cycle's copy of the (cached) context: only the config differs
+            ctx = copy.copy(ctx)
+            ctx.config = ctx.config.model_copy(update={"team_budget_usd": {**ctx.config.team_budget_usd, **remaining}})
         pool_index = {p.name: i for i, p in enumerate(pools)}
         node_pos = {(p.name, nd.name): k for p in pools for k, nd in enumerate(p.nodes)}
         live = {n.name: n for n in nodes}
@@ -785,6 +796,8 @@ class PlanningCycle:
                       if o is not None and math.isfinite(o.start_s) else "")
                    + self._passing_note(ctx, pending_by_id.get(j.id))
                    + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
+            if d.reason.startswith(BUDGET_CAP_NOTE):
+                why = f"{d.reason}; {why}"
             notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
         elif kind == DecisionKind.reject:
             why = d.reason or "no pool or offer can hold it"
@@ -813,5 +826,10 @@ class PlanningCycle:
         if self.cloud is not None:
             why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
                    "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
+        cap = self._capped.get(j.team)
+        if cap is not None:
+            why = (f"{BUDGET_CAP_NOTE}: team {j.team} has ${max(cap.remaining_usd, 0.0):.2f} of its "
+                   f"${cap.cap_usd:.2f} cloud budget left for {cap.month}; no new cloud spend, the job waits for "
+                   f"on-prem capacity or its deadline; " + why)
         if j.reason != why:
             notes.append((j, {"reason": why}))

@@ -20,6 +20,8 @@ Tables:
 * ``usage_records`` — the finance ledger: one row per metered resource of an attempt rank
   (:class:`broker.usage.UsageRecord`), written in the transaction that ends the attempt; unique on
   (job, attempt, rank, line, resource), so a replayed end meters once.
+* ``budgets`` — per team monthly cloud budgets (USD cap, soft alert fraction) set by an admin
+  (:mod:`broker.service.budgets`), with the month whose soft alert was already raised.
 * ``planner_state`` — one row: the planner fence (``version`` is bumped by every
   applied planning cycle; a cycle planned on an older version is discarded).
 
@@ -39,7 +41,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "CloudInstanceEvent", "Schedule",
-           "ApiToken", "AuditEvent", "UsageRow", "PlannerState", "utcnow"]
+           "ApiToken", "AuditEvent", "UsageRow", "Budget", "PlannerState", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -374,6 +376,21 @@ class UsageRow(Base):
     recorded_at: Mapped[datetime]
 
     __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "line", "resource", name="uq_usage_records_line"),)
+
+
+class Budget(Base):
+    """A team's monthly cloud budget (:mod:`broker.service.budgets`): ``cap_usd`` (hard cap, USD per calendar
+    month UTC), ``alert_fraction`` (the soft alert fires when spent + committed reaches this fraction of the cap),
+    ``alerted_month`` (``YYYY-MM`` whose alert was already raised, so it is raised once a month), who set it when."""
+
+    __tablename__ = "budgets"
+
+    team: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cap_usd: Mapped[float] = mapped_column(Float)
+    alert_fraction: Mapped[float] = mapped_column(Float, default=0.8)
+    alerted_month: Mapped[str | None] = mapped_column(String(7))
+    updated_at: Mapped[datetime]
+    updated_by: Mapped[str] = mapped_column(String(63), default="")
 
 
 class PlannerState(Base):

@@ -456,13 +456,15 @@ def test_openapi_lists_paths(client):
                                  "/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}/pause",
                                  "/v1/schedules/{schedule_id}/resume", "/v1/instances/report",
                                  "/v1/tokens", "/v1/tokens/{token_id}/revoke", "/v1/tokens/{token_id}/rotate",
-                                 "/v1/audit",
+                                 "/v1/audit", "/v1/budgets", "/v1/budgets/{team}",
                                  "/v1/node/config", "/v1/node/heartbeat", "/v1/node/work",
                                  *(f"/v1/node/attempts/{{job_id}}/{{attempt}}/{{rank}}/{r}"
                                    for r in ("running", "ended", "launch-failed", "gone", "logs"))}
     assert set(doc["paths"]["/v1/jobs"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/schedules"]) == {"get", "post"}
     assert set(doc["paths"]["/v1/schedules/{schedule_id}"]) == {"get", "delete"}
+    assert set(doc["paths"]["/v1/budgets/{team}"]) == {"get", "put", "delete"}
+    assert {"200", "401", "403", "422"} <= set(doc["paths"]["/v1/budgets/{team}"]["put"]["responses"])
     assert {"201", "401", "403", "409", "422"} <= set(doc["paths"]["/v1/schedules"]["post"]["responses"])
     post = doc["paths"]["/v1/jobs"]["post"]
     assert {"201", "200", "401", "403", "409", "422"} <= set(post["responses"])

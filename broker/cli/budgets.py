@@ -1,0 +1,127 @@
+"""``fedbroker budgets``: teams' monthly cloud budgets (issue #12 item 4), on the broker's database.
+
+* ``fedbroker budgets set TEAM --cap USD [--alert 0.8]`` — set the hard cap (USD per calendar month, UTC) and
+  the soft alert fraction (audited ``budget.set``; the next planning cycle applies it);
+* ``fedbroker budgets list`` — every team's state this month: cap, spent, committed, remaining, forecast, alert;
+* ``fedbroker budgets show TEAM`` — one team's state;
+* ``fedbroker budgets delete TEAM`` — the team's cloud spend is unlimited again.
+
+Like ``fedbroker cost`` these read the broker's database (``--config``: the settings' ``database_url``), so
+they are the operator's tool on the broker's host; over HTTP the same is ``/v1/budgets`` (README). The figures
+are defined in :mod:`broker.service.budgets`. Exit 2 for bad input (naming the option), 1 for a team without
+a budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from broker.cli.cloud import ConfigOpt, _database, _settings
+from broker.cli.console import JsonOpt, current_console, echo_json, fail
+
+__all__ = ["budgets_app", "register"]
+
+budgets_app = typer.Typer(no_args_is_help=True,
+                          help="Teams' monthly cloud budgets: a hard cap and a soft alert, with spend and forecast.")
+
+
+def _store(config: Optional[Path]):
+    from broker.service.store.core import JobStore
+
+    st = _settings(config)
+    return st, JobStore.from_settings(st)
+
+
+def _table(states) -> Table:
+    tab = Table(title=f"cloud budgets, {states[0].month} (UTC), USD" if states else "cloud budgets")
+    for col in ("team", "cap", "spent", "committed", "remaining", "forecast", "alert at", "state"):
+        tab.add_column(col, justify="left" if col in ("team", "state") else "right")
+    for b in states:
+        state = "CAPPED: no new cloud spend" if b.capped else ("alert" if b.alert else "ok")
+        if b.unpriced_lines:
+            state += f" ({b.unpriced_lines} unpriced line(s))"
+        tab.add_row(escape(b.team), f"{b.cap_usd:,.2f}", f"{b.spent_usd:,.2f}",
+                    f"{b.committed_usd:,.2f} ({b.committed_attempts})", f"{b.remaining_usd:,.2f}",
+                    f"{b.forecast_usd:,.2f}", f"{100 * b.alert_fraction:.0f} %", state)
+    return tab
+
+
+@budgets_app.command("set")
+def set_cmd(team: str = typer.Argument(..., help="The team."),
+            cap: float = typer.Option(..., "--cap", help="Hard cap on the team's cloud spend per month (UTC), USD."),
+            alert: float = typer.Option(0.8, "--alert", help="Soft alert at this fraction of the cap, (0, 1]."),
+            config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """Set TEAM's monthly cloud cap and soft alert; prints the budget's state."""
+    from broker.service.budgets import BudgetError, set_budget
+
+    st, store = _store(config)
+    try:
+        with _database(st):
+            b = set_budget(store, team, cap, alert)
+    except BudgetError as e:
+        fail(str(e).replace("cap_usd=", "--cap=").replace("alert_fraction=", "--alert="), code=2)
+    if as_json:
+        echo_json(b)
+    else:
+        current_console().print(_table([b]))
+
+
+@budgets_app.command("list")
+def list_cmd(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
+    """Every team's budget this month: cap, spent, committed, remaining, forecast to month end."""
+    from broker.service.budgets import budget_states
+    from broker.service.store.tables import utcnow
+
+    st, store = _store(config)
+    with _database(st), store.session() as s:
+        states = budget_states(s, utcnow())
+    if as_json:
+        echo_json(states)
+    elif not states:
+        current_console().print("no budgets: every team's cloud spend is unlimited (set one: fedbroker budgets set)")
+    else:
+        current_console().print(_table(states))
+
+
+@budgets_app.command("show")
+def show_cmd(team: str = typer.Argument(..., help="The team."), config: Optional[Path] = ConfigOpt,
+             as_json: bool = JsonOpt) -> None:
+    """TEAM's budget this month; exit 1 when it has none."""
+    from broker.service.budgets import budget_states
+    from broker.service.store.tables import utcnow
+
+    st, store = _store(config)
+    with _database(st), store.session() as s:
+        states = budget_states(s, utcnow(), team)
+    if not states:
+        fail(f"team {team!r} has no budget: its cloud spend is unlimited")
+    if as_json:
+        echo_json(states[0])
+    else:
+        current_console().print(_table(states))
+
+
+@budgets_app.command("delete")
+def delete_cmd(team: str = typer.Argument(..., help="The team."), config: Optional[Path] = ConfigOpt) -> None:
+    """Remove TEAM's budget: its cloud spend is unlimited again; exit 1 when it had none."""
+    from broker.service.budgets import BudgetError, remove_budget
+
+    st, store = _store(config)
+    try:
+        with _database(st):
+            gone = remove_budget(store, team)
+    except BudgetError as e:
+        fail(str(e), code=2)
+    if not gone:
+        fail(f"team {team!r} has no budget")
+    current_console().print(f"team {escape(team)}: budget removed (cloud spend unlimited)")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fedbroker budgets`` to the main CLI."""
+    app.add_typer(budgets_app, name="budgets")

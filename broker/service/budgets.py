@@ -1,0 +1,213 @@
+"""Team budgets (issue #12 item 4): a monthly cloud cap per team, its state, and what the planner may still spend.
+
+**What a budget covers.** New *cloud* spend, USD, per calendar month (UTC). On-prem capacity is paid for
+whether it is busy or not, so a capped team keeps running on-prem: a hard cap only stops new cloud spend,
+and the team's jobs wait for on-prem capacity (or run late, past their deadline); none is dropped.
+
+**State** of a team's budget in a month (:class:`BudgetState`, ``GET /v1/budgets``, ``fedbroker budgets``):
+
+* ``spent_usd`` — billed USD of the usage ledger's cloud lines (:mod:`broker.usage`, provider not
+  ``onprem``) whose window starts in the month. A line whose cost is unknown counts 0 and is counted
+  in ``unpriced_lines`` (flagged, never hidden).
+* ``committed_usd`` — cloud attempts not metered yet (jobs provisioning, starting or running on a cloud
+  offer), each at the ``dollars_usd`` of the decision that placed it: the planner's own estimate of the
+  whole attempt (offer price x expected runtime, the spot rework and the billing minimum included,
+  :meth:`broker.planner.core.PlannerContext.cloud_estimates`). That figure rather than a fresh price x
+  runtime because it is exactly what the planner charged against the budget when it decided, so the
+  next cycle sees the same commitment the last one made. The ledger's lines replace it in the
+  transaction that ends the attempt (:func:`broker.service.store.budgets.cloud_committed`).
+* ``remaining_usd = cap_usd - spent_usd - committed_usd`` (may be negative when bills beat estimates).
+* ``forecast_usd`` — to month end, linear: ``spent + committed + spent / elapsed x left`` (the month-to-date
+  rate of metered spend carried to the month's end; ``elapsed`` and ``left`` in seconds of the month;
+  committed counted once, as already spent). Example: December (31 days), on the 11th at 00:00 UTC
+  with 100 USD spent and 20 committed: 120 + 100 / 10 d x 21 d = 330 USD.
+* ``alert`` — the soft threshold: ``spent + committed >= alert_fraction x cap``. The first planning cycle
+  that sees it in a month logs a warning and writes one ``budget.alert`` audit event (``alerted_month``
+  keeps it to once a month; changing the cap or the fraction re-arms it).
+* ``capped`` — ``remaining_usd <= 0``: the hard cap is reached.
+
+**The hard cap in the planner.** Each cycle passes ``remaining_usd`` per budgeted team to the planner as
+:attr:`broker.planner.core.PlannerConfig.team_budget_usd` (the planner's one budget rule,
+:mod:`broker.planner.federated`): a cloud option is feasible only if its ``dollars_usd`` fits in what is
+left, and each cloud decision takes its cost off before the next job of the team is decided. So the
+cloud decisions of one cycle together never exceed what was left at its start, and the next cycle starts
+from ``cap - spent - committed`` with those decisions committed. Overshoot bound: committed estimates
+never take a team past its cap; the ledger can exceed the cap only by what the attempts decided before
+the cap was reached cost beyond their estimates (runs longer than estimated), never by a further
+cycle's decisions. A blocked job's explanation starts with "team budget cap reached: ...".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from broker.model import TEAM_RE
+
+__all__ = ["DEFAULT_ALERT_FRACTION", "BudgetError", "BudgetRequest", "BudgetState", "month_bounds",
+           "forecast_usd", "budget_states", "planner_budgets", "set_budget", "remove_budget"]
+
+log = logging.getLogger("fedbroker.budgets")
+
+#: the soft alert at 80 % of the cap unless the admin says otherwise (a common default of cloud budget alerts,
+#: e.g. the AWS Budgets console's suggested threshold)
+DEFAULT_ALERT_FRACTION = 0.8
+
+
+class BudgetError(ValueError):
+    """Bad budget input: names the field and the value."""
+
+    def __init__(self, field: str, value, msg: str):
+        super().__init__(f"{field}={value!r}: {msg}")
+        self.field, self.value = field, value
+
+
+class BudgetRequest(BaseModel):
+    """``PUT /v1/budgets/{team}``: the team's monthly cloud cap and soft alert fraction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cap_usd: float = Field(..., ge=0, le=1e12, allow_inf_nan=False,
+                           description="Hard cap on the team's cloud spend per calendar month (UTC), USD; "
+                                       "0 = no cloud at all")
+    alert_fraction: float = Field(DEFAULT_ALERT_FRACTION, gt=0, le=1, allow_inf_nan=False,
+                                  description="Soft alert when spent + committed reaches this fraction of the cap")
+
+
+class BudgetState(BaseModel):
+    """A team's budget in the month of ``as_of`` (module docstring for each figure). USD throughout."""
+
+    team: str
+    month: str = Field(description="YYYY-MM, UTC")
+    cap_usd: float
+    alert_fraction: float
+    spent_usd: float = Field(description="billed USD of the ledger's cloud lines starting this month")
+    unpriced_lines: int = Field(description="cloud lines of the month whose cost is unknown (counted 0, flagged)")
+    committed_usd: float = Field(description="estimated USD of cloud attempts not metered yet")
+    committed_attempts: int
+    remaining_usd: float = Field(description="cap - spent - committed (negative past the cap)")
+    forecast_usd: float = Field(description="spent + committed + spent / elapsed x time left in the month")
+    alert: bool = Field(description="spent + committed >= alert_fraction x cap")
+    capped: bool = Field(description="remaining <= 0: no new cloud spend this month")
+    as_of: datetime
+    updated_at: datetime
+    updated_by: str
+
+
+def month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    """The calendar month (UTC) holding ``now``: ``(first instant, first instant of the next month)``."""
+    if now.tzinfo is None:
+        raise BudgetError("now", now.isoformat(), "give an aware datetime (UTC)")
+    now = now.astimezone(timezone.utc)
+    start = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
+    end = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return start, end
+
+
+def forecast_usd(spent: float, committed: float, start: datetime, end: datetime, now: datetime) -> float:
+    """Spend forecast to month end, USD: ``spent + committed + spent / elapsed x left`` (module docstring);
+    at the month's first instant (nothing elapsed) the rate is unknown and the forecast is ``spent + committed``."""
+    elapsed = (now - start).total_seconds()
+    left = max((end - now).total_seconds(), 0.0)
+    rate = spent / elapsed if elapsed > 0 else 0.0
+    return spent + committed + rate * left
+
+
+def _check_team(team: str) -> None:
+    if not isinstance(team, str) or not TEAM_RE.match(team):
+        raise BudgetError("team", team, "not a team name (letters, digits, _ . -; up to 63; starts with a letter "
+                                        "or digit)")
+
+
+def _state(row, spent: tuple[float, int], committed: tuple[float, int], now: datetime,
+           bounds: tuple[datetime, datetime]) -> BudgetState:
+    s_usd, unpriced = spent
+    c_usd, n = committed
+    start, end = bounds
+    used = s_usd + c_usd
+    remaining = row.cap_usd - used
+    return BudgetState(team=row.team, month=f"{start:%Y-%m}", cap_usd=row.cap_usd, alert_fraction=row.alert_fraction,
+                       spent_usd=s_usd, unpriced_lines=unpriced, committed_usd=c_usd, committed_attempts=n,
+                       remaining_usd=remaining, forecast_usd=forecast_usd(s_usd, c_usd, start, end, now),
+                       alert=used >= row.alert_fraction * row.cap_usd, capped=remaining <= 0,
+                       as_of=now, updated_at=row.updated_at, updated_by=row.updated_by)
+
+
+def budget_states(s, now: datetime, team: str | None = None) -> list[BudgetState]:
+    """Inside session ``s``: the state of every budget (only ``team``'s when given) at ``now`` (UTC), by team."""
+    from broker.service.store import budgets as rows
+
+    bounds = month_bounds(now)
+    budgets = rows.budget_rows(s, team)
+    if not budgets:
+        return []
+    teams = [b.team for b in budgets]
+    spent = rows.cloud_spent(s, bounds[0], bounds[1], teams)
+    committed = rows.cloud_committed(s, teams)
+    return [_state(b, spent.get(b.team, (0.0, 0)), committed.get(b.team, (0.0, 0)), now, bounds) for b in budgets]
+
+
+def planner_budgets(s, now: datetime) -> tuple[dict[str, float], list[BudgetState]]:
+    """Inside session ``s`` (the planning cycle's): ``team -> remaining USD`` for
+    :attr:`PlannerConfig.team_budget_usd` and the states. Raises the month's soft alert of each team that
+    reached it (a warning in the log and one ``budget.alert`` audit event, in ``s``'s transaction)."""
+    from broker.service.store.tables import Budget
+    from broker.service.store.tokens import audit
+
+    states = budget_states(s, now)
+    for st in states:
+        if st.alert:
+            row = s.get(Budget, st.team)
+            if row is not None and row.alerted_month != st.month:
+                row.alerted_month = st.month
+                log.warning("team %s: cloud budget alert for %s: spent %.2f + committed %.2f USD = %.0f %% of the "
+                            "%.2f USD cap (alert at %.0f %%)", st.team, st.month, st.spent_usd, st.committed_usd,
+                            100.0 * (st.spent_usd + st.committed_usd) / st.cap_usd if st.cap_usd else math.inf,
+                            st.cap_usd, 100.0 * st.alert_fraction)
+                audit(s, None, "budget.alert", st.team,
+                      {"month": st.month, "cap_usd": st.cap_usd, "spent_usd": st.spent_usd,
+                       "committed_usd": st.committed_usd, "alert_fraction": st.alert_fraction}, now=now)
+    return {st.team: st.remaining_usd for st in states}, states
+
+
+def set_budget(store, team: str, cap_usd: float, alert_fraction: float = DEFAULT_ALERT_FRACTION, *,
+               actor=None, now: datetime | None = None) -> BudgetState:
+    """Set ``team``'s monthly cloud cap (USD) and soft alert fraction, audited as ``budget.set``; returns the state.
+
+    Raises :class:`BudgetError` naming the field for a bad team, a negative or non-finite cap, or a fraction
+    outside (0, 1]."""
+    from broker.service.store import budgets as rows
+    from broker.service.store.tables import utcnow
+    from broker.service.store.tokens import audit
+
+    _check_team(team)
+    if isinstance(cap_usd, bool) or not isinstance(cap_usd, (int, float)) or not math.isfinite(cap_usd) or cap_usd < 0:
+        raise BudgetError("cap_usd", cap_usd, "must be a finite number of USD >= 0")
+    if (isinstance(alert_fraction, bool) or not isinstance(alert_fraction, (int, float))
+            or not (0 < alert_fraction <= 1)):
+        raise BudgetError("alert_fraction", alert_fraction, "must be in (0, 1]")
+    now = now or utcnow()
+    with store.session() as s:
+        rows.put_budget(s, team, float(cap_usd), float(alert_fraction), now, getattr(actor, "team", "") or "database")
+        audit(s, actor, "budget.set", team, {"cap_usd": float(cap_usd), "alert_fraction": float(alert_fraction)},
+              now=now)
+        s.flush()
+        return budget_states(s, now, team)[0]
+
+
+def remove_budget(store, team: str, *, actor=None, now: datetime | None = None) -> bool:
+    """Remove ``team``'s budget (its cloud spend is unlimited again), audited as ``budget.delete``;
+    ``False`` when it had none."""
+    from broker.service.store import budgets as rows
+    from broker.service.store.tokens import audit
+
+    _check_team(team)
+    with store.session() as s:
+        gone = rows.delete_budget(s, team)
+        if gone:
+            audit(s, actor, "budget.delete", team, {}, now=now)
+        return gone

@@ -1,0 +1,49 @@
+"""``fedbroker budgets set/list/show/delete`` on a real PostgreSQL store, with hand-worked figures."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from broker.cli.main import app
+from broker.service.budgets import month_bounds
+from broker.service.store import usage
+from broker.service.store.tables import utcnow
+from tests.broker.service.test_budgets import _line, _place_cloud
+
+
+def _cfg(store, tmp_path):
+    cfg = tmp_path / "broker.yaml"
+    cfg.write_text(yaml.safe_dump({"database_url": store.url, "database_schema": store.schema}))
+    return str(cfg)
+
+
+def test_set_list_show_delete(pg_store, tmp_path):
+    cfg = _cfg(pg_store, tmp_path)
+    month0, _ = month_bounds(utcnow())
+    with pg_store.session() as s:
+        usage.add_usage(s, [_line("job-a", "ml", month0, 40.0)], month0)  # spent this month
+    _place_cloud(pg_store, "ml", 10.0)  # committed
+    run = CliRunner().invoke
+    r = run(app, ["budgets", "set", "ml", "--cap", "50", "--alert", "0.9", "--config", cfg, "--json"])
+    assert r.exit_code == 0, r.output
+    b = json.loads(r.output)
+    # 40 spent + 10 committed = the 50 USD cap: remaining 0, capped; 50 >= 0.9 x 50: alert
+    assert (b["spent_usd"], b["committed_usd"], b["remaining_usd"], b["capped"], b["alert"]) == (40.0, 10.0, 0.0,
+                                                                                               True, True)
+    r = run(app, ["budgets", "list", "--config", cfg])
+    assert r.exit_code == 0 and "ml" in r.output and "CAPPED: no new cloud spend" in r.output, r.output
+    r = run(app, ["budgets", "show", "ml", "--config", cfg, "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["cap_usd"] == 50.0
+    r = run(app, ["budgets", "set", "ml", "--cap", "-5", "--config", cfg])
+    assert r.exit_code == 2 and "--cap=-5.0" in r.output
+    r = run(app, ["budgets", "set", "ml", "--cap", "5", "--alert", "0", "--config", cfg])
+    assert r.exit_code == 2 and "--alert=0.0" in r.output
+    r = run(app, ["budgets", "show", "vision", "--config", cfg])
+    assert r.exit_code == 1 and "no budget" in r.output
+    assert run(app, ["budgets", "delete", "ml", "--config", cfg]).exit_code == 0
+    assert run(app, ["budgets", "delete", "ml", "--config", cfg]).exit_code == 1
+    r = run(app, ["budgets", "list", "--config", cfg])
+    assert r.exit_code == 0 and "no budgets" in r.output
