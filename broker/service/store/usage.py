@@ -62,10 +62,13 @@ def record_of(row: UsageRow) -> UsageRecord:
 
 
 def usage_rows(s: Session, job_id: str | None = None, start: datetime | None = None,
-               end: datetime | None = None) -> list[UsageRecord]:
+               end: datetime | None = None, team: str | None = None) -> list[UsageRecord]:
     """Inside ``s``: the usage records of ``job_id`` (all jobs: ``None``) whose window starts in
-    ``[start, end)`` (UTC; either bound may be ``None``), by job, attempt, rank, line."""
+    ``[start, end)`` (UTC; either bound may be ``None``), of ``team`` (every team: ``None``), by job, attempt,
+    rank, line."""
     q = select(UsageRow)
+    if team is not None:
+        q = q.where(UsageRow.team == team)
     if job_id is not None:
         q = q.where(UsageRow.job_id == job_id)
     if start is not None:
