@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable
 
-__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise"]
+__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise", "total_of"]
 
 #: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
 LINES = ("instance", "energy", "amortised")
@@ -193,6 +193,16 @@ class UsageTotals:
             self.carbon_kg += r.carbon_kg
         if r.line != "amortised":
             self.gpu_hours += r.gpu_hours
+
+
+def total_of(groups: Iterable[UsageTotals]) -> UsageTotals:
+    """The sum of ``groups`` (key ``None``)."""
+    t = UsageTotals()
+    for g in groups:
+        for name in ("cost_usd", "gpu_hours", "energy_kwh", "carbon_kg", "lines", "estimated_lines",
+                     "unpriced_lines", "unknown_energy_lines", "unknown_carbon_lines"):
+            setattr(t, name, getattr(t, name) + getattr(g, name))
+    return t
 
 
 def _key(r: UsageRecord, by: str) -> str | None:

@@ -27,7 +27,7 @@ from broker.schemas import ErrorBody, UsageSummaryView, UsageTotalsView
 from broker.service.settings import BrokerSettings
 from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
-from broker.usage import SUMMARY_DIMENSIONS, summarise
+from broker.usage import SUMMARY_DIMENSIONS, total_of
 
 __all__ = ["register", "SKIPPED_HEADER"]
 
@@ -90,7 +90,9 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         ``by`` team, project, provider, region, pool or UTC day; unknown figures are counted per group
         (``unpriced_lines``, ...), never summed as 0. Team tokens: their own team only (403 for another)."""
         team, start, end = scope(who, team, start, end)
-        groups, total = summarise(records(team, start, end), by)
+        with store.session() as s:
+            groups = usage_repo.usage_totals(s, by, start, end, team=team)
+        total = total_of(groups)
 
         def view(g) -> UsageTotalsView:
             return UsageTotalsView(key=g.key, cost_usd=g.cost_usd, gpu_hours=g.gpu_hours, energy_kwh=g.energy_kwh,
