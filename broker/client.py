@@ -9,6 +9,8 @@
     print(c.logs(job.id))
     nightly = c.create_schedule("nightly", "0 2 * * *", {"gpus_per_node": 8, "slack_s": 21600},
                                 timezone="Europe/London")   # a job every night at 02:00 London time
+    march = c.usage_summary("2024-03-01", "2024-04-01", by="provider")   # USD, GPU-h, kWh, kgCO2e
+    csv_text, skipped = c.usage_focus("2024-03-01", "2024-04-01")       # a FOCUS 1.2 CSV
 
 Connection errors and 502/503/504 answers are retried with exponential backoff
 (``retries`` times), POST included: :meth:`Client.submit` sends one idempotency key
