@@ -9,6 +9,8 @@
     print(c.logs(job.id))
     nightly = c.create_schedule("nightly", "0 2 * * *", {"gpus_per_node": 8, "slack_s": 21600},
                                 timezone="Europe/London")   # a job every night at 02:00 London time
+    march = c.usage_summary("2024-03-01", "2024-04-01", by="provider")   # USD, GPU-h, kWh, kgCO2e
+    csv_text, skipped = c.usage_focus("2024-03-01", "2024-04-01")       # a FOCUS 1.2 CSV
 
 Connection errors and 502/503/504 answers are retried with exponential backoff
 (``retries`` times), POST included: :meth:`Client.submit` sends one idempotency key
@@ -54,7 +56,7 @@ from urllib3.util.retry import Retry
 from broker.batch import MAX_BATCH_ITEMS, BatchItemResult
 from broker.model import JobSpec
 from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, LogsView, NodeView, ScheduleView,
-                            TokenView)
+                            TokenView, UsageSummaryView)
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
            "WaitTimeout", "RateLimited", "BatchItemResult"]
@@ -439,11 +441,34 @@ class Client:
             params["action"] = action
         return [AuditEventView.model_validate(e) for e in self._request("GET", "/v1/audit", params=params)]
 
+    # ------------------------------------------------------------------ usage ledger (issue #12)
+    def usage_summary(self, start: Any, end: Any, by: str = "team", team: str | None = None) -> UsageSummaryView:
+        """``GET /v1/usage/summary``: USD, GPU-hours, kWh and kgCO2e of the ledger lines that start in
+        ``[start, end)`` (aware datetimes or ISO 8601 strings, UTC), grouped ``by`` team, project, provider,
+        region, pool or day; ``team``: one team (team tokens: their own only). Raises :class:`ValidationFailed`
+        (422 naming ``by``, ``from`` or ``to``), :class:`AuthError` (401/403)."""
+        params = {"from": _instant(start), "to": _instant(end), "by": by, **({"team": team} if team else {})}
+        return UsageSummaryView.model_validate(self._request("GET", "/v1/usage/summary", params=params))
+
+    def usage_focus(self, start: Any, end: Any, team: str | None = None) -> tuple[str, int]:
+        """``GET /v1/usage/focus``: the ledger lines that start in ``[start, end)`` as a FOCUS 1.2 CSV; returns
+        ``(csv text, lines left out because their cost is unknown)``. Errors as :meth:`usage_summary`."""
+        params = {"from": _instant(start), "to": _instant(end), **({"team": team} if team else {})}
+        r = self._send("GET", "/v1/usage/focus", params, None, None)
+        if r.status_code >= 400:
+            raise _error_for(r)
+        return r.text, int(r.headers.get("X-Fedbroker-Skipped-Lines", "0"))
+
     def health(self) -> dict:
         """``GET /healthz``: ``{"status": "ok", "database": "ok", "redis": "ok"}``.
 
         Raises :class:`BrokerUnavailable` if the database (or the API) is down."""
         return self._request("GET", "/healthz")
+
+
+def _instant(t: Any) -> str:
+    """An aware datetime (or a string, sent as is) as an ISO 8601 query value."""
+    return t.isoformat() if hasattr(t, "isoformat") else str(t)
 
 
 def _spec_body(spec: JobSpec | dict) -> dict:

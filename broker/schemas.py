@@ -16,7 +16,8 @@ from broker.model import JobSpec
 
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
            "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE", "TOKEN_KINDS", "TOKEN_MAX_TTL_S",
-           "TokenCreateRequest", "TokenRotateRequest", "TokenView", "CreatedToken", "AuditEventView"]
+           "TokenCreateRequest", "TokenRotateRequest", "TokenView", "CreatedToken", "AuditEventView",
+           "UsageTotalsView", "UsageSummaryView"]
 
 #: a schedule name: 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit
 SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -291,3 +292,36 @@ class AuditEventView(BaseModel):
     action: str
     target: str
     detail: dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- usage ledger (issue #12)
+class UsageTotalsView(BaseModel):
+    """The sums of one group of usage-ledger lines (:class:`broker.usage.UsageTotals`): ``key`` the group's
+    value (``null``: lines without one, e.g. the pool of a cloud line; ``day``: ``YYYY-MM-DD`` UTC; ``null`` in
+    ``total``); ``cost_usd`` (USD), ``gpu_hours`` (instance and energy lines: the amortised line is the same
+    GPUs), ``energy_kwh`` (facility kWh), ``carbon_kg`` (kgCO2e, location-based) summed over known figures;
+    ``lines``; ``estimated_lines`` (some figure modelled or unknown); ``unpriced_lines``,
+    ``unknown_energy_lines``, ``unknown_carbon_lines`` (unknown figures, left out of the sums, never 0)."""
+
+    key: str | None = None
+    cost_usd: float
+    gpu_hours: float
+    energy_kwh: float
+    carbon_kg: float
+    lines: int
+    estimated_lines: int
+    unpriced_lines: int
+    unknown_energy_lines: int
+    unknown_carbon_lines: int
+
+
+class UsageSummaryView(BaseModel):
+    """``GET /v1/usage/summary``: the ledger lines that start in ``[start, end)`` (UTC), of ``team`` (``null``:
+    every team, admins only), grouped ``by`` team, project, provider, region, pool or day."""
+
+    by: Literal["team", "project", "provider", "region", "pool", "day"]
+    start: datetime
+    end: datetime
+    team: str | None = None
+    groups: list[UsageTotalsView]
+    total: UsageTotalsView

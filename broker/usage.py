@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
+from typing import Iterable
 
-__all__ = ["LINES", "PRICING_UNITS", "UsageError", "UsageRecord"]
+__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise", "total_of"]
 
 #: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
 LINES = ("instance", "energy", "amortised")
@@ -140,3 +141,86 @@ class UsageRecord:
         d = asdict(self)
         d["estimate_reasons"] = list(self.estimate_reasons)
         return d
+
+
+#: what :func:`summarise` groups by: a record's team, project, provider, region, pool, or UTC day of its start
+SUMMARY_DIMENSIONS = ("team", "project", "provider", "region", "pool", "day")
+
+
+@dataclass
+class UsageTotals:
+    """The sums of a group of usage records (one key of :func:`summarise`).
+
+    Attributes:
+        key: the group's value of the dimension (``None``: records without one, e.g. the pool of a cloud line;
+            ``day``: ``YYYY-MM-DD``, the UTC day the record starts); ``None`` for the total of all groups.
+        cost_usd: the sum of the known ``billed_usd``, USD.
+        gpu_hours: GPU-hours of the ``instance`` and ``energy`` lines (not ``amortised``: the same GPUs again).
+        energy_kwh: the sum of the known ``energy_kwh`` (facility energy, kWh).
+        carbon_kg: the sum of the known ``carbon_kg`` (kgCO2e, location-based).
+        lines: records in the group.
+        estimated_lines: records with ``estimated=True`` (some figure modelled, interpolated or unknown).
+        unpriced_lines, unknown_energy_lines, unknown_carbon_lines: records whose ``billed_usd``,
+            ``energy_kwh`` or ``carbon_kg`` is unknown (``None``): not in the sums, never counted as 0.
+    """
+
+    key: str | None = None
+    cost_usd: float = 0.0
+    gpu_hours: float = 0.0
+    energy_kwh: float = 0.0
+    carbon_kg: float = 0.0
+    lines: int = 0
+    estimated_lines: int = 0
+    unpriced_lines: int = 0
+    unknown_energy_lines: int = 0
+    unknown_carbon_lines: int = 0
+
+    def add(self, r: UsageRecord) -> None:
+        """Add one record to the sums."""
+        self.lines += 1
+        self.estimated_lines += r.estimated
+        if r.billed_usd is None:
+            self.unpriced_lines += 1
+        else:
+            self.cost_usd += r.billed_usd
+        if r.energy_kwh is None:
+            self.unknown_energy_lines += 1
+        else:
+            self.energy_kwh += r.energy_kwh
+        if r.carbon_kg is None:
+            self.unknown_carbon_lines += 1
+        else:
+            self.carbon_kg += r.carbon_kg
+        if r.line != "amortised":
+            self.gpu_hours += r.gpu_hours
+
+
+def total_of(groups: Iterable[UsageTotals]) -> UsageTotals:
+    """The sum of ``groups`` (key ``None``)."""
+    t = UsageTotals()
+    for g in groups:
+        for name in ("cost_usd", "gpu_hours", "energy_kwh", "carbon_kg", "lines", "estimated_lines",
+                     "unpriced_lines", "unknown_energy_lines", "unknown_carbon_lines"):
+            setattr(t, name, getattr(t, name) + getattr(g, name))
+    return t
+
+
+def _key(r: UsageRecord, by: str) -> str | None:
+    if by == "day":
+        return r.start.astimezone(timezone.utc).date().isoformat()
+    return getattr(r, by)
+
+
+def summarise(records: Iterable[UsageRecord], by: str) -> tuple[list[UsageTotals], UsageTotals]:
+    """Cost (USD), GPU-hours, kWh and kgCO2e of ``records`` grouped by ``by`` (one of
+    :data:`SUMMARY_DIMENSIONS`). Returns ``(groups, total)``: the groups by key (``None`` last), and their sum.
+    Raises :class:`UsageError` naming ``by`` for an unknown dimension."""
+    if by not in SUMMARY_DIMENSIONS:
+        raise UsageError(f"by={by!r}: not one of {', '.join(SUMMARY_DIMENSIONS)}")
+    groups: dict[str | None, UsageTotals] = {}
+    total = UsageTotals()
+    for r in records:
+        k = _key(r, by)
+        groups.setdefault(k, UsageTotals(key=k)).add(r)
+        total.add(r)
+    return sorted(groups.values(), key=lambda g: (g.key is None, g.key or "")), total

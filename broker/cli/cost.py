@@ -5,6 +5,14 @@
   the provider total, what job lines carry (allocated) and the rest (unallocated), with every resource whose
   figures differ. ``--pool P --metered-kwh X`` does the same for an on-prem pool's energy against its meter.
   Exit 1 when a resource differs or the ledger has lines the bill does not; 2 for bad input.
+* ``fedbroker cost report --from 2024-03-01 --to 2024-04-01 --by team|project|provider|region|pool|day [--team T]``
+  — USD, GPU-hours, kWh and kgCO2e per group as a table (``--json``: the API's answer).
+* ``fedbroker cost export --focus FILE --from ... --to ... [--team T]`` — the ledger lines as a FOCUS 1.2 CSV.
+
+``reconcile`` reads the job store directly (the settings' database: an operator's check against the
+provider's bill, every team's lines); ``report`` and ``export`` go through the HTTP API with ``--url`` and
+``--token`` like ``fedbroker list``, so a team token sees its own team's lines only and an admin token every
+team's. Exit 1 when the broker refuses or cannot be reached; 2 for a bad option.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from broker.cli.cloud import ConfigOpt, _database, _settings
-from broker.cli.console import JsonOpt, current_console, echo_json, fail
+from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, stderr
 
 __all__ = ["cost_app", "register", "parse_day"]
 
@@ -106,6 +114,78 @@ def reconcile_cmd(start: str = typer.Option(..., "--from", help="Period start, U
         echo_json(out)
     if bad:
         raise typer.Exit(1)
+
+
+def _period(start: str, end: str) -> tuple[datetime, datetime]:
+    t0, t1 = parse_day(start, "--from"), parse_day(end, "--to")
+    if t1 <= t0:
+        fail(f"--to={end!r}: not after --from={start!r}", code=2)
+    return t0, t1
+
+
+_BY = ("team", "project", "provider", "region", "pool", "day")
+
+
+@cost_app.command("report")
+def report_cmd(start: str = typer.Option(..., "--from", help="Period start, UTC (YYYY-MM-DD or ISO instant)."),
+               end: str = typer.Option(..., "--to", help="Period end (exclusive), UTC."),
+               by: str = typer.Option("team", "--by", help="Group by: " + " | ".join(_BY) + "."),
+               team: Optional[str] = typer.Option(None, "--team", help="Only this team (default: yours; admins: all)."),
+               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """USD, GPU-hours, kWh and kgCO2e of the ledger lines that start in [--from, --to), grouped --by."""
+    if by not in _BY:
+        fail(f"--by={by!r}: not one of {', '.join(_BY)}", code=2)
+    t0, t1 = _period(start, end)
+    c = client(url, token)
+    out = call(c, c.usage_summary, t0, t1, by=by, team=team)
+    if as_json:
+        echo_json(out)
+        return
+    tab = Table(title=f"Usage {t0:%Y-%m-%d %H:%M}..{t1:%Y-%m-%d %H:%M} UTC by {by}"
+                      + (f" (team {escape(out.team)})" if out.team else " (all teams)"))
+    for col in (by, "cost USD", "GPU-hours", "kWh", "kgCO2e", "lines", "estimated", "unpriced"):
+        tab.add_column(col, justify="left" if col == by else "right")
+
+    def row(key: str, g) -> None:
+        tab.add_row(escape(key), f"{g.cost_usd:,.2f}", f"{g.gpu_hours:,.2f}", f"{g.energy_kwh:,.2f}",
+                    f"{g.carbon_kg:,.2f}", str(g.lines), str(g.estimated_lines), str(g.unpriced_lines))
+
+    for g in out.groups:
+        row(g.key if g.key is not None else "-", g)
+    tab.add_section()
+    row("total", out.total)
+    current_console().print(tab)
+    if out.total.unpriced_lines or out.total.unknown_energy_lines or out.total.unknown_carbon_lines:
+        stderr.print(f"note: {out.total.unpriced_lines} line(s) without a known cost, "
+                     f"{out.total.unknown_energy_lines} without kWh, {out.total.unknown_carbon_lines} without kgCO2e "
+                     f"are left out of the sums (flagged in the ledger, never counted as 0)")
+
+
+@cost_app.command("export")
+def export_cmd(focus: Path = typer.Option(..., "--focus", help="Write a FOCUS 1.2 CSV to this file."),
+               start: str = typer.Option(..., "--from", help="Period start, UTC (YYYY-MM-DD or ISO instant)."),
+               end: str = typer.Option(..., "--to", help="Period end (exclusive), UTC."),
+               team: Optional[str] = typer.Option(None, "--team", help="Only this team (default: yours; admins: all)."),
+               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """The ledger lines that start in [--from, --to) as a FOCUS 1.2 CSV (broker.focus)."""
+    t0, t1 = _period(start, end)
+    if focus.is_dir():
+        fail(f"--focus={str(focus)!r}: is a directory", code=2)
+    if not focus.parent.is_dir():
+        fail(f"--focus={str(focus)!r}: no such directory {str(focus.parent)!r}", code=2)
+    c = client(url, token)
+    text, skipped = call(c, c.usage_focus, t0, t1, team=team)
+    try:
+        focus.write_text(text, encoding="utf-8")
+    except OSError as e:
+        fail(f"--focus={str(focus)!r}: cannot write ({e.strerror or e})", code=2)
+    import csv
+    import io
+
+    rows = max(0, sum(1 for _ in csv.reader(io.StringIO(text))) - 1)
+    stderr.print(f"wrote {rows} FOCUS 1.2 row(s) to {escape(str(focus))}"
+                 + (f"; {skipped} ledger line(s) without a known cost left out (flagged in the ledger)"
+                    if skipped else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,8 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     POST /v1/tokens/{token_id}/revoke  -> TokenView
     POST /v1/tokens/{token_id}/rotate  TokenRotateRequest (optional) -> CreatedToken
     GET  /v1/audit?since=&action=&limit=        -> list[AuditEventView], newest first (admin)
+    GET  /v1/usage/summary?by=&from=&to=&team=  -> UsageSummaryView   (broker.service.api_usage)
+    GET  /v1/usage/focus?from=&to=&team=        -> text/csv, FOCUS 1.2
     /v1/node/...                       node agents only, with a node token (:mod:`broker.service.node_api`)
 
 Who sees what: a team token sees, cancels and reads the logs/explain record of its own
@@ -757,6 +759,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     from broker.service.api_budgets import register as register_budget_routes
 
     register_budget_routes(app, store, Caller)
+
+    # ------------------------------------------------------------------ usage ledger (issue #12)
+    from broker.service.api_usage import register as register_usage_routes
+
+    register_usage_routes(app, store, settings, Caller)  # /v1/usage/summary, /v1/usage/focus
     return app
 
 

@@ -357,6 +357,28 @@ class TeamQuota(BaseModel):
     burst: int | None = Field(None, ge=0)
 
 
+class FinanceSettings(BaseModel):
+    """Who bills whom in the FOCUS export (:mod:`broker.focus`, ``GET /v1/usage/focus``).
+
+    Fields:
+        organisation: the operator's organisation: InvoiceIssuerName, ProviderName and PublisherName of the
+            on-prem lines (their electricity and amortised capital). Default ``"On-premises operator"``:
+            set it (``FEDBROKER_FINANCE__ORGANISATION``).
+        billing_account_id: the operator's billing account id (BillingAccountId of on-prem lines, and of a
+            cloud's lines when ``cloud_accounts`` names none). Default ``"fedbroker"``.
+        billing_account_name: its display name (BillingAccountName; ``None`` = ``organisation``).
+        cloud_accounts: provider (``aws``, ``gcp``) -> the account the cloud invoices (AWS payer account id,
+            GCP billing account id).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    organisation: str = Field("On-premises operator", min_length=1, max_length=200)
+    billing_account_id: str = Field("fedbroker", min_length=1, max_length=200)
+    billing_account_name: str | None = Field(None, min_length=1, max_length=200)
+    cloud_accounts: dict[str, str] = Field(default_factory=dict)
+
+
 class QuotaSettings(BaseModel):
     """Per-team admission limits of the API (enforced by :mod:`broker.service.limits`).
 
@@ -469,6 +491,7 @@ class BrokerSettings(BaseSettings):
             forgotten early. ``0`` keeps everything forever. Default 30.
         retention_batch: most jobs one reconciler pass deletes (one short transaction).
         quotas: per-team queued-jobs quota and submit rate limit (:class:`QuotaSettings`).
+        finance: the organisation and billing accounts of the FOCUS export (:class:`FinanceSettings`).
         api_token_cache_s: seconds the API keeps a token it authenticated in memory (per process, at
             most 10,000 tokens); a revoked token keeps working for up to this long. ``0`` = no cache.
         api_workers: uvicorn worker processes of ``fedbroker serve api`` (each its own pool and cache).
@@ -513,6 +536,7 @@ class BrokerSettings(BaseSettings):
     retention_days: float = Field(30.0, ge=0, le=36_500)
     retention_batch: int = Field(500, ge=1, le=100_000)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
+    finance: FinanceSettings = Field(default_factory=FinanceSettings)
     api_token_cache_s: float = Field(5.0, ge=0, le=300)
     api_workers: int = Field(1, ge=1, le=64)
 

@@ -5,7 +5,9 @@ ledger writes in the transaction that ends the attempt (:mod:`broker.service.led
 
 * :func:`billed_instances` — the cloud instances of an attempt that a provider bills (created ones);
 * :func:`add_usage` — insert records, skipping any already written (the same key: meters once);
-* :func:`usage_rows` — read records back, by job or by period.
+* :func:`usage_rows` — read records back, by job or by period;
+* :func:`usage_totals` — the sums of a period's records by one dimension, in SQL (what
+  :func:`broker.usage.summarise` computes from records, without loading them).
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Iterable
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from broker.service.store.tables import CloudInstance, UsageRow
-from broker.usage import UsageRecord
+from broker.usage import SUMMARY_DIMENSIONS, UsageError, UsageRecord, UsageTotals
 
-__all__ = ["billed_instances", "add_usage", "usage_rows", "record_of"]
+__all__ = ["billed_instances", "add_usage", "usage_rows", "usage_totals", "record_of"]
 
 _FIELDS = [f for f in UsageRecord.__dataclass_fields__]
 
@@ -62,10 +64,13 @@ def record_of(row: UsageRow) -> UsageRecord:
 
 
 def usage_rows(s: Session, job_id: str | None = None, start: datetime | None = None,
-               end: datetime | None = None) -> list[UsageRecord]:
+               end: datetime | None = None, team: str | None = None) -> list[UsageRecord]:
     """Inside ``s``: the usage records of ``job_id`` (all jobs: ``None``) whose window starts in
-    ``[start, end)`` (UTC; either bound may be ``None``), by job, attempt, rank, line."""
+    ``[start, end)`` (UTC; either bound may be ``None``), of ``team`` (every team: ``None``), by job, attempt,
+    rank, line."""
     q = select(UsageRow)
+    if team is not None:
+        q = q.where(UsageRow.team == team)
     if job_id is not None:
         q = q.where(UsageRow.job_id == job_id)
     if start is not None:
@@ -74,3 +79,37 @@ def usage_rows(s: Session, job_id: str | None = None, start: datetime | None = N
         q = q.where(UsageRow.start < end)
     q = q.order_by(UsageRow.job_id, UsageRow.attempt, UsageRow.rank, UsageRow.line, UsageRow.resource)
     return [record_of(r) for r in s.execute(q).scalars()]
+
+
+def _day(s: Session):
+    """The UTC day (``YYYY-MM-DD``) a record starts, in SQL."""
+    if s.get_bind().dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", UsageRow.start), "YYYY-MM-DD")
+    return func.substr(UsageRow.start, 1, 10)  # SQLite keeps UTC instants as 'YYYY-MM-DD HH:MM:SS.ffffff'
+
+
+def usage_totals(s: Session, by: str, start: datetime, end: datetime, team: str | None = None) -> list[UsageTotals]:
+    """Inside ``s``: the records of ``team`` (every team: ``None``) that start in ``[start, end)`` (UTC), summed
+    by ``by`` (one of :data:`broker.usage.SUMMARY_DIMENSIONS`) in one ``GROUP BY``: the same figures as
+    :func:`broker.usage.summarise` (known figures summed, unknown ones counted apart; GPU-hours of the
+    ``instance`` and ``energy`` lines), groups by key with ``None`` last. Raises
+    :class:`~broker.usage.UsageError` naming ``by`` for an unknown dimension."""
+    if by not in SUMMARY_DIMENSIONS:
+        raise UsageError(f"by={by!r}: not one of {', '.join(SUMMARY_DIMENSIONS)}")
+    key = _day(s) if by == "day" else getattr(UsageRow, by)
+    n = func.count()
+    q = (select(key, func.sum(UsageRow.billed_usd),
+                func.sum(case((UsageRow.line == "amortised", 0.0), else_=UsageRow.gpu_count * UsageRow.run_s)),
+                func.sum(UsageRow.energy_kwh), func.sum(UsageRow.carbon_kg), n,
+                func.sum(case((UsageRow.estimated, 1), else_=0)),
+                n - func.count(UsageRow.billed_usd), n - func.count(UsageRow.energy_kwh),
+                n - func.count(UsageRow.carbon_kg))
+         .where(UsageRow.start >= start, UsageRow.start < end).group_by(key))
+    if team is not None:
+        q = q.where(UsageRow.team == team)
+    out = [UsageTotals(key=k, cost_usd=float(usd or 0.0), gpu_hours=float(gpu_s or 0.0) / 3600.0,
+                       energy_kwh=float(kwh or 0.0), carbon_kg=float(kg or 0.0), lines=int(lines),
+                       estimated_lines=int(est or 0), unpriced_lines=int(nu), unknown_energy_lines=int(ne),
+                       unknown_carbon_lines=int(nc))
+           for k, usd, gpu_s, kwh, kg, lines, est, nu, ne, nc in s.execute(q)]
+    return sorted(out, key=lambda g: (g.key is None, g.key or ""))
