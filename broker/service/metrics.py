@@ -3,8 +3,8 @@
 The numbers live in the database, not in process counters, so every API process answers the same and a
 restart loses nothing. :func:`render_metrics` builds a registry with one :class:`StoreCollector` and
 returns the text exposition format. The metric names (all ``fedbroker_``-prefixed) are :data:`METRIC_NAMES`;
-``deploy/grafana/fedbroker.json`` reads only these (a test checks it). Cost, kWh and kgCO2e per team come
-with the usage ledger (issue 12).
+``deploy/grafana/fedbroker.json`` reads only these (a test checks it). Cost, kWh and kgCO2e come from the
+usage ledger (:mod:`broker.service.store.usage`), budget use from :mod:`broker.service.budgets`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from datetime import datetime
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from broker.service.budgets import budget_states
 from broker.service.store import metrics as rows
 from broker.service.store.core import JobStore
 
@@ -31,7 +32,9 @@ SCRAPE_CACHE_S = 10.0
 WAIT_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
 #: every metric this module exposes
 METRIC_NAMES = ("fedbroker_jobs", "fedbroker_queue_depth", "fedbroker_cloud_instances",
-                "fedbroker_attempt_gpu_hours", "fedbroker_job_wait_seconds")
+                "fedbroker_attempt_gpu_hours", "fedbroker_job_wait_seconds", "fedbroker_usage_cost_usd",
+                "fedbroker_usage_energy_kwh", "fedbroker_usage_carbon_kg", "fedbroker_budget_cap_usd",
+                "fedbroker_budget_spent_usd", "fedbroker_budget_committed_usd")
 
 
 class StoreCollector(Collector):
@@ -48,6 +51,8 @@ class StoreCollector(Collector):
             instances = rows.cloud_instance_counts(s, self.team)
             held = rows.attempt_gpu_seconds(s, self.team, self.now)
             waits = rows.wait_histogram(s, self.team, WAIT_BUCKETS_S)
+            usage = rows.usage_sums(s, self.team)
+            budgets = budget_states(s, self.now, self.team)
         jobs = GaugeMetricFamily("fedbroker_jobs", "Jobs on record by team and state.", labels=["team", "state"])
         for t, st, n in states:
             jobs.add_metric([t, st], n)
@@ -75,6 +80,23 @@ class StoreCollector(Collector):
             buckets.append(("+Inf", float(n)))
             hist.add_metric([t], buckets, sum_value=total)
         yield hist
+        fams = [CounterMetricFamily(name, doc, labels=["team", "provider", "line"]) for name, doc in (
+            ("fedbroker_usage_cost_usd", "Billed USD of the usage ledger's lines (line: instance, energy, amortised)."),
+            ("fedbroker_usage_energy_kwh", "Facility kWh of the usage ledger's lines."),
+            ("fedbroker_usage_carbon_kg", "kgCO2e (location-based) of the usage ledger's lines."))]
+        for t, pr, ln, usd, kwh, kg in usage:
+            for fam, v in zip(fams, (usd, kwh, kg)):
+                if v is not None:  # no record of the group knows it: no sample rather than a false 0
+                    fam.add_metric([t, pr, ln], v)
+        yield from fams
+        bud = [GaugeMetricFamily(name, doc, labels=["team"]) for name, doc in (
+            ("fedbroker_budget_cap_usd", "The team's monthly cloud budget cap, USD."),
+            ("fedbroker_budget_spent_usd", "Billed USD of the team's cloud lines this month (UTC)."),
+            ("fedbroker_budget_committed_usd", "Estimated USD of the team's cloud attempts not metered yet."))]
+        for b in budgets:
+            for fam, v in zip(bud, (b.cap_usd, b.spent_usd, b.committed_usd)):
+                fam.add_metric([b.team], v)
+        yield from bud
 
 
 def _le(bound_s: float) -> str:

@@ -8,7 +8,8 @@ never a job id.
 * :func:`queue_depth` — queued jobs per (team, committed pool);
 * :func:`cloud_instance_counts` — cloud instance records per (provider, state);
 * :func:`attempt_gpu_seconds` — GPU-seconds of attempts per (team, kind, pool or provider), running ones up to now;
-* :func:`wait_histogram` — per team, started jobs by wait (submission to start) bucket, their count and sum.
+* :func:`wait_histogram` — per team, started jobs by wait (submission to start) bucket, their count and sum;
+* :func:`usage_sums` — the usage ledger's billed USD, kWh and kgCO2e per (team, provider, line).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from datetime import datetime
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from broker.service.store.tables import Attempt, CloudInstance, Job
+from broker.service.store.tables import Attempt, CloudInstance, Job, UsageRow
 
-__all__ = ["job_state_counts", "queue_depth", "cloud_instance_counts", "attempt_gpu_seconds", "wait_histogram"]
+__all__ = ["job_state_counts", "queue_depth", "cloud_instance_counts", "attempt_gpu_seconds", "wait_histogram",
+           "usage_sums"]
 
 
 def job_state_counts(s: Session, team: str | None) -> list[tuple[str, str, int]]:
@@ -88,3 +90,20 @@ def wait_histogram(s: Session, team: str | None, bounds_s: tuple[float, ...]) ->
     if team is not None:
         q = q.where(Job.team == team)
     return [(r[0], [int(c or 0) for c in r[3:]], int(r[1]), max(float(r[2] or 0.0), 0.0)) for r in s.execute(q)]
+
+
+def usage_sums(s: Session, team: str | None) -> list[tuple[str, str, str, float | None, float | None, float | None]]:
+    """``(team, provider, line, billed USD, kWh, kgCO2e)`` summed over every usage record on record (the
+    ledger keeps them past job retention, so the sums only grow). Unknown figures (NULL, flagged in the ledger)
+    are left out of a sum, and a figure no record of the group knows is ``None``, never 0."""
+    def known_sum(col):
+        return case((func.count(col) > 0, func.sum(col)), else_=None)
+
+    q = (select(UsageRow.team, UsageRow.provider, UsageRow.line, known_sum(UsageRow.billed_usd),
+                known_sum(UsageRow.energy_kwh), known_sum(UsageRow.carbon_kg))
+         .group_by(UsageRow.team, UsageRow.provider, UsageRow.line)
+         .order_by(UsageRow.team, UsageRow.provider, UsageRow.line))
+    if team is not None:
+        q = q.where(UsageRow.team == team)
+    return [(t, p, ln, *(None if v is None else float(v) for v in (usd, kwh, kg)))
+            for t, p, ln, usd, kwh, kg in s.execute(q)]

@@ -22,7 +22,8 @@ from broker.model import JobSpec
 from broker.service.api import create_app
 from broker.service.metrics import METRIC_NAMES
 from broker.service.settings import BrokerSettings
-from broker.service.store.tables import Attempt, CloudInstance, Job
+from broker.service.budgets import set_budget
+from broker.service.store.tables import Attempt, CloudInstance, Job, UsageRow
 from broker.service.tokens import create_token
 from tests.conftest import auth
 
@@ -61,6 +62,16 @@ def seeded(any_store):
                             region="us-east-1", zone="use1-az1", instance_type="p3.2xlarge", market="spot",
                             idempotency_token=uuid.uuid4().hex, state="terminated", created_at=t0, updated_at=t0,
                             history=[]))
+        # ledger lines (hand-set figures): a's on-prem energy and amortised lines, b's AWS instance line with an
+        # unknown carbon figure (left out of the carbon sum, not counted as 0)
+        for job, line, prov, usd, kwh, kg in ((a2, "energy", "onprem", 0.132, 0.66, 0.05),
+                                              (a2, "amortised", "onprem", 1.0, 0.0, 0.0),
+                                              (b1, "instance", "aws", 0.051, 0.004, None)):
+            s.add(UsageRow(job_id=job, attempt=1, rank=0, line=line, resource="r", team="a" if job == a2 else "b",
+                           start=t0, end=t0 + timedelta(hours=1), provider=prov, gpu_type="V100", gpu_count=1,
+                           run_s=3600.0, billed_s=3600.0, pricing_unit="Hours", billed_usd=usd, energy_kwh=kwh,
+                           carbon_kg=kg, estimated=kg is None, estimate_reasons=[], source="live", recorded_at=t0))
+    set_budget(st, "a", 100.0)
     app = create_app(st, BrokerSettings(admin_token=ADMIN))
     with TestClient(app) as c:
         yield st, c
@@ -94,6 +105,15 @@ def test_admin_sees_every_team_with_hand_counted_values(seeded):
     assert m[("fedbroker_job_wait_seconds_bucket", (("le", "14400.0"), ("team", "b")))] == 1
     assert m[("fedbroker_job_wait_seconds_sum", (("team", "a"),))] == 120.0
     assert m[("fedbroker_job_wait_seconds_count", (("team", "b"),))] == 1
+    # the ledger's sums per (team, provider, line), and team a's budget (no cloud spend this month)
+    assert m[("fedbroker_usage_cost_usd_total", (("line", "energy"), ("provider", "onprem"), ("team", "a")))] == 0.132
+    assert m[("fedbroker_usage_cost_usd_total", (("line", "amortised"), ("provider", "onprem"), ("team", "a")))] == 1.0
+    assert m[("fedbroker_usage_energy_kwh_total", (("line", "instance"), ("provider", "aws"), ("team", "b")))] == 0.004
+    assert ("fedbroker_usage_carbon_kg_total", (("line", "instance"), ("provider", "aws"), ("team", "b"))) not in m
+    assert m[("fedbroker_usage_carbon_kg_total", (("line", "energy"), ("provider", "onprem"), ("team", "a")))] == 0.05
+    assert m[("fedbroker_budget_cap_usd", (("team", "a"),))] == 100.0
+    assert m[("fedbroker_budget_spent_usd", (("team", "a"),))] == 0.0
+    assert m[("fedbroker_budget_committed_usd", (("team", "a"),))] == 0.0
 
 
 def test_a_team_token_sees_only_its_team(seeded):
@@ -121,7 +141,7 @@ def test_grafana_dashboard_reads_only_metrics_the_endpoint_serves(seeded):
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     assert exprs, "the dashboard has queries"
-    used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"\bfedbroker_\w+", e)}
+    used = {re.sub(r"_(bucket|sum|count|total)$", "", n) for e in exprs for n in re.findall(r"\bfedbroker_\w+", e)}
     assert used and used <= served, used - served
     assert used == served  # every metric has a panel
 
