@@ -177,7 +177,7 @@ def test_typed_errors(pool, slurm_cluster, tmp_path):
     # a controller that does not answer: the same config with the controller's port moved to a closed one
     conf = tmp_path / "slurm.conf"
     conf.write_text(slurm_cluster.conf.read_text().replace(f"SlurmctldPort={slurm_cluster.ctld_port}",
-                                                           "SlurmctldPort=9"))
+                                                           "SlurmctldPort=9") + "MessageTimeout=1\n")
     down = SlurmPool(SlurmSettings(slurm_conf=str(conf), timeout_s=20))
     with pytest.raises(SchedulerUnavailable):
         down.capacity()
