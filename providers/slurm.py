@@ -17,7 +17,9 @@ Submit (one ``sbatch`` per job attempt; a multi-node gang is one Slurm job)::
     --time                     ceil((estimate_s * (1 + slack_frac) + slack_s) / 60) minutes
     --deadline / --begin       the job's deadline / the start window the broker decided (cluster local time)
     --comment                  fedbroker-broker=B,fedbroker-job=J,fedbroker-attempt=N,fedbroker-team=T
-    --job-name                 fb-J-aN;  --no-requeue: the broker, not Slurm, requeues an attempt
+    --job-name                 fb-J-aN;  --no-requeue: the broker, not Slurm, requeues an attempt (the REST path
+                               cannot say it: slurmrestd v0.0.38 ignores ``requeue``; a job Slurm requeued
+                               itself is reported ``interrupted`` and cancel/sweep still act on it)
     --output                   settings.log_dir/fedbroker-%j.out (a directory the compute nodes can write)
 
 The batch script exports the job environment (``env``) and, for every job, ``MASTER_ADDR`` (the first node of
@@ -109,6 +111,10 @@ class SlurmSettings:
     qos_by_class: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 30.0
     wckey: str | None = None
+    rest_url: str | None = None
+    jwt_file: str | None = None
+    rest_user: str | None = None
+    rest_version: str = "v0.0.38"
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.partition):
@@ -121,6 +127,11 @@ class SlurmSettings:
                 raise ValueError(f"{name}={v!r}: must be a finite number >= 0")
         if not (self.timeout_s > 0):
             raise ValueError(f"timeout_s={self.timeout_s!r}: must be > 0")
+        if self.rest_url is not None:
+            if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", self.rest_url):
+                raise ValueError(f"rest_url={self.rest_url!r}: must be an http(s) URL")
+            if not self.jwt_file or not self.rest_user:
+                raise ValueError("rest_url is set: jwt_file and rest_user are required (the JWT and its user)")
 
 
 @dataclass(frozen=True)
@@ -217,7 +228,13 @@ class SlurmJobInfo:
 
     @property
     def terminal(self) -> bool:
+        """The attempt is over for the broker (it may still hold a Slurm job: see :attr:`slurm_active`)."""
         return self.state in TERMINAL
+
+    @property
+    def slurm_active(self) -> bool:
+        """Slurm still queues or runs the job (true of a job Slurm requeued itself, whose attempt is over)."""
+        return self.slurm_state in _STARTING or self.slurm_state in _RUNNING
 
 
 def time_limit_min(estimate_s: float, slack_frac: float, slack_s: float) -> int:
@@ -343,6 +360,51 @@ class SlurmPool:
             raise self._error(argv[0], r.stderr.strip() or r.stdout.strip(), option or self._option())
         return r
 
+    def _rest(self, method: str, path: str, body: dict | None = None, option: str | None = None) -> dict:
+        """One ``slurmrestd`` request (JWT in ``X-SLURM-USER-TOKEN``); the answer's ``errors`` and HTTP status
+        mapped onto the typed errors (5xx, 401/403, no answer, no token file -> :class:`SchedulerUnavailable`)."""
+        import requests
+
+        s = self.settings
+        option = option or self._option()
+        try:
+            tok = Path(s.jwt_file or "").read_text().strip()
+        except OSError as e:
+            raise SchedulerUnavailable(f"jwt_file={s.jwt_file!r}: cannot read the token ({e})", option, "NoToken") from None
+        tok = tok.split("=", 1)[1] if tok.startswith("SLURM_JWT=") else tok
+        url = f"{(s.rest_url or '').rstrip('/')}/slurm/{s.rest_version}/{path}"
+        headers = {"X-SLURM-USER-NAME": s.rest_user or "", "X-SLURM-USER-TOKEN": tok}
+        try:
+            r = requests.request(method, url, json=body, headers=headers, timeout=s.timeout_s)
+        except requests.Timeout:
+            raise SchedulerUnavailable(f"slurmrestd {method} {path}: no answer in {s.timeout_s} s", option,
+                                       "Timeout") from None
+        except requests.RequestException as e:
+            raise SchedulerUnavailable(f"slurmrestd {method} {path}: {e}", option, "SchedulerUnavailable") from None
+        if r.status_code in (401, 403):
+            raise SchedulerUnavailable(f"slurmrestd {method} {path}: HTTP {r.status_code} (JWT missing or refused)",
+                                       option, "Unauthorized")
+        try:
+            data = r.json()
+        except ValueError:
+            data = {}
+        errs = data.get("errors") or [] if isinstance(data, dict) else []
+        if errs:
+            msg = "; ".join(" ".join(str(e.get(k, "")) for k in ("error", "description") if e.get(k)) for e in errs)
+            if msg.strip() == "Unspecified error":
+                raise SchedulerUnavailable(f"slurmrestd {method} {path}: 'Unspecified error' (slurmctld refused the "
+                                           "request: an expired or invalid JWT answers this)", option, "AuthRejected")
+            err = self._error("slurmrestd", msg, option)
+            if type(err) is ProviderError and err.code is None and r.status_code >= 500:
+                raise SchedulerUnavailable(str(err), option, f"HTTP{r.status_code}")
+            raise err
+        if r.status_code >= 500 or not isinstance(data, dict):
+            raise SchedulerUnavailable(f"slurmrestd {method} {path}: HTTP {r.status_code}", option,
+                                       f"HTTP{r.status_code}")
+        if r.status_code >= 400:
+            raise ProviderError(f"slurmrestd {method} {path}: HTTP {r.status_code}", option, f"HTTP{r.status_code}")
+        return data
+
     @staticmethod
     def _error(cmd: str, msg: str, option: str) -> ProviderError:
         low = msg.lower()
@@ -359,7 +421,19 @@ class SlurmPool:
 
     # ---------------------------------------------------------------- capacity
     def capacity(self) -> list[NodeCapacity]:
-        """Every node of the partition with its GPUs per type, total and in use (``sinfo -N``)."""
+        """Every node of the partition with its GPUs per type, total and in use (``sinfo -N``; REST: ``GET nodes``,
+        a node's state flags appended as ``+FLAG``, which makes it unusable)."""
+        if self.settings.rest_url:
+            nodes = {}
+            for n in self._rest("GET", "nodes").get("nodes") or []:
+                if self.settings.partition in (n.get("partitions") or []):
+                    state = str(n.get("state", "")) + "".join(f"+{f}" for f in n.get("state_flags") or [])
+                    nodes[n["name"]] = NodeCapacity(n["name"], state, parse_gres(n.get("gres") or ""),
+                                                    parse_gres(n.get("gres_used") or ""))
+            if not nodes:
+                raise Unsupported(f"partition {self.settings.partition!r} has no nodes (or does not exist)",
+                                  self._option(), "InvalidPartition")
+            return [nodes[k] for k in sorted(nodes)]
         r = self._run("sinfo", "-h", "-N", "-p", self.settings.partition,
                       "-O", "NodeList:|,StateLong:|,Gres:|,GresUsed:|")
         nodes = {}
@@ -405,8 +479,7 @@ class SlurmPool:
     def sbatch_argv(self, req: SlurmJobRequest) -> list[str]:
         """The ``sbatch`` arguments of ``req`` (module docstring)."""
         s = self.settings
-        tags = {MANAGED_TAG: s.broker_id, "fedbroker-job": req.job_id, "fedbroker-attempt": str(req.attempt),
-                "fedbroker-team": req.team}
+        tags = self._tags(req)
         argv = ["sbatch", "--parsable", f"--partition={s.partition}", f"--job-name=fb-{req.job_id}-a{req.attempt}",
                 f"--nodes={req.nodes}", "--ntasks-per-node=1", f"--gpus-per-node={req.gpu_type}:{req.gpus_per_node}",
                 f"--time={time_limit_min(req.estimate_s, s.slack_frac, s.slack_s)}",
@@ -442,11 +515,46 @@ class SlurmPool:
             if free < req.nodes:
                 raise NoCapacity(f"{free} of the {req.nodes} nodes needed have {req.gpus_per_node} x {req.gpu_type} "
                                  "free now", option, "NoCapacity")
-        r = self._run(*self.sbatch_argv(req), input=self.batch_script(req), option=option)
-        sid = r.stdout.strip().split(";")[0]
+        if self.settings.rest_url:
+            data = self._rest("POST", "job/submit", {"script": self.batch_script(req), "job": self.rest_job(req)},
+                              option=option)
+            sid = str(data.get("job_id", ""))
+        else:
+            r = self._run(*self.sbatch_argv(req), input=self.batch_script(req), option=option)
+            sid = r.stdout.strip().split(";")[0]
         if not sid.isdigit():
-            raise ProviderError(f"sbatch: unexpected answer {r.stdout.strip()!r}", option)
+            raise ProviderError(f"submit: unexpected answer (job id {sid!r})", option)
         return self.describe(sid)
+
+    def rest_job(self, req: SlurmJobRequest) -> dict:
+        """The ``job`` object of ``POST job/submit`` (OpenAPI v0.0.38): the same request as :meth:`sbatch_argv`.
+        The job's environment is ``PATH`` (and ``SLURM_CONF`` when set); the rest comes from the batch script."""
+        import os
+
+        s = self.settings
+        env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
+        if s.slurm_conf:
+            env["SLURM_CONF"] = s.slurm_conf
+        job: dict = {"name": f"fb-{req.job_id}-a{req.attempt}", "partition": s.partition, "nodes": req.nodes,
+                     "tasks_per_node": 1, "gpus_per_node": f"{req.gpu_type}:{req.gpus_per_node}",
+                     "time_limit": time_limit_min(req.estimate_s, s.slack_frac, s.slack_s),
+                     "comment": ",".join(f"{k}={v}" for k, v in self._tags(req).items()), "requeue": False,
+                     "current_working_directory": s.log_dir, "standard_output": str(Path(s.log_dir) / "fedbroker-%j.out"),
+                     "environment": env}
+        if req.deadline is not None:
+            job["deadline"] = _local(req.deadline)
+        if req.begin is not None:
+            job["begin_time"] = _local(req.begin)
+        qos = s.qos_by_class.get(req.priority_class or "")
+        if qos:
+            job["qos"] = qos
+        if s.wckey:
+            job["wckey"] = s.wckey
+        return job
+
+    def _tags(self, req: SlurmJobRequest) -> dict[str, str]:
+        return {MANAGED_TAG: self.settings.broker_id, "fedbroker-job": req.job_id,
+                "fedbroker-attempt": str(req.attempt), "fedbroker-team": req.team}
 
     # ---------------------------------------------------------------- describe
     def describe(self, slurm_job_id: str) -> SlurmJobInfo:
@@ -454,6 +562,11 @@ class SlurmPool:
         ``ProviderError(code="NotFound")`` when neither knows it."""
         if not str(slurm_job_id).isdigit():
             raise ValueError(f"slurm_job_id={slurm_job_id!r}: must be a Slurm job id (digits)")
+        if self.settings.rest_url:
+            jobs = self._rest("GET", f"job/{slurm_job_id}").get("jobs") or []
+            if not jobs:
+                raise ProviderError(f"slurm job {slurm_job_id}: the cluster does not know it", self._option(), "NotFound")
+            return self._from_scontrol(_rest_kv(jobs[0]))
         r = self._run("scontrol", "-o", "show", "job", str(slurm_job_id), check=False)
         if r.returncode == 0 and r.stdout.strip():
             return self._from_scontrol(parse_scontrol(r.stdout.strip().splitlines()[0]))
@@ -469,8 +582,16 @@ class SlurmPool:
         state = lifecycle_state(slurm_state)
         if state in ("starting", "running"):
             code = sig = None
-        return SlurmJobInfo(kv["JobId"], *self._outcome(state, slurm_state, code, sig, tags, kv.get("Reason", ""),
-                                                        kv.get("AdminComment", ""), kv.get("NodeList", "")),
+        outcome = self._outcome(state, slurm_state, code, sig, tags, kv.get("Reason", ""), kv.get("AdminComment", ""),
+                                kv.get("NodeList", ""))
+        restarts = int(kv.get("Restarts", "0") or 0) if (kv.get("Restarts") or "0").isdigit() else 0
+        if restarts and state in ("starting", "running") and not tags.get(CANCEL_MARK):
+            # Slurm requeued the job itself (node failure; --no-requeue cannot be set through slurmrestd v0.0.38):
+            # the attempt is over, the broker requeues it and cancels this copy (cancel/sweep act on slurm_active)
+            outcome = ("interrupted", outcome[1], None, None,
+                       f"Slurm requeued the job itself (restart {restarts}, Slurm reason {kv.get('Reason') or 'none'}): "
+                       "the broker requeues the attempt and cancels this copy")
+        return SlurmJobInfo(kv["JobId"], *outcome,
                             nodes=kv.get("NodeList", ""), elapsed_s=_duration_s(kv.get("RunTime")), tags=tags,
                             stdout=kv.get("StdOut"), time_limit_s=_duration_s(kv.get("TimeLimit")))
 
@@ -522,30 +643,48 @@ class SlurmPool:
         ``ProviderError(code="NotFound")``."""
         grace = self.settings.term_grace_s if grace_s is None else grace_s
         info = self.describe(slurm_job_id)
-        if info.terminal:
+        if not info.slurm_active:
             return info
         comment = ",".join(f"{k}={v}" for k, v in {**info.tags, CANCEL_MARK: "1"}.items())
-        self._run("scontrol", "update", f"JobId={slurm_job_id}", f"Comment={comment}", check=False)
-        if info.state == "starting":
-            self._run("scancel", str(slurm_job_id), check=False)
+        rest = bool(self.settings.rest_url)
+        sid = str(slurm_job_id)
+        if rest:
+            self._rest("POST", f"job/{sid}", {"comment": comment})
         else:
-            self._run("scancel", "--full", "--signal=TERM", str(slurm_job_id), check=False)
-            info = self._wait_terminal(slurm_job_id, grace)
-            if not info.terminal:
-                self._run("scancel", str(slurm_job_id), check=False)
-        return self._wait_terminal(slurm_job_id, 30.0)
+            self._run("scontrol", "update", f"JobId={sid}", f"Comment={comment}", check=False)
+        if info.slurm_state not in _STARTING:
+            if rest:  # slurm_kill_job(SIGTERM): every step, the batch shell included
+                self._rest("DELETE", f"job/{sid}?signal=TERM")
+            else:
+                self._run("scancel", "--full", "--signal=TERM", sid, check=False)
+            info = self._wait_terminal(sid, grace)
+        if info.slurm_active:
+            if rest:  # DELETE without a signal: SIGKILL, the job ends
+                self._rest("DELETE", f"job/{sid}")
+            else:
+                self._run("scancel", sid, check=False)
+        return self._wait_terminal(sid, 30.0)
 
     def _wait_terminal(self, slurm_job_id: str, timeout_s: float) -> SlurmJobInfo:
         end = time.monotonic() + timeout_s
         while True:
             info = self.describe(slurm_job_id)
-            if info.terminal or time.monotonic() >= end:
+            if not info.slurm_active or time.monotonic() >= end:
                 return info
             time.sleep(0.2)
 
     # ---------------------------------------------------------------- sweep
     def list_managed(self) -> list[SlurmJobInfo]:
-        """Every job of this broker (``fedbroker-broker`` tag) the cluster still runs or queues (``squeue``)."""
+        """Every job of this broker (``fedbroker-broker`` tag) the cluster still runs or queues (``squeue``; REST:
+        ``GET jobs``), a copy Slurm requeued itself included."""
+        if self.settings.rest_url:
+            out = []
+            for j in self._rest("GET", "jobs").get("jobs") or []:
+                if parse_tags(j.get("comment") or "").get(MANAGED_TAG) == self.settings.broker_id:
+                    info = self._from_scontrol(_rest_kv(j))
+                    if info.slurm_active:
+                        out.append(info)
+            return sorted(out, key=lambda i: int(i.slurm_job_id))
         r = self._run("squeue", "-h", "-a", "-o", "%i|%k")
         out = []
         for line in r.stdout.splitlines():
@@ -557,7 +696,7 @@ class SlurmPool:
                     if e.code == "NotFound":
                         continue
                     raise
-                if not info.terminal:
+                if info.slurm_active:
                     out.append(info)
         return out
 
@@ -573,6 +712,30 @@ class SlurmPool:
                 self.cancel(info.slurm_job_id, grace_s)
                 gone.append(info)
         return gone
+
+
+def _hms(seconds: float) -> str:
+    s = int(max(0, seconds))
+    return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _rest_kv(j: Mapping) -> dict[str, str]:
+    """A job of the OpenAPI v0.0.38 ``jobs`` answer in ``scontrol show job`` terms. ``exit_code`` there is the
+    raw wait status: code = status >> 8, signal = status & 0x7f."""
+    st = int(j.get("exit_code") or 0)
+    start, end = int(j.get("start_time") or 0), int(j.get("end_time") or 0)
+    state = str(j.get("job_state", ""))
+    run = 0.0
+    if start and state not in _STARTING:
+        run = (end if end and lifecycle_state(state) in TERMINAL else time.time()) - start
+    sid = str(j.get("job_id"))
+    out = str(j.get("standard_output") or "").replace("%j", sid)
+    lim = j.get("time_limit")
+    return {"JobId": sid, "JobState": state, "ExitCode": f"{(st >> 8) & 0xff}:{st & 0x7f}",
+            "Comment": str(j.get("comment") or ""), "AdminComment": str(j.get("admin_comment") or ""),
+            "Reason": str(j.get("state_reason") or ""), "NodeList": str(j.get("nodes") or ""),
+            "RunTime": _hms(run), "TimeLimit": _hms(int(lim) * 60) if isinstance(lim, int) else "",
+            "StdOut": out, "Restarts": str(int(j.get("restart_cnt") or 0))}
 
 
 def _exit(text: str | None) -> tuple[int | None, int | None]:

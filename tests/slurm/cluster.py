@@ -79,8 +79,10 @@ class LocalSlurm:
     partition: str = "gpu"
     max_time_min: int = 60
     max_nodes: int = 2
+    rest: bool = True
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="fedbroker-slurm-")))
     _started: bool = False
+    _restd: subprocess.Popen | None = None
 
     @property
     def nodes(self) -> list[tuple[str, NodeGroup]]:
@@ -144,6 +146,11 @@ class LocalSlurm:
             port += 1
         lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime={self.max_time_min} "
                      f"MaxNodes={self.max_nodes} State=UP")
+        if self.rest:
+            key = r / "etc" / "jwt_hs256.key"
+            key.write_bytes(os.urandom(32))
+            key.chmod(0o600)
+            lines += ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={key}"]
         self.conf.write_text("\n".join(lines) + "\n")
         (r / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
 
@@ -172,7 +179,48 @@ class LocalSlurm:
             out = self.run("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", check=False).stdout.split()
             return len(set(out)) >= n
         self._wait(all_idle, timeout_s, f"{n} idle nodes")
+        if self.rest:
+            self._start_restd()
         return self
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def jwt_file(self) -> Path:
+        return self.root / "etc" / "jwt.token"
+
+    def token(self, lifespan_s: int = 3600, path: Path | None = None) -> Path:
+        """Write a JWT for root (``scontrol token``, valid ``lifespan_s`` s) to ``path`` (default :attr:`jwt_file`)."""
+        path = path or self.jwt_file
+        path.write_text(self.run("scontrol", "token", "username=root", f"lifespan={lifespan_s}").stdout.strip())
+        return path
+
+    def _start_restd(self) -> None:
+        """``slurmrestd`` on 127.0.0.1 with JWT auth (``SLURM_JWT=daemon``: it passes each request's token on to
+        slurmctld), running as ``nobody`` (it refuses root)."""
+        import urllib.error
+        import urllib.request
+
+        self.rest_port = free_port_block(1, self.slurmd_port + len(self.nodes) + 1)
+        self.token()
+        log = open(self.root / "log" / "slurmrestd.log", "wb")
+        self._restd = subprocess.Popen(
+            ["slurmrestd", "-f", str(self.conf), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38", "-u", "nobody",
+             f"127.0.0.1:{self.rest_port}"], env={**self.env, "SLURM_JWT": "daemon"}, stdout=log, stderr=log)
+        log.close()
+        (self.root / "run" / "slurmrestd.pid").write_text(str(self._restd.pid))
+
+        def answers() -> bool:
+            try:
+                urllib.request.urlopen(f"{self.rest_url}/openapi", timeout=1)
+                return True
+            except urllib.error.HTTPError:
+                return True
+            except OSError:
+                return False
+        self._wait(answers, 10, "slurmrestd answer")
 
     def _wait(self, ok, timeout_s: float, what: str) -> None:
         end = time.monotonic() + timeout_s
@@ -188,7 +236,7 @@ class LocalSlurm:
     def pids(self) -> list[int]:
         """Pids of this instance's daemons that are alive now."""
         out = []
-        for f in [self.root / "munge" / "munged.pid", *(self.root / "run").glob("*.pid")]:
+        for f in [self.root / "munge" / "munged.pid", *(self.root / "run").glob("*.pid")]:  # slurmrestd's too
             try:
                 pid = int(f.read_text().strip())
                 os.kill(pid, 0)
@@ -219,6 +267,10 @@ class LocalSlurm:
         time.sleep(0.5)
         run = self.root / "run"
         # every slurmd at once (each takes ~2 s to exit), then the controller, then munged
+        if self._restd is not None:
+            _term_then_kill([self._restd.pid])
+            self._restd.wait(5)
+            self._restd = None
         for group in (sorted(run.glob("slurmd-*.pid")), [run / "slurmctld.pid"], [self.root / "munge" / "munged.pid"]):
             pids = []
             for f in group:

@@ -13,11 +13,24 @@ from providers.base import NoCapacity, ProviderError, QuotaExceeded, SchedulerUn
 from providers.slurm import SlurmJobRequest, SlurmPool, SlurmSettings
 
 
-@pytest.fixture(scope="module")
-def pool(slurm_cluster):
+@pytest.fixture(scope="module", params=["cli", "rest"])
+def pool(request, slurm_cluster):
+    """The adapter on the CLI path, then on the slurmrestd (REST + JWT) path: every test runs on both."""
     logs = slurm_cluster.root / "jobs"
-    return SlurmPool(SlurmSettings(partition="gpu", broker_id="b-test", log_dir=str(logs),
-                                   slurm_conf=str(slurm_cluster.conf), term_grace_s=1.0))
+    rest = dict(rest_url=slurm_cluster.rest_url, jwt_file=str(slurm_cluster.jwt_file), rest_user="root")
+    p = SlurmPool(SlurmSettings(partition="gpu", broker_id="b-test", log_dir=str(logs),
+                                slurm_conf=str(slurm_cluster.conf), term_grace_s=1.0,
+                                **(rest if request.param == "rest" else {})))
+    yield p
+    for info in p.list_managed():  # a failed test leaves nothing queued for the next one
+        p.cancel(info.slurm_job_id, grace_s=0)
+
+
+def rest_twin(pool, **kw):
+    """Settings like ``pool``'s with ``kw`` changed."""
+    from dataclasses import replace
+
+    return SlurmPool(replace(pool.settings, **kw))
 
 
 def req(job_id, command, gpu_type="a100", gpus=1, nodes=1, attempt=0, **kw):
@@ -135,8 +148,7 @@ def test_admin_scancel_is_reported_with_the_reason(pool, slurm_cluster):
 
 
 def test_forgotten_job_is_found_by_list_managed_and_swept(pool, slurm_cluster):
-    other = SlurmPool(SlurmSettings(broker_id="someone-else", log_dir=pool.settings.log_dir,
-                                    slurm_conf=pool.settings.slurm_conf))
+    other = rest_twin(pool, broker_id="someone-else")
     live = pool.submit(req("live", "sleep 60", attempt=2))
     orphan = pool.submit(req("orphan", "sleep 60", attempt=0))
     foreign = other.submit(req("theirs", "sleep 60"))
@@ -164,12 +176,23 @@ def test_typed_errors(pool, slurm_cluster, tmp_path):
     assert e.value.code == "PartitionLimit"
     with pytest.raises(QuotaExceeded, match="Node count"):  # MaxNodes=2, 3 a100 nodes exist
         pool.submit(req("wide", "true", nodes=3))
-    nope = SlurmPool(SlurmSettings(partition="nope", slurm_conf=pool.settings.slurm_conf))
     with pytest.raises(Unsupported, match="'nope'"):
-        nope.capacity()
+        rest_twin(pool, partition="nope").capacity()
     with pytest.raises(ProviderError) as e:
         pool.describe("999999")
     assert e.value.code == "NotFound"
+    if pool.settings.rest_url:
+        expired = slurm_cluster.token(lifespan_s=1, path=tmp_path / "expired.jwt")
+        time.sleep(2.1)
+        with pytest.raises(SchedulerUnavailable) as e:
+            rest_twin(pool, jwt_file=str(expired)).capacity()
+        assert e.value.code == "AuthRejected"
+        with pytest.raises(SchedulerUnavailable) as e:
+            rest_twin(pool, jwt_file=str(tmp_path / "none.jwt")).capacity()
+        assert e.value.code == "NoToken"
+        with pytest.raises(SchedulerUnavailable):  # nothing listens on port 9
+            rest_twin(pool, rest_url="http://127.0.0.1:9").capacity()
+        return
     missing = SlurmPool(SlurmSettings(bin_dir=str(tmp_path), slurm_conf=pool.settings.slurm_conf))
     with pytest.raises(SchedulerUnavailable) as e:
         missing.capacity()
@@ -189,7 +212,14 @@ def test_node_down_mid_run_interrupts_the_attempt(pool, slurm_cluster):
     slurm_cluster.run("scontrol", "update", "NodeName=h001", "State=DOWN", "Reason=fedbroker-test")
     try:
         done = wait(pool, info.slurm_job_id, {"interrupted"})
-        assert (done.state, done.slurm_state) == ("interrupted", "NODE_FAIL")
-        assert done.reason == "NODE_FAIL on h001 (Slurm reason NodeDown): the broker requeues the attempt"
+        if pool.settings.rest_url:  # slurmrestd v0.0.38 ignores requeue=false: Slurm requeued the job itself
+            assert (done.state, done.slurm_state, done.slurm_active) == ("interrupted", "PENDING", True)
+            assert done.reason.startswith("Slurm requeued the job itself (restart 1, ")
+            assert [i.slurm_job_id for i in pool.list_managed()] == [info.slurm_job_id]
+            assert pool.cancel(info.slurm_job_id).slurm_state == "CANCELLED"
+            assert pool.list_managed() == []
+        else:
+            assert (done.state, done.slurm_state) == ("interrupted", "NODE_FAIL")
+            assert done.reason == "NODE_FAIL on h001 (Slurm reason NodeDown): the broker requeues the attempt"
     finally:
         slurm_cluster.run("scontrol", "update", "NodeName=h001", "State=RESUME", check=False)
