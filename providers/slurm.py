@@ -1,8 +1,8 @@
-"""Slurm pool adapter (CLI path): an existing Slurm cluster as a place the broker runs jobs.
+"""Slurm pool adapter: an existing Slurm cluster as a place the broker runs jobs.
 
-:class:`SlurmPool` drives the cluster with the Slurm client commands (``sinfo``, ``sbatch``, ``scontrol``,
-``squeue``, ``scancel``; ``sacct`` only for jobs ``scontrol`` no longer knows). The REST path (``slurmrestd``
-with JWT) is not built yet. Written against Slurm 22.05 (Debian 12 ``slurm-wlm`` 22.05.8); tested on a real
+:class:`SlurmPool` drives the cluster through ``slurmrestd`` (REST, OpenAPI plugin ``v0.0.38``, a JWT per
+request) when ``SlurmSettings.rest_url`` is set, else with the Slurm client commands (``sinfo``, ``sbatch``,
+``scontrol``, ``squeue``, ``scancel``; ``sacct`` only for jobs ``scontrol`` no longer knows). Written against Slurm 22.05 (Debian 12 ``slurm-wlm`` 22.05.8); tested on a real
 local cluster (``tests/slurm/cluster.py``).
 
 Same small interface as the cloud adapters (``providers.base.Compute``), in a job's terms rather than an

@@ -30,7 +30,8 @@ from pathlib import Path
 
 __all__ = ["NodeGroup", "LocalSlurm", "slurm_available", "free_port_block"]
 
-DAEMONS = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
+DAEMONS = ("slurmctld", "slurmd", "slurmrestd", "munged", "mungekey", "sbatch", "squeue", "scontrol", "scancel",
+           "sinfo")
 
 
 def slurm_available() -> str | None:
@@ -40,7 +41,9 @@ def slurm_available() -> str | None:
     missing = [d for d in DAEMONS if shutil.which(d) is None]
     if missing:
         return (f"Slurm/munge not installed (missing {', '.join(missing)}); .ci/run installs "
-                "slurmctld slurmd slurmrestd slurm-client munge")
+                "slurmctld slurmd slurmrestd slurm-client munge slurm-wlm-jwt-plugin")
+    if not list(Path("/usr/lib").glob("*/slurm-wlm/auth_jwt.so")):
+        return "Slurm's JWT plugin is not installed (Debian package slurm-wlm-jwt-plugin; .ci/run installs it)"
     return None
 
 
