@@ -674,31 +674,26 @@ class SlurmPool:
             time.sleep(0.2)
 
     # ---------------------------------------------------------------- sweep
-    def list_managed(self) -> list[SlurmJobInfo]:
-        """Every job of this broker (``fedbroker-broker`` tag) the cluster still runs or queues (``squeue``; REST:
-        ``GET jobs``), a copy Slurm requeued itself included."""
+    def poll(self) -> dict[str, SlurmJobInfo]:
+        """Slurm job id -> the job now, for every job of this broker (``fedbroker-broker`` tag) the controller still
+        holds (queued, running, and finished less than ``MinJobAge`` ago), in one request: ``scontrol -o show job``
+        (CLI) or ``GET jobs`` (REST). What a broker cycle calls instead of one :meth:`describe` per tracked job."""
         if self.settings.rest_url:
-            out = []
-            for j in self._rest("GET", "jobs").get("jobs") or []:
-                if parse_tags(j.get("comment") or "").get(MANAGED_TAG) == self.settings.broker_id:
-                    info = self._from_scontrol(_rest_kv(j))
-                    if info.slurm_active:
-                        out.append(info)
-            return sorted(out, key=lambda i: int(i.slurm_job_id))
-        r = self._run("squeue", "-h", "-a", "-o", "%i|%k")
-        out = []
-        for line in r.stdout.splitlines():
-            sid, _, comment = line.partition("|")
-            if parse_tags(comment).get(MANAGED_TAG) == self.settings.broker_id and sid.strip().isdigit():
-                try:
-                    info = self.describe(sid.strip())
-                except ProviderError as e:
-                    if e.code == "NotFound":
-                        continue
-                    raise
-                if info.slurm_active:
-                    out.append(info)
-        return out
+            rows = [_rest_kv(j) for j in self._rest("GET", "jobs").get("jobs") or []]
+        else:
+            r = self._run("scontrol", "-a", "-o", "show", "job")
+            rows = [parse_scontrol(line) for line in r.stdout.splitlines() if line.startswith("JobId=")]
+        out = {}
+        for kv in rows:
+            if parse_tags(kv.get("Comment", "")).get(MANAGED_TAG) == self.settings.broker_id:
+                info = self._from_scontrol(kv)
+                out[info.slurm_job_id] = info
+        return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+    def list_managed(self) -> list[SlurmJobInfo]:
+        """Every job of this broker the cluster still runs or queues (:meth:`poll`), a copy Slurm requeued itself
+        included."""
+        return [i for i in self.poll().values() if i.slurm_active]
 
     def sweep(self, live: Iterable[tuple[str, int]], grace_s: float | None = None) -> list[SlurmJobInfo]:
         """Cancel this broker's jobs whose ``(job, attempt)`` is not in ``live`` (a broker that crashed after

@@ -154,6 +154,11 @@ def test_forgotten_job_is_found_by_list_managed_and_swept(pool, slurm_cluster):
     foreign = other.submit(req("theirs", "sleep 60"))
     managed = {(i.tags["fedbroker-job"], i.tags["fedbroker-attempt"]) for i in pool.list_managed()}
     assert managed == {("live", "2"), ("orphan", "0")}
+    polled = pool.poll()  # every job of ours the controller holds, finished ones too; never another broker's
+    assert live.slurm_job_id in polled and orphan.slurm_job_id in polled and foreign.slurm_job_id not in polled
+    assert all(i.tags["fedbroker-broker"] == "b-test" for i in polled.values())
+    done = [(i.state, i.exit_code) for i in polled.values() if i.tags["fedbroker-job"] in ("one-gpu", "fails")]
+    assert sorted(set(done)) == [("failed", 4), ("succeeded", 0)]  # the first tests' jobs, finished
     gone = pool.sweep(live=[("live", 2)], grace_s=0)
     assert [g.slurm_job_id for g in gone] == [orphan.slurm_job_id]
     assert pool.describe(orphan.slurm_job_id).state == "cancelled"
