@@ -62,7 +62,7 @@ from providers.base import MANAGED_TAG, NoCapacity, ProviderError, QuotaExceeded
 from providers.launch import RENDEZVOUS_PORT
 
 __all__ = ["SlurmSettings", "SlurmJobRequest", "SlurmJobInfo", "NodeCapacity", "SlurmPool", "lifecycle_state",
-           "time_limit_min", "parse_gres", "parse_scontrol", "CANCEL_MARK", "TERMINAL"]
+           "time_limit_min", "parse_gres", "parse_scontrol", "CANCEL_MARK", "TERMINAL", "settings_from_mapping"]
 
 #: comment key the adapter adds before it cancels a job, so a later describe says "cancelled by the broker"
 CANCEL_MARK = "fedbroker-cancelled"
@@ -132,6 +132,34 @@ class SlurmSettings:
                 raise ValueError(f"rest_url={self.rest_url!r}: must be an http(s) URL")
             if not self.jwt_file or not self.rest_user:
                 raise ValueError("rest_url is set: jwt_file and rest_user are required (the JWT and its user)")
+
+
+def settings_from_mapping(section: Mapping, where: str = "slurm") -> SlurmSettings:
+    """:class:`SlurmSettings` from one pool's section of a settings file (YAML/JSON mapping). ``ValueError`` naming
+    ``where`` and the key for an unknown key or a value of the wrong type (the checks of :class:`SlurmSettings`
+    name the field for a bad value)."""
+    import dataclasses
+
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{where}: must be a mapping, got {type(section).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(SlurmSettings)}
+    unknown = sorted(set(section) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    kw = dict(section)
+    for k, v in kw.items():
+        if k in ("slack_frac", "slack_s", "term_grace_s", "timeout_s"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{where}.{k}={v!r}: must be a number")
+        elif k == "qos_by_class":
+            if not isinstance(v, Mapping) or not all(isinstance(a, str) and isinstance(b, str) for a, b in v.items()):
+                raise ValueError(f"{where}.{k}={v!r}: must map priority class names to QOS names")
+        elif v is not None and not isinstance(v, str):
+            raise ValueError(f"{where}.{k}={v!r}: must be a string")
+    try:
+        return SlurmSettings(**kw)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True)
