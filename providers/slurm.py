@@ -484,6 +484,31 @@ class SlurmPool:
                 out[t] = out.get(t, 0) + n.gpus_free(t)
         return out
 
+    def backlog(self) -> dict[str, int]:
+        """GPU type -> GPUs asked for by the partition's pending jobs that are not this broker's (the cluster's own
+        queue ahead of a job the broker would send): nodes x GPUs per node of each job (``squeue -t PENDING``;
+        REST: ``GET jobs``). A job whose GPUs are not per node (``--gpus``, ``--gres`` per task) is left out."""
+        rows: list[tuple[str, str, str]] = []  # (nodes, tres per node, comment)
+        if self.settings.rest_url:
+            for j in self._rest("GET", "jobs").get("jobs") or []:
+                if j.get("job_state") == "PENDING" and self.settings.partition in str(j.get("partition", "")).split(","):
+                    rows.append((str(j.get("node_count") or 1), str(j.get("tres_per_node") or ""),
+                                 str(j.get("comment") or "")))
+        else:
+            r = self._run("squeue", "-h", "-a", "-p", self.settings.partition, "-t", "PENDING", "-o", "%D|%b|%k")
+            for line in r.stdout.splitlines():
+                f = line.split("|", 2)
+                if len(f) == 3:
+                    rows.append((f[0], f[1], f[2]))
+        out: dict[str, int] = {}
+        for nodes, tres, comment in rows:
+            if parse_tags(comment).get(MANAGED_TAG) == self.settings.broker_id:
+                continue
+            n = int(nodes) if nodes.strip().isdigit() else 1
+            for typ, cnt in parse_gres(tres.replace("gres:", "").replace("gres/", "")).items():
+                out[typ] = out.get(typ, 0) + n * cnt
+        return out
+
     # ---------------------------------------------------------------- submit
     def batch_script(self, req: SlurmJobRequest) -> str:
         """The batch script of ``req`` (bash): the job environment, the rendezvous, then the command."""

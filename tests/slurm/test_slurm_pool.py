@@ -228,3 +228,17 @@ def test_node_down_mid_run_interrupts_the_attempt(pool, slurm_cluster):
             assert done.reason == "NODE_FAIL on h001 (Slurm reason NodeDown): the broker requeues the attempt"
     finally:
         slurm_cluster.run("scontrol", "update", "NodeName=h001", "State=RESUME", check=False)
+
+
+def test_backlog_counts_the_cluster_s_own_pending_gpus_not_ours(pool, slurm_cluster):
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    ours = pool.submit(req("ours-later", "true", gpus=2, nodes=2, begin=later))
+    for argv in (["--gpus-per-node=a100:1", "-N", "2"], ["--gpus-per-node=h100:3"]):  # another team's jobs
+        slurm_cluster.run("sbatch", "--begin=now+1hour", "-p", "gpu", "-t", "5", "-o", "/dev/null", *argv,
+                          "--wrap", "true")
+    try:
+        assert pool.backlog() == {"a100": 2, "h100": 3}
+    finally:
+        pool.cancel(ours.slurm_job_id)
+        slurm_cluster.run("scancel", "--state=PENDING", "--user=root")
+    assert pool.backlog() == {}
