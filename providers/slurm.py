@@ -54,7 +54,7 @@ import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
@@ -509,6 +509,32 @@ class SlurmPool:
                 out[typ] = out.get(typ, 0) + n * cnt
         return out
 
+    def release_profile(self) -> list[tuple[datetime, str, int]]:
+        """``(end, gpu_type, gpus)`` for every running job of the partition, soonest first: when its GPUs come back
+        at the latest (``end`` = start + time limit, aware UTC; Slurm's ``EndTime`` / ``end_time``). Every job counts,
+        the broker's and the cluster's own. A job without a time limit or per-node GPUs is left out."""
+        rows: list[tuple[float | None, str, str]] = []  # (end epoch s, nodes, tres per node)
+        if self.settings.rest_url:
+            for j in self._rest("GET", "jobs").get("jobs") or []:
+                if j.get("job_state") == "RUNNING" and self.settings.partition in str(j.get("partition", "")).split(","):
+                    end = j.get("end_time")
+                    rows.append((float(end) if isinstance(end, int) and end > 0 else None, str(j.get("node_count") or 1),
+                                 str(j.get("tres_per_node") or "")))
+        else:
+            r = self._run("scontrol", "-a", "-o", "show", "job")
+            for line in r.stdout.splitlines():
+                kv = parse_scontrol(line) if line.startswith("JobId=") else {}
+                if kv.get("JobState") == "RUNNING" and self.settings.partition in kv.get("Partition", "").split(","):
+                    rows.append((_epoch_local(kv.get("EndTime")), kv.get("NumNodes", "1"), kv.get("TresPerNode", "")))
+        out = []
+        for end, nodes, tres in rows:
+            if end is None:
+                continue
+            n = int(nodes) if nodes.strip().isdigit() else 1
+            for typ, cnt in parse_gres(tres.replace("gres:", "").replace("gres/", "")).items():
+                out.append((datetime.fromtimestamp(end, timezone.utc), typ, n * cnt))
+        return sorted(out)
+
     # ---------------------------------------------------------------- submit
     def batch_script(self, req: SlurmJobRequest) -> str:
         """The batch script of ``req`` (bash): the job environment, the rendezvous, then the command."""
@@ -784,6 +810,14 @@ def _rest_kv(j: Mapping) -> dict[str, str]:
             "Reason": str(j.get("state_reason") or ""), "NodeList": str(j.get("nodes") or ""),
             "RunTime": _hms(run), "TimeLimit": _hms(int(lim) * 60) if isinstance(lim, int) else "",
             "StdOut": out, "Restarts": str(int(j.get("restart_cnt") or 0))}
+
+
+def _epoch_local(text: str | None) -> float | None:
+    """Slurm's local ``YYYY-MM-DDTHH:MM:SS`` -> epoch seconds; ``None`` for ``Unknown``/``N/A``/``None``."""
+    try:
+        return time.mktime(time.strptime(text or "", "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
 
 
 def _exit(text: str | None) -> tuple[int | None, int | None]:

@@ -242,3 +242,17 @@ def test_backlog_counts_the_cluster_s_own_pending_gpus_not_ours(pool, slurm_clus
         pool.cancel(ours.slurm_job_id)
         slurm_cluster.run("scancel", "--state=PENDING", "--user=root")
     assert pool.backlog() == {}
+
+
+def test_release_profile_from_running_jobs_time_limits(pool):
+    assert pool.release_profile() == []
+    t0 = datetime.now(timezone.utc)
+    job = pool.submit(req("holds-gpus", "sleep 60", gpu_type="a100", gpus=1, nodes=2))  # --time=7 (60 s estimate)
+    try:
+        running = wait(pool, job.slurm_job_id, {"running"})
+        assert running.state == "running"
+        [(end, typ, gpus)] = pool.release_profile()
+        assert (typ, gpus) == ("a100", 2)
+        assert abs((end - t0).total_seconds() - 7 * 60) <= 3, end
+    finally:
+        pool.cancel(job.slurm_job_id, grace_s=0)
