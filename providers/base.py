@@ -13,6 +13,7 @@ without knowing any cloud SDK)::
      +-- Unsupported                this option can never work (type not offered here): exclude it
      +-- QuotaExceeded              an account quota blocks it: do not retry (preflight next time)
      +-- Throttled                  API rate limit: back off, then retry the same option
+     +-- SchedulerUnavailable       a pool's own scheduler (slurmctld, a Kubernetes API) cannot be reached
 
 Every error carries the option it happened on. :class:`FailoverHistory` keeps, per
 job attempt, each option tried, the error and the time, and is stored with the job.
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-__all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throttled", "InstanceRequest",
+__all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throttled", "SchedulerUnavailable", "InstanceRequest",
            "InstanceInfo", "Compute", "SupportsQuotaPreflight", "SupportsSweep", "FailoverHistory", "FailoverAttempt",
            "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG", "check_outputs"]
 
@@ -63,6 +64,11 @@ class Throttled(ProviderError):
                  retry_after_s: float | None = None):
         super().__init__(message, option, code)
         self.retry_after_s = retry_after_s
+
+
+class SchedulerUnavailable(ProviderError):
+    """The pool's scheduler (Slurm's controller, a Kubernetes API server) does not answer, or its client is
+    missing; the pool offers nothing until it answers again."""
 
 
 def idempotency_token(job_id: str, attempt: int, offer_id: str, rank: int = 0) -> str:
