@@ -133,6 +133,8 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
         page.reload()
         page.wait_for_selector("#finance[data-loaded=true]")
         assert len(bars(page, "chart-team")) == 2
+        page.click("#forget")
+        assert page.evaluate("sessionStorage.length") == 0 and page.is_hidden("#report")
 
 
 @browser_needed
