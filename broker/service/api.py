@@ -24,6 +24,7 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     GET  /v1/audit?since=&action=&limit=        -> list[AuditEventView], newest first (admin)
     GET  /v1/usage/summary?by=&from=&to=&team=  -> UsageSummaryView   (broker.service.api_usage)
     GET  /v1/usage/focus?from=&to=&team=        -> text/csv, FOCUS 1.2
+    GET  /finance?from=&to=            no auth; the finance page (HTML; its script asks for a token) (api_finance)
     /v1/node/...                       node agents only, with a node token (:mod:`broker.service.node_api`)
 
 Who sees what: a team token sees, cancels and reads the logs/explain record of its own
@@ -764,6 +765,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     from broker.service.api_usage import register as register_usage_routes
 
     register_usage_routes(app, store, settings, Caller)  # /v1/usage/summary, /v1/usage/focus
+
+    from broker.service.api_finance import register as register_finance_page
+
+    register_finance_page(app)  # GET /finance: the page; its script reads /v1/usage/summary and /v1/budgets
     return app
 
 

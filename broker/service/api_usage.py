@@ -29,7 +29,7 @@ from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
 from broker.usage import SUMMARY_DIMENSIONS, total_of
 
-__all__ = ["register", "SKIPPED_HEADER"]
+__all__ = ["register", "scope_period", "SKIPPED_HEADER"]
 
 #: the header of ``GET /v1/usage/focus`` that counts the ledger lines left out (cost unknown, flagged)
 SKIPPED_HEADER = "X-Fedbroker-Skipped-Lines"
@@ -57,6 +57,16 @@ def _utc(t: datetime, field: str) -> datetime:
         raise _unprocessable(field, t.isoformat(), "outside the years 1-9999 in UTC") from None
 
 
+def scope_period(start: datetime, end: datetime) -> tuple[datetime, datetime]:
+    """The period ``[start, end)`` as aware UTC (naive: taken as UTC); 422 naming ``to`` when it is not after
+    ``from`` (also used by the finance page, :mod:`broker.service.api_finance`)."""
+    start, end = _utc(start, "from"), _utc(end, "to")
+    if end <= start:
+        raise _unprocessable("to", end.isoformat(), f"not after from={start.isoformat()!r} (the period is "
+                                                    f"[from, to))")
+    return start, end
+
+
 def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) -> None:
     """Add the usage routes to ``app``; ``Caller`` is the API's authenticated-principal dependency. The FOCUS
     export's organisation and billing accounts come from ``settings.finance``."""
@@ -66,10 +76,7 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
 
     def scope(who, team: str | None, start: datetime, end: datetime) -> tuple[str | None, datetime, datetime]:
         """The team the caller may read (403 for another team's) and the checked UTC period."""
-        start, end = _utc(start, "from"), _utc(end, "to")
-        if end <= start:
-            raise _unprocessable("to", end.isoformat(), f"not after from={start.isoformat()!r} (the period is "
-                                                        f"[from, to))")
+        start, end = scope_period(start, end)
         if not who.admin:
             if team is not None and team != who.team:
                 raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
