@@ -146,7 +146,8 @@ def _run(task: Task) -> tuple[Any, float]:
         r = simulate(_STATE["trace"], scen.pools, scen.offers, scen.signals, task.policy,
                      planner_config=spec.planner_config(task.carbon_price_usd_per_t), gpus=scen.gpus,
                      spot_traces=scen.spot_traces,
-                     config=SimulationConfig(seed=spec.seed, tick_s=spec.step_s, market=spec.market))
+                     config=SimulationConfig(seed=spec.seed, tick_s=spec.step_s, market=spec.market,
+                                             usage_records=task.full))
         out = r if task.full else r.metrics
     else:
         try:

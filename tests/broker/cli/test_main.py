@@ -12,6 +12,7 @@ from broker.cli import console as cli_console
 
 from broker.cli import main as cli
 from broker.planner.core import GpuTable
+from broker.usage import read_usage_csv
 
 DOCUMENTED_KEYS = ("jobs_submitted", "jobs_completed", "deadline_misses", "mean_jct_s", "p95_jct_s", "mean_wait_s",
                    "cost_usd", "cloud_cost_usd", "onprem_energy_cost_usd", "energy_kwh", "carbon_kg",
@@ -48,6 +49,19 @@ def test_simulate_philly_two_policies(run, tmp_path):
     assert "trace philly: 300 jobs" in r.output
 
     assert "bound" not in doc and "cost_ratio_to_bound" not in doc["policies"]["fifo"]  # only with --bound
+    # the usage records (the live ledger's columns) add up to the run's cost to the cent; one chargeback line each
+    for name, m in doc["policies"].items():
+        recs = read_usage_csv(out / f"usage-{name}.csv.gz")
+        assert recs and all(x.source == "sim" for x in recs)
+        billed = sum(x.billed_usd for x in recs if x.line != "amortised" and x.billed_usd is not None)
+        assert abs(billed - m["cost_usd"]) < 0.005
+        assert abs(sum(x.billed_usd for x in recs if x.line == "amortised") - m["onprem_amortised_usd"]) < 0.005
+        cb = doc["chargeback"][name]
+        assert sum(t["total_usd"] for t in cb.values()) == pytest.approx(m["cost_usd"] + m["onprem_amortised_usd"])
+        line = next(ln for ln in r.output.splitlines() if ln.startswith(f"chargeback ({name}): "))
+        assert f"{len(cb)} teams" in line and f"top team {next(iter(cb))} " in line
+        assert f"id='chargeback-{name}'" in html
+    assert "<details open id='chargeback-federated'>" in html  # the main policy's table unfolded
 
 
 def test_simulate_bound_writes_the_lp_bound_and_each_policy_ratio(run, tmp_path):
