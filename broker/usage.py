@@ -24,6 +24,7 @@ import gzip
 import math
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from operator import attrgetter
 from pathlib import Path
 from typing import Iterable
 
@@ -156,23 +157,27 @@ _INTS = ("attempt", "rank", "gpu_count")
 _OPTIONAL = ("project", "region", "zone", "pool", "instance_type", "market")
 
 
+_GET = attrgetter(*USAGE_CSV_COLUMNS)
+_AT = {n: i for i, n in enumerate(USAGE_CSV_COLUMNS)}
+_FLOAT_AT = tuple(_AT[n] for n in _FLOATS)
+
+
 def _open(path: Path, mode: str):
-    return gzip.open(path, mode + "t", encoding="utf-8", newline="") if str(path).endswith(".gz") \
-        else open(path, mode, encoding="utf-8", newline="")
+    if str(path).endswith(".gz"):  # level 6: ~2.5x faster than 9 for ~4 % more bytes (the demo's records)
+        return gzip.open(path, mode + "t", encoding="utf-8", newline="", compresslevel=6)
+    return open(path, mode, encoding="utf-8", newline="")
 
 
-def _cell(name: str, v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, datetime):
-        return v.isoformat()
-    if name == "estimate_reasons":
-        return "; ".join(v)
-    if name == "estimated":
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(round(v, 9))  # 1e-9 USD/kWh/kg: far below a cent, keeps the file short
-    return str(v)
+def _row(r: UsageRecord) -> list:
+    row = list(_GET(r))  # None is written as an empty cell, ints as digits
+    for i in _FLOAT_AT:
+        if row[i] is not None:
+            row[i] = round(row[i], 9)  # 1e-9 USD/kWh/kg: far below a cent, keeps the file short
+    row[_AT["start"]] = row[_AT["start"]].isoformat()
+    row[_AT["end"]] = row[_AT["end"]].isoformat()
+    row[_AT["estimated"]] = "true" if row[_AT["estimated"]] else "false"
+    row[_AT["estimate_reasons"]] = "; ".join(row[_AT["estimate_reasons"]])
+    return row
 
 
 def write_usage_csv(records: Iterable[UsageRecord], path: str | Path) -> Path:
@@ -182,8 +187,7 @@ def write_usage_csv(records: Iterable[UsageRecord], path: str | Path) -> Path:
     with _open(path, "w") as f:
         w = csv.writer(f)
         w.writerow(USAGE_CSV_COLUMNS)
-        for r in records:
-            w.writerow([_cell(n, getattr(r, n)) for n in USAGE_CSV_COLUMNS])
+        w.writerows(map(_row, records))
     return path
 
 

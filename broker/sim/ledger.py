@@ -32,6 +32,7 @@ lines to ``onprem_amortised_usd``; ``energy_kwh`` and ``carbon_kg`` to the run's
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime, timezone
 from typing import Sequence
 
@@ -74,11 +75,12 @@ def cloud_records(*, job_id: str, team: str, attempt: int, offer: CloudOffer, no
     billed, usd = cloud_instance_bill(offer, window)
     kw = cloud_kw(1, gpus_per_node, offer.gpu_count, busy_kw, idle_kw, offer.pue)
     energy = float(load_energy_kwh(kw, run))
-    why = [f"simulated: power modelled ({gpus_per_node} busy + {offer.gpu_count - gpus_per_node} idle "
-           f"{offer.gpu_type} x PUE {offer.pue}), none while provisioning"]
+    # reasons repeat across records: interned, one string each in memory and in a pickle
+    why = [sys.intern(f"simulated: power modelled ({gpus_per_node} busy + {offer.gpu_count - gpus_per_node} idle "
+                      f"{offer.gpu_type} x PUE {offer.pue}), none while provisioning")]
     if math.isnan(carbon_integral):
         carbon = None
-        why.append(f"no carbon intensity for the window in {offer.carbon_zone}")
+        why.append(sys.intern(f"no carbon intensity for the window in {offer.carbon_zone}"))
     else:
         carbon = float(load_emissions_kg(kw, carbon_integral))
     t0, t1 = _utc(provision_s), _utc(max(end_s, provision_s))
@@ -112,11 +114,11 @@ def onprem_records(*, job_id: str, team: str, attempt: int, pool: Pool, allocati
         c = onprem_cost(run, gpus=g, kw=onprem_kw(g, busy_kw, pool.pue),
                         usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour, tariff_integral=tariff_integral,
                         carbon_integral=carbon_integral)
-        why = [f"simulated: power modelled ({g} busy {gpu_type} x PUE {pool.pue}), no energy counter"]
+        why = [sys.intern(f"simulated: power modelled ({g} busy {gpu_type} x PUE {pool.pue}), no energy counter")]
         if math.isnan(tariff_integral):
-            why.append(f"no electricity price for the window in {pool.price_zone}")
+            why.append(sys.intern(f"no electricity price for the window in {pool.price_zone}"))
         if math.isnan(carbon_integral):
-            why.append(f"no carbon intensity for the window in {pool.carbon_zone}")
+            why.append(sys.intern(f"no carbon intensity for the window in {pool.carbon_zone}"))
         common = dict(job_id=job_id, attempt=attempt, rank=rank, resource=pool.nodes[node].name, team=team,
                       start=t0, end=t1, provider="onprem", region=pool.price_zone, pool=pool.name,
                       gpu_type=gpu_type, gpu_count=g, run_s=run, billed_s=run, source="sim")

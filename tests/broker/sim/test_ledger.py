@@ -207,3 +207,18 @@ def test_records_add_up_to_the_run_to_the_cent(policy):
         assert seen["preempted"] > 0, seen
     if policy == "fifo":  # the traces run past the 72-hour signals: lines with unknown USD, still to the cent
         assert seen["unknown"] > 0, seen
+
+
+def test_reading_a_bad_usage_csv_names_the_column_or_line(tmp_path):
+    from broker.usage import USAGE_CSV_COLUMNS, UsageError
+
+    p = write_usage_csv(_hand_run().usage, tmp_path / "u.csv")
+    lines = p.read_text().splitlines()
+    (tmp_path / "nocol.csv").write_text("\n".join([lines[0].replace(",billed_usd", "")] + lines[1:2]) + "\n")
+    with pytest.raises(UsageError, match="column 'billed_usd' missing"):
+        read_usage_csv(tmp_path / "nocol.csv")
+    bad = lines[1].split(",")
+    bad[USAGE_CSV_COLUMNS.index("end")] = "2023-09-03T00:00:00+00:00"  # before its start
+    (tmp_path / "bad.csv").write_text("\n".join([lines[0], ",".join(bad)]) + "\n")
+    with pytest.raises(UsageError, match="line 2: end="):
+        read_usage_csv(tmp_path / "bad.csv")
