@@ -53,7 +53,8 @@ import numpy as np
 from broker.sim.results import METRIC_KEYS, PolicyRun
 from broker.usage import CHARGEBACK_COLUMNS
 
-__all__ = ["write_report", "chargeback_summary", "CHARGEBACK_TEXT", "comparison_table", "frontier_table", "markdown_table", "format_value", "to_jsonable",
+__all__ = ["write_report", "chargeback_summary", "CHARGEBACK_TEXT", "comparison_table", "frontier_table",
+           "markdown_table", "format_value", "to_jsonable",
            "MAX_PLOT_POINTS", "FRONTIER_TEXT"]
 
 #: Upper bound on points per plotted line.

@@ -30,9 +30,9 @@ Model (all times POSIX seconds, UTC):
   intensity; amortised cost = GPU-hours x pool $/GPU-h.
 * **Cloud**: each instance billed from the create call (provisioning delay
   included) by the provider's billing rule (:func:`pricing.billing.billed_seconds`:
-  whole seconds, 60-s minimum; :func:`broker.sim.ledger.cloud_instance_bill`); energy at the region's carbon intensity and
-  the provider's PUE. Spot availability and interruptions replay the bundled
-  SkyPilot spot traces (each spot offer is mapped to one trace of its
+  whole seconds, 60-s minimum; :func:`broker.sim.ledger.cloud_instance_bill`);
+  energy at the region's carbon intensity and the provider's PUE. Spot
+  availability and interruptions replay the bundled SkyPilot spot traces (each spot offer is mapped to one trace of its
   accelerator, tiled in time with a per-offer phase from the seed). An
   interrupted job loses the work since its last checkpoint (all of it if not
   checkpointable) and is planned again.

@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from broker.sim.report import (JOB_CSV_COLUMNS, chargeback_summary, comparison_table, format_value, markdown_table, to_jsonable,
-                               write_job_csv, write_report)
+from broker.sim.report import (JOB_CSV_COLUMNS, chargeback_summary, comparison_table, format_value, markdown_table,
+                               to_jsonable, write_job_csv, write_report)
 from broker.sim.results import METRIC_KEYS, JobRecord, PolicyRun
 
 
