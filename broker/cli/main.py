@@ -126,9 +126,8 @@ def simulate(
     from broker.model import Market
     from broker.sim.bound import CLI_BLOCK_H, FrontierPoint, ratios_to_bound
     from broker.sim.report import chargeback_summary, comparison_table, frontier_table, write_job_csv, write_report
-    from broker.usage import write_usage_csv
     from broker.sim.scenario import load_scenario
-    from broker.sim.sweep import RunSpec, Task, frontier_entries, run_tasks, uses_carbon_price
+    from broker.sim.sweep import RunSpec, Task, frontier_entries, run_tasks, usage_file, uses_carbon_price
     from broker.sim.traces import TraceError, load_generic_csv, load_philly
 
     policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
@@ -177,7 +176,8 @@ def simulate(
                        cloud_enabled=not no_cloud)
     spec = RunSpec(trace=trace, cluster=str(cluster) if cluster else None, start=start_dt, limit=jobs,
                    slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0, planner=pc.model_dump(), seed=seed,
-                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H, signals=str(signals) if signals else None)
+                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H, signals=str(signals) if signals else None,
+                   usage_dir=str(out))
     # the longest first (workers take tasks in order): the carbon-price runs, the others' runs, then the LPs
     sens = [p for p in policies if uses_carbon_price(p)]
     tasks = [Task("run", carbon_price, p, full=True) for p in sens]
@@ -247,7 +247,7 @@ def simulate(
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta, bound_doc, frontier)
     csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
-    usage = [write_usage_csv(r.usage, out / f"usage-{name}.csv.gz") for name, r in runs.items()]
+    usage = [out / usage_file(name) for name in runs]  # written by the process that ran each policy
     current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
                             f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]\n"
                             f"usage:   [bold]{', '.join(str(c) for c in usage)}[/bold]")

@@ -95,6 +95,12 @@ def test_simulate_sweep_carbon_price_writes_the_frontier_in_worker_processes_as_
         assert "Carbon-price frontier" in r.output and "federated @ $1,000/t: done" in r.output
         html = (out / "report.html").read_text()
         assert "<h2>Carbon-price frontier</h2>" in html and "Cost vs carbon as the carbon price sweeps" in html
+        # each full run's records, written by the process that ran it, add up to its cost; the table is there too
+        for name in ("fifo", "federated"):
+            recs = read_usage_csv(out / f"usage-{name}.csv.gz")
+            billed = sum(x.billed_usd for x in recs if x.line != "amortised" and x.billed_usd is not None)
+            assert abs(billed - docs[workers]["policies"][name]["cost_usd"]) < 0.005
+            assert f"id='chargeback-{name}'" in html
     doc = docs["2"]
     f = doc["frontier"]
     assert [e["carbon_price_usd_per_t"] for e in f] == [0.0, 190.0, 1000.0]  # sorted, duplicates dropped
