@@ -19,12 +19,17 @@ Errors: :class:`UsageError` (a ``ValueError``) naming the field and the value.
 
 from __future__ import annotations
 
+import csv
+import gzip
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
+from operator import attrgetter
+from pathlib import Path
 from typing import Iterable
 
-__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise", "total_of"]
+__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
+           "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback"]
 
 #: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
 LINES = ("instance", "energy", "amortised")
@@ -224,3 +229,103 @@ def summarise(records: Iterable[UsageRecord], by: str) -> tuple[list[UsageTotals
         groups.setdefault(k, UsageTotals(key=k)).add(r)
         total.add(r)
     return sorted(groups.values(), key=lambda g: (g.key is None, g.key or "")), total
+
+
+#: the ledger's CSV columns: the :class:`UsageRecord` fields in declaration order (instants UTC ISO 8601,
+#: ``estimate_reasons`` joined with ``"; "``, an unknown figure an empty cell). Live and simulated records
+#: (``source``) are written alike, so one report reads both.
+USAGE_CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
+_FLOATS = ("run_s", "billed_s", "list_unit_price_usd", "billed_usd", "energy_kwh", "carbon_kg")
+_INTS = ("attempt", "rank", "gpu_count")
+_OPTIONAL = ("project", "region", "zone", "pool", "instance_type", "market")
+
+
+_GET = attrgetter(*USAGE_CSV_COLUMNS)
+_AT = {n: i for i, n in enumerate(USAGE_CSV_COLUMNS)}
+_FLOAT_AT = tuple(_AT[n] for n in _FLOATS)
+
+
+def _open(path: Path, mode: str):
+    if str(path).endswith(".gz"):  # level 6: ~2.5x faster than 9 for ~4 % more bytes (the demo's records)
+        return gzip.open(path, mode + "t", encoding="utf-8", newline="", compresslevel=6)
+    return open(path, mode, encoding="utf-8", newline="")
+
+
+def _row(r: UsageRecord) -> list:
+    row = list(_GET(r))  # None is written as an empty cell, ints as digits
+    for i in _FLOAT_AT:
+        if row[i] is not None:
+            row[i] = round(row[i], 9)  # 1e-9 USD/kWh/kg: far below a cent, keeps the file short
+    row[_AT["start"]] = row[_AT["start"]].isoformat()
+    row[_AT["end"]] = row[_AT["end"]].isoformat()
+    row[_AT["estimated"]] = "true" if row[_AT["estimated"]] else "false"
+    row[_AT["estimate_reasons"]] = "; ".join(row[_AT["estimate_reasons"]])
+    return row
+
+
+def write_usage_csv(records: Iterable[UsageRecord], path: str | Path) -> Path:
+    """Write ``records`` to ``path`` as CSV with :data:`USAGE_CSV_COLUMNS` (gzip-compressed when the name ends in
+    ``.gz``). Returns the path. Raises ``OSError`` if it cannot be written."""
+    path = Path(path)
+    with _open(path, "w") as f:
+        w = csv.writer(f)
+        w.writerow(USAGE_CSV_COLUMNS)
+        w.writerows(map(_row, records))
+    return path
+
+
+def read_usage_csv(path: str | Path) -> list[UsageRecord]:
+    """The records of a file written by :func:`write_usage_csv` (``.gz`` read compressed). Raises
+    :class:`UsageError` naming the column and row for a missing column or a bad value."""
+    path = Path(path)
+    out = []
+    with _open(path, "r") as f:
+        rd = csv.DictReader(f)
+        missing = [c for c in USAGE_CSV_COLUMNS if c not in (rd.fieldnames or ())]
+        if missing:
+            raise UsageError(f"{path}: column {missing[0]!r} missing")
+        for i, row in enumerate(rd, start=2):
+            try:
+                d: dict = {k: row[k] for k in USAGE_CSV_COLUMNS}
+                for k in _FLOATS:
+                    d[k] = float(d[k]) if d[k] != "" else None
+                for k in _INTS:
+                    d[k] = int(d[k])
+                for k in _OPTIONAL:
+                    d[k] = d[k] or None
+                d["start"], d["end"] = datetime.fromisoformat(d["start"]), datetime.fromisoformat(d["end"])
+                d["estimated"] = d["estimated"] == "true"
+                d["estimate_reasons"] = tuple(x for x in d["estimate_reasons"].split("; ") if x)
+                out.append(UsageRecord(**d))
+            except (ValueError, TypeError) as e:
+                raise UsageError(f"{path} line {i}: {e}") from None
+    return out
+
+
+#: the chargeback table's figures per team (:func:`chargeback`): units in the names
+CHARGEBACK_COLUMNS = ("cloud_usd", "onprem_energy_usd", "amortised_usd", "total_usd", "energy_kwh", "carbon_kg",
+                      "gpu_hours", "unknown_lines")
+
+
+def chargeback(records: Iterable[UsageRecord]) -> dict[str, dict[str, float]]:
+    """Per team, what its usage lines add up to (:data:`CHARGEBACK_COLUMNS`): ``cloud_usd`` (instance lines),
+    ``onprem_energy_usd`` (energy lines), ``amortised_usd`` (amortised lines), ``total_usd`` (their sum),
+    ``energy_kwh``, ``carbon_kg`` (kgCO2e, location-based), ``gpu_hours`` (instance and energy lines: an
+    on-prem rank's amortised line covers the same GPUs) and ``unknown_lines`` (lines with some figure unknown,
+    counted as 0 here and flagged in the record). Teams sorted by ``total_usd``, highest first."""
+    teams: dict[str, dict[str, float]] = {}
+    key = {"instance": "cloud_usd", "energy": "onprem_energy_usd", "amortised": "amortised_usd"}
+    for r in records:
+        t = teams.get(r.team)
+        if t is None:
+            t = teams[r.team] = dict.fromkeys(CHARGEBACK_COLUMNS, 0.0)
+        if r.billed_usd is not None:
+            t[key[r.line]] += r.billed_usd
+            t["total_usd"] += r.billed_usd
+        t["energy_kwh"] += r.energy_kwh or 0.0
+        t["carbon_kg"] += r.carbon_kg or 0.0
+        if r.line != "amortised":
+            t["gpu_hours"] += r.gpu_hours
+        if r.billed_usd is None or r.energy_kwh is None or r.carbon_kg is None:
+            t["unknown_lines"] += 1
+    return dict(sorted(teams.items(), key=lambda kv: (-kv[1]["total_usd"], kv[0])))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 import typer
+from rich.markup import escape
 
 from broker.cli.console import current_console, echo_json, fail, stderr
 from broker.model import PLAN_INTERVAL_S
@@ -108,7 +109,9 @@ def simulate(
 ) -> None:
     """Replay a job trace under the given policies and compare them.
 
-    Writes OUT/results.json, OUT/report.html and OUT/jobs-POLICY.csv: one row per job with
+    Writes OUT/results.json, OUT/report.html, OUT/usage-POLICY.csv.gz (the usage records, as the live ledger
+    writes them: one per attempt, rank and resource line; columns broker.usage.USAGE_CSV_COLUMNS) and
+    OUT/jobs-POLICY.csv: one row per job with
     job_id, team, gpus, status (completed/rejected/unfinished), submit, start, end (UTC ISO 8601),
     placement (pool name or cloud offer id), market (spot/on_demand, empty on-prem),
     dollars_usd (cloud bill + on-prem electricity, USD), amortised_usd (on-prem capital, USD),
@@ -122,9 +125,9 @@ def simulate(
     from broker.planner.core import PlannerConfig
     from broker.model import Market
     from broker.sim.bound import CLI_BLOCK_H, FrontierPoint, ratios_to_bound
-    from broker.sim.report import comparison_table, frontier_table, write_job_csv, write_report
+    from broker.sim.report import chargeback_summary, comparison_table, frontier_table, write_job_csv, write_report
     from broker.sim.scenario import load_scenario
-    from broker.sim.sweep import RunSpec, Task, frontier_entries, run_tasks, uses_carbon_price
+    from broker.sim.sweep import RunSpec, Task, frontier_entries, run_tasks, usage_file, uses_carbon_price
     from broker.sim.traces import TraceError, load_generic_csv, load_philly
 
     policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
@@ -173,7 +176,8 @@ def simulate(
                        cloud_enabled=not no_cloud)
     spec = RunSpec(trace=trace, cluster=str(cluster) if cluster else None, start=start_dt, limit=jobs,
                    slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0, planner=pc.model_dump(), seed=seed,
-                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H, signals=str(signals) if signals else None)
+                   step_s=step, market=offer_market, block_h=CLI_BLOCK_H, signals=str(signals) if signals else None,
+                   usage_dir=str(out))
     # the longest first (workers take tasks in order): the carbon-price runs, the others' runs, then the LPs
     sens = [p for p in policies if uses_carbon_price(p)]
     tasks = [Task("run", carbon_price, p, full=True) for p in sens]
@@ -225,6 +229,8 @@ def simulate(
     if frontier:
         current_console().print(frontier_table(frontier))
     for name, r in runs.items():
+        current_console().print(escape(chargeback_summary(name, r.chargeback)))
+    for name, r in runs.items():
         miss = r.metrics.get("missing_signal_hours", 0.0)
         if miss:
             current_console().print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
@@ -241,8 +247,10 @@ def simulate(
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta, bound_doc, frontier)
     csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
+    usage = [out / usage_file(name) for name in runs]  # written by the process that ran each policy
     current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
-                            f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]")
+                            f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]\n"
+                            f"usage:   [bold]{', '.join(str(c) for c in usage)}[/bold]")
 
 
 def _parse_prices(text: str) -> list[float]:

@@ -5,6 +5,10 @@
   with matplotlib's Agg canvas and embedded as base64 ``data:`` URIs).
 * :func:`write_job_csv` writes one run's per-job records as CSV (columns and
   units in :data:`JOB_CSV_COLUMNS`).
+* :func:`chargeback_summary` is the one-line chargeback of a run (what ``simulate`` prints);
+  ``report.html`` has a chargeback table per policy (:func:`broker.usage.chargeback` of the run's usage
+  records: per team cloud, on-prem energy and amortised USD, kWh, kgCO2e, GPU-hours), the main policy's
+  (``federated`` when it ran, else the first) open, the others folded.
 * :func:`comparison_table` returns a :class:`rich.table.Table`; :func:`markdown_table`
   the same table as GitHub Markdown (for the README).
 
@@ -47,8 +51,10 @@ from typing import Any, Mapping
 
 import numpy as np
 from broker.sim.results import METRIC_KEYS, PolicyRun
+from broker.usage import CHARGEBACK_COLUMNS
 
-__all__ = ["write_report", "comparison_table", "frontier_table", "markdown_table", "format_value", "to_jsonable",
+__all__ = ["write_report", "chargeback_summary", "CHARGEBACK_TEXT", "comparison_table", "frontier_table",
+           "markdown_table", "format_value", "to_jsonable",
            "MAX_PLOT_POINTS", "FRONTIER_TEXT"]
 
 #: Upper bound on points per plotted line.
@@ -456,6 +462,63 @@ def _kv_table(d: Mapping[str, Any]) -> str:
     return f"<table>{rows}</table>"
 
 
+#: how to read the chargeback table (report.html)
+CHARGEBACK_TEXT = (
+    "What each team would be charged, from the run's usage records (the same records and rules as the live "
+    "ledger: usage-POLICY.csv.gz). Cloud: each instance billed by the provider's rule (per second, 60-s "
+    "minimum) at list price. On-prem energy: modelled power x PUE at the pool zone's hourly tariff. Amortised: "
+    "the pool's capital per GPU-hour, its own line (not in cost_usd). kgCO2e: location-based (the zone's "
+    "hourly average intensity). GPU-hours: cloud instances' and on-prem ranks' GPUs x hours run. A line with "
+    "an unknown figure (an hour outside the price or carbon data) counts 0 here and is flagged in the records.")
+_CB_HEAD = ("team", "cloud USD", "on-prem energy USD", "amortised USD", "total USD", "kWh", "kgCO2e", "GPU-hours")
+
+
+def _usd(v: float) -> str:
+    return format_value(v, "USD")
+
+
+def _cb_total(cb: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    return {k: sum(t[k] for t in cb.values()) for k in CHARGEBACK_COLUMNS}
+
+
+def chargeback_summary(policy: str, cb: Mapping[str, Mapping[str, float]]) -> str:
+    """One line: ``chargeback (federated): 14 teams, $X (cloud $A, on-prem energy $B, amortised $C), N kWh,
+    M kgCO2e, G GPU-h; top team T $Y (P %)`` (``cb`` from :func:`broker.usage.chargeback`, highest first)."""
+    if not cb:
+        return f"chargeback ({policy}): no usage"
+    tot = _cb_total(cb)
+    top, t = next(iter(cb.items()))
+    share = f" ({100 * t['total_usd'] / tot['total_usd']:.0f} %)" if tot["total_usd"] > 0 else ""
+    unknown = f"; {tot['unknown_lines']:,.0f} lines with an unknown figure" if tot["unknown_lines"] else ""
+    return (f"chargeback ({policy}): {len(cb)} team{'s' if len(cb) != 1 else ''}, {_usd(tot['total_usd'])} "
+            f"(cloud {_usd(tot['cloud_usd'])}, on-prem energy {_usd(tot['onprem_energy_usd'])}, amortised "
+            f"{_usd(tot['amortised_usd'])}), {_number(tot['energy_kwh'])} kWh, {_number(tot['carbon_kg'])} kgCO2e, "
+            f"{_number(tot['gpu_hours'])} GPU-h; top team {top} {_usd(t['total_usd'])}{share}{unknown}")
+
+
+def _cb_row(name: str, t: Mapping[str, float], tag: str = "td") -> str:
+    cells = [_usd(t["cloud_usd"]), _usd(t["onprem_energy_usd"]), _usd(t["amortised_usd"]), _usd(t["total_usd"]),
+             _number(t["energy_kwh"]), _number(t["carbon_kg"]), _number(t["gpu_hours"])]
+    return f"<tr><th>{_e(name)}</th>" + "".join(f"<{tag} class='num'>{_e(c)}</{tag}>" for c in cells) + "</tr>"
+
+
+def _chargeback_html(runs: Mapping[str, PolicyRun]) -> str:
+    with_cb = {n: r.chargeback for n, r in runs.items() if r.chargeback}
+    if not with_cb:
+        return ""
+    main = "federated" if "federated" in with_cb else next(iter(with_cb))
+    head = "<tr>" + "".join(f"<th>{_e(h)}</th>" for h in _CB_HEAD) + "</tr>"
+    parts = []
+    for name in [main] + [n for n in with_cb if n != main]:
+        cb = with_cb[name]
+        rows = "".join(_cb_row(team, t) for team, t in cb.items()) + _cb_row("all teams", _cb_total(cb), "th")
+        parts.append(f"<details{' open' if name == main else ''} id='chargeback-{_e(name)}'><summary>"
+                     f"{_e(chargeback_summary(name, cb))}</summary><table class='chargeback'>{head}{rows}</table>"
+                     "</details>")
+    return (f"<h2>Chargeback</h2><p>{_e(CHARGEBACK_TEXT)} Per policy; {_e(main)} open, click another to "
+            f"unfold it.</p>" + "".join(parts))
+
+
 def _frontier_html(frontier: list[dict], b64: str) -> str:
     head, rows = _frontier_cells(frontier)
     body = "".join("<tr>" + "".join(f"<td class='num'>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
@@ -491,6 +554,7 @@ def _html(runs: Mapping[str, PolicyRun], meta: Mapping[str, Any], images: list[t
         f"<h2>Metrics</h2><table>{head}{''.join(body)}</table>"
         + (f"<h2>Lower bound (LP relaxation)</h2>{_kv_table(bound)}" if bound else "")
         + frontier_html
+        + _chargeback_html(runs)
         + f"<h2>Plots</h2>{figs}"
         f"<h2>Skipped</h2><table>{skipped_rows}</table>"
         f"<h2>Run parameters</h2>{_kv_table(meta)}"
@@ -551,10 +615,11 @@ def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: d
 
     ``results.json`` is ``{"policies": {name: metrics}, "meta": meta, "skipped": {name: {reason: count}}}``
     (and ``"bound": bound`` when given: the LP lower bound, :meth:`broker.sim.bound.LowerBound.as_json`;
-    ``"frontier": frontier`` when given: the carbon-price sweep, :func:`broker.sim.sweep.frontier_entries`)
+    ``"frontier": frontier`` when given: the carbon-price sweep, :func:`broker.sim.sweep.frontier_entries`;
+    ``"chargeback"``: policy -> team -> :data:`broker.usage.CHARGEBACK_COLUMNS`, for runs with usage records)
     with numpy values converted and NaN/inf written as ``null``. ``report.html`` is
     self-contained (metrics table, 5 embedded PNG plots, with a frontier the frontier plot, table and
-    :data:`FRONTIER_TEXT`, skip counts, ``meta``).
+    :data:`FRONTIER_TEXT`, the chargeback tables, skip counts, ``meta``).
     ``out_dir`` is created if needed. Raises ``OSError`` if it cannot be written.
     """
     out = Path(out_dir)
@@ -568,6 +633,9 @@ def write_report(runs: dict[str, PolicyRun], out_dir: Path, meta: dict, bound: d
         doc["bound"] = to_jsonable(bound)
     if frontier is not None:
         doc["frontier"] = to_jsonable(frontier)
+    cbs = {str(n): to_jsonable(r.chargeback) for n, r in runs.items() if r.chargeback}
+    if cbs:
+        doc["chargeback"] = cbs
     jpath = out / "results.json"
     jpath.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
 

@@ -111,6 +111,11 @@ class PolicyRun:
         skipped: reason -> count of trace rows or jobs not simulated.
         missed_job_ids: ids of jobs that finished after their deadline (or never), for drill-down.
         jobs: one :class:`JobRecord` per trace job, in trace order.
+        usage: the run's usage records (:class:`broker.usage.UsageRecord`, ``source="sim"``): one per attempt,
+            rank and resource line, as the live ledger writes them (:mod:`broker.sim.ledger`); empty when the
+            run was made without them (``SimulationConfig.usage_records``).
+        chargeback: :func:`broker.usage.chargeback` of ``usage``: team -> cloud, on-prem energy and amortised
+            USD, kWh, kgCO2e, GPU-hours (empty without records).
     """
 
     policy: str
@@ -125,3 +130,5 @@ class PolicyRun:
     skipped: dict[str, int] = field(default_factory=dict)
     missed_job_ids: list[str] = field(default_factory=list)
     jobs: list[JobRecord] = field(default_factory=list)
+    usage: list = field(default_factory=list)
+    chargeback: dict[str, dict[str, float]] = field(default_factory=dict)

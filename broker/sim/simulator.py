@@ -28,10 +28,11 @@ Model (all times POSIX seconds, UTC):
   Energy = GPUs x board power at 90 % utilisation x runtime x pool PUE;
   electricity cost = energy x hourly price; carbon = energy x hourly
   intensity; amortised cost = GPU-hours x pool $/GPU-h.
-* **Cloud**: billed from the create call (provisioning delay included) per
-  second with the offer's minimum; energy at the region's carbon intensity and
-  the provider's PUE. Spot availability and interruptions replay the bundled
-  SkyPilot spot traces (each spot offer is mapped to one trace of its
+* **Cloud**: each instance billed from the create call (provisioning delay
+  included) by the provider's billing rule (:func:`pricing.billing.billed_seconds`:
+  whole seconds, 60-s minimum; :func:`broker.sim.ledger.cloud_instance_bill`);
+  energy at the region's carbon intensity and the provider's PUE. Spot
+  availability and interruptions replay the bundled SkyPilot spot traces (each spot offer is mapped to one trace of its
   accelerator, tiled in time with a per-offer phase from the seed). An
   interrupted job loses the work since its last checkpoint (all of it if not
   checkpointable) and is planned again.
@@ -48,6 +49,9 @@ Model (all times POSIX seconds, UTC):
 * **Per job** (:class:`broker.sim.results.JobRecord`, ``PolicyRun.jobs``): the
   same accounting summed over the job's segments, so the records add up to the
   run's ``cost_usd``, ``onprem_amortised_usd``, ``energy_kwh`` and ``carbon_kg``.
+* **Usage records** (``PolicyRun.usage``, with ``SimulationConfig.usage_records``): the
+  live ledger's lines for every attempt, rank and resource (:mod:`broker.sim.ledger`), and
+  ``PolicyRun.chargeback`` (:func:`broker.usage.chargeback`) per team.
 * Durations in the trace are taken as the jobs' true runtimes and their
   estimates (oracle runtime estimates; a known simplification).
 
@@ -68,12 +72,14 @@ import numpy as np
 
 from broker.model import FAIR_SHARE_HALF_LIFE_S, PLAN_INTERVAL_S, CloudOffer, DecisionKind, Market, Pool
 from broker.planner.core import GpuTable, PendingJob, PlannerConfig, PlannerContext, PolicyName, RunningJob, Snapshot
-from broker.planner.costs import cloud_cost, cloud_kw, onprem_cost, onprem_kw
+from broker.planner.costs import cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost, onprem_kw
 from broker.planner.fair_share import UsageLedger, reference_gpu_hours
 from broker.planner.policy_base import queue_group
 from broker.planner.registry import POLICIES, plan
+from broker.sim.ledger import cloud_instance_bill, cloud_records, onprem_records
 from broker.sim.results import JobRecord, PolicyRun
 from broker.sim.traces import Trace, TraceJob
+from broker.usage import chargeback
 from pricing.series import window_integral
 
 __all__ = ["SimulationConfig", "Simulator", "simulate", "SpotModel", "pending_job"]
@@ -96,6 +102,8 @@ class SimulationConfig:
         fair_share_half_life_s: half-life of the decayed team usage, seconds (7 days).
         max_cycles: safety stop (None: no limit).
         market: only cloud offers of this market (None: any).
+        usage_records: build the run's usage records (``PolicyRun.usage``, ``PolicyRun.chargeback``); off for
+            runs whose metrics alone are wanted (the carbon-price sweep's other prices).
 
     Raises:
         ValueError: ``tick_s`` is not a finite number > 0.
@@ -106,6 +114,7 @@ class SimulationConfig:
     fair_share_half_life_s: float = FAIR_SHARE_HALF_LIFE_S
     max_cycles: int | None = None
     market: Market | None = None
+    usage_records: bool = True
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tick_s) and self.tick_s > 0):
@@ -315,15 +324,18 @@ class Simulator:
         undecided: set[str] = set()
         next_hour = -math.inf  # instant of the pending _HOUR event (-inf: none)
 
-        def account_onprem(st: _JobState, end: float) -> None:
+        usage_on = cfg.usage_records
+        usage_out: list = []
+
+        def account_onprem(st: _JobState, end: float, allocation) -> None:
             p, t = st.seg_pool, st.seg_type
             dur = end - st.seg_start_s
             if dur <= 0:
                 return
             pool = self.pools[p]
             g = st.trace.num_gpus
-            pi = window_integral(self._price[p], st.seg_start_s, dur)
-            ci = window_integral(self._carbon[p], st.seg_start_s, dur)
+            pi = pi_raw = window_integral(self._price[p], st.seg_start_s, dur)
+            ci = ci_raw = window_integral(self._carbon[p], st.seg_start_s, dur)
             if math.isnan(pi) or math.isnan(ci):
                 m["missing_signal_s"] += dur
                 pi = 0.0 if math.isnan(pi) else pi
@@ -339,27 +351,38 @@ class Simulator:
             st.energy_kwh += c.energy_kwh
             st.carbon_kg += c.carbon_kg
             team_cost[st.trace.team] = team_cost.get(st.trace.team, 0.0) + c.energy_usd
+            if usage_on:
+                usage_out.extend(onprem_records(
+                    job_id=st.trace.job_id, team=st.trace.team, attempt=st.attempt + 1, pool=pool,
+                    allocation=allocation, gpu_type=t, start_s=st.seg_start_s, end_s=end,
+                    busy_kw=self.gpus.busy_kw[t], tariff_integral=pi_raw, carbon_integral=ci_raw))
 
         def account_cloud(st: _JobState, end: float) -> None:
             o = self.offers[st.seg_offer]
             tj = st.trace
             # billed from the create call: the provisioning delay, then the run (interrupted or not)
             run = max(end - st.seg_start_s, 0.0)
-            ci = window_integral(self._offer_carbon[st.seg_offer], st.seg_start_s, run)
+            ci = ci_raw = window_integral(self._offer_carbon[st.seg_offer], st.seg_start_s, run)
             if math.isnan(ci):
                 m["missing_signal_s"] += run
                 ci = 0.0
-            c = cloud_cost(run, st.seg_start_s - st.seg_provision_s, usd_per_hour=tj.nodes * o.usd_per_hour,
-                           min_billed_s=o.min_billed_s, carbon_integral=ci,
-                           kw=cloud_kw(tj.nodes, tj.gpus_per_node, o.gpu_count, self.gpus.busy_kw[o.gpu_type],
-                                       self.gpus.idle_kw[o.gpu_type], o.pue))
-            m["cloud_cost"] += c.dollars_usd
-            m["energy"] += c.energy_kwh
-            m["carbon"] += c.carbon_kg
-            st.dollars_usd += c.dollars_usd
-            st.energy_kwh += c.energy_kwh
-            st.carbon_kg += c.carbon_kg
-            team_cost[tj.team] = team_cost.get(tj.team, 0.0) + c.dollars_usd
+            # each of the job's instances is billed by the provider's rule, from the create call
+            dollars = tj.nodes * cloud_instance_bill(o, max(end - st.seg_provision_s, 0.0))[1]
+            busy, idle = self.gpus.busy_kw[o.gpu_type], self.gpus.idle_kw[o.gpu_type]
+            kw = cloud_kw(tj.nodes, tj.gpus_per_node, o.gpu_count, busy, idle, o.pue)
+            energy, carbon = load_energy_kwh(kw, run), load_emissions_kg(kw, ci)
+            m["cloud_cost"] += dollars
+            m["energy"] += energy
+            m["carbon"] += carbon
+            st.dollars_usd += dollars
+            st.energy_kwh += energy
+            st.carbon_kg += carbon
+            team_cost[tj.team] = team_cost.get(tj.team, 0.0) + dollars
+            if usage_on:
+                usage_out.extend(cloud_records(
+                    job_id=tj.job_id, team=tj.team, attempt=st.attempt + 1, offer=o, nodes=tj.nodes,
+                    gpus_per_node=tj.gpus_per_node, provision_s=st.seg_provision_s, start_s=st.seg_start_s,
+                    end_s=end, busy_kw=busy, idle_kw=idle, carbon_integral=ci_raw))
 
         def requeue(st: _JobState, now: float, done_work_s: float) -> None:
             tj = st.trace
@@ -412,7 +435,7 @@ class Simulator:
                         self.free[r.pool][node] += g
                         busy_gpus -= g
                     freed = True
-                    account_onprem(st, t)
+                    account_onprem(st, t, r.allocation)
                     st.end_s = t
                     done += 1
                 elif kind == _CLOUD_FINISH:
@@ -460,7 +483,7 @@ class Simulator:
                         for node, g in r.allocation:
                             self.free[r.pool][node] += g
                             busy_gpus -= g
-                        account_onprem(vst, now)
+                        account_onprem(vst, now, r.allocation)
                         m["preemptions"] += 1
                         requeue(vst, now, progress_done(vst, now, self.gpus.throughput[vst.seg_type]))
                     kind = DecisionKind.start
@@ -612,7 +635,8 @@ class Simulator:
         return PolicyRun(policy=ctx.config.policy, metrics=metrics, jobs=records, timeline_t_s=np.array(tl_t),
                          cum_cost_usd=np.array(tl_cost), cum_carbon_kg=np.array(tl_carbon),
                          onprem_busy_gpus=np.array(tl_busy), onprem_total_gpus=self.capacity,
-                         team_cost_usd=team_cost, waits_s=waits, skipped=skipped, missed_job_ids=missed)
+                         team_cost_usd=team_cost, waits_s=waits, skipped=skipped, missed_job_ids=missed,
+                         usage=usage_out, chargeback=chargeback(usage_out) if usage_on else {})
 
 
 def simulate(trace: Trace, pools: Sequence[Pool], offers: Sequence[CloudOffer], signals, policy: str,

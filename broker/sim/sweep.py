@@ -32,7 +32,7 @@ from broker.planner.core import PlannerConfig
 from broker.planner.registry import POLICIES
 from broker.sim.bound import BoundLP, FrontierPoint, policy_dollars_usd, policy_score_usd
 
-__all__ = ["RunSpec", "Task", "run_tasks", "bound_offers", "uses_carbon_price", "frontier_entries"]
+__all__ = ["RunSpec", "Task", "run_tasks", "usage_file", "bound_offers", "uses_carbon_price", "frontier_entries"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,10 @@ class RunSpec:
         seed, step_s, market: :class:`~broker.sim.simulator.SimulationConfig`'s ``seed``, ``tick_s`` (s), ``market``.
         block_h: hours per LP time step of the bound.
         signals: folder of user carbon/price CSVs (``simulate --signals``), None for the bundled series.
+        usage_dir: where a full run writes its usage records, ``usage-<policy>.csv.gz``
+            (:func:`broker.usage.write_usage_csv`), in the process that ran it; the run then comes back without
+            them (``PolicyRun.usage`` empty, ``chargeback`` kept): no records through the pipe nor held by the
+            parent. None: the records come back in the run.
     """
 
     trace: str
@@ -61,6 +65,7 @@ class RunSpec:
     market: Market | None = None
     block_h: int = 1
     signals: str | None = None
+    usage_dir: str | None = None
 
     def load(self) -> tuple[Any, Any]:
         """``(trace, scenario)``: the trace and the bundled scenario, loaded as ``simulate`` loads them."""
@@ -83,6 +88,11 @@ class RunSpec:
         if carbon_price_usd_per_t is not None:
             pc = pc.model_copy(update={"carbon_price_usd_per_tonne": float(carbon_price_usd_per_t)})
         return pc
+
+
+def usage_file(policy: str) -> str:
+    """The name of ``policy``'s usage-record file in the output folder: ``usage-<policy>.csv.gz``."""
+    return f"usage-{policy}.csv.gz"
 
 
 def bound_offers(offers: Sequence, config: PlannerConfig, market: Market | None) -> list:
@@ -146,7 +156,15 @@ def _run(task: Task) -> tuple[Any, float]:
         r = simulate(_STATE["trace"], scen.pools, scen.offers, scen.signals, task.policy,
                      planner_config=spec.planner_config(task.carbon_price_usd_per_t), gpus=scen.gpus,
                      spot_traces=scen.spot_traces,
-                     config=SimulationConfig(seed=spec.seed, tick_s=spec.step_s, market=spec.market))
+                     config=SimulationConfig(seed=spec.seed, tick_s=spec.step_s, market=spec.market,
+                                             usage_records=task.full))
+        if task.full and spec.usage_dir is not None:
+            from pathlib import Path
+
+            from broker.usage import write_usage_csv
+
+            write_usage_csv(r.usage, Path(spec.usage_dir) / usage_file(task.policy))
+            r.usage = []
         out = r if task.full else r.metrics
     else:
         try:

@@ -12,6 +12,7 @@ from broker.cli import console as cli_console
 
 from broker.cli import main as cli
 from broker.planner.core import GpuTable
+from broker.usage import read_usage_csv
 
 DOCUMENTED_KEYS = ("jobs_submitted", "jobs_completed", "deadline_misses", "mean_jct_s", "p95_jct_s", "mean_wait_s",
                    "cost_usd", "cloud_cost_usd", "onprem_energy_cost_usd", "energy_kwh", "carbon_kg",
@@ -48,6 +49,19 @@ def test_simulate_philly_two_policies(run, tmp_path):
     assert "trace philly: 300 jobs" in r.output
 
     assert "bound" not in doc and "cost_ratio_to_bound" not in doc["policies"]["fifo"]  # only with --bound
+    # the usage records (the live ledger's columns) add up to the run's cost to the cent; one chargeback line each
+    for name, m in doc["policies"].items():
+        recs = read_usage_csv(out / f"usage-{name}.csv.gz")
+        assert recs and all(x.source == "sim" for x in recs)
+        billed = sum(x.billed_usd for x in recs if x.line != "amortised" and x.billed_usd is not None)
+        assert abs(billed - m["cost_usd"]) < 0.005
+        assert abs(sum(x.billed_usd for x in recs if x.line == "amortised") - m["onprem_amortised_usd"]) < 0.005
+        cb = doc["chargeback"][name]
+        assert sum(t["total_usd"] for t in cb.values()) == pytest.approx(m["cost_usd"] + m["onprem_amortised_usd"])
+        line = next(ln for ln in r.output.splitlines() if ln.startswith(f"chargeback ({name}): "))
+        assert f"{len(cb)} teams" in line and f"top team {next(iter(cb))} " in line
+        assert f"id='chargeback-{name}'" in html
+    assert "<details open id='chargeback-federated'>" in html  # the main policy's table unfolded
 
 
 def test_simulate_bound_writes_the_lp_bound_and_each_policy_ratio(run, tmp_path):
@@ -81,6 +95,12 @@ def test_simulate_sweep_carbon_price_writes_the_frontier_in_worker_processes_as_
         assert "Carbon-price frontier" in r.output and "federated @ $1,000/t: done" in r.output
         html = (out / "report.html").read_text()
         assert "<h2>Carbon-price frontier</h2>" in html and "Cost vs carbon as the carbon price sweeps" in html
+        # each full run's records, written by the process that ran it, add up to its cost; the table is there too
+        for name in ("fifo", "federated"):
+            recs = read_usage_csv(out / f"usage-{name}.csv.gz")
+            billed = sum(x.billed_usd for x in recs if x.line != "amortised" and x.billed_usd is not None)
+            assert abs(billed - docs[workers]["policies"][name]["cost_usd"]) < 0.005
+            assert f"id='chargeback-{name}'" in html
     doc = docs["2"]
     f = doc["frontier"]
     assert [e["carbon_price_usd_per_t"] for e in f] == [0.0, 190.0, 1000.0]  # sorted, duplicates dropped

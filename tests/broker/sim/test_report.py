@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from broker.sim.report import (JOB_CSV_COLUMNS, comparison_table, format_value, markdown_table, to_jsonable,
-                               write_job_csv, write_report)
+from broker.sim.report import (JOB_CSV_COLUMNS, chargeback_summary, comparison_table, format_value, markdown_table,
+                               to_jsonable, write_job_csv, write_report)
 from broker.sim.results import METRIC_KEYS, JobRecord, PolicyRun
 
 
@@ -145,3 +145,41 @@ def test_write_job_csv_one_row_per_job_with_exact_cells(tmp_path):
                        "deadline": "2023-09-04T02:00:00+00:00", "deadline_met": "true", "starts": "1"}
     assert (rows[1]["start"], rows[1]["end"], rows[1]["wait_s"], rows[1]["deadline_met"]) == ("", "", "", "")
     assert float(rows[0]["dollars_usd"]) == 10.0 * 3900 / 3600  # repr round-trips exactly
+
+
+# --------------------------------------------------------------------------- chargeback
+def _cb():
+    z = dict(cloud_usd=0.0, onprem_energy_usd=0.0, amortised_usd=0.0, total_usd=0.0, energy_kwh=0.0, carbon_kg=0.0,
+             gpu_hours=0.0, unknown_lines=0)
+    return {"vc1": {**z, "cloud_usd": 1200.0, "onprem_energy_usd": 40.0, "amortised_usd": 260.0, "total_usd": 1500.0,
+                    "energy_kwh": 800.0, "carbon_kg": 120.0, "gpu_hours": 640.0},
+            "vc2<x>": {**z, "onprem_energy_usd": 10.0, "amortised_usd": 490.0, "total_usd": 500.0, "energy_kwh": 200.0,
+                       "carbon_kg": 30.0, "gpu_hours": 980.0, "unknown_lines": 2}}
+
+
+def test_chargeback_summary_one_line_by_hand():
+    # totals: 2,000 USD = cloud 1,200 + energy 50 + amortised 750; 1,000 kWh; 150 kg; 1,620 GPU-h; vc1 1,500 = 75 %
+    assert chargeback_summary("federated", _cb()) == (
+        "chargeback (federated): 2 teams, $2,000 (cloud $1,200, on-prem energy $50.00, amortised $750), 1,000 kWh, "
+        "150 kgCO2e, 1,620 GPU-h; top team vc1 $1,500 (75 %); 2 lines with an unknown figure")
+    assert chargeback_summary("fifo", {}) == "chargeback (fifo): no usage"
+
+
+def test_report_html_has_a_chargeback_table_per_policy(tmp_path):
+    runs = {"fifo": _run("fifo", 1.0), "federated": _run("federated", 100.0, seed=1)}
+    runs["fifo"].chargeback = _cb()
+    runs["federated"].chargeback = {"vc1": _cb()["vc1"]}
+    jp, hp = write_report(runs, tmp_path, {})
+    html = hp.read_text()
+    sec = html[html.index("<h2>Chargeback</h2>"):]
+    # federated (the main policy) first and unfolded, fifo folded; names escaped; an all-teams row
+    assert sec.index("<details open id='chargeback-federated'>") < sec.index("<details id='chargeback-fifo'>")
+    assert "<th>vc2&lt;x&gt;</th>" in sec and "<th>all teams</th>" in sec
+    fifo = sec[sec.index("id='chargeback-fifo'"):]
+    assert ("<tr><th>all teams</th><th class='num'>$1,200</th><th class='num'>$50.00</th><th class='num'>$750</th>"
+            "<th class='num'>$2,000</th><th class='num'>1,000</th><th class='num'>150</th>"
+            "<th class='num'>1,620</th></tr>") in fifo
+    assert json.loads(jp.read_text())["chargeback"]["fifo"]["vc1"]["cloud_usd"] == 1200.0
+    # without usage records: no section
+    hp2 = write_report({"fifo": _run("fifo", 1.0)}, tmp_path / "b", {})[1]
+    assert "Chargeback" not in hp2.read_text()
