@@ -10,6 +10,9 @@ Functions take an open :class:`~sqlalchemy.orm.Session` (``s``) so the caller de
 
 from __future__ import annotations
 
+import logging
+import math
+
 from datetime import datetime
 
 from sqlalchemy import case, delete, func, select
@@ -17,6 +20,8 @@ from sqlalchemy.orm import Session
 
 from broker.service.store.tables import Budget, Job, UsageRow
 from broker.states import ACTIVE_STATE_VALUES
+
+log = logging.getLogger(__name__)
 
 __all__ = ["budget_rows", "put_budget", "delete_budget", "cloud_spent", "cloud_committed"]
 
@@ -76,7 +81,15 @@ def cloud_committed(s: Session, teams: list[str] | None = None) -> dict[str, tup
     for team, placement, decision in s.execute(q):
         if (placement or {}).get("kind") != "cloud":
             continue
-        usd = float(((decision or {}).get("option") or {}).get("dollars_usd") or 0.0)
+        raw = ((decision or {}).get("option") or {}).get("dollars_usd") if isinstance(decision, dict) else None
+        try:
+            usd = float(raw)
+        except (TypeError, ValueError):
+            usd = math.nan
+        if not math.isfinite(usd):  # a decision record without a usable estimate must not stop the planning cycle
+            log.warning("team %s: an active cloud job's decision has no finite dollars_usd (%r): committed as 0, "
+                        "the ledger's lines count it when the attempt ends", team, raw)
+            usd = 0.0
         usd0, n0 = out.get(team, (0.0, 0))
         out[team] = (usd0 + usd, n0 + 1)
     return out

@@ -289,3 +289,18 @@ def test_budget_routes_admin_sets_team_reads_its_own(pg_store):
         acts = [e.action for e in s.execute(select(AuditEvent).where(AuditEvent.target == "ml")
                                             .order_by(AuditEvent.id)).scalars()]
     assert acts == ["budget.set", "budget.delete"]
+
+
+@pytest.mark.parametrize("bad", [None, "abc", "inf", {"x": 1}])  # JSON cannot hold NaN
+def test_a_decision_without_a_usable_estimate_commits_0_and_planning_goes_on(pg_store, caplog, bad):
+    good = _place_cloud(pg_store, "ml", 20.0)
+    odd = _place_cloud(pg_store, "ml", 1.0)
+    with pg_store.session() as s:
+        s.get(Job, odd).decision = {"kind": "provision", "option": {"kind": "cloud", "dollars_usd": bad}}
+    assert good != odd
+    st = set_budget(pg_store, "ml", 100.0, now=NOW)
+    assert (st.committed_usd, st.committed_attempts) == (20.0, 2)
+    with pg_store.session() as s:
+        remaining, _ = planner_budgets(s, NOW)
+    assert remaining == {"ml": 80.0}
+    assert "no finite dollars_usd" in caplog.text
