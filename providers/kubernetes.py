@@ -40,11 +40,11 @@ State mapping (Job conditions, pod phases, container states and Warning events -
 
     annotation fedbroker-cancelled                      -> cancelled   "cancelled by the broker"
     Job condition Complete                              -> succeeded   exit code 0
+    deletionTimestamp, not finished, no cancel mark     -> cancelled   "deleted in the cluster, not by the broker"
     a Failed pod with DisruptionTarget or reason Evicted -> interrupted (evicted, node lost, preempted): requeue
     a Failed pod, container OOMKilled                   -> failed      "OOMKilled ...", exit code 137
     a Failed pod                                        -> failed      its exit code (a gang: the lowest failed rank)
     Job condition Failed (DeadlineExceeded, ...)        -> failed      "reached its time limit ..." / the reason
-    deletionTimestamp without the cancel mark           -> cancelled   "deleted in the cluster, not by the broker"
     container waiting ImagePullBackOff, InvalidImageName,
     ErrImageNeverPull, CreateContainerConfigError       -> failed      the kubelet's "Failed" event (still active:
                                                                        the broker cancels it)
@@ -289,6 +289,9 @@ def job_info(job: Mapping, pods: Iterable[Mapping], events: Iterable[Mapping] = 
         return out("cancelled", "Cancelled", "cancelled by the broker")
     if "Complete" in conds:
         return out("succeeded", "Complete", "exited with code 0" if n == 1 else f"all {n} pods exited with code 0", 0)
+    if deleting and not finished:  # before the pods: a foreground deletion fails them on its way
+        return out("cancelled", "Deleted", f"deleted in the cluster, not by the broker (Job {name} was deleted by an "
+                   "administrator or another controller)")
     failed = [p for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
     for p in failed:
         dt = _condition(p, "DisruptionTarget")
@@ -315,9 +318,6 @@ def job_info(job: Mapping, pods: Iterable[Mapping], events: Iterable[Mapping] = 
         if c.get("reason") == "DeadlineExceeded":
             return out("failed", "DeadlineExceeded", f"reached its time limit (activeDeadlineSeconds={limit})")
         return out("failed", c.get("reason") or "Failed", f"{c.get('reason')}: {c.get('message', '')}".strip())
-    if deleting:
-        return out("cancelled", "Deleted", f"deleted in the cluster, not by the broker (Job {name} was deleted by an "
-                   "administrator or another controller)")
     for p in pods:
         kind, s = _container_state(p)
         if kind == "waiting" and s.get("reason") in _WAITING_FAILED:

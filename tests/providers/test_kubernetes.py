@@ -195,17 +195,20 @@ def test_cancel_deletes_the_job_and_its_pods(pool, fake):
     assert e.value.code == "NotFound"
 
 
-def test_admin_deletion_is_reported_then_cleaned_up(pool, fake):
+@pytest.mark.parametrize("cascade", ["Background", "Foreground"])
+def test_admin_deletion_is_reported_then_cleaned_up(pool, fake, cascade):
     info = pool.submit(req("admin-kills", "sleep 60"))
     assert wait(pool, info.pool_job_id, {"running"}).state == "running"
-    # kubectl delete job fb-admin-kills-a0 (background cascade): the finalizer keeps the Job visible
-    status, _, _ = fake.handle("DELETE", "/apis/batch/v1/namespaces/default/jobs/fb-admin-kills-a0", b"")
+    # kubectl delete job fb-admin-kills-a0 --cascade=...: the finalizer keeps the Job visible
+    status, _, _ = fake.handle("DELETE", "/apis/batch/v1/namespaces/default/jobs/fb-admin-kills-a0?propagationPolicy="
+                               + cascade, b"")
     assert status == 200
     seen = pool.describe("fb-admin-kills-a0")
-    assert (seen.state, seen.pool_state, seen.active) == ("cancelled", "Deleted", True)
+    # background: the pods run until the Job is gone; foreground: the pods went first
+    assert (seen.state, seen.pool_state, seen.active) == ("cancelled", "Deleted", cascade == "Background")
     assert seen.reason == ("deleted in the cluster, not by the broker (Job fb-admin-kills-a0 was deleted by an "
                            "administrator or another controller)")
-    assert [i.pool_job_id for i in pool.list_managed()] == ["fb-admin-kills-a0"]
+    assert [i.pool_job_id for i in pool.list_managed()] == (["fb-admin-kills-a0"] if cascade == "Background" else [])
     done = pool.cancel("fb-admin-kills-a0")
     assert (done.state, done.reason, done.active) == ("cancelled", seen.reason, False)
     assert ("default", "fb-admin-kills-a0") not in fake.jobs and fake.pods_of("fb-admin-kills-a0") == []
