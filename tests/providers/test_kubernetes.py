@@ -434,3 +434,31 @@ def test_job_info_pending_without_pods_and_failed_create():
     info = job_info(job, [], [ev], now=0)
     assert (info.state, info.pool_state) == ("starting", "FailedCreate")
     assert info.reason == "FailedCreate: " + ev["message"]
+
+
+def test_job_info_partly_running_gang_and_other_failure_reasons():
+    job = {"metadata": {"name": "fb-g-a0", "uid": "u2"},
+           "spec": {"completions": 2, "activeDeadlineSeconds": 600},
+           "status": {"startTime": "2026-12-01T12:00:00Z"}}
+    index = "batch.kubernetes.io/job-completion-index"
+    running = {"metadata": {"name": "fb-g-a0-0-aaaaa", "annotations": {index: "0"}},
+               "spec": {"nodeName": "a001"}, "status": {"phase": "Running"}}
+    pending = {"metadata": {"name": "fb-g-a0-1-bbbbb", "annotations": {index: "1"}},
+               "spec": {}, "status": {"phase": "Pending"}}
+    now = datetime(2026, 12, 1, 12, 0, 30, tzinfo=timezone.utc).timestamp()
+    info = job_info(job, [pending, running], [], now=now)
+    assert (info.state, info.pool_state, info.reason, info.nodes, info.elapsed_s, info.time_limit_s, info.active) == \
+        ("starting", "Pending", "1 of 2 pods running, the others pending", "a001", 30.0, 600.0, True)
+    job["status"]["conditions"] = [{"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                                    "message": "Container job for pod default/x failed with exit code 2"}]
+    info = job_info(job, [], [], now=now)
+    assert (info.state, info.pool_state, info.reason, info.active) == \
+        ("failed", "PodFailurePolicy", "PodFailurePolicy: Container job for pod default/x failed with exit code 2",
+         False)
+
+
+def test_settings_reject_a_bad_toleration_and_propagation():
+    with pytest.raises(ValueError, match=r"tolerations: \{'key': 'x', 'operator': 'In'\} is not a toleration"):
+        KubernetesSettings(tolerations=[{"key": "x", "operator": "In"}])
+    with pytest.raises(ValueError, match=r"propagation='Orphan': must be 'Foreground' or 'Background'"):
+        KubernetesSettings(propagation="Orphan")
