@@ -51,6 +51,7 @@ State mapping (Job conditions, pod phases, container states and Warning events -
     Job suspended                                       -> starting    "suspended: waiting for Kueue ..."
     a pod PodScheduled=False reason Unschedulable        -> starting    the scheduler's message
     every pod Running                                   -> running
+    no pod yet, a FailedCreate event (a GPU quota)       -> starting    the Job controller's event
     otherwise                                           -> starting
 
 Errors (``providers.base``; each with ``option = "kubernetes:<namespace>:<gpu_type>"`` and ``code``)::
