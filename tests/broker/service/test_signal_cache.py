@@ -1,0 +1,252 @@
+"""The live signal cache: refresh under the single-leader rule, Redis + database copies, rate limits and
+back-off, the planner's view with its fallbacks and explanations, and the metrics. No test reaches the network
+(``responses`` answers every request; an unregistered URL is a ConnectionError)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import responses
+
+from broker.service.live import LiveSignals, REPLAY, WEEK_S
+from broker.service.signal_cache import SignalCache
+from broker.service.store import signals as rows
+from pricing.carbon import load_carbon_intensity
+from pricing.signals import load_grid_signals
+from tests.broker.service.signals_setup import EM, T0, Clock, Sleeps, cache, drop, em_fc, em_history, settings
+from tests.pricing.recorded import utc
+
+H = 3600.0
+
+
+@pytest.fixture
+def rsps():
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as r:
+        yield r
+
+
+@pytest.fixture(autouse=True)
+def key(monkeypatch):
+    monkeypatch.setenv("ELECTRICITYMAPS_API_KEY", "test-key-not-logged")
+
+
+@pytest.fixture
+def sc(any_store):
+    clock = Clock(T0)
+    c = cache(any_store, settings(), clock)
+    yield c
+    drop(c)
+
+
+def test_refresh_writes_measured_over_forecast_to_the_database_and_redis(sc, rsps):
+    em_history(rsps)
+    em_fc(rsps)
+    r = sc.refresh("DE-LU", "carbon")
+    assert r.claimed and r.fetched == {"electricitymaps": 5} and r.errors == {}
+    assert [c.request.headers["auth-token"] for c in rsps.calls] == ["test-key-not-logged"] * 2
+    assert rsps.calls[0].request.params == {"zone": "DE", "start": "2024-03-31T09:00Z", "end": "2024-03-31T13:00Z"}
+    with sc.store.session() as s:
+        got = rows.value_rows(s, [("electricitymaps", "DE-LU")], utc(2024, 3, 31), utc(2024, 4, 1))
+    assert [(h.hour_at.hour, h.value, h.forecast) for h in got] == [
+        (9, 300.0, False), (10, 310.0, False), (12, 330.0, False), (13, 340.0, True), (14, 350.0, True)]
+    h = sc.hours("electricitymaps", "DE-LU", utc(2024, 3, 31, 9).timestamp(), 7)
+    np.testing.assert_array_equal(h.values, [300, 310, np.nan, 330, 340, 350, np.nan])
+    np.testing.assert_array_equal(h.forecast, [False, False, False, False, True, True, False])
+    # a later forecast for 12:00 never overwrites its measurement
+    with sc.store.session() as s:
+        rows.put_values(s, "carbon", "gCO2e/kWh", [got[2]._replace(value=999.0, forecast=True)])
+        again = rows.value_rows(s, [("electricitymaps", "DE-LU")], utc(2024, 3, 31, 12), utc(2024, 3, 31, 13))
+    assert [(x.value, x.forecast) for x in again] == [(330.0, False)]
+
+
+def test_one_fetch_per_zone_per_period_across_processes(pg_store, rsps):
+    em_history(rsps)
+    em_fc(rsps)
+    clock = Clock(T0)
+    a = cache(pg_store, settings(), clock)
+    b = SignalCache(pg_store, a.redis, a.settings, prefix=a.prefix, clock=clock, sleep=Sleeps())  # "another process"
+    go = threading.Barrier(2)
+    out = {}
+
+    def run(name, c):
+        go.wait()
+        out[name] = c.refresh("DE-LU", "carbon")
+
+    ts = [threading.Thread(target=run, args=(n, c)) for n, c in (("a", a), ("b", b))]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    assert sorted(r.claimed for r in out.values()) == [False, True]
+    assert len(rsps.calls) == 2  # one history + one forecast request, not two of each
+    ttl = a.redis.pttl(f"{a.prefix}refresh:carbon:DE-LU")
+    assert 890_000 < ttl <= 900_000  # the claim is the 900-s period
+    assert not b.refresh("DE-LU", "carbon").claimed and len(rsps.calls) == 2
+    # the other process reads the values from the shared Redis copy: a cache hit, no request
+    h = b.hours("electricitymaps", "DE-LU", utc(2024, 3, 31, 12).timestamp(), 3)
+    np.testing.assert_array_equal(h.values, [330, 340, 350])
+    assert len(rsps.calls) == 2
+    drop(a)
+
+
+def test_redis_lost_the_cache_the_database_copy_is_loaded_back(sc, rsps):
+    em_history(rsps)
+    em_fc(rsps)
+    sc.refresh("DE-LU", "carbon")
+    drop(sc)  # Redis restarted empty
+    h = sc.hours("electricitymaps", "DE-LU", utc(2024, 3, 31, 9).timestamp(), 6)
+    np.testing.assert_array_equal(h.values, [300, 310, np.nan, 330, 340, 350])
+    assert sc.redis.exists(f"{sc.prefix}warm") and sc.version() == 1
+
+
+def test_429_retry_after_then_success_sleeps_what_the_server_asked(sc, rsps):
+    em_history(rsps, status=429, headers={"Retry-After": "3"})
+    em_history(rsps, status=429, headers={"Retry-After": "5"})
+    em_history(rsps)
+    em_fc(rsps)
+    r = sc.refresh("DE-LU", "carbon")
+    assert r.fetched == {"electricitymaps": 5}
+    assert sc.sleep == [3.0, 5.0] and len(rsps.calls) == 4
+
+
+def test_5xx_retried_with_doubling_back_off_then_recorded(sc, rsps):
+    for _ in range(3):
+        em_history(rsps, status=503)
+    r = sc.refresh("DE-LU", "carbon")
+    assert r.errors == {"electricitymaps": "unavailable: GET /carbon-intensity/past-range: HTTP 503"}
+    assert sc.sleep == [2.0, 4.0] and len(rsps.calls) == 3
+    with sc.store.session() as s:
+        (f,) = rows.fetch_rows(s)
+    assert (f.last_success_at, f.error_counts, f.last_error) == (
+        None, {"unavailable": 1}, "unavailable: GET /carbon-intensity/past-range: HTTP 503")
+
+
+def test_long_retry_after_and_401_after_success_put_the_source_in_back_off(sc, rsps):
+    em_history(rsps)
+    em_fc(rsps)
+    sc.refresh("DE-LU", "carbon")
+    sc.clock.t += 600
+    # Electricity Maps answers a rate limit with 401 (electricitymaps-contrib#8047): read as a rate limit
+    em_history(rsps, status=401)
+    em_history(rsps, status=429, headers={"Retry-After": "120"})
+    r = sc.refresh("DE-LU", "carbon", force=True)
+    assert sc.sleep == [2.0]  # the 401 after a success: backoff_s; then Retry-After 120 > max_backoff_s 30: give up
+    assert r.errors == {"electricitymaps": "rate_limited: GET /carbon-intensity/past-range: HTTP 429"}
+    assert sc.backoff_until("electricitymaps") == pytest.approx(T0.timestamp() + 600 + 120)
+    n = len(rsps.calls)
+    r = sc.refresh("DE-LU", "carbon", force=True)
+    assert len(rsps.calls) == n  # backing off: nothing sent
+    assert r.skipped == {"electricitymaps": "backing off until 2024-03-31T12:32:00+00:00 (rate limited)"}
+
+
+def test_token_bucket_spaces_requests(sqlite_store, rsps):
+    em_history(rsps)
+    em_fc(rsps)
+    sg = settings(sources={"electricitymaps": {"requests_per_s": 0.5, "burst": 1, "max_backoff_s": 30.0}})
+    slept = []
+
+    def sleep(s):  # really waits: the bucket refills on Redis's clock
+        slept.append(s)
+        time.sleep(s)
+
+    c = cache(sqlite_store, sg, Clock(T0), sleep=sleep)
+    c.refresh("DE-LU", "carbon")
+    # the second request found the 1-token bucket empty: waited 2 s (1 token at 0.5/s), less the first call's time
+    assert len(slept) == 1 and 1.5 < slept[0] <= 2.0
+    drop(c)
+
+
+def test_an_empty_answer_is_a_failed_fetch(sc, rsps):
+    rsps.add(responses.GET, f"{EM}/carbon-intensity/past-range", json={"zone": "DE", "data": []})
+    rsps.add(responses.GET, f"{EM}/carbon-intensity/forecast", json={"zone": "DE", "forecast": []})
+    r = sc.refresh("DE-LU", "carbon")
+    assert r.errors == {"electricitymaps": "empty: no value for DE-LU in the window (an empty answer)"}
+
+
+def _live(sc, now_s, ahead_h=4):
+    base = load_grid_signals(["DE-LU"])
+    return LiveSignals(base, 52 * WEEK_S, sc, sc.settings, now_s, ahead_h * H)
+
+
+def test_fresh_values_interpolated_gap_then_the_bundled_replay(sc, rsps):
+    em_history(rsps)
+    em_fc(rsps)
+    sc.refresh("DE-LU", "carbon")
+    sc.clock.t += 600
+    live = _live(sc, sc.clock.t)
+    checked, fc, fetched = live.checked("DE-LU", "carbon")
+    t15 = utc(2024, 3, 31, 15).timestamp()
+    bundled15 = load_carbon_intensity("DE-LU").value_at(t15 - 52 * WEEK_S)
+    np.testing.assert_allclose(checked.series.values, [300, 310, 320, 330, 340, 350, bundled15])
+    assert list(checked.origin) == ["electricitymaps"] * 2 + ["interpolated"] + ["electricitymaps"] * 3 + [REPLAY]
+    assert list(fc) == [False, False, False, False, True, True, False]
+    # the planner's series: the replay with the window replaced
+    s = live.carbon("DE-LU")
+    assert s.value_at(utc(2024, 3, 31, 13, 30)) == 340.0
+    assert s.value_at(utc(2024, 3, 31, 20)) == load_carbon_intensity("DE-LU").value_at(
+        utc(2024, 3, 31, 20).timestamp() - 52 * WEEK_S)
+    (e,) = live.explain([("DE-LU", "carbon")], sc.clock.t)
+    assert e == {"zone": "DE-LU", "kind": "carbon", "source": "electricitymaps", "age_s": 600.0, "forecast": False,
+                 "estimated": False, "fallback": False, "replay_offset_s": 52 * WEEK_S,
+                 "hours": {"electricitymaps": 3, REPLAY: 1}, "note": "carbon DE-LU: electricitymaps (measured, 0.2 h old)"}
+
+
+def test_sources_down_last_known_then_replay_says_so_and_recovers(sc, rsps):
+    from broker.service.metrics import signal_families
+
+    em_history(rsps)
+    em_fc(rsps)
+    sc.refresh("DE-LU", "carbon")
+    sc.clock.t += 2 * H  # 14:20: the 12:20 fetch is past stale_after_s (1 h); the feed is down
+    rsps.replace(responses.GET, f"{EM}/carbon-intensity/past-range", status=503)
+    sc.refresh("DE-LU", "carbon", force=True)
+    live = _live(sc, sc.clock.t)
+    checked, fc, _ = live.checked("DE-LU", "carbon")  # 11:00 .. 17:00
+    rep = [load_carbon_intensity("DE-LU").value_at(utc(2024, 3, 31, h).timestamp() - 52 * WEEK_S) for h in (11, 15, 16, 17)]
+    np.testing.assert_allclose(checked.series.values, [rep[0], 330, 340, 350, *rep[1:]])
+    assert list(checked.origin) == [REPLAY] + ["last-known:electricitymaps"] * 3 + [REPLAY] * 3
+    assert checked.estimated.all()
+    (e,) = live.explain([("DE-LU", "carbon")], sc.clock.t)
+    assert e["source"] == "last-known:electricitymaps" and e["age_s"] == 7200.0 and e["forecast"] and e["fallback"]
+    assert e["note"] == ("carbon DE-LU: no fresh value from electricitymaps; deciding on electricitymaps's last known "
+                         "value (forecast, 2.0 h old) (next 48 h: bundled-replay 3 h, last-known:electricitymaps 1 h)")
+    fams = {f.name: f for f in signal_families(sc.store, sc.clock.t)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    assert samples[("fedbroker_signal_age_seconds", (("kind", "carbon"), ("source", "electricitymaps"),
+                                                     ("zone", "DE-LU")))] == 7200.0
+    assert samples[("fedbroker_signal_fallback", (("kind", "carbon"), ("zone", "DE-LU")))] == 1.0
+    assert samples[("fedbroker_signal_fetch_errors_total", (("error", "unavailable"),
+                                                            ("source", "electricitymaps")))] == 1.0
+    # every source down for longer than the cache keeps anything: the replay alone, still never 0
+    sc.clock.t += 30 * H
+    live = _live(sc, sc.clock.t)
+    (e,) = live.explain([("DE-LU", "carbon")], sc.clock.t)
+    assert e["source"] == REPLAY and e["fallback"] and e["note"].startswith(
+        "carbon DE-LU: no fresh value from electricitymaps; deciding on the bundled 2023-24 history replayed +52 weeks")
+    # the feed is back: the next refresh makes the zone fresh again
+    sc.clock.t = T0.timestamp() + 2 * H
+    rsps.replace(responses.GET, f"{EM}/carbon-intensity/past-range", json={"zone": "DE", "data": [
+        {"zone": "DE", "carbonIntensity": 345, "datetime": "2024-03-31T14:00:00.000Z", "isEstimated": False}]})
+    r = sc.refresh("DE-LU", "carbon", force=True)
+    assert r.fetched == {"electricitymaps": 1} and r.errors == {}  # 14:00 (measured; the forecast has only 14:00 ahead)
+    live = _live(sc, sc.clock.t)
+    (e,) = live.explain([("DE-LU", "carbon")], sc.clock.t)
+    assert (e["source"], e["age_s"], e["forecast"], e["fallback"]) == ("electricitymaps", 0.0, False, False)
+    assert live.carbon("DE-LU").value_at(utc(2024, 3, 31, 14, 30)) == 345.0
+    fams = {f.name: f for f in signal_families(sc.store, sc.clock.t)}
+    assert [s.value for s in fams["fedbroker_signal_fallback"].samples] == [0.0]
+
+
+def test_seeded_user_files_are_last_known_values(sc, tmp_path):
+    from pricing.user_signals import load_user_signals
+
+    (tmp_path / "de.csv").write_text("zone,hour_utc,value,unit,quality\n"
+                                     "DE-LU,2024-03-31T12:00Z,401,gCO2e/kWh,measured\n"
+                                     "DE-LU,2024-03-31T13:00Z,402,gCO2e/kWh,estimated\n")
+    assert sc.seed(load_user_signals(tmp_path)) == {"carbon DE-LU": 2}
+    live = _live(sc, sc.clock.t)
+    checked, _, _ = live.checked("DE-LU", "carbon")
+    assert list(checked.series.values[3:5]) == [401.0, 402.0]
+    assert list(checked.origin[3:5]) == ["last-known:user"] * 2
