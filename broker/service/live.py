@@ -40,7 +40,7 @@ from pricing.hygiene import CheckedSeries
 from pricing.series import HourlySeries
 
 __all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "ReplayedSignals", "LiveSignals", "LiveEnvironment",
-           "LiveNode", "forecast_model", "REPLAY", "LAST_KNOWN", "FORECAST_MODEL", "SIGNALS_REBUILD_S"]
+           "LiveNode", "forecast_model", "series_rows", "REPLAY", "LAST_KNOWN", "FORECAST_MODEL", "SIGNALS_REBUILD_S"]
 
 #: origin label of hours from the bundled history replay
 REPLAY = "bundled-replay"
@@ -112,6 +112,36 @@ def _replay_entry(zone: str, kind: str, offset_s: float, why: str) -> dict:
     return {"zone": zone, "kind": kind, "source": REPLAY, "age_s": None, "forecast": False, "estimated": True,
             "fallback": False, "replay_offset_s": offset_s, "hours": {},
             "note": f"{kind} {zone}: bundled 2023-24 history replayed +{weeks:.0f} weeks ({why})"}
+
+
+def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list[dict]:
+    """The ``hours`` UTC hours from the one holding ``now_s`` of the series the planner uses for ``zone``'s ``kind``
+    (``signals``: :class:`LiveSignals` or :class:`ReplayedSignals`), one dict per hour: ``hour`` (ISO UTC),
+    ``value`` (gCO2e/kWh or USD/MWh; ``None`` when missing), ``source`` (origin), ``estimated``, ``forecast``,
+    ``age_s`` (seconds since fetched; ``None`` for replayed or filled hours). Raises
+    :class:`pricing.errors.UnknownZoneError` for a zone the signals do not hold."""
+    from datetime import datetime, timezone
+
+    h0 = math.floor(now_s / 3600.0) * 3600.0
+    series = signals.carbon(zone) if kind == "carbon" else signals.price(zone)
+    live = isinstance(signals, LiveSignals) and signals._network(zone, kind)
+    if live:
+        checked, fc, fetched = signals.checked(zone, kind)
+        start = checked.series.start_s
+    out = []
+    for k in range(hours):
+        t = h0 + k * 3600.0
+        v = float("nan") if series is None else series.value_at(t)
+        row = {"hour": datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="minutes"),
+               "value": None if math.isnan(v) else v, "source": REPLAY if series is not None else "",
+               "estimated": series is not None, "forecast": False, "age_s": None}
+        if live:
+            i = int(round((t - start) / 3600.0))
+            if 0 <= i < checked.series.values.size:
+                row.update(source=str(checked.origin[i]), estimated=bool(checked.estimated[i]), forecast=bool(fc[i]),
+                           age_s=None if np.isnan(fetched[i]) else round(now_s - float(fetched[i]), 1))
+        out.append(row)
+    return out
 
 
 def forecast_model(zone: str, kind: str, recent: CheckedSeries, start_s: float, end_s: float) -> CheckedSeries | None:

@@ -389,8 +389,9 @@ class SignalCache:
 
     # ------------------------------------------------------------------ health
     def health(self) -> list[dict]:
-        """Per (zone, kind, source) of the settings' chains: last success, age (s), last error, error counts,
-        back-off and whether a key is configured (never the key)."""
+        """Per (zone, kind, source) of the settings' chains: the last measured value cached (gCO2e/kWh or USD/MWh)
+        and its hour, last success, age (s), last error, error counts and ``health`` (ok, stale, never fetched,
+        backing off, no API key: never the key)."""
         now_s = self.clock()
         with self.store.session() as s:
             fetched = {(f.zone, f.kind, f.source): (f.last_success_at, f.last_attempt_at, f.last_error,
@@ -399,12 +400,19 @@ class SignalCache:
         for zone in self.settings.zones:
             for kind in ("carbon", "price"):
                 for name in self.settings.chain(zone, kind):
-                    ent = {"zone": zone, "kind": kind, "source": name, "last_success": None, "age_s": None,
-                           "last_error": "", "errors": {}, "health": "ok"}
+                    ent = {"zone": zone, "kind": kind, "source": name, "last_value": None, "last_hour": None,
+                           "last_success": None, "age_s": None, "last_error": "", "errors": {}, "health": "ok"}
                     if name == BUNDLED:
                         ent["health"] = "fallback (bundled 2023-24 history, replayed by whole weeks)"
                         out.append(ent)
                         continue
+                    h0 = math.floor(now_s / 3600.0) * 3600.0
+                    h = self.hours(name, zone, h0 - 48 * 3600.0, 49)
+                    have = np.flatnonzero(~np.isnan(h.values) & ~h.forecast)
+                    if have.size:
+                        i = int(have[-1])
+                        ent["last_value"] = float(h.values[i])
+                        ent["last_hour"] = _iso(h0 - 48 * 3600.0 + i * 3600.0)
                     f = fetched.get((zone, kind, name))
                     if f is not None:
                         ok_at, _, err, counts = f

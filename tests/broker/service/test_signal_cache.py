@@ -250,3 +250,53 @@ def test_seeded_user_files_are_last_known_values(sc, tmp_path):
     checked, _, _ = live.checked("DE-LU", "carbon")
     assert list(checked.series.values[3:5]) == [401.0, 402.0]
     assert list(checked.origin[3:5]) == ["last-known:user"] * 2
+
+
+def test_a_planning_cycle_explains_its_signals_fallback_then_fresh(pg_store):
+    """End to end through the live cycle: the decision's explain record says where each signal came from."""
+    from datetime import datetime, timezone
+
+    from broker.model import JobSpec
+    from broker.service.cycle import PlanningCycle
+    from broker.service.live import LiveEnvironment
+    from broker.service.settings import BrokerSettings
+    from broker.service.store.signals import CachedHour
+
+    sg = settings(zones={"CA-ON": {"carbon": ["electricitymaps", "bundled"]}})
+    c = cache(pg_store, sg, time.time)
+    try:
+        st = BrokerSettings()
+        env = LiveEnvironment(st.planner, signals=(sg, c))
+        pg_store.heartbeat("n1", "local", "V100", 2, 16.0, [0, 1], "agent-1")
+        cyc = PlanningCycle(pg_store, env, st, dispatch=lambda j, a: None)
+        spec = JobSpec(command=["true"], estimated_duration_s=600.0)
+        a = pg_store.submit("ml", spec)[0].id
+        cyc.run()
+        carbon, price = pg_store.decision(a)["signals"]
+        offset = env.offset_for(time.time())
+        assert (carbon["zone"], carbon["kind"], carbon["source"], carbon["age_s"], carbon["fallback"]) == (
+            "CA-ON", "carbon", REPLAY, None, True)
+        assert carbon["note"].startswith("carbon CA-ON: no fresh value from electricitymaps; deciding on the bundled "
+                                         f"2023-24 history replayed +{offset / WEEK_S:.0f} weeks")
+        assert price == {"zone": "CA-ON", "kind": "price", "source": REPLAY, "age_s": None, "forecast": False,
+                         "estimated": True, "fallback": False, "replay_offset_s": offset, "hours": {},
+                         "note": f"price CA-ON: bundled 2023-24 history replayed +{offset / WEEK_S:.0f} weeks "
+                                 "(no live source configured for the zone)"}
+        # the feed delivers (as the refresh task would): the next decision is on it, fresh
+        now = time.time()
+        h = datetime.fromtimestamp(now // 3600 * 3600, tz=timezone.utc)
+        with pg_store.session() as s:
+            rows.put_values(s, "carbon", "gCO2e/kWh", [CachedHour("electricitymaps", "CA-ON", h + timedelta(hours=k),
+                                                                  40.0 + k, False, k > 0,
+                                                                  datetime.fromtimestamp(now - 60, tz=timezone.utc))
+                                                       for k in range(3)])
+        c._mirror("electricitymaps", "CA-ON", h.timestamp() - H, h.timestamp() + 4 * H)
+        b = pg_store.submit("ml", spec)[0].id
+        cyc.run()
+        carbon, _ = pg_store.decision(b)["signals"]
+        assert (carbon["source"], carbon["forecast"], carbon["fallback"]) == ("electricitymaps", False, False)
+        assert carbon["age_s"] == pytest.approx(60.0, abs=10.0)
+        assert carbon["hours"]["electricitymaps"] == 3
+        assert env.context([], time.time()).signals.carbon("CA-ON").value_at(now) == 40.0
+    finally:
+        drop(c)

@@ -93,3 +93,14 @@ def test_a_bad_secrets_file_is_named_but_never_quoted(tmp_path):
     assert str(e.value) == (f"setting signals.secrets_file={str(secrets)!r}: 'electricitymap' is not a source with "
                             "a key (electricitymaps, entsoe-day-ahead)")
     assert "sk-very-secret" not in str(e.value)
+
+
+def test_beat_refreshes_signals_only_when_a_zone_is_configured(tmp_path):
+    from broker.service.celery_app import SIGNALS_TICK_S, make_celery
+
+    off = make_celery(_load(tmp_path, "redis_url: redis://127.0.0.1:6379/13\n"))
+    assert "signals" not in off.conf.beat_schedule
+    on = make_celery(_load(tmp_path, "signals:\n  zones: {DE-LU: {carbon: [electricitymaps, bundled]}}\n"))
+    assert on.conf.beat_schedule["signals"]["task"] == "fedbroker.signals_refresh"
+    assert on.conf.beat_schedule["signals"]["schedule"] == SIGNALS_TICK_S == 60.0
+    assert on.conf.task_routes["fedbroker.signals_refresh"] == {"queue": "provisioning"}
