@@ -124,7 +124,7 @@ def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list
 
     h0 = math.floor(now_s / 3600.0) * 3600.0
     series = signals.carbon(zone) if kind == "carbon" else signals.price(zone)
-    live = isinstance(signals, LiveSignals) and signals._network(zone, kind)
+    live = isinstance(signals, LiveSignals) and signals.network_sources(zone, kind)
     if live:
         checked, fc, fetched = signals.checked(zone, kind)
         start = checked.series.start_s
@@ -165,6 +165,20 @@ class _Layer:
         return self._checked
 
 
+class _ReplayLayer:
+    """The bundled history source shifted forward by ``offset_s`` (whole weeks), origin :data:`REPLAY`."""
+
+    def __init__(self, bundled, offset_s: float):
+        self.bundled, self.offset_s = bundled, offset_s
+        self.name, self.kind, self.unit = REPLAY, bundled.kind, bundled.unit
+
+    def history(self, zone: str, start_s: float, end_s: float) -> CheckedSeries:
+        """Hours of ``[start_s, end_s)`` from the bundled hours ``offset_s`` earlier; raises ``UnknownZoneError``."""
+        c = self.bundled.history(zone, start_s - self.offset_s, end_s - self.offset_s)
+        s = HourlySeries(zone, self.unit, c.series.start_s + self.offset_s, c.series.values)
+        return CheckedSeries(s, c.estimated, np.where(c.origin == "", "", REPLAY).astype(object))
+
+
 class LiveSignals:
     """The planner's signals when the ``signals:`` section is configured: a ``GridSignals``-like view.
 
@@ -187,7 +201,8 @@ class LiveSignals:
         self.h0 = math.floor(now_s / 3600.0) * 3600.0
         self.start_s = self.h0 - settings.history_h * 3600.0
         self.n = int((self.h0 + math.ceil(ahead_s / 3600.0) * 3600.0 - self.start_s) / 3600.0)
-        self._built: dict[tuple[str, str], tuple] = {}
+        self._built: dict[tuple, object] = {}
+        self._hours: dict | None = None
 
     def carbon(self, zone: str) -> HourlySeries:
         """Carbon intensity of ``zone``, gCO2e/kWh, UTC hours."""
@@ -197,14 +212,22 @@ class LiveSignals:
         """Electricity price of ``zone``, USD/MWh, UTC hours; ``None`` if neither the bundle nor a source has one."""
         return self._series(zone, "price")
 
-    def _network(self, zone: str, kind: str) -> list[str]:
+    def network_sources(self, zone: str, kind: str) -> list[str]:
+        """The zone's configured sources of ``kind`` other than the bundled history, in order."""
         from broker.service.signal_settings import BUNDLED
 
         return [n for n in self.settings.chain(zone, kind) if n != BUNDLED]
 
     def _series(self, zone: str, kind: str) -> HourlySeries | None:
+        key = ("series", zone, kind)
+        if key not in self._built:
+            self._built[key] = self._merge(zone, kind)
+        return self._built[key]
+
+    def _merge(self, zone: str, kind: str) -> HourlySeries | None:
+        """The replay with the window's hours replaced by the chain result (built once per zone and kind)."""
         base = self.replay.carbon(zone) if kind == "carbon" else self.replay.price(zone)
-        if not self._network(zone, kind):
+        if not self.network_sources(zone, kind):
             return base
         built = self.checked(zone, kind)[0].series
         if base is None:
@@ -235,8 +258,12 @@ class LiveSignals:
 
         unit, n, start = UNITS[kind], self.n, self.start_s
         stale = self.settings.stale_for(zone)
-        names = self._network(zone, kind) + [USER_SOURCE]
-        hours = {nm: self.cache.hours(nm, zone, start, n) for nm in names}
+        names = self.network_sources(zone, kind) + [USER_SOURCE]
+        if self._hours is None:  # every configured zone's cached hours in one round trip
+            pairs = [(nm, z) for z in self.settings.zones for k in ("carbon", "price")
+                     for nm in self.network_sources(z, k) + [USER_SOURCE]]
+            self._hours = self.cache.hours_many(pairs, start, n)
+        hours = {nm: self._hours.get((nm, zone)) or self.cache.hours(nm, zone, start, n) for nm in names}
 
         def layer(label: str, vals, est, fc=False) -> _Layer:
             s = HourlySeries(zone, unit, start, vals)
@@ -259,15 +286,7 @@ class LiveSignals:
             layers.append(_Layer(FORECAST_MODEL, kind, unit, model))
             meta[FORECAST_MODEL] = (np.ones(n, dtype=bool), np.full(n, np.nan))
         if BUNDLED in self.settings.chain(zone, kind):
-            bundled = BundledCarbon() if kind == "carbon" else BundledPrice()
-
-            class _Replay(_Layer):
-                def history(_self, z: str, a: float, b: float) -> CheckedSeries:
-                    c = bundled.history(z, a - self.offset_s, b - self.offset_s)
-                    s = HourlySeries(z, unit, c.series.start_s + self.offset_s, c.series.values)
-                    return CheckedSeries(s, c.estimated, np.where(c.origin == "", "", REPLAY).astype(object))
-
-            layers.append(_Replay(REPLAY, kind, unit, None))
+            layers.append(_ReplayLayer(BundledCarbon() if kind == "carbon" else BundledPrice(), self.offset_s))
         res = SourceChain(layers).window(zone, start, start + n * 3600.0)
         fc = np.zeros(n, dtype=bool)
         fetched = np.full(n, np.nan)
@@ -289,7 +308,7 @@ class LiveSignals:
         (one sentence). Never holds a key."""
         out = []
         for zone, kind in zones:
-            net = self._network(zone, kind)
+            net = self.network_sources(zone, kind)
             if not net:
                 out.append(_replay_entry(zone, kind, self.offset_s, "no live source configured for the zone"))
                 continue

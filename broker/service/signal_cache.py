@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from broker.service.limits import TOKEN_BUCKET_LUA
-from broker.service.signal_settings import BUNDLED, SignalsSettings
+from broker.service.signal_settings import BUNDLED, KEY_ENVS, SignalsSettings
 from broker.service.store import signals as rows
 from broker.service.store.signals import CachedHour
 from pricing.hygiene import CheckedSeries
@@ -335,24 +335,37 @@ class SignalCache:
     def hours(self, source: str, zone: str, start_s: float, n: int) -> Hours:
         """The cached hours of (``source``, ``zone``) on the ``n`` UTC hours from ``start_s`` (an hour start):
         from Redis; from the database when Redis lost the cache (loaded back) or cannot be reached."""
-        vals = np.full(n, np.nan)
-        est = np.zeros(n, dtype=bool)
-        fc = np.zeros(n, dtype=bool)
-        fetched = np.full(n, np.nan)
+        return self.hours_many([(source, zone)], start_s, n)[(source, zone)]
+
+    def hours_many(self, pairs: Iterable[tuple[str, str]], start_s: float, n: int) -> dict[tuple[str, str], Hours]:
+        """:meth:`hours` of several (source, zone) pairs in one Redis round trip."""
+        pairs = list(dict.fromkeys(pairs))
+        items: dict[tuple[str, str], list] = {p: [] for p in pairs}
         try:
             self._warm(start_s, start_s + n * 3600.0)
-            raw = self.redis.hgetall(f"{self.prefix}v:{source}:{zone}")
-            items = [(float(k), json.loads(v)) for k, v in raw.items()]
+            pipe = self.redis.pipeline(transaction=False)
+            for src, zone in pairs:
+                pipe.hgetall(f"{self.prefix}v:{src}:{zone}")
+            for p, raw in zip(pairs, pipe.execute()):
+                items[p] = [(float(k), json.loads(v)) for k, v in raw.items()]
         except Exception:  # noqa: BLE001 - Redis unreachable: read the durable copy
             with self.store.session() as s:
-                got = rows.value_rows(s, [(source, zone)], _dt(start_s), _dt(start_s + n * 3600.0))
-            items = [(h.hour_at.timestamp(), [h.value, h.estimated, h.forecast, h.fetched_at.timestamp()])
-                     for h in got]
-        for t, (v, e, f, at) in items:
-            i = int(round((t - start_s) / 3600.0))
-            if 0 <= i < n:
-                vals[i], est[i], fc[i], fetched[i] = v, e, f, at
-        return Hours(start_s, vals, est, fc, fetched)
+                got = rows.value_rows(s, pairs, _dt(start_s), _dt(start_s + n * 3600.0))
+            for h in got:
+                items[(h.source, h.zone)].append(
+                    (h.hour_at.timestamp(), [h.value, h.estimated, h.forecast, h.fetched_at.timestamp()]))
+        out = {}
+        for p, its in items.items():
+            vals = np.full(n, np.nan)
+            est = np.zeros(n, dtype=bool)
+            fc = np.zeros(n, dtype=bool)
+            fetched = np.full(n, np.nan)
+            for t, (v, e, f, at) in its:
+                i = int(round((t - start_s) / 3600.0))
+                if 0 <= i < n:
+                    vals[i], est[i], fc[i], fetched[i] = v, e, f, at
+            out[p] = Hours(start_s, vals, est, fc, fetched)
+        return out
 
     def _warm(self, start_s: float, end_s: float) -> None:
         """After a Redis restart (no ``<prefix>warm`` key), load the database's recent hours back into Redis."""
@@ -422,7 +435,7 @@ class SignalCache:
                             ent["age_s"] = round(now_s - ok_at.timestamp(), 1)
                     stale = self.settings.stale_for(zone)
                     until = self.backoff_until(name)
-                    if name in ("electricitymaps", "entsoe-day-ahead") and not self.settings.api_key(name):
+                    if name in KEY_ENVS and not self.settings.api_key(name):
                         ent["health"] = f"no API key ({self.settings.key_hint(name)})"
                     elif until is not None:
                         ent["health"] = f"backing off until {_iso(until)}"
