@@ -253,7 +253,6 @@ class LiveSignals:
         if key in self._built:
             return self._built[key]
         from broker.service.signal_cache import UNITS, USER_SOURCE, is_fresh
-        from broker.service.signal_settings import BUNDLED
         from pricing.sources import BundledCarbon, BundledPrice, SourceChain
 
         unit, n, start = UNITS[kind], self.n, self.start_s
@@ -285,8 +284,9 @@ class LiveSignals:
         if model is not None:
             layers.append(_Layer(FORECAST_MODEL, kind, unit, model))
             meta[FORECAST_MODEL] = (np.ones(n, dtype=bool), np.full(n, np.nan))
-        if BUNDLED in self.settings.chain(zone, kind):
-            layers.append(_ReplayLayer(BundledCarbon() if kind == "carbon" else BundledPrice(), self.offset_s))
+        # the bundled replay is the last resort whether the chain lists it or not: the planner's series
+        # outside the window is the replay anyway, and an hour inside it must not be left to a stand-in first
+        layers.append(_ReplayLayer(BundledCarbon() if kind == "carbon" else BundledPrice(), self.offset_s))
         res = SourceChain(layers).window(zone, start, start + n * 3600.0)
         fc = np.zeros(n, dtype=bool)
         fetched = np.full(n, np.nan)

@@ -20,7 +20,8 @@ preference; zones not listed keep the bundled replay::
 
 Source names (:data:`SOURCE_KINDS`): ``electricitymaps`` (carbon, key ``ELECTRICITYMAPS_API_KEY``),
 ``entsoe-day-ahead`` (price, key ``ENTSOE_API_KEY``), ``tariff`` (price, from ``tariffs``), ``bundled`` (both:
-the 2023-24 history replayed by whole weeks; if listed it must come last). The GB Carbon Intensity API is not
+the 2023-24 history replayed by whole weeks; it is the planner's last resort whether listed or not, and if
+listed it must come last). The GB Carbon Intensity API is not
 accepted: it publishes operational gCO2/kWh, and the planner weighs life-cycle gCO2e/kWh (mixing them would
 make GB look ~10-20 % greener than its neighbours).
 

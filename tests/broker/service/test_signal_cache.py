@@ -300,3 +300,24 @@ def test_a_planning_cycle_explains_its_signals_fallback_then_fresh(pg_store):
         assert env.context([], time.time()).signals.carbon("CA-ON").value_at(now) == 40.0
     finally:
         drop(c)
+
+
+def test_a_tariff_zone_is_priced_by_its_contract(sqlite_store):
+    from pricing.fx import usd_per_unit
+
+    sg = settings(zones={"CA-ON": {"price": ["tariff"]}},
+                  tariffs={"CA-ON": {"timezone": "America/Toronto", "currency": "CAD", "per": "kWh", "default": 0.1}})
+    c = cache(sqlite_store, sg, Clock(T0))
+    try:
+        r = c.refresh("CA-ON", "price")
+        assert r.fetched == {"tariff": 6}  # 09:00..14:00: 3 h back + the current hour, 3 h ahead
+        base = load_grid_signals(["CA-ON"])
+        live = LiveSignals(base, 52 * WEEK_S, c, sg, c.clock.t, 2 * H)
+        usd = 0.1 * 1000 * usd_per_unit("CAD")
+        assert live.price("CA-ON").value_at(utc(2024, 3, 31, 13, 30)) == pytest.approx(usd)
+        (e,) = live.explain([("CA-ON", "price")], c.clock.t)
+        assert (e["source"], e["forecast"], e["fallback"], e["age_s"]) == ("tariff", False, False, 0.0)
+        (e,) = live.explain([("CA-ON", "carbon")], c.clock.t)  # no carbon chain: the replay
+        assert (e["source"], e["fallback"]) == (REPLAY, False)
+    finally:
+        drop(c)
