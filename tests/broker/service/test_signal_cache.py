@@ -321,3 +321,21 @@ def test_a_tariff_zone_is_priced_by_its_contract(sqlite_store):
         assert (e["source"], e["fallback"]) == (REPLAY, False)
     finally:
         drop(c)
+
+
+def test_the_beat_task_refreshes_each_zone_once_per_period_and_wakes_the_planner(sqlite_store, monkeypatch):
+    from broker.service import tasks, wiring
+
+    sg = settings(zones={"CA-ON": {"price": ["tariff"]}},
+                  tariffs={"CA-ON": {"timezone": "America/Toronto", "currency": "CAD", "default": 0.1}})
+    c = cache(sqlite_store, sg, time.time)
+    kicks = []
+    monkeypatch.setitem(wiring.services.__dict__, "signal_cache", c)
+    monkeypatch.setattr(tasks, "kick_planner", lambda: kicks.append(1))
+    try:
+        out = tasks.signals_refresh()
+        assert out == {"CA-ON price": {"fetched": {"tariff": 6}, "errors": {}, "skipped": {}}}  # 3 h back + now, 2 more ahead
+        assert kicks == [1]
+        assert tasks.signals_refresh() == {} and kicks == [1]  # the period is claimed: nothing fetched again
+    finally:
+        drop(c)
