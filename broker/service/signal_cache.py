@@ -276,9 +276,17 @@ class SignalCache:
             out.fetched[name] = len(got)
         return out
 
-    def refresh_all(self, *, force: bool = False) -> list[RefreshResult]:
-        """:meth:`refresh` every configured zone and kind with a network source."""
-        return [self.refresh(z, k, force=force) for z, k in self.zones()]
+    def refresh_all(self, *, force: bool = False, budget_s: float | None = None) -> list[RefreshResult]:
+        """:meth:`refresh` every configured zone and kind with a network source. With ``budget_s`` (seconds), no
+        further zone is started once that much time has passed: the rest are not claimed, so the next tick takes
+        them (a feed timing out must not hold a worker that also plans for minutes)."""
+        t0 = time.monotonic()
+        out = []
+        for z, k in self.zones():
+            if budget_s is not None and out and time.monotonic() - t0 >= budget_s:
+                break
+            out.append(self.refresh(z, k, force=force))
+        return out
 
     def _fetch(self, name: str, zone: str, h0: float) -> list[CachedHour]:
         src = self.source(name, zone)

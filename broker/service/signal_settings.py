@@ -78,7 +78,7 @@ class SourceSettings(BaseModel):
     max_retries: int = Field(2, ge=0, le=10)
     backoff_s: float = Field(2.0, gt=0, le=3600)
     max_backoff_s: float = Field(30.0, gt=0, le=3600)
-    timeout_s: float = Field(20.0, gt=0, le=300)
+    timeout_s: float = Field(10.0, gt=0, le=120)
 
 
 class ZoneSignals(BaseModel):

@@ -37,6 +37,9 @@ log = logging.getLogger("fedbroker.tasks")
 PLANNER_LOCK = "fedbroker:planner-lock"
 #: a planning cycle at least this long is logged at INFO even when it decided nothing, seconds
 SLOW_CYCLE_S = 0.25
+#: seconds one ``signals_refresh`` may start new zones for; the zones left are taken at the next tick (60 s), so
+#: feeds that time out hold a worker that also plans for about this long plus one zone's fetch at most
+SIGNALS_BUDGET_S = 20.0
 
 
 @shared_task(name="fedbroker.plan", ignore_result=True)
@@ -133,10 +136,11 @@ def teardown(job_id: str, attempt: int) -> str:
 
 @shared_task(name="fedbroker.signals_refresh", ignore_result=True)
 def signals_refresh() -> dict:
-    """Fetch the live signals whose refresh period this process claims; returns ``{"zone kind": summary}``."""
+    """Fetch the live signals whose refresh period this process claims, starting no zone after
+    :data:`SIGNALS_BUDGET_S`; returns ``{"zone kind": summary}``."""
     out = {}
     fetched = False
-    for r in services.signal_cache.refresh_all():
+    for r in services.signal_cache.refresh_all(budget_s=SIGNALS_BUDGET_S):
         if r.claimed:
             out[f"{r.zone} {r.kind}"] = {"fetched": r.fetched, "errors": r.errors, "skipped": r.skipped}
             fetched |= bool(r.fetched)

@@ -339,3 +339,17 @@ def test_the_beat_task_refreshes_each_zone_once_per_period_and_wakes_the_planner
         assert tasks.signals_refresh() == {} and kicks == [1]  # the period is claimed: nothing fetched again
     finally:
         drop(c)
+
+
+def test_refresh_all_stops_starting_zones_after_its_time_budget(sqlite_store):
+    tariff = {"timezone": "UTC", "currency": "USD", "default": 0.1}
+    sg = settings(zones={"CA-ON": {"price": ["tariff"]}, "DE-LU": {"price": ["tariff"]}},
+                  tariffs={"CA-ON": tariff, "DE-LU": tariff})
+    c = cache(sqlite_store, sg, Clock(T0))
+    try:
+        first = c.refresh_all(budget_s=0.0)  # the budget is spent after the first zone: the second waits
+        assert [(r.zone, r.claimed) for r in first] == [("CA-ON", True)]
+        assert not c.redis.exists(f"{c.prefix}refresh:price:DE-LU")
+        assert [(r.zone, r.claimed) for r in c.refresh_all()] == [("CA-ON", False), ("DE-LU", True)]
+    finally:
+        drop(c)
