@@ -383,6 +383,8 @@ class LiveEnvironment:
         self._live = bool(self.signal_settings is not None and self.signal_settings.enabled
                           and self.signal_cache is not None)
         self._lock = threading.Lock()
+        self._sig_lock = threading.Lock()
+        self._sig: tuple | None = None
         self._ctx_key = None
         self._ctx: PlannerContext | None = None
 
@@ -407,13 +409,18 @@ class LiveEnvironment:
         return pools
 
     def signals_at(self, now_s: float) -> ReplayedSignals | LiveSignals:
-        """The planner's signals at ``now_s``: :class:`LiveSignals` when live sources are configured, else the
-        bundled replay (:class:`ReplayedSignals`)."""
+        """The planner's signals at ``now_s``: :class:`LiveSignals` when live sources are configured (the same
+        object until the cache changes or :data:`SIGNALS_REBUILD_S` passes), else the bundled replay
+        (:class:`ReplayedSignals`)."""
         offset = self.offset_for(now_s)
         if not self._live:
             return ReplayedSignals(self.base_signals, offset)
-        return LiveSignals(self.base_signals, offset, self.signal_cache, self.signal_settings, now_s,
-                           self.planner.horizon_s + 8 * 86400.0)
+        key = (offset, self._signals_key(now_s))
+        with self._sig_lock:
+            if self._sig is None or self._sig[0] != key:  # one build per cache version and rebuild period
+                self._sig = (key, LiveSignals(self.base_signals, offset, self.signal_cache, self.signal_settings,
+                                              now_s, self.planner.horizon_s + 8 * 86400.0))
+            return self._sig[1]
 
     def _signals_key(self, now_s: float) -> tuple:
         """What the live series depend on besides the offset: the cache's version and the rebuild period."""
