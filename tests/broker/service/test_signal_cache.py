@@ -353,3 +353,38 @@ def test_refresh_all_stops_starting_zones_after_its_time_budget(sqlite_store):
         assert [(r.zone, r.claimed) for r in c.refresh_all()] == [("CA-ON", False), ("DE-LU", True)]
     finally:
         drop(c)
+
+
+def test_entsoe_day_ahead_through_the_cache_on_the_23_hour_day(sqlite_store, monkeypatch):
+    """ENTSO-E (entsoe-py, key from ENTSOE_API_KEY) through the cache on 2024-03-31, Europe's 23-hour spring day:
+    the day-ahead prices of 09:00-12:00 UTC are history, 13:00-14:00 the forecast, negative prices kept."""
+    from entsoe.entsoe import URL as ENTSOE_URL
+
+    from pricing.fx import usd_per_unit
+    from tests.pricing.recorded import ENTSOE_NO_DATA, entsoe_prices_xml
+
+    monkeypatch.setenv("ENTSOE_API_KEY", "tok-never-logged")
+    day = [float(k) - 15.0 for k in range(23)]  # 23 hourly prices from 2024-03-30 23:00 UTC (00:00 CET): -15 .. 7
+    xml = entsoe_prices_xml("10Y1001A1001A82H", utc(2024, 3, 30, 23), 60, day)
+    sg = settings(zones={"DE-LU": {"price": ["entsoe-day-ahead", "bundled"]}})
+    c = cache(sqlite_store, sg, Clock(T0))
+    try:
+        with responses.RequestsMock(assert_all_requests_are_fired=False) as r:
+            def answer(request):  # the document at offset 0; later pages: "no matching data" (ENTSO-E paging)
+                from urllib.parse import parse_qs, urlparse
+
+                q = parse_qs(urlparse(request.url).query)
+                assert q["securityToken"] == ["tok-never-logged"] and q["in_Domain"] == ["10Y1001A1001A82H"]
+                return 200, {"Content-Type": "application/xml"}, xml if q.get("offset", ["0"]) == ["0"] else ENTSOE_NO_DATA
+
+            r.add_callback(responses.GET, ENTSOE_URL, callback=answer)
+            res = c.refresh("DE-LU", "price")
+            assert len([c for c in r.calls if "offset=0" in c.request.url or "offset" not in c.request.url]) == 2
+        assert res.fetched == {"entsoe-day-ahead": 6} and res.errors == {}
+        h = c.hours("entsoe-day-ahead", "DE-LU", utc(2024, 3, 31, 9).timestamp(), 6)
+        eur = usd_per_unit("EUR")
+        # 09:00 UTC is hour 10 of the CET/CEST day (23:00 UTC + 10 h): -5 EUR/MWh
+        np.testing.assert_allclose(h.values / eur, [-5, -4, -3, -2, -1, 0])
+        assert list(h.forecast) == [False] * 4 + [True] * 2
+    finally:
+        drop(c)
