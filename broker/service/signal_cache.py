@@ -101,7 +101,14 @@ def build_source(name: str, zone: str, settings: SignalsSettings, session: Any =
     if name == "entsoe-day-ahead":
         from pricing.price_sources import EntsoeDayAhead
 
-        return EntsoeDayAhead(api_key=settings.api_key(name) or "", timeout_s=opts.timeout_s)
+        key = settings.api_key(name)
+        if not key:  # the source raises SourceAuthError naming the variable at its first fetch
+            return EntsoeDayAhead(api_key="", timeout_s=opts.timeout_s)
+        from entsoe import EntsoePandasClient
+
+        # one try per call inside entsoe-py (its default is 3 tries 10 s apart): SignalCache.call retries
+        client = EntsoePandasClient(api_key=key, retry_count=1, retry_delay=0, timeout=opts.timeout_s)
+        return EntsoeDayAhead(client=client)
     if name == "tariff":
         from pricing.price_sources import Tariff
 

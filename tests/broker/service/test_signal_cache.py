@@ -388,3 +388,16 @@ def test_entsoe_day_ahead_through_the_cache_on_the_23_hour_day(sqlite_store, mon
         assert list(h.forecast) == [False] * 4 + [True] * 2
     finally:
         drop(c)
+
+
+def test_a_source_without_its_key_is_an_auth_error_and_says_where_the_key_goes(sqlite_store, monkeypatch):
+    monkeypatch.delenv("ENTSOE_API_KEY", raising=False)
+    sg = settings(zones={"DE-LU": {"price": ["entsoe-day-ahead", "bundled"]}})
+    c = cache(sqlite_store, sg, Clock(T0))
+    try:
+        r = c.refresh("DE-LU", "price")  # nothing is sent: responses is not even active, and no error escapes
+        assert r.errors == {"entsoe-day-ahead": "auth: no API key: set ENTSOE_API_KEY"}
+        health = {(e["kind"], e["source"]): e["health"] for e in c.health()}
+        assert health[("price", "entsoe-day-ahead")] == "no API key ($ENTSOE_API_KEY)"
+    finally:
+        drop(c)
