@@ -146,7 +146,8 @@ def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list
 
 def forecast_model(zone: str, kind: str, recent: CheckedSeries, start_s: float, end_s: float) -> CheckedSeries | None:
     """THE HOOK for a forecast model: hours of ``[start_s, end_s)`` of ``zone``'s ``kind`` (gCO2e/kWh or USD/MWh)
-    predicted from ``recent`` (the cached hours before ``start_s``, origin per hour), or ``None`` for none.
+    predicted from ``recent`` (the zone's first source's cached hours of the planner's window, however old:
+    measured before ``start_s``, its own forecasts after; missing = NaN), or ``None`` for none.
 
     Asked only for hours no source has a fresh or last-known value for, before the bundled replay. No model is
     plugged in yet (``pricing/forecast.py``, issue 13 item 4, is its home): returns ``None``, so those hours
