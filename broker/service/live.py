@@ -328,7 +328,7 @@ class LiveSignals:
                 got = (f"{org.removeprefix(LAST_KNOWN)}'s last known value ({what}, {age / 3600.0:.1f} h old)"
                        if org.startswith(LAST_KNOWN) and age is not None else
                        f"the bundled 2023-24 history replayed +{self.offset_s / WEEK_S:.0f} weeks" if org == REPLAY
-                       else f"an {org} value")
+                       else f"the {org} value")
                 note = (f"{kind} {zone}: no fresh value from {', '.join(net)}; deciding on {got}"
                         + f" (next 48 h: {', '.join(f'{k} {v} h' for k, v in sorted(hours.items()))})")
             out.append({"zone": zone, "kind": kind, "source": org, "age_s": age, "forecast": bool(fc[i]),

@@ -67,6 +67,8 @@ ERROR_CLASSES = ("rate_limited", "auth", "unavailable", "empty", "config", "othe
 UNITS = {"carbon": "gCO2e/kWh", "price": "USD/MWh"}
 #: the source name of hours seeded from ``--signals DIR`` files (:mod:`pricing.user_signals`)
 USER_SOURCE = "user"
+#: the Redis copy is reloaded from the database at least this often, seconds
+WARM_S = 3600
 #: cached hours older than this are dropped at each refresh, seconds (the planner looks back ``history_h`` at most)
 KEEP_S = 15 * 86400.0
 
@@ -383,7 +385,8 @@ class SignalCache:
         return out
 
     def _warm(self, start_s: float, end_s: float) -> None:
-        """After a Redis restart (no ``<prefix>warm`` key), load the database's recent hours back into Redis."""
+        """After a Redis restart (no ``<prefix>warm`` key), and every :data:`WARM_S` anyway (keys Redis evicted under
+        memory pressure), load the database's recent hours back into Redis."""
         if self.redis.exists(f"{self.prefix}warm"):
             return
         with self.store.session() as s:
@@ -392,7 +395,7 @@ class SignalCache:
             hours = rows.value_rows(s, pairs, _dt(min(start_s, self.clock() - KEEP_S)), _dt(end_s + KEEP_S))
         if hours:
             self._put_redis(hours)
-        self.redis.set(f"{self.prefix}warm", "1")
+        self.redis.set(f"{self.prefix}warm", "1", ex=WARM_S)
         self.redis.incr(f"{self.prefix}version")
 
     # ------------------------------------------------------------------ seeding
