@@ -317,6 +317,9 @@ def register(app: typer.Typer) -> None:
                             escape(o.get("note") or ("" if o.get("feasible", True) else "infeasible")))
             if opts:
                 con.print(tab)
+            for sig in d.get("signals") or []:  # where the grid signals came from (broker/service/live.py)
+                flag = "[bold]FALLBACK[/bold] " if sig.get("fallback") else ""
+                con.print(f"signals: {flag}{escape(str(sig.get('note', '')))}", highlight=False)
         hist = Table(title="history")
         for col in ("at", "from", "to", "reason"):
             hist.add_column(col)

@@ -481,6 +481,7 @@ from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
 from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
 from broker.cli.cost import register as _register_cost; _register_cost(app)
 from broker.cli.budgets import register as _register_budgets; _register_budgets(app)
+from broker.cli.signals import register as _register_signals; _register_signals(app)
 
 
 def main() -> None:  # pragma: no cover - console script entry
