@@ -48,7 +48,8 @@ from pricing.hygiene import CheckedSeries
 from pricing.series import HourlySeries, to_epoch_s
 
 __all__ = ["ForecastError", "BlendParams", "MODELS", "CARBON_BLEND", "PRICE_BLEND", "NAIVE_LOOKBACK_DAYS",
-           "NAIVE_LOOKBACK_WEEKS", "HOUR_S", "forecast", "forecast_matrix", "blend_parts", "blend_params_for", "forecast_origin"]
+           "NAIVE_LOOKBACK_WEEKS", "HOUR_S", "forecast", "forecast_matrix", "blend_parts", "blend_params_for",
+           "forecast_origin", "forecast_view", "ForecastedSignals", "SIM_FORECASTS"]
 
 HOUR_S = 3600.0
 
@@ -59,6 +60,8 @@ NAIVE_LOOKBACK_WEEKS = 4
 
 #: The models :func:`forecast` knows.
 MODELS = ("naive_day", "naive_week", "blend")
+#: What a simulated planner can be given (``fedbroker simulate --forecast``): perfect knowledge, or a model.
+SIM_FORECASTS = ("perfect",) + MODELS
 
 
 class ForecastError(ValueError):
@@ -230,3 +233,67 @@ def forecast(history: HourlySeries, t0, horizon_h: int, model: str = "blend",
     vals = forecast_matrix(known, np.array([i0]), horizon_h, model, params)[0]
     out = HourlySeries(history.zone, history.unit, float(t0h), vals)
     return CheckedSeries.of(out, forecast_origin(model), estimated=True, forecast=True)
+
+
+def forecast_view(series: HourlySeries, issue_s: float, model: str = "blend",
+                  params: BlendParams | None = None) -> HourlySeries:
+    """What a planner knows of ``series`` at ``issue_s``: the measured hours before the issue hour, then the
+    forecast issued at ``issue_s`` for every later hour of the series (same grid, zone and unit).
+
+    ``model`` as in :func:`forecast`, or ``"perfect"`` (the series itself: perfect knowledge). Past the
+    48-72 h the error is measured for, the same formula continues (the seasonal profiles repeat; the level
+    term has faded). An issue hour at or before the series' start gives an all-missing forecast; one after its
+    end, the series unchanged. Raises :class:`ForecastError` as :func:`forecast`.
+    """
+    if model == "perfect":
+        return series
+    if series.interval_s != HOUR_S:
+        raise ForecastError(f"series.interval_s={series.interval_s}: need an hourly series")
+    t0h = np.floor(to_epoch_s(issue_s) / HOUR_S) * HOUR_S
+    i0 = int(round((t0h - series.start_s) / HOUR_S))
+    n = series.values.size
+    if i0 >= n:
+        return series
+    i0 = max(i0, 0)
+    if model == "blend" and params is None:
+        params = blend_params_for(series.unit)
+    vals = np.empty(n)
+    vals[:i0] = series.values[:i0]
+    vals[i0:] = forecast_matrix(series.values[:i0], np.array([i0]), n - i0, model, params)[0]
+    return HourlySeries(series.zone, series.unit, series.start_s, vals, series.interval_s)
+
+
+class ForecastedSignals:
+    """Grid signals as known at one issue time: each series a :func:`forecast_view` of ``signals``' series.
+
+    Args:
+        signals: object with ``carbon(zone) -> HourlySeries`` (gCO2e/kWh) and ``price(zone) -> HourlySeries |
+            None`` (USD/MWh), e.g. :class:`pricing.signals.GridSignals`: the measured (true) series.
+        issue_s: issue time, POSIX seconds (UTC).
+        model: one of :data:`MODELS`, or ``"perfect"``.
+
+    The views are built on first use and kept (one per zone and kind). Raises :class:`ForecastError` for an
+    unknown model.
+    """
+
+    def __init__(self, signals, issue_s: float, model: str = "blend"):
+        if model not in SIM_FORECASTS:
+            raise ForecastError(f"model={model!r}: choose from {', '.join(SIM_FORECASTS)}")
+        self.signals = signals
+        self.issue_s = float(issue_s)
+        self.model = model
+        self._carbon: dict[str, HourlySeries] = {}
+        self._price: dict[str, HourlySeries | None] = {}
+
+    def carbon(self, zone: str) -> HourlySeries:
+        """Carbon intensity of ``zone`` as known at the issue time, gCO2e/kWh (errors as ``signals.carbon``)."""
+        if zone not in self._carbon:
+            self._carbon[zone] = forecast_view(self.signals.carbon(zone), self.issue_s, self.model)
+        return self._carbon[zone]
+
+    def price(self, zone: str) -> HourlySeries | None:
+        """Electricity price of ``zone`` as known at the issue time, USD/MWh; ``None`` if it has no series."""
+        if zone not in self._price:
+            s = self.signals.price(zone)
+            self._price[zone] = None if s is None else forecast_view(s, self.issue_s, self.model)
+        return self._price[zone]

@@ -203,3 +203,32 @@ def test_fit_never_does_worse_than_naive_day_which_is_in_its_grid():
     assert r.relative_mae <= 1.0 and r.zones == ("Z",)
     # a random walk on a daily cycle: the recent level persists, so the best fit keeps a level term
     assert r.params.phi == 0.9 and r.relative_mae < 1.0
+
+
+# ---------------------------------------------------------------------------------------------- simulator views
+def test_forecast_view_is_measured_before_the_issue_hour_and_forecast_after():
+    from pricing.forecast import ForecastedSignals, forecast_view
+
+    s = _ramp()
+    v = forecast_view(s, START + 200 * H + 59, "naive_day")
+    assert v.start_s == s.start_s and v.values.size == 336
+    assert v.values[:200].tolist() == list(range(200))
+    assert v.values[200:203].tolist() == [176.0, 177.0, 178.0] and v.values[335] == 176.0 + 135 % 24
+    assert forecast_view(s, START + 200 * H, "perfect") is s
+    assert forecast_view(s, START + 999 * H, "blend") is s  # issued after the series: all measured
+    sig = ForecastedSignals(_FakeSignals(s), START + 200 * H, "naive_week")
+    assert sig.carbon("Z").values[200] == 32.0 and sig.price("Z") is None
+    assert sig.carbon("Z") is sig.carbon("Z")  # built once
+    with pytest.raises(ForecastError, match="model='oracle'"):
+        ForecastedSignals(_FakeSignals(s), START, "oracle")
+
+
+class _FakeSignals:
+    def __init__(self, s):
+        self.s = s
+
+    def carbon(self, zone):
+        return self.s
+
+    def price(self, zone):
+        return None

@@ -224,6 +224,7 @@ def test_offers_unknown_gpu_exits_2(run):
     (("--sweep-carbon-price", "190,-5"), "'-5' must be a finite number >= 0"),
     (("--sweep-carbon-price", "inf"), "'inf' must be a finite number >= 0"),
     (("--workers", "0"), "--workers=0: must be >= 1"),
+    (("--forecast", "arima"), "--forecast='arima': choose from perfect, naive_day, naive_week, blend"),
 ])
 def test_simulate_non_finite_or_unknown_options_exit_2(run, tmp_path, args, needle):
     r = run("simulate", "--jobs", "10", "--out", str(tmp_path / "o"), *args)
