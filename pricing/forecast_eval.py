@@ -28,7 +28,7 @@ from pricing.forecast import MODELS, BlendParams, blend_parts, blend_params_for,
 from pricing.series import HourlySeries
 
 __all__ = ["HORIZON_BUCKETS", "HORIZON_H", "MAPE_FLOOR", "FIT_STRIDE_H", "ALPHA_GRID", "PHI_GRID", "LEVEL_GRID",
-           "BucketError", "year_issues", "bucket_errors", "zone_errors", "FitResult", "fit_blend"]
+           "BucketError", "year_issues", "actuals", "bucket_errors", "zone_errors", "FitResult", "fit_blend"]
 
 #: Horizon buckets, hours ``[lo, hi)`` after the issue hour.
 HORIZON_BUCKETS: tuple[tuple[int, int], ...] = ((0, 6), (6, 24), (24, 48), (48, 72))
@@ -77,7 +77,9 @@ def year_issues(series: HourlySeries, year: int, horizon_h: int = HORIZON_H, str
     return np.arange(i_lo, i_hi + 1, stride_h, dtype=np.int64)
 
 
-def _actuals(y: np.ndarray, issues: np.ndarray, horizon_h: int) -> np.ndarray:
+def actuals(y: np.ndarray, issues: np.ndarray, horizon_h: int) -> np.ndarray:
+    """The measured values the forecasts of ``issues`` aim at: ``y[issues[i] + h]``, shape ``(k, horizon_h)``;
+    ``NaN`` past the end of ``y`` or where missing."""
     idx = issues[:, None] + np.arange(horizon_h)[None, :]
     out = np.full(idx.shape, np.nan)
     ok = idx < y.size
@@ -120,7 +122,7 @@ def zone_errors(series: HourlySeries, kind: str, year: int = 2024, models: Itera
     if issues.size == 0:
         raise ValueError(f"year={year}: zone {series.zone!r} has no issue hour with a {horizon_h}-h horizon in it")
     y = series.values
-    actual = _actuals(y, issues, horizon_h)
+    actual = actuals(y, issues, horizon_h)
     p = params or blend_params_for(series.unit)
     return {m: bucket_errors(forecast_matrix(y, issues, horizon_h, m, p), actual, MAPE_FLOOR[kind])
             for m in models}
@@ -161,7 +163,7 @@ def fit_blend(series: Sequence[HourlySeries], year: int = 2023, horizon_h: int =
         if issues.size == 0:
             raise ValueError(f"year={year}: zone {s.zone!r} has no issue hour to fit on")
         y = s.values
-        actual = _actuals(y, issues, horizon_h)
+        actual = actuals(y, issues, horizon_h)
         base = np.nanmean(np.abs(forecast_matrix(y, issues, horizon_h, "naive_day") - actual))
         week_rel.append(np.nanmean(np.abs(forecast_matrix(y, issues, horizon_h, "naive_week") - actual)) / base)
         for ia, a in enumerate(alphas):
