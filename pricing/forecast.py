@@ -23,6 +23,7 @@ day of 23 or 25 hours exists on this grid, so "same hour yesterday" is always 24
 
       S(h)  = alpha * D(h) + (1 - alpha) * W(h)          (one of D, W missing: the other alone)
       e_j   = y[t0h - j] - (alpha * y[t0h - j - 24] + (1 - alpha) * y[t0h - j - 168]),  j = 1 .. level_h
+                                                         (same rule: one lag missing, the other alone)
       a     = mean of the e_j that are not missing        (all missing: a = 0, no level correction)
       F(h)  = S(h) + phi ** (h + 1) * a
 
@@ -125,6 +126,11 @@ def _take(y: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return out
 
 
+def _mix(d: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
+    """``alpha * d + (1 - alpha) * w``; where one is missing, the other alone; both missing: ``NaN``."""
+    return np.where(np.isnan(d), w, np.where(np.isnan(w), d, alpha * d + (1.0 - alpha) * w))
+
+
 def _profile(y: np.ndarray, t0: np.ndarray, period: int, lookback: int) -> np.ndarray:
     """Seasonal-naive profile, shape ``(k, period)``: per issue index ``t0[i]`` the hours ``t0 - period + r``,
     each missing one replaced by the same hour ``period`` earlier, up to ``lookback`` periods back."""
@@ -183,10 +189,10 @@ def blend_parts(y: np.ndarray, t0: np.ndarray, horizon_h: int, alpha: float,
     h = np.arange(int(horizon_h))
     d = _profile(y, t0, 24, NAIVE_LOOKBACK_DAYS)[:, h % 24]
     w = _profile(y, t0, 168, NAIVE_LOOKBACK_WEEKS)[:, h % 168]
-    s = np.where(np.isnan(d), w, np.where(np.isnan(w), d, alpha * d + (1.0 - alpha) * w))
+    s = _mix(d, w, alpha)
     j = np.arange(1, int(level_h) + 1)
     past = t0[:, None] - j[None, :]
-    e = _take(y, past) - (alpha * _take(y, past - 24) + (1.0 - alpha) * _take(y, past - 168))
+    e = _take(y, past) - _mix(_take(y, past - 24), _take(y, past - 168), alpha)
     have = ~np.isnan(e)
     n_have = have.sum(axis=1)
     level = np.where(n_have > 0, np.where(have, e, 0.0).sum(axis=1) / np.maximum(n_have, 1), 0.0)

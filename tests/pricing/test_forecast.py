@@ -232,3 +232,11 @@ class _FakeSignals:
 
     def price(self, zone):
         return None
+
+
+def test_less_than_a_week_of_history_keeps_the_level_term_on_yesterday_alone():
+    # 72 hours of history (the live cache may hold no more): no week lag anywhere, so S = D and
+    # e_1 = y[71] - y[47] = 24 (the ramp rose 24 in a day); F(0) = D(0) + 0.5 * 24 = 48 + 12
+    hist = HourlySeries("Z", "gCO2e/kWh", START, np.arange(72, dtype=float))
+    out = forecast(hist, START + 72 * H, 2, "blend", P).series.values
+    assert out.tolist() == [48.0 + 12.0, 49.0 + 6.0]
