@@ -29,9 +29,10 @@ day of 23 or 25 hours exists on this grid, so "same hour yesterday" is always 24
 
   ``alpha`` weighs yesterday against last week, ``a`` is how far the last ``level_h`` hours ran above (or below)
   what the seasonal profile said, and ``phi`` (per hour, 0..1) how fast that departure is expected to fade.
-  The parameters (:data:`CARBON_BLEND`, :data:`PRICE_BLEND`) were fitted on 2023 and are evaluated on 2024 by
-  ``python -m pricing.forecast_report`` (:mod:`pricing.forecast_report`): the grid search minimises, over the bundled
-  zones of each kind, the mean of each zone's MAE relative to ``naive_day`` over horizons 0-71 h.
+  The parameters (:data:`CARBON_BLEND`, :data:`PRICE_BLEND`) were fitted on 2023 by
+  :func:`pricing.forecast_eval.fit_blend` (a grid search minimising, over the bundled zones of each kind, the mean
+  of each zone's MAE relative to ``naive_day`` over horizons 0-71 h) and are evaluated on 2024 by
+  ``python -m broker.sim.forecast_report``, which also re-runs the fit (docs/FORECASTS.md).
 
 **Missing values** are never forecast as 0: a forecast hour whose every lag is missing stays ``NaN`` (missing,
 origin ``""``), and the caller's gap rules (:func:`pricing.hygiene.fill_gaps`) give it the conservative value.
@@ -95,7 +96,7 @@ class BlendParams:
 
 
 #: ``blend`` parameters for carbon intensity (gCO2e/kWh), fitted on the bundled 2023 hours of every hourly carbon
-#: zone (``python -m pricing.forecast_report --fit``); see docs/FORECASTS.md for the fit and the 2024 error.
+#: zone (``python -m broker.sim.forecast_report`` re-runs the fit: fit.json); docs/FORECASTS.md gives the 2024 error.
 CARBON_BLEND = BlendParams(alpha=0.6, phi=0.93, level_h=1)
 #: ``blend`` parameters for electricity prices (USD/MWh), fitted on the bundled 2023 hours of every price zone.
 PRICE_BLEND = BlendParams(alpha=0.6, phi=0.8, level_h=1)
