@@ -373,8 +373,9 @@ class PlannerContext:
         carbon or price zone has no series.
         """
         self.signals = signals
+        # per pool: price, carbon, and the marginal score of one kWh at each hour (USD/kWh: tariff + carbon
+        # price x intensity)
         pool_price, pool_carbon, pool_score = [], [], []
-        #: per pool, the marginal score of one kWh at each hour (USD/kWh: tariff + carbon price x intensity)
         for p in self.pools:
             ci = signals.carbon(p.carbon_zone)
             pr = signals.price(p.price_zone)
