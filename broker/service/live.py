@@ -37,6 +37,7 @@ from broker import DATA_DIR
 from broker.model import WEEK_S, CloudOffer, Pool, PoolNode
 from broker.planner.core import GpuTable, PlannerConfig, PlannerContext
 from pricing.hygiene import CheckedSeries
+from pricing.sources import window_from_series
 from pricing.series import HourlySeries
 
 __all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "ReplayedSignals", "LiveSignals", "LiveEnvironment",
@@ -145,14 +146,20 @@ def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list
 
 
 def forecast_model(zone: str, kind: str, recent: CheckedSeries, start_s: float, end_s: float) -> CheckedSeries | None:
-    """THE HOOK for a forecast model: hours of ``[start_s, end_s)`` of ``zone``'s ``kind`` (gCO2e/kWh or USD/MWh)
-    predicted from ``recent`` (the zone's first source's cached hours of the planner's window, however old:
-    measured before ``start_s``, its own forecasts after; missing = NaN), or ``None`` for none.
+    """The forecast model's hours of ``[start_s, end_s)`` (``start_s`` on the UTC hour) of ``zone``'s ``kind``
+    (gCO2e/kWh or USD/MWh), from ``recent``: the zone's first source's cached hours of the planner's window,
+    however old (only the hours before ``start_s`` are read: no peeking), missing = NaN.
 
-    Asked only for hours no source has a fresh or last-known value for, before the bundled replay. No model is
-    plugged in yet (``pricing/forecast.py``, issue 13 item 4, is its home): returns ``None``, so those hours
-    come from the bundled history replay."""
-    return None
+    The model is :func:`pricing.forecast.forecast` (``blend``: the same hour yesterday and last week blended,
+    plus the recent departure decaying; fitted on 2023, error measured on 2024 in docs/FORECASTS.md), asked
+    only for hours no source has a fresh or last-known value for, before the bundled replay. An hour whose
+    lags are all missing stays NaN (the replay then gives it); ``None`` when ``recent`` holds no value at all."""
+    from pricing.forecast import forecast
+
+    n = int(math.ceil((end_s - start_s) / 3600.0))
+    if n < 1 or not np.isfinite(recent.series.values).any():
+        return None
+    return forecast(recent.series, start_s, n)
 
 
 class _Layer:
@@ -282,8 +289,9 @@ class LiveSignals:
             meta[LAST_KNOWN + nm] = (h.forecast, h.fetched_s)
         recent = layers[len(names) - 1].history(zone, start, self.h0)  # the primary's cached hours, however old
         model = forecast_model(zone, kind, recent, self.h0, start + n * 3600.0)
-        if model is not None:
-            layers.append(_Layer(FORECAST_MODEL, kind, unit, model))
+        if model is not None:  # on the window's grid (NaN before now), labelled as this layer
+            layers.append(_Layer(FORECAST_MODEL, kind, unit, window_from_series(
+                model.series, start, start + n * 3600.0, FORECAST_MODEL, True, True)))
             meta[FORECAST_MODEL] = (np.ones(n, dtype=bool), np.full(n, np.nan))
         # the bundled replay is the last resort whether the chain lists it or not: the planner's series
         # outside the window is the replay anyway, and an hour inside it must not be left to a stand-in first

@@ -239,6 +239,31 @@ def test_sources_down_last_known_then_replay_says_so_and_recovers(sc, rsps):
     assert [s.value for s in fams["fedbroker_signal_fallback"].samples] == [0.0]
 
 
+def test_hours_no_source_has_come_from_the_forecast_model_before_the_replay(sqlite_store, rsps):
+    # a day of measured hours (prev. day 12:00 .. 11:00 = 100 .. 123) and the feed's forecast for 12:00 only:
+    # 13:00-15:00 are the blend model's (no week-old hour and no departure with one day: the same hour
+    # yesterday, 101-103), not the bundled 2023-24 replay
+    from broker.service.live import FORECAST_MODEL
+    from tests.pricing.recorded import em_forecast, em_point
+
+    sc = cache(sqlite_store, settings(history_h=24), Clock(T0))
+    try:
+        day0 = utc(2024, 3, 30, 12)
+        rsps.add(responses.GET, f"{EM}/carbon-intensity/past-range", json={"zone": "DE", "data": [
+            em_point("DE", day0 + timedelta(hours=k), 100 + k) for k in range(24)]})
+        rsps.add(responses.GET, f"{EM}/carbon-intensity/forecast",
+                 json=em_forecast("DE", [(utc(2024, 3, 31, 12), 335)]))
+        sc.refresh("DE-LU", "carbon")
+        live = _live(sc, sc.clock.t)
+        checked, fc, _ = live.checked("DE-LU", "carbon")  # prev. day 12:00 .. 15:00
+        assert checked.series.values.size == 28
+        np.testing.assert_allclose(checked.series.values, [100 + k for k in range(24)] + [335, 101, 102, 103])
+        assert list(checked.origin[-4:]) == ["electricitymaps", FORECAST_MODEL, FORECAST_MODEL, FORECAST_MODEL]
+        assert fc[-4:].all() and checked.estimated[-3:].all() and not checked.estimated[:24].any()
+    finally:
+        drop(sc)
+
+
 def test_seeded_user_files_are_last_known_values(sc, tmp_path):
     from pricing.user_signals import load_user_signals
 
