@@ -1,8 +1,13 @@
 """The usage record: one line of the finance ledger (issue #12), the same type for live use and simulated runs.
 
 A :class:`UsageRecord` is one metered resource of one attempt rank over ``[start, end]`` (UTC): a cloud
-instance (``line="instance"``), the electricity an on-prem rank drew (``line="energy"``) or its amortised
-capital (``line="amortised"``). The live broker writes them in the transaction that ends the attempt
+instance (``line="instance"``), its boot disk (``line="disk"``: billed from the create call until the disk is
+deleted with the instance, stopped or not), the electricity an on-prem rank drew (``line="energy"``) or its
+amortised capital (``line="amortised"``). Two lines are *unallocated* (:data:`UNALLOCATED_LINES`: billed or
+paid for, used by no job): ``idle`` (cloud instance time no job used: an instance of an attempt that never ran
+or that the job's placement did not take, and the time from an attempt's end until its instance is deleted)
+and ``idle_amortised`` (on-prem pool GPUs no running attempt held, at the pool's amortised USD per GPU-hour;
+``job_id`` and ``team`` empty). So ``sum(job lines) + sum(unallocated lines) = what was billed or paid``. The live broker writes them in the transaction that ends the attempt
 (:func:`broker.service.lifecycle.record_usage` -> :mod:`broker.service.ledger`); the simulator can build
 the same records from its realised runs (``source="sim"``), so one report reads both.
 
@@ -10,9 +15,6 @@ Money is USD, energy kWh (facility: IT energy x PUE), emissions kgCO2e (location
 hourly average intensity, not market-based contracts). A figure that could not be computed is ``None``
 with the reason in ``estimate_reasons``, never 0; a figure that is an estimate (modelled power, a missing
 counter, an interpolated hour) has ``estimated=True`` and the reason.
-
-Lines not metered yet (said so): idle allocated GPU time as its own line, resources that keep billing
-while stopped (disks, addresses).
 
 Errors: :class:`UsageError` (a ``ValueError``) naming the field and the value.
 """
@@ -28,13 +30,20 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
+__all__ = ["LINES", "UNALLOCATED_LINES", "GPU_HOUR_LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
            "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback"]
 
-#: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
-LINES = ("instance", "energy", "amortised")
+#: the kinds of usage line: a cloud instance's bill; its boot disk's; an on-prem rank's electricity; its amortised
+#: capital; cloud instance time no job used; on-prem GPU time no attempt held (the last two: :data:`UNALLOCATED_LINES`)
+LINES = ("instance", "disk", "energy", "amortised", "idle", "idle_amortised")
+#: lines that are no job's cost (idle capacity): with the job lines they add up to the provider's or pool's total
+UNALLOCATED_LINES = ("idle", "idle_amortised")
+#: lines whose GPU-hours are GPU time used by a job (an on-prem rank's amortised line covers its energy line's GPUs
+#: again; a disk has no GPU; idle lines are GPU time nobody used)
+GPU_HOUR_LINES = ("instance", "energy")
 #: the unit each line's list price is per, by line (FOCUS ``PricingUnit`` values)
-PRICING_UNITS = {"instance": "Hours", "energy": "kWh", "amortised": "GPU-Hours"}
+PRICING_UNITS = {"instance": "Hours", "disk": "GB-Months", "energy": "kWh", "amortised": "GPU-Hours",
+                 "idle": "Hours", "idle_amortised": "GPU-Hours"}
 
 
 class UsageError(ValueError):
@@ -118,7 +127,8 @@ class UsageRecord:
             raise UsageError(f"end={self.end.isoformat()!r}: before start={self.start.isoformat()!r} "
                              f"({self.job_id} attempt {self.attempt} rank {self.rank})")
         if self.pricing_unit != PRICING_UNITS[self.line]:
-            raise UsageError(f"pricing_unit={self.pricing_unit!r}: an {self.line} line is priced per "
+            raise UsageError(f"pricing_unit={self.pricing_unit!r}: {'an' if self.line[0] in 'aeiou' else 'a'} "
+                             f"{self.line} line is priced per "
                              f"{PRICING_UNITS[self.line]!r}")
         if not self.provider:
             raise UsageError(f"provider={self.provider!r}: empty")
@@ -138,7 +148,7 @@ class UsageRecord:
     @property
     def gpu_hours(self) -> float:
         """GPU-hours of the window, ``gpu_count x run_s / 3600``. An on-prem rank has two lines over the same
-        GPUs (``energy`` and ``amortised``): count GPU-hours from ``instance`` and ``energy`` lines only."""
+        GPUs (``energy`` and ``amortised``): count GPU-hours used by jobs from :data:`GPU_HOUR_LINES` only."""
         return self.gpu_count * self.run_s / 3600.0
 
     def to_dict(self) -> dict:
@@ -148,8 +158,9 @@ class UsageRecord:
         return d
 
 
-#: what :func:`summarise` groups by: a record's team, project, provider, region, pool, or UTC day of its start
-SUMMARY_DIMENSIONS = ("team", "project", "provider", "region", "pool", "day")
+#: what :func:`summarise` groups by: a record's team, project, provider, region, pool, line (:data:`LINES`: the
+#: unallocated lines apart), or UTC day of its start
+SUMMARY_DIMENSIONS = ("team", "project", "provider", "region", "pool", "line", "day")
 
 
 @dataclass
@@ -160,7 +171,7 @@ class UsageTotals:
         key: the group's value of the dimension (``None``: records without one, e.g. the pool of a cloud line;
             ``day``: ``YYYY-MM-DD``, the UTC day the record starts); ``None`` for the total of all groups.
         cost_usd: the sum of the known ``billed_usd``, USD.
-        gpu_hours: GPU-hours of the ``instance`` and ``energy`` lines (not ``amortised``: the same GPUs again).
+        gpu_hours: GPU-hours of the :data:`GPU_HOUR_LINES` (not ``amortised``: the same GPUs again; not idle).
         energy_kwh: the sum of the known ``energy_kwh`` (facility energy, kWh).
         carbon_kg: the sum of the known ``carbon_kg`` (kgCO2e, location-based).
         lines: records in the group.
@@ -196,7 +207,7 @@ class UsageTotals:
             self.unknown_carbon_lines += 1
         else:
             self.carbon_kg += r.carbon_kg
-        if r.line != "amortised":
+        if r.line in GPU_HOUR_LINES:
             self.gpu_hours += r.gpu_hours
 
 
@@ -303,28 +314,34 @@ def read_usage_csv(path: str | Path) -> list[UsageRecord]:
 
 
 #: the chargeback table's figures per team (:func:`chargeback`): units in the names
-CHARGEBACK_COLUMNS = ("cloud_usd", "onprem_energy_usd", "amortised_usd", "total_usd", "energy_kwh", "carbon_kg",
-                      "gpu_hours", "unknown_lines")
+CHARGEBACK_COLUMNS = ("cloud_usd", "onprem_energy_usd", "amortised_usd", "total_usd", "idle_usd", "energy_kwh",
+                      "carbon_kg", "gpu_hours", "unknown_lines")
 
 
 def chargeback(records: Iterable[UsageRecord]) -> dict[str, dict[str, float]]:
-    """Per team, what its usage lines add up to (:data:`CHARGEBACK_COLUMNS`): ``cloud_usd`` (instance lines),
-    ``onprem_energy_usd`` (energy lines), ``amortised_usd`` (amortised lines), ``total_usd`` (their sum),
+    """Per team, what its usage lines add up to (:data:`CHARGEBACK_COLUMNS`): ``cloud_usd`` (instance and disk
+    lines), ``onprem_energy_usd`` (energy lines), ``amortised_usd`` (amortised lines), ``total_usd`` (their sum),
+    ``idle_usd`` (cloud ``idle`` lines of the team's instances: unallocated, not in ``total_usd``; the pools'
+    ``idle_amortised`` lines have no team and are left out),
     ``energy_kwh``, ``carbon_kg`` (kgCO2e, location-based), ``gpu_hours`` (instance and energy lines: an
     on-prem rank's amortised line covers the same GPUs) and ``unknown_lines`` (lines with some figure unknown,
     counted as 0 here and flagged in the record). Teams sorted by ``total_usd``, highest first."""
     teams: dict[str, dict[str, float]] = {}
-    key = {"instance": "cloud_usd", "energy": "onprem_energy_usd", "amortised": "amortised_usd"}
+    key = {"instance": "cloud_usd", "disk": "cloud_usd", "energy": "onprem_energy_usd", "amortised": "amortised_usd",
+           "idle": "idle_usd"}
     for r in records:
+        if r.line == "idle_amortised":
+            continue
         t = teams.get(r.team)
         if t is None:
             t = teams[r.team] = dict.fromkeys(CHARGEBACK_COLUMNS, 0.0)
         if r.billed_usd is not None:
             t[key[r.line]] += r.billed_usd
-            t["total_usd"] += r.billed_usd
+            if r.line not in UNALLOCATED_LINES:
+                t["total_usd"] += r.billed_usd
         t["energy_kwh"] += r.energy_kwh or 0.0
         t["carbon_kg"] += r.carbon_kg or 0.0
-        if r.line != "amortised":
+        if r.line in GPU_HOUR_LINES:
             t["gpu_hours"] += r.gpu_hours
         if r.billed_usd is None or r.energy_kwh is None or r.carbon_kg is None:
             t["unknown_lines"] += 1

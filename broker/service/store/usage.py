@@ -4,6 +4,7 @@ Functions take an open :class:`~sqlalchemy.orm.Session` (``s``) so the caller de
 ledger writes in the transaction that ends the attempt (:mod:`broker.service.ledger`).
 
 * :func:`billed_instances` — the cloud instances of an attempt that a provider bills (created ones);
+* :func:`deleted_at` — when a cloud instance was deleted (its row's move to a terminal state);
 * :func:`add_usage` — insert records, skipping any already written (the same key: meters once);
 * :func:`usage_rows` — read records back, by job or by period;
 * :func:`usage_totals` — the sums of a period's records by one dimension, in SQL (what
@@ -18,11 +19,13 @@ from typing import Iterable
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from broker.service.store.tables import CloudInstance, UsageRow
-from broker.usage import SUMMARY_DIMENSIONS, UsageError, UsageRecord, UsageTotals
+from broker.instance_states import TERMINAL_INSTANCE_STATES
+from broker.service.store.tables import CloudInstance, CloudInstanceEvent, UsageRow
+from broker.usage import GPU_HOUR_LINES, SUMMARY_DIMENSIONS, UsageError, UsageRecord, UsageTotals
 
-__all__ = ["billed_instances", "add_usage", "usage_rows", "usage_totals", "record_of"]
+__all__ = ["billed_instances", "deleted_at", "add_usage", "usage_rows", "usage_totals", "record_of"]
 
+_TERMINAL = sorted(st.value for st in TERMINAL_INSTANCE_STATES)
 _FIELDS = [f for f in UsageRecord.__dataclass_fields__]
 
 
@@ -32,6 +35,16 @@ def billed_instances(s: Session, job_id: str, attempt: int) -> list[CloudInstanc
     return list(s.execute(select(CloudInstance).where(
         CloudInstance.job_id == job_id, CloudInstance.attempt == attempt,
         CloudInstance.provider_instance_id.is_not(None)).order_by(CloudInstance.rank, CloudInstance.id)).scalars())
+
+
+def deleted_at(s: Session, row: CloudInstance) -> datetime | None:
+    """Inside ``s``: when ``row``'s instance was deleted: the time of its row's move to ``terminated`` or
+    ``abandoned`` (its state history), else its ``updated_at``; ``None`` while the row is live."""
+    if row.state not in _TERMINAL:
+        return None
+    at = s.scalar(select(func.min(CloudInstanceEvent.at)).where(
+        CloudInstanceEvent.instance_row_id == row.id, CloudInstanceEvent.to_state.in_(_TERMINAL)))
+    return at or row.updated_at
 
 
 def add_usage(s: Session, records: Iterable[UsageRecord], now: datetime) -> int:
@@ -92,14 +105,14 @@ def usage_totals(s: Session, by: str, start: datetime, end: datetime, team: str 
     """Inside ``s``: the records of ``team`` (every team: ``None``) that start in ``[start, end)`` (UTC), summed
     by ``by`` (one of :data:`broker.usage.SUMMARY_DIMENSIONS`) in one ``GROUP BY``: the same figures as
     :func:`broker.usage.summarise` (known figures summed, unknown ones counted apart; GPU-hours of the
-    ``instance`` and ``energy`` lines), groups by key with ``None`` last. Raises
+    :data:`broker.usage.GPU_HOUR_LINES`), groups by key with ``None`` last. Raises
     :class:`~broker.usage.UsageError` naming ``by`` for an unknown dimension."""
     if by not in SUMMARY_DIMENSIONS:
         raise UsageError(f"by={by!r}: not one of {', '.join(SUMMARY_DIMENSIONS)}")
     key = _day(s) if by == "day" else getattr(UsageRow, by)
     n = func.count()
     q = (select(key, func.sum(UsageRow.billed_usd),
-                func.sum(case((UsageRow.line == "amortised", 0.0), else_=UsageRow.gpu_count * UsageRow.run_s)),
+                func.sum(case((UsageRow.line.in_(GPU_HOUR_LINES), UsageRow.gpu_count * UsageRow.run_s), else_=0.0)),
                 func.sum(UsageRow.energy_kwh), func.sum(UsageRow.carbon_kg), n,
                 func.sum(case((UsageRow.estimated, 1), else_=0)),
                 n - func.count(UsageRow.billed_usd), n - func.count(UsageRow.energy_kwh),
