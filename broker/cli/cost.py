@@ -81,13 +81,15 @@ def reconcile_cmd(start: str = typer.Option(..., "--from", help="Period start, U
         bad = bool(diffs)
         out["cloud"] = {"provider": provider, "provider_total_usd": rec.provider_total_usd,
                         "allocated_usd": rec.allocated_usd, "unallocated_usd": rec.unallocated_usd,
+                        "idle_usd": rec.idle_usd, "unexplained_usd": rec.unexplained_usd,
                         "unpriced_lines": rec.unpriced,
                         "differences": [{"resource": d.resource, "ledger_usd": d.ledger_usd,
                                          "provider_usd": d.provider_usd, "difference_usd": d.difference_usd}
                                         for d in diffs]}
         if not as_json:
             con.print(f"{provider} {t0:%Y-%m-%d}..{t1:%Y-%m-%d}: provider total ${rec.provider_total_usd:,.4f} = "
-                      f"allocated to jobs ${rec.allocated_usd:,.4f} + unallocated ${rec.unallocated_usd:,.4f}"
+                      f"allocated to jobs ${rec.allocated_usd:,.4f} + unallocated ${rec.unallocated_usd:,.4f} "
+                      f"(idle lines ${rec.idle_usd:,.4f}, not in the ledger ${rec.unexplained_usd:,.4f})"
                       + (f"; {rec.unpriced} ledger line(s) unpriced (flagged)" if rec.unpriced else ""))
             if diffs:
                 tab = Table(title=f"{len(diffs)} resource(s) where the ledger and the bill differ")

@@ -59,7 +59,7 @@ from pricing.power import DEFAULT_UTILISATION, gpu_power_w
 from pricing.storage import BOOT_DISKS, disk_bill, disk_rate
 
 __all__ = ["FILL_HOURS", "LedgerPrices", "install", "configure", "prices", "snapshot_counters", "meter_attempt",
-           "meter_instance_ends", "window_integral"]
+           "meter_instance_ends", "meter_pool_idle", "window_integral"]
 
 #: a missing hour of a price or carbon series is filled from a neighbouring hour at most this many hours away
 FILL_HOURS = 3
@@ -462,4 +462,51 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
                                list_unit_price_usd=pool.amortised_usd_per_gpu_hour,
                                billed_usd=float(c.amortised_usd), energy_kwh=0.0, carbon_kg=0.0,
                                estimated=bool(awhy), estimate_reasons=tuple(awhy)))
+    return out
+
+
+# ----------------------------------------------------------------------------- idle on-prem GPUs
+def meter_pool_idle(s, start: datetime, end: datetime, p: LedgerPrices) -> list[UsageRecord]:
+    """Inside ``s``: the ``idle_amortised`` lines (unallocated) of ``[start, end)`` (UTC; a closed period, in
+    practice one hour): per registered on-prem node, the GPU-seconds of the period no running attempt held, at
+    its pool's amortised USD per GPU-hour. Writes nothing.
+
+    A node's capacity is its GPUs (as registered) x the part of the period since it registered; an attempt
+    holds its GPUs on the node from its start to its end (its ``amortised`` line's window: an attempt that
+    never started holds nothing, its GPUs are idle). So over any period whose edges no attempt crosses,
+    ``amortised lines + idle_amortised lines = GPUs x hours x USD/GPU-h`` of the pool, exactly. One line per
+    node with idle GPUs (``gpu_count``: the node's GPUs; ``run_s``/``billed_s``: idle GPU-seconds / GPUs, so
+    GPU-hours = ``gpu_count x billed_s / 3600``); ``job_id``/``team`` empty, ``attempt``/``rank`` 0; energy and
+    carbon 0 (an idle GPU's draw is in the facility meter, against which :func:`broker.service.reconcile.
+    reconcile_energy` sets the ledger's energy lines). A node of a pool not in the cluster file gets a line of
+    unknown cost, flagged."""
+    from broker.service.store import usage as repo
+
+    if end <= start:
+        raise ValueError(f"end={end.isoformat()!r}: not after start={start.isoformat()!r}")
+    held: dict[str, float] = {}
+    for _pool, a, b, parts in repo.ran_onprem(s, start, end):
+        lo, hi = max(a, start), min(b or end, end)
+        if hi <= lo:
+            continue
+        for part in parts:
+            held[part.get("node", "")] = held.get(part.get("node", ""), 0.0) + len(part.get("gpus", [])) * (
+                hi - lo).total_seconds()
+    out = []
+    for name, pool_name, gpu_type, gpus, registered in repo.registered_nodes(s, end):
+        span = (end - max(start, registered)).total_seconds()
+        idle_gpu_s = gpus * span - held.get(name, 0.0)
+        if gpus <= 0 or idle_gpu_s <= 1e-6:
+            continue
+        pool = p.pools.get(pool_name)
+        seconds = idle_gpu_s / gpus
+        why = [] if pool is not None else [f"pool {pool_name!r} not in the cluster file: no $/GPU-h"]
+        rate = pool.amortised_usd_per_gpu_hour if pool is not None else None
+        out.append(UsageRecord(job_id="", attempt=0, rank=0, line="idle_amortised", resource=name, team="",
+                               start=max(start, registered), end=end, provider="onprem",
+                               region=pool.price_zone if pool else None, pool=pool_name, gpu_type=gpu_type,
+                               gpu_count=gpus, run_s=seconds, billed_s=seconds,
+                               pricing_unit=PRICING_UNITS["idle_amortised"], list_unit_price_usd=rate,
+                               billed_usd=None if rate is None else rate * idle_gpu_s / _H, energy_kwh=0.0,
+                               carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why)))
     return out

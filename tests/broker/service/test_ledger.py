@@ -575,7 +575,8 @@ def test_an_onprem_attempt_through_the_node_api_is_metered_from_the_agents_energ
     from broker.service.settings import BrokerSettings
     from broker.service.tokens import create_node_token
 
-    ledger.install(None)  # the process's own prices, as the live broker has them
+    ledger.install(None)  # the process's own prices, as the live broker has them,
+    ledger.prices()  # built before the run is timed (~1-2 s: the live wiring builds them at start-up)
     settings = BrokerSettings(admin_token="admin-secret-for-tests", max_attempts=3)
     c = TestClient(create_app(pg_store, settings))
     tok = {"Authorization": f"Bearer {create_node_token(pg_store, 'n2')}"}
