@@ -317,9 +317,9 @@ class UsageTotalsView(BaseModel):
 
 class UsageSummaryView(BaseModel):
     """``GET /v1/usage/summary``: the ledger lines that start in ``[start, end)`` (UTC), of ``team`` (``null``:
-    every team, admins only), grouped ``by`` team, project, provider, region, pool or day."""
+    every team, admins only), grouped ``by`` team, project, provider, region, pool, line or day."""
 
-    by: Literal["team", "project", "provider", "region", "pool", "day"]
+    by: Literal["team", "project", "provider", "region", "pool", "line", "day"]
     start: datetime
     end: datetime
     team: str | None = None

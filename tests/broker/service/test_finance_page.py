@@ -125,9 +125,9 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
                                 (b, "start"): 5.0, (b, "now"): 5.0, (b, "forecast"): 5.0}
         # totals: line 5's unknown cost, energy and carbon are flagged, not summed as 0
         assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)") == [
-            "17.20", "9.10", "5.10", "1.14", "5", "1", "3"]
+            "17.20", "0", "9.10", "5.10", "1.14", "5", "1", "3"]
         assert "1 line(s) of unknown cost" in page.text_content("#status")
-        assert "Idle cost" in page.text_content("#na-idle")
+        assert bars(page, "chart-line") == [("amortised", 6.0), ("energy", 0.6), ("instance", 10.6)]
         # the token stays out of the URL; it is in this tab's sessionStorage, so a reload shows the figures again
         assert world["admin"] not in page.url
         page.reload()
@@ -135,6 +135,41 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
         assert len(bars(page, "chart-team")) == 2
         page.click("#forget")
         assert page.evaluate("sessionStorage.length") == 0 and page.is_hidden("#report")
+
+
+@browser_needed
+def test_idle_cost_is_its_own_figure_and_bar(world, pg_store, browser):
+    """On top of the ledger: alpha's instance left running 1 h after its job (an ``idle`` line, 3.06 USD on
+    03-02) and node n1's idle GPUs (an ``idle_amortised`` line, no team, 4 GPU x 1 h x 0.50 = 2.00 USD on 03-05):
+    idle 5.06 USD of 22.26."""
+    from broker.usage import UsageRecord
+
+    a = world["alpha"]
+    t = datetime(2024, 3, 2, 12, tzinfo=UTC)
+    extra = [UsageRecord(job_id="job-idle", attempt=1, rank=0, line="idle", resource="i-idle", team=a, start=t,
+                         end=t.replace(hour=13), provider="aws", region="us-east-1", gpu_type="V100", gpu_count=1,
+                         run_s=3600.0, billed_s=3600.0, list_unit_price_usd=3.06, billed_usd=3.06, energy_kwh=0.046,
+                         carbon_kg=0.0184),
+             UsageRecord(job_id="", attempt=0, rank=0, line="idle_amortised", resource="n1", team="",
+                         start=t.replace(day=5), end=t.replace(day=5, hour=13), provider="onprem", pool="site",
+                         gpu_type="V100", gpu_count=4, run_s=3600.0, billed_s=3600.0, pricing_unit="GPU-Hours",
+                         list_unit_price_usd=0.5, billed_usd=2.0, energy_kwh=0.0, carbon_kg=0.0)]
+    with pg_store.session() as s:
+        assert usage.add_usage(s, extra, NOW) == 2
+    with ServerThread(world["app"]) as srv:
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["admin"],
+                                 "finance-idle.png")
+        assert page.get_attribute("#finance", "data-loaded") == "true", page.text_content("#status")
+        assert errors == []
+        assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)")[:2] == ["22.26", "5.06"]
+        assert bars(page, "chart-line") == [("amortised", 6.0), ("energy", 0.6), ("idle", 3.06),
+                                            ("idle_amortised", 2.0), ("instance", 10.6)]
+        assert ("(unallocated)", 2.0) in bars(page, "chart-team")
+        # a team token sees its own idle line, not the pools'
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["alpha_ro"],
+                                 "finance-idle-team.png")
+        assert errors == []
+        assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)")[:2] == ["13.66", "3.06"]
 
 
 @browser_needed
