@@ -216,8 +216,8 @@ class ErrorBody(BaseModel):
 
 
 #: token kinds (:mod:`broker.service.tokens` says what each may do)
-TOKEN_KINDS = ("member", "team-admin", "read-only", "node", "admin")
-TokenKind = Literal["member", "team-admin", "read-only", "node", "admin"]
+TOKEN_KINDS = ("member", "team-admin", "read-only", "node", "admin", "finance")
+TokenKind = Literal["member", "team-admin", "read-only", "node", "admin", "finance"]
 #: the longest token lifetime, seconds (3650 days)
 TOKEN_MAX_TTL_S = 3650 * 86400
 

@@ -75,9 +75,10 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
                              billing_account_name=fin.billing_account_name, cloud_accounts=dict(fin.cloud_accounts))
 
     def scope(who, team: str | None, start: datetime, end: datetime) -> tuple[str | None, datetime, datetime]:
-        """The team the caller may read (403 for another team's) and the checked UTC period."""
+        """The team the caller may read (403 for another team's; admin and finance tokens: any) and the checked UTC
+        period."""
         start, end = scope_period(start, end)
-        if not who.admin:
+        if not who.all_finance:
             if team is not None and team != who.team:
                 raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
             team = who.team
@@ -95,7 +96,8 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
                       team: Annotated[str | None, _TEAM] = None) -> UsageSummaryView:
         """Cost (USD), GPU-hours, kWh and kgCO2e of the ledger lines that start in ``[from, to)``, grouped
         ``by`` team, project, provider, region, pool or UTC day; unknown figures are counted per group
-        (``unpriced_lines``, ...), never summed as 0. Team tokens: their own team only (403 for another)."""
+        (``unpriced_lines``, ...), never summed as 0. Team tokens: their own team only (403 for another); admin
+        and finance tokens: every team (or ``team``)."""
         team, start, end = scope(who, team, start, end)
         with store.session() as s:
             groups = usage_repo.usage_totals(s, by, start, end, team=team)
@@ -121,7 +123,8 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
                     team: Annotated[str | None, _TEAM] = None) -> Response:
         """The ledger lines that start in ``[from, to)`` as a FOCUS 1.2 CSV. Lines whose cost is unknown
         (flagged in the ledger) are not FOCUS rows (BilledCost is not nullable); the ``X-Fedbroker-Skipped-Lines``
-        header counts them. Team tokens: their own team only (403 for another)."""
+        header counts them. Team tokens: their own team only (403 for another); admin and finance tokens: every
+        team (or ``team``)."""
         team, start, end = scope(who, team, start, end)
         buf = io.StringIO()
         done = write_focus_csv(records(team, start, end), accounts, buf)

@@ -161,7 +161,7 @@
         [get(q("team"), token), get(q("provider"), token), get(q("day"), token), get(q("line"), token),
          get("/v1/budgets", token)]);
       document.getElementById("scope").textContent = team.team === null
-        ? "All teams (admin token)." : `Team ${team.team} only (your token's team).`;
+        ? "All teams (admin or finance token)." : `Team ${team.team} only (your token's team).`;
       totals(team.total, idleUsd(line));
       bars(document.getElementById("chart-team"), groupsOf(team, "cost_usd"));
       bars(document.getElementById("chart-provider"), groupsOf(provider, "cost_usd"));

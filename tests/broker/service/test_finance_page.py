@@ -62,7 +62,8 @@ def world(pg_store, monkeypatch):
     set_budget(pg_store, beta, 5.0, now=NOW)
     app = create_app(pg_store, BrokerSettings(admin_token=ADMIN))
     return {"app": app, "alpha": alpha, "beta": beta, "admin": ADMIN,
-            "alpha_ro": create_token(pg_store, alpha, "read-only", label="finance").token}
+            "alpha_ro": create_token(pg_store, alpha, "read-only", label="finance").token,
+            "fin": create_token(pg_store, "finance-office", "finance", label="cfo").token}
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
                                  "finance-admin.png")
         assert page.get_attribute("#finance", "data-loaded") == "true", page.text_content("#status")
         assert errors == []
-        assert page.text_content("#scope") == "All teams (admin token)."
+        assert page.text_content("#scope") == "All teams (admin or finance token)."
         assert bars(page, "chart-team") == [(a, 10.6), (b, 6.6)]
         assert bars(page, "chart-provider") == [("aws", 0.6), ("gcp", 10.0), ("onprem", 6.6)]
         days = ["2024-03-01", "2024-03-02", "2024-03-05"]
@@ -188,6 +189,19 @@ def test_a_team_token_sees_its_own_team_only(world, browser):
         assert bars(page, "chart-day-gpu") == [("2024-03-01", 0.1), ("2024-03-02", 4.0)]
         assert points(page) == {(a, "start"): 40.0, (a, "now"): 29.4, (a, "forecast"): 7.14}
         assert b not in page.content()
+
+
+@browser_needed
+def test_a_finance_token_sees_every_team(world, browser):
+    a, b = world["alpha"], world["beta"]
+    with ServerThread(world["app"]) as srv:
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["fin"],
+                                 "finance-finance-token.png")
+        assert page.get_attribute("#finance", "data-loaded") == "true", page.text_content("#status")
+        assert errors == []
+        assert page.text_content("#scope") == "All teams (admin or finance token)."
+        assert bars(page, "chart-team") == [(a, 10.6), (b, 6.6)]
+        assert points(page)[(b, "now")] == 5.0
 
 
 @browser_needed
