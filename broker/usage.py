@@ -28,10 +28,11 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from operator import attrgetter
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 __all__ = ["LINES", "UNALLOCATED_LINES", "GPU_HOUR_LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
-           "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback"]
+           "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback",
+           "Savings", "savings"]
 
 #: the kinds of usage line: a cloud instance's bill; its boot disk's; an on-prem rank's electricity; its amortised
 #: capital; cloud instance time no job used; on-prem GPU time no attempt held (the last two: :data:`UNALLOCATED_LINES`)
@@ -346,3 +347,92 @@ def chargeback(records: Iterable[UsageRecord]) -> dict[str, dict[str, float]]:
         if r.billed_usd is None or r.energy_kwh is None or r.carbon_kg is None:
             t["unknown_lines"] += 1
     return dict(sorted(teams.items(), key=lambda kv: (-kv[1]["total_usd"], kv[0])))
+
+
+@dataclass(frozen=True)
+class Savings:
+    """The actual cost of a set of usage records against two counterfactual placements of the same work
+    (:func:`savings`). USD; GPU-hours of the work compared.
+
+    Attributes:
+        gpu_hours: GPU-hours of the units compared (their :data:`GPU_HOUR_LINES`).
+        actual_usd: what those units cost where they ran: their job lines (instance, disk, energy, amortised).
+        cheapest_cloud_usd: the same GPU-hours at the cheapest cloud USD per GPU-hour of their GPU type.
+        onprem_only_usd: the same GPU-hours at the on-prem USD per GPU-hour of their GPU type.
+        units, not_compared_units, not_compared_gpu_hours: units (one attempt rank's lines on one resource)
+            compared, and left out: a unit with a line of unknown cost, or whose GPU type has no rate on one
+            side (``reasons`` says which).
+        cloud_usd_per_gpu_hour, onprem_usd_per_gpu_hour: the rates used, by GPU type.
+        reasons: why units were left out, one line per cause.
+    """
+
+    gpu_hours: float = 0.0
+    actual_usd: float = 0.0
+    cheapest_cloud_usd: float = 0.0
+    onprem_only_usd: float = 0.0
+    units: int = 0
+    not_compared_units: int = 0
+    not_compared_gpu_hours: float = 0.0
+    cloud_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
+    onprem_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def saved_vs_cheapest_cloud_usd(self) -> float:
+        """``cheapest_cloud_usd - actual_usd``: positive when the actual placements cost less."""
+        return self.cheapest_cloud_usd - self.actual_usd
+
+    @property
+    def saved_vs_onprem_only_usd(self) -> float:
+        """``onprem_only_usd - actual_usd``: positive when the actual placements cost less."""
+        return self.onprem_only_usd - self.actual_usd
+
+
+def savings(records: Iterable[UsageRecord], cloud_usd_per_gpu_hour: Mapping[str, float],
+            onprem_usd_per_gpu_hour: Mapping[str, float]) -> Savings:
+    """What ``records``' jobs cost where they ran against "all on the cheapest cloud now" and "on-prem only".
+
+    The work is grouped in units: one attempt rank's job lines on one resource (a cloud instance with its
+    disk, or an on-prem rank's energy and amortised lines); unallocated lines (:data:`UNALLOCATED_LINES`) are
+    no job's and are left out. A unit's work is its GPU-hours (:data:`GPU_HOUR_LINES`) of its GPU type; the
+    counterfactuals price that work at ``cloud_usd_per_gpu_hour[type]`` and ``onprem_usd_per_gpu_hour[type]``
+    (USD per GPU-hour). A unit with a line of unknown cost, or a type missing from either rate table, is left
+    out of all three sums (counted, with the reason), so the three figures always cover the same work.
+    Raises :class:`UsageError` naming a rate that is negative or not finite."""
+    for name, table in (("cloud_usd_per_gpu_hour", cloud_usd_per_gpu_hour),
+                        ("onprem_usd_per_gpu_hour", onprem_usd_per_gpu_hour)):
+        for k, v in table.items():
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UsageError(f"{name}[{k!r}]={v!r}: must be a finite USD per GPU-hour >= 0")
+    units: dict[tuple, list[UsageRecord]] = {}
+    for r in records:
+        if r.line in UNALLOCATED_LINES:
+            continue
+        units.setdefault((r.job_id, r.attempt, r.rank, r.resource), []).append(r)
+    out = dict(gpu_hours=0.0, actual_usd=0.0, cheapest_cloud_usd=0.0, onprem_only_usd=0.0, units=0,
+               not_compared_units=0, not_compared_gpu_hours=0.0)
+    why: dict[str, int] = {}
+    for lines in units.values():
+        gh = sum(r.gpu_hours for r in lines if r.line in GPU_HOUR_LINES)
+        gpu_type = next((r.gpu_type for r in lines if r.line in GPU_HOUR_LINES), lines[0].gpu_type)
+        if any(r.billed_usd is None for r in lines):
+            cause = "a line of unknown cost"
+        elif gpu_type not in cloud_usd_per_gpu_hour:
+            cause = f"{gpu_type}: no cloud rate"
+        elif gpu_type not in onprem_usd_per_gpu_hour:
+            cause = f"{gpu_type}: no on-prem rate"
+        else:
+            cause = None
+        if cause is not None:
+            why[cause] = why.get(cause, 0) + 1
+            out["not_compared_units"] += 1
+            out["not_compared_gpu_hours"] += gh
+            continue
+        out["units"] += 1
+        out["gpu_hours"] += gh
+        out["actual_usd"] += math.fsum(r.billed_usd for r in lines)
+        out["cheapest_cloud_usd"] += gh * cloud_usd_per_gpu_hour[gpu_type]
+        out["onprem_only_usd"] += gh * onprem_usd_per_gpu_hour[gpu_type]
+    return Savings(**out, cloud_usd_per_gpu_hour=dict(cloud_usd_per_gpu_hour),
+                   onprem_usd_per_gpu_hour=dict(onprem_usd_per_gpu_hour),
+                   reasons=tuple(f"{n} unit(s) left out: {c}" for c, n in sorted(why.items())))

@@ -53,13 +53,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from broker.model import CloudOffer, Pool
 from broker.planner.costs import cloud_bill_usd, cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
-from broker.usage import PRICING_UNITS, UsageRecord
+from broker.usage import GPU_HOUR_LINES, PRICING_UNITS, UsageRecord
 from pricing.billing import billed_seconds, billing_rule
 from pricing.power import DEFAULT_UTILISATION, gpu_power_w
 from pricing.storage import BOOT_DISKS, disk_bill, disk_rate
 
 __all__ = ["FILL_HOURS", "LedgerPrices", "install", "configure", "prices", "snapshot_counters", "meter_attempt",
-           "meter_instance_ends", "meter_pool_idle", "window_integral"]
+           "meter_instance_ends", "meter_pool_idle", "counterfactual_rates", "window_integral"]
 
 #: a missing hour of a price or carbon series is filled from a neighbouring hour at most this many hours away
 FILL_HOURS = 3
@@ -510,3 +510,62 @@ def meter_pool_idle(s, start: datetime, end: datetime, p: LedgerPrices) -> list[
                                billed_usd=None if rate is None else rate * idle_gpu_s / _H, energy_kwh=0.0,
                                carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why)))
     return out
+
+
+# ----------------------------------------------------------------------------- counterfactuals
+def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start: datetime, end: datetime
+                         ) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """The USD per GPU-hour :func:`broker.usage.savings` prices the counterfactuals at, for each GPU type of
+    ``records`` (the period ``[start, end)``, UTC), and how each was found. Returns ``(cloud, onprem, notes)``.
+
+    * **all on the cheapest cloud now**: the lowest ``usd_per_hour / gpu_count`` of the price catalog's offers
+      of that type, any provider, region and market (spot included: its price now, not its interruptions);
+      billing minimums and boot time left out, so the figure is a floor.
+    * **on-prem only**: the lowest amortised USD per GPU-hour of a pool with a node of that type, plus the
+      energy USD per GPU-hour: the ledger's own energy lines of that type in the records (their USD / their
+      GPU-hours); with none, the modelled power of the type (:func:`pricing.power.gpu_power_w`) x the pool's PUE
+      x the pool zone's mean tariff over the period. The pools' capacity is not a limit here (the simulator's
+      runs show the queueing an on-prem-only placement would add).
+
+    A type with no offer, or no pool, or no tariff, has no rate on that side (its work is left out and
+    counted by :func:`broker.usage.savings`)."""
+    from pricing.power import canonical_or_same
+
+    records = list(records)
+    types = sorted({r.gpu_type for r in records if r.line in GPU_HOUR_LINES})
+    cloud: dict[str, float] = {}
+    onprem: dict[str, float] = {}
+    notes: list[str] = []
+    for t in types:
+        ct = canonical_or_same(t)
+        offers = [o for o in p.offers.values() if o.gpu_count > 0 and canonical_or_same(o.gpu_type) == ct]
+        if offers:
+            best = min(offers, key=lambda o: (o.usd_per_hour / o.gpu_count, o.offer_id))
+            cloud[t] = best.usd_per_hour / best.gpu_count
+            notes.append(f"{t} cloud: {cloud[t]:.4f} USD/GPU-h, {best.offer_id} ({best.usd_per_hour} USD/h, "
+                         f"{best.gpu_count} GPU)")
+        else:
+            notes.append(f"{t} cloud: no offer of this type in the price catalog")
+        pools = [pl for pl in p.pools.values() if any(canonical_or_same(n.gpu_type) == ct for n in pl.nodes)]
+        if not pools:
+            notes.append(f"{t} on-prem: no pool has this type")
+            continue
+        pool = min(pools, key=lambda pl: (pl.amortised_usd_per_gpu_hour, pl.name))
+        used = [r for r in records if r.line == "energy" and r.gpu_type == t and r.billed_usd is not None]
+        gh = sum(r.gpu_hours for r in used)
+        if gh > 0:
+            energy = math.fsum(r.billed_usd for r in used) / gh
+            how = f"the ledger's {len(used)} energy line(s), {gh:.2f} GPU-h"
+        else:
+            hours = (end - start).total_seconds() / _H
+            tariff, _why = window_integral(_price(p, pool.price_zone, start), start.timestamp(), end.timestamp(),
+                                           "electricity price")
+            if tariff is None or hours <= 0:
+                notes.append(f"{t} on-prem: no energy line and no tariff for {pool.price_zone} over the period")
+                continue
+            energy = gpu_power_w(t) / 1000.0 * pool.pue * tariff / hours / 1000.0
+            how = f"modelled {gpu_power_w(t):.0f} W x PUE {pool.pue} x {pool.price_zone}'s mean tariff"
+        onprem[t] = pool.amortised_usd_per_gpu_hour + energy
+        notes.append(f"{t} on-prem: {onprem[t]:.4f} USD/GPU-h = pool {pool.name} amortised "
+                     f"{pool.amortised_usd_per_gpu_hour} + energy {energy:.4f} ({how})")
+    return cloud, onprem, notes

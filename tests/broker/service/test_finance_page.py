@@ -31,7 +31,7 @@ from broker.service.settings import BrokerSettings
 from broker.service.store import usage
 from broker.service.tokens import create_token
 from tests.broker.harness import ServerThread
-from tests.broker.service.test_usage_api import ledger
+from tests.broker.service.test_usage_api import ledger, rates  # noqa: F401 (fixture: the counterfactuals' prices)
 
 UTC = timezone.utc
 NOW = datetime(2024, 3, 11, tzinfo=UTC)
@@ -107,7 +107,7 @@ def points(page) -> dict[tuple[str, str], float]:
 
 
 @browser_needed
-def test_admin_sees_every_team_in_real_chromium(world, browser):
+def test_admin_sees_every_team_in_real_chromium(world, browser, rates):  # noqa: F811
     a, b = world["alpha"], world["beta"]
     with ServerThread(world["app"]) as srv:
         page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["admin"],
@@ -129,6 +129,13 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
             "17.20", "0", "9.10", "5.10", "1.14", "5", "1", "3"]
         assert "1 line(s) of unknown cost" in page.text_content("#status")
         assert bars(page, "chart-line") == [("amortised", 6.0), ("energy", 0.6), ("instance", 10.6)]
+        # savings (tests/broker/service/test_usage_api.py: 8.1 GPU-h at 1.20 and 1.65 USD/GPU-h; beta's rank 5
+        # of unknown cost not compared)
+        assert bars(page, "chart-savings") == [("actual", 17.2), ("all on cheapest cloud now", 9.72),
+                                               ("on-prem only", 13.365)]
+        assert page.eval_on_selector_all("#savings td", "ts => ts.map(t => t.textContent)") == [
+            "8.10", "17.20", "9.72", "13.36", "-7.48", "-3.84", "1.00"]  # 13.365 is 13.3649... in binary
+        assert "1 unit(s) left out: a line of unknown cost" in page.text_content("#savings-notes")
         # the token stays out of the URL; it is in this tab's sessionStorage, so a reload shows the figures again
         assert world["admin"] not in page.url
         page.reload()

@@ -1,5 +1,5 @@
 """The ``finance`` token kind (issue #12 item 7): reads every team's finance figures (usage summary, FOCUS export,
-budgets) and nothing else — every other operation of the API answers 403 (401 on the node API, which takes node
+savings, budgets) and nothing else — every other operation of the API answers 403 (401 on the node API, which takes node
 tokens only); a team token still sees its own team only. Over the hand-worked ledger of
 :mod:`tests.broker.service.test_usage_api` (March 2024: alpha 10.6 USD on AWS and GCP, beta 6.6 USD on-prem)."""
 
@@ -17,8 +17,8 @@ from tests.broker.service.test_usage_api import MARCH, figures, summary, world  
 from tests.conftest import auth
 
 #: the operations a finance token may call (GET, every team's figures)
-FINANCE_OPS = {("GET", "/v1/usage/summary"), ("GET", "/v1/usage/focus"), ("GET", "/v1/budgets"),
-               ("GET", "/v1/budgets/{team}")}
+FINANCE_OPS = {("GET", "/v1/usage/summary"), ("GET", "/v1/usage/focus"), ("GET", "/v1/usage/savings"),
+               ("GET", "/v1/budgets"), ("GET", "/v1/budgets/{team}")}
 _PATHS = create_app(None).openapi()["paths"]
 OPERATIONS = sorted((m.upper(), p) for p, ops in _PATHS.items() for m in ops)
 
@@ -40,6 +40,8 @@ def test_a_finance_token_reads_every_teams_totals(fin):
     assert [g["key"] for g in summary(fin, "fin", by="team", team=b)["groups"]] == [b]
     r = fin["c"].get("/v1/usage/focus", params=MARCH, headers=fin["fin"])
     assert r.status_code == 200 and a in r.text and b in r.text
+    r = fin["c"].get("/v1/usage/savings", params=MARCH, headers=fin["fin"])
+    assert r.status_code == 200 and r.json()["team"] is None and r.json()["units"] + r.json()["not_compared_units"] == 4
     r = fin["c"].get("/v1/budgets", headers=fin["fin"])
     assert r.status_code == 200 and {x["team"]: x["cap_usd"] for x in r.json()} == {a: 40.0, b: 5.0}
     assert fin["c"].get(f"/v1/budgets/{b}", headers=fin["fin"]).json()["cap_usd"] == 5.0
