@@ -83,7 +83,8 @@ class StoreCollector(Collector):
             hist.add_metric([t], buckets, sum_value=total)
         yield hist
         fams = [CounterMetricFamily(name, doc, labels=["team", "provider", "line"]) for name, doc in (
-            ("fedbroker_usage_cost_usd", "Billed USD of the usage ledger's lines (line: instance, energy, amortised)."),
+            ("fedbroker_usage_cost_usd", "Billed USD of the usage ledger's lines (line: instance, disk, energy, "
+                                          "amortised; idle and idle_amortised: unallocated)."),
             ("fedbroker_usage_energy_kwh", "Facility kWh of the usage ledger's lines."),
             ("fedbroker_usage_carbon_kg", "kgCO2e (location-based) of the usage ledger's lines."))]
         for t, pr, ln, usd, kwh, kg in usage:

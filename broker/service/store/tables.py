@@ -380,7 +380,9 @@ class UsageRow(Base):
     source: Mapped[str] = mapped_column(String(8), default="live")
     recorded_at: Mapped[datetime]
 
-    __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "line", "resource", name="uq_usage_records_line"),)
+    #: a line's key; ``start`` tells apart the hourly ``idle_amortised`` lines of one node (no job, no attempt)
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "line", "resource", "start",
+                                       name="uq_usage_records_line"),)
 
 
 class Budget(Base):
