@@ -71,7 +71,7 @@ from pricing.sources import (HttpJson, RateLimited, SourceAuthError, SourceError
 __all__ = ["CLOUD_PRICE_UNIT", "AWS_SPOT", "AWS_PRICE_LIST", "GCP_BILLING_CATALOG", "BUNDLED_CATALOG",
            "AWS_ON_DEMAND_FILTERS", "GCP_COMPUTE_SERVICE", "step_to_hourly", "aws_error", "AwsSpotPrices",
            "AwsPriceList", "GcpSku", "GcpRates", "GcpBillingCatalog", "LivePrice", "PriceOrigin",
-           "CloudPriceBook", "reprice_offers"]
+           "CloudPriceBook", "OfferPrices", "live_source_for", "reprice_offers"]
 
 #: unit of every price here: USD per instance-hour
 CLOUD_PRICE_UNIT = "USD/h"
@@ -584,7 +584,30 @@ class CloudPriceBook:
         return LivePrice(got[0], got[1], got[2]), got[3]
 
 
-def reprice_offers(offers: Sequence[CloudOffer], book: CloudPriceBook, now_s: float
+def live_source_for(offer: CloudOffer) -> str:
+    """The live source that prices ``offer``: :data:`AWS_SPOT` (AWS spot), :data:`AWS_PRICE_LIST` (AWS on-demand)
+    or :data:`GCP_BILLING_CATALOG` (GCP, both markets)."""
+    if offer.provider == "aws":
+        return AWS_SPOT if offer.market is Market.spot else AWS_PRICE_LIST
+    return GCP_BILLING_CATALOG
+
+
+@dataclass
+class OfferPrices:
+    """Live prices already resolved per offer: ``prices`` maps ``offer_id`` -> ``(LivePrice, estimated)``
+    (what the live broker reads back from its cache); :meth:`price` has :meth:`CloudPriceBook.price`'s contract."""
+
+    prices: dict[str, tuple[LivePrice, bool]] = field(default_factory=dict)
+
+    def price(self, offer: CloudOffer, now_s: float) -> tuple[LivePrice, bool] | None:
+        """The live price of ``offer`` (the same for any ``now_s``: resolved when read), or ``None``."""
+        got = self.prices.get(offer.offer_id)
+        if got is None or not (math.isfinite(got[0].usd_per_hour) and got[0].usd_per_hour > 0):
+            return None
+        return got
+
+
+def reprice_offers(offers: Sequence[CloudOffer], book: CloudPriceBook | OfferPrices, now_s: float
                    ) -> list[tuple[CloudOffer, PriceOrigin]]:
     """Each offer priced for the UTC hour holding ``now_s`` (POSIX s) from ``book``, in input order.
 

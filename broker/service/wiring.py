@@ -87,7 +87,7 @@ class Services:
         from broker.service import ledger
 
         st = self.settings
-        signals = (st.signals, self.signal_cache) if st.signals.enabled else None
+        signals = (st.signals, self.signal_cache) if st.signals.enabled or st.signals.cloud_enabled else None
         env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st),
                               signals=signals)
         ledger.install(ledger.LedgerPrices.from_environment(env))  # one load of the offers and signals

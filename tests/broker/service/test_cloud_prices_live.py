@@ -1,0 +1,145 @@
+"""Live cloud prices in the live broker: the refresh task fetches AWS spot history, the AWS Price List and the
+GCP Cloud Billing Catalog (botocore Stubber + ``responses``: no test reaches the network) into the signal cache
+once per period, and the live environment re-prices the bundled offers from it, saying where each price came
+from; feeds down -> last known, then the bundled catalog."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import responses
+from botocore.stub import Stubber
+
+from broker.service.live import LiveEnvironment
+from broker.service.settings import BrokerSettings
+from broker.service.signal_settings import SignalsSettings
+from broker.service.store import signals as rows
+from pricing.catalog import load_offers
+from pricing.cloud_price_sources import (AWS_PRICE_LIST, AWS_SPOT, BUNDLED_CATALOG, GCP_BILLING_CATALOG,
+                                         AwsPriceList, AwsSpotPrices, GcpBillingCatalog, _aws_client)
+from tests.broker.service.signals_setup import Clock, Sleeps, cache, drop
+from tests.pricing.recorded import utc
+from tests.pricing.test_cloud_price_sources import _fake_aws_credentials, _price_doc, _rec, _register_pages  # noqa: F401
+
+H = 3600.0
+#: the fake "now": 2024-06-03 12:30 UTC
+T = utc(2024, 6, 3, 12, 30)
+US_EAST_1 = sorted({o.instance_type for o in load_offers(("aws",)).offers if o.region == "us-east-1"})
+
+
+def _settings() -> SignalsSettings:
+    fast = {"requests_per_s": 100, "burst": 100, "max_retries": 1, "backoff_s": 2.0, "max_backoff_s": 30.0}
+    return SignalsSettings.model_validate({
+        "cloud_prices": {"aws": ["us-east-1"], "gcp": ["us-central1"], "refresh_s": 3600, "stale_after_s": 7200,
+                         "spot_history_h": 2},
+        "sources": {AWS_SPOT: fast, AWS_PRICE_LIST: fast, GCP_BILLING_CATALOG: fast}})
+
+
+def _spot_page():
+    # use1-az1 p3.2xlarge: 0.90 since 09:00, jumps to 1.50 at 12:15 -> 12:00-12:30 averages 1.20 (estimated)
+    return {"SpotPriceHistory": [_rec("use1-az1", "us-east-1a", "p3.2xlarge", "1.500000", utc(2024, 6, 3, 12, 15)),
+                                 _rec("use1-az1", "us-east-1a", "p3.2xlarge", "0.900000", utc(2024, 6, 3, 9))]}
+
+
+def _price_list_pages(stub):
+    for it in US_EAST_1:
+        docs = [_price_doc("p3.2xlarge", "us-east-1", 3.21)] if it == "p3.2xlarge" else []
+        stub.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": docs})
+
+
+@pytest.fixture
+def parts(any_store):
+    clock = Clock(T)
+    sleeps = Sleeps()
+    ec2, pricing = _aws_client("ec2", "us-east-1", 5.0), _aws_client("pricing", "us-east-1", 5.0)
+    srcs = {(AWS_SPOT, ""): AwsSpotPrices(lambda region: ec2, clock=clock), (AWS_PRICE_LIST, ""): AwsPriceList(pricing),
+            (GCP_BILLING_CATALOG, ""): GcpBillingCatalog(session=requests.Session())}
+    c = cache(any_store, _settings(), clock)
+    c.sleep = sleeps  # (an empty Sleeps is falsy: cache() would make its own)
+    c._sources.update(srcs)
+    with responses.RequestsMock() as rsps:
+        yield c, clock, sleeps, Stubber(ec2), Stubber(pricing), rsps
+    drop(c)
+
+
+def _offer(env, now, oid):
+    return next(o for o in env.offers_at(now) if o.offer_id == oid)
+
+
+def test_refresh_then_the_live_environment_reprices_and_explains(parts):
+    c, clock, sleeps, ec2, pricing, rsps = parts
+    ec2.add_response("describe_spot_price_history", _spot_page())
+    _price_list_pages(pricing)
+    _register_pages(rsps)
+    with ec2, pricing:
+        res = {r.zone: r for r in c.refresh_cloud()}
+        again = c.refresh_cloud()  # same period: another process (or tick) does not fetch again
+    ec2.assert_no_pending_responses()
+    pricing.assert_no_pending_responses()
+    assert [r.claimed for r in again] == [False, False]
+    # spot: 3 hours (10, 11, 12) of the one zone/type AWS answered for; on-demand: p3.2xlarge's 4 us-east-1 zones
+    assert res["aws"].fetched == {AWS_SPOT: 3, AWS_PRICE_LIST: 4} and res["aws"].errors == {}
+    assert res["gcp"].fetched[GCP_BILLING_CATALOG] >= 1 and res["gcp"].errors == {}
+
+    env = LiveEnvironment(BrokerSettings().planner, signals=(c.settings, c))
+    now = T.timestamp()
+    spot = _offer(env, now, "aws:use1-az1:p3.2xlarge:spot")
+    assert spot.usd_per_hour == pytest.approx((15 * 0.9 + 15 * 1.5) / 30, rel=1e-12)  # 1.20
+    assert env.cloud_price_note(spot, now) == {
+        "offer_id": "aws:use1-az1:p3.2xlarge:spot", "source": AWS_SPOT, "usd_per_hour": spot.usd_per_hour,
+        "age_s": 0.0, "last_known": False, "estimated": True, "fallback": False,
+        "note": "aws:use1-az1:p3.2xlarge:spot: aws-spot-history, 0.0 h old"}
+    assert _offer(env, now, "aws:use1-az1:p3.2xlarge:on_demand").usd_per_hour == 3.21
+    assert _offer(env, now, "gcp:us-central1-a:n1-standard-4+T4x1:on_demand").usd_per_hour == pytest.approx(
+        0.589999, rel=1e-12)
+    # no live price for it (AWS sent no use1-az2 record): the bundled catalog price, flagged as a fallback
+    az2 = _offer(env, now, "aws:use1-az2:p3.2xlarge:spot")
+    assert az2.usd_per_hour == 0.3709
+    note = env.cloud_price_note(az2, now)
+    assert (note["source"], note["fallback"], note["age_s"]) == (BUNDLED_CATALOG, True, None)
+    # a region cloud_prices does not list keeps the catalog, not flagged as a failed live price
+    west = next(o for o in env.offers_at(now) if o.provider == "aws" and o.region == "us-west-2")
+    assert env.cloud_price_note(west, now)["fallback"] is False
+    assert [o.offer_id for o in env.offers_at(now)] == [o.offer_id for o in env.offers]  # same order: indexes hold
+    assert env.context([], now).offers[env.offers.index(spot.model_copy(update={"usd_per_hour": 0.3644}))] == spot
+
+    # three hours later the feeds are down (AWS throttles twice, GCP answers 503 twice): last-known prices, said so
+    clock.t += 3 * H
+    ec2.add_client_error("describe_spot_price_history", service_error_code="RequestLimitExceeded",
+                         http_status_code=503)
+    ec2.add_client_error("describe_spot_price_history", service_error_code="RequestLimitExceeded",
+                         http_status_code=503)
+    pricing.add_client_error("get_products", service_error_code="AccessDeniedException", http_status_code=400)
+    rsps.reset()
+    rsps.get("https://cloudbilling.googleapis.com/v1/services/6F81-5844-456A/skus", status=503)
+    with ec2, pricing:
+        res = {r.zone: r for r in c.refresh_cloud(force=True)}  # the claim's TTL runs on Redis' clock, not the fake
+    assert res["aws"].errors[AWS_SPOT].startswith("rate_limited: describe_spot_price_history: RequestLimitExceeded")
+    assert res["aws"].errors[AWS_PRICE_LIST].startswith("auth: get_products: AccessDeniedException")
+    assert res["gcp"].errors[GCP_BILLING_CATALOG] == "unavailable: GET /v1/services/6F81-5844-456A/skus: HTTP 503"
+    assert sleeps == [2.0, 2.0]  # one retry each of the throttled spot call and the GCP 5xx (max_retries 1)
+    assert c.backoff_until(AWS_SPOT) == pytest.approx(clock.t + 4.0)  # retries used up: back off 2 x 2^1 s
+    now = clock.t
+    env = LiveEnvironment(BrokerSettings().planner, signals=(c.settings, c))
+    spot = _offer(env, now, "aws:use1-az1:p3.2xlarge:spot")
+    assert spot.usd_per_hour == pytest.approx(1.2, rel=1e-12)  # the last cached hour, 12:00
+    note = env.cloud_price_note(spot, now)
+    assert (note["source"], note["age_s"], note["last_known"], note["fallback"]) == (AWS_SPOT, 3 * H, True, False)
+    assert note["note"].endswith("3.0 h old (last known: older than the staleness limit)")
+    with c.store.session() as s:
+        health = {(f.source, f.zone): (f.last_error, dict(f.error_counts or {})) for f in rows.fetch_rows(s)
+                  if f.kind == "cloud"}
+    assert health[(AWS_SPOT, "aws")][1] == {"rate_limited": 1}
+    assert health[(AWS_PRICE_LIST, "aws")][1] == {"auth": 1}
+    assert health[(GCP_BILLING_CATALOG, "gcp")][1] == {"unavailable": 1}
+
+
+def test_without_cloud_prices_every_offer_keeps_the_catalog_price(any_store):
+    c = cache(any_store, SignalsSettings(), Clock(T))
+    try:
+        env = LiveEnvironment(BrokerSettings().planner, signals=(c.settings, c))
+        assert env.offers_at(T.timestamp()) is env.offers
+        assert env.cloud_price_note(env.offers[0], T.timestamp()) is None
+        assert c.refresh_cloud() == []
+    finally:
+        drop(c)
