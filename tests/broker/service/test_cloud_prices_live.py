@@ -143,3 +143,39 @@ def test_without_cloud_prices_every_offer_keeps_the_catalog_price(any_store):
         assert c.refresh_cloud() == []
     finally:
         drop(c)
+
+
+def test_a_provisioning_decision_says_which_price_source_and_how_old(pg_store):
+    """End to end through the planning cycle: a live spot price far below the catalog wins the placement, and the
+    decision's explain record names its source and age."""
+    import time
+    from datetime import datetime, timezone
+
+    from broker.model import JobSpec
+    from broker.service.cycle import PlanningCycle
+    from broker.service.store.signals import CachedHour
+
+    c = cache(pg_store, _settings(), time.time)
+    try:
+        now = time.time()
+        h = datetime.fromtimestamp(now // 3600 * 3600, tz=timezone.utc)
+        oid = "aws:use1-az1:p3.2xlarge:spot"
+        with pg_store.session() as s:
+            rows.put_values(s, "cloud", "USD/h", [CachedHour(AWS_SPOT, oid, h, 0.01, False, False,
+                                                             datetime.fromtimestamp(now - 120, tz=timezone.utc))])
+        c._mirror(AWS_SPOT, oid, h.timestamp(), h.timestamp() + H)
+        st = BrokerSettings()
+        env = LiveEnvironment(st.planner, providers=["aws"], signals=(c.settings, c))
+        cyc = PlanningCycle(pg_store, env, st, dispatch=lambda j, a: None)
+        jid = pg_store.submit("ml", JobSpec(image="ghcr.io/fedbroker/nccl-train@sha256:" + "ab" * 32,
+                                            command=["python", "train.py"], gpu_types=["V100"],
+                                            estimated_duration_s=3600.0))[0].id
+        cyc.run()
+        j = pg_store.get(jid)
+        assert j.state == "provisioning" and j.placement["offer_id"] == oid
+        got = pg_store.decision(jid)["cloud_price"]
+        assert (got["offer_id"], got["source"], got["usd_per_hour"], got["fallback"], got["last_known"]) == (
+            oid, AWS_SPOT, 0.01, False, False)
+        assert got["age_s"] == pytest.approx(120.0, abs=30.0)
+    finally:
+        drop(c)
