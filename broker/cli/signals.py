@@ -54,7 +54,7 @@ def _age(s: float | None) -> str:
 def status_cmd(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
     """Each configured zone's sources: last value, age, health and fetch errors."""
     st, cache = _cache(config)
-    if not st.signals.enabled:
+    if not (st.signals.enabled or st.signals.cloud_enabled):
         msg = "no signals: section: every zone replays the bundled 2023-24 history (see README, Live signals)"
         if as_json:
             echo_json([])

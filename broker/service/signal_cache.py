@@ -546,7 +546,8 @@ class SignalCache:
     def health(self) -> list[dict]:
         """Per (zone, kind, source) of the settings' chains: the last measured value cached (gCO2e/kWh or USD/MWh)
         and its hour, last success, age (s), last error, error counts and ``health`` (ok, stale, never fetched,
-        backing off, no API key: never the key)."""
+        backing off, no API key: never the key); then per cloud provider of ``cloud_prices`` and source
+        (``kind`` = ``cloud``, no single last value: prices are per offer)."""
         now_s = self.clock()
         with self.store.session() as s:
             fetched = {(f.zone, f.kind, f.source): (f.last_success_at, f.last_attempt_at, f.last_error,
@@ -568,27 +569,38 @@ class SignalCache:
                         i = int(have[-1])
                         ent["last_value"] = float(h.values[i])
                         ent["last_hour"] = _iso(h0 - 48 * 3600.0 + i * 3600.0)
-                    f = fetched.get((zone, kind, name))
-                    if f is not None:
-                        ok_at, _, err, counts = f
-                        ent["last_error"], ent["errors"] = err, counts
-                        if ok_at is not None:
-                            ent["last_success"] = ok_at.isoformat(timespec="seconds")
-                            ent["age_s"] = round(now_s - ok_at.timestamp(), 1)
-                    stale = self.settings.stale_for(zone)
-                    until = self.backoff_until(name)
-                    if name in KEY_ENVS and not self.settings.api_key(name):
-                        ent["health"] = f"no API key ({self.settings.key_hint(name)})"
-                    elif until is not None:
-                        ent["health"] = f"backing off until {_iso(until)}"
-                    elif ent["age_s"] is None:
-                        ent["health"] = "never fetched" + (f" ({ent['last_error']})" if ent["last_error"] else "")
-                    elif not is_fresh(now_s - ent["age_s"], now_s, stale):
-                        ent["health"] = f"stale (older than {stale:.0f} s)"
-                    elif ent["last_error"] and f[1] > f[0]:
-                        ent["health"] = "ok (last attempt failed: " + ent["last_error"] + ")"
+                    self._fill_health(ent, fetched.get((zone, kind, name)), self.settings.stale_for(zone), now_s)
                     out.append(ent)
+        cp = self.settings.cloud_prices
+        for provider in cp.providers:  # cloud prices: one entry per provider and source (values are per offer)
+            for name in CLOUD_SOURCES[provider]:
+                ent = {"zone": provider, "kind": "cloud", "source": name, "last_value": None, "last_hour": None,
+                       "last_success": None, "age_s": None, "last_error": "", "errors": {}, "health": "ok"}
+                self._fill_health(ent, fetched.get((provider, "cloud", name)), cp.stale_after_s, now_s)
+                out.append(ent)
         return out
+
+    def _fill_health(self, ent: dict, f: tuple | None, stale: float, now_s: float) -> None:
+        """Fill ``ent``'s last success, age, errors and ``health`` from its ``signal_fetches`` row ``f``
+        (``(last_success_at, last_attempt_at, last_error, error_counts)`` or ``None``) and staleness ``stale`` s."""
+        name = ent["source"]
+        if f is not None:
+            ok_at, _, err, counts = f
+            ent["last_error"], ent["errors"] = err, counts
+            if ok_at is not None:
+                ent["last_success"] = ok_at.isoformat(timespec="seconds")
+                ent["age_s"] = round(now_s - ok_at.timestamp(), 1)
+        until = self.backoff_until(name)
+        if name in KEY_ENVS and not self.settings.api_key(name):
+            ent["health"] = f"no API key ({self.settings.key_hint(name)})"
+        elif until is not None:
+            ent["health"] = f"backing off until {_iso(until)}"
+        elif ent["age_s"] is None:
+            ent["health"] = "never fetched" + (f" ({ent['last_error']})" if ent["last_error"] else "")
+        elif not is_fresh(now_s - ent["age_s"], now_s, stale):
+            ent["health"] = f"stale (older than {stale:.0f} s)"
+        elif ent["last_error"] and f[1] > f[0]:
+            ent["health"] = "ok (last attempt failed: " + ent["last_error"] + ")"
 
 
 class _Empty(SourceError):

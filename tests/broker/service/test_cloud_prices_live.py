@@ -132,6 +132,23 @@ def test_refresh_then_the_live_environment_reprices_and_explains(parts):
     assert health[(AWS_SPOT, "aws")][1] == {"rate_limited": 1}
     assert health[(AWS_PRICE_LIST, "aws")][1] == {"auth": 1}
     assert health[(GCP_BILLING_CATALOG, "gcp")][1] == {"unavailable": 1}
+    status = {(e["zone"], e["source"]): e for e in c.health() if e["kind"] == "cloud"}
+    assert status[("aws", AWS_SPOT)]["health"] == "backing off until 2024-06-03T15:30:04+00:00"  # 15:30 + 2 x 2^1 s
+    assert status[("aws", AWS_PRICE_LIST)]["health"] == "stale (older than 7200 s)"
+    assert status[("gcp", GCP_BILLING_CATALOG)]["errors"] == {"unavailable": 1}
+    assert status[("gcp", GCP_BILLING_CATALOG)]["age_s"] == 3 * H
+    # /metrics reads the same rows: the cloud sources' age, the provider's fallback flag and the error counters
+    from broker.service.metrics import signal_families
+
+    age, fallback, errors = signal_families(c.store, now)
+    assert {tuple(x.labels.values()): x.value for x in age.samples if x.labels["kind"] == "cloud"} == {
+        ("aws", "cloud", AWS_PRICE_LIST): 3 * H, ("aws", "cloud", AWS_SPOT): 3 * H,
+        ("gcp", "cloud", GCP_BILLING_CATALOG): 3 * H}
+    assert {x.labels["zone"]: x.value for x in fallback.samples if x.labels["kind"] == "cloud"} == {"aws": 1.0,
+                                                                                                   "gcp": 1.0}
+    assert {(x.labels["source"], x.labels["error"]): x.value for x in errors.samples
+            if x.name.endswith("_total")} == {(AWS_SPOT, "rate_limited"): 1.0, (AWS_PRICE_LIST, "auth"): 1.0,
+                                              (GCP_BILLING_CATALOG, "unavailable"): 1.0}
 
 
 def test_without_cloud_prices_every_offer_keeps_the_catalog_price(any_store):
