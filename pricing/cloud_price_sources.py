@@ -250,8 +250,11 @@ class AwsSpotPrices:
     def history(self, region: str, instance_types: Sequence[str], start_s: float,
                 end_s: float) -> dict[tuple[str, str], CheckedSeries]:
         """Hourly spot prices of ``[start_s, end_s)`` in ``region``: ``(zone, instance type) -> CheckedSeries``
-        (USD/h; hours after now are missing). A pair AWS has no record for is absent. Raises like :meth:`records`."""
+        (USD/h; hours after now are missing). A pair AWS has no record for is absent. Raises like :meth:`records`,
+        and ``ValueError`` naming ``start_s`` when the window has no past part."""
         now = self.clock()
+        if not min(end_s, now) > start_s:
+            raise ValueError(f"start_s={start_s}: not before min(end_s={end_s}, now={now}): no past hour to ask for")
         recs = self.records(region, instance_types, start_s, min(end_s, now))
         return {k: step_to_hourly([t for t, _ in v], [p for _, p in v], start_s=start_s, end_s=end_s, until_s=now,
                                   zone=k[0], source=self.name) for k, v in recs.items()}
@@ -414,14 +417,14 @@ class GcpBillingCatalog:
                                           "(GOOGLE_APPLICATION_CREDENTIALS, gcloud, metadata server)") from None
                 session = AuthorizedSession(creds)
             self._http = HttpJson(self.name, self.base_url, session=session, timeout_s=self.timeout_s)
+        from google.auth import exceptions as gax
+
         try:
             return self._http.get(f"/v1/{GCP_COMPUTE_SERVICE}/skus", params)
-        except SourceError:
-            raise
-        except Exception as e:  # google.auth's RefreshError and kin: the credentials could not be used
-            if type(e).__module__.startswith("google.auth"):
-                raise SourceAuthError(self.name, f"GET skus: {type(e).__name__}") from None
-            raise
+        except gax.TransportError:  # the token endpoint could not be reached
+            raise SourceUnavailable(self.name, "GET skus: cannot reach Google's token endpoint") from None
+        except gax.GoogleAuthError as e:  # RefreshError and kin: the credentials could not be used
+            raise SourceAuthError(self.name, f"GET skus: {type(e).__name__} (check the Google credentials)") from None
 
     def skus(self) -> tuple[list[GcpSku], dict[str, int]]:
         """All GPU, vCPU and RAM SKUs of Compute Engine, every page; plus skipped reason -> count.

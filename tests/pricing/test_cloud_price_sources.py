@@ -280,6 +280,39 @@ def test_gcp_errors_are_mapped(status, headers, exc):
         assert ei.value.retry_after_s == 30.0
 
 
+def test_gcp_without_credentials_is_an_auth_error(monkeypatch):
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_creds(scopes=None):
+        assert scopes == ["https://www.googleapis.com/auth/cloud-billing.readonly"]
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_creds)
+    with pytest.raises(SourceAuthError, match="no Google credentials in the google.auth chain"):
+        GcpBillingCatalog().skus()
+
+
+@responses.activate
+def test_gcp_credentials_that_cannot_be_refreshed_are_an_auth_error():
+    from google.auth.exceptions import RefreshError
+
+    class Refusing(requests.Session):
+        def get(self, *a, **kw):
+            raise RefreshError("invalid_grant: Token has been expired or revoked.")
+
+    with pytest.raises(SourceAuthError, match="RefreshError") as ei:
+        GcpBillingCatalog(session=Refusing()).skus()
+    assert "invalid_grant" not in str(ei.value)
+
+
+def test_aws_spot_window_in_the_future_is_a_clear_error():
+    t = utc(2024, 6, 3, 10).timestamp()
+    src, _ = _spot_source(t)
+    with pytest.raises(ValueError, match="start_s=.*no past hour"):
+        src.history("us-east-1", ["p3.2xlarge"], t + H, t + 2 * H)
+
+
 # ------------------------------------------------------------------------------------------------ re-pricing
 def _offers():
     want = {"aws:use1-az1:p3.2xlarge:spot", "aws:use1-az2:p3.2xlarge:spot", "aws:use1-az1:p3.2xlarge:on_demand",
