@@ -196,3 +196,36 @@ def test_a_provisioning_decision_says_which_price_source_and_how_old(pg_store):
         assert got["age_s"] == pytest.approx(120.0, abs=30.0)
     finally:
         drop(c)
+
+
+def test_provisioning_fails_over_in_live_price_order(sqlite_store):
+    """The cloud broker takes its failover options from the live environment's priced offers: a zone whose live
+    spot price fell below the others' catalog prices comes first after the planner's choice."""
+    import time
+    from datetime import datetime, timezone
+
+    from broker.service.cloud import CloudBroker
+    from broker.service.cloud.provision import failover_options
+    from broker.service.store.signals import CachedHour
+
+    c = cache(sqlite_store, _settings(), time.time)
+    try:
+        now = time.time()
+        h = datetime.fromtimestamp(now // 3600 * 3600, tz=timezone.utc)
+        cheap = "aws:use1-az6:p3.2xlarge:spot"  # catalog 0.3718
+        with sqlite_store.session() as s:
+            rows.put_values(s, "cloud", "USD/h", [CachedHour(AWS_SPOT, cheap, h, 0.05, False, False,
+                                                             datetime.fromtimestamp(now - 60, tz=timezone.utc))])
+        c._mirror(AWS_SPOT, cheap, h.timestamp(), h.timestamp() + H)
+        st = BrokerSettings()
+        env = LiveEnvironment(st.planner, providers=["aws"], signals=(c.settings, c))
+        cb = CloudBroker(sqlite_store, st, offers=env.offers, computes={}, priced=env.offers_at)
+        spec = {"gpus_per_node": 1, "nodes": 1, "gpu_types": ["V100"], "allowed_regions": ["us-east-1"]}
+        ids = lambda offers: [o.offer_id for o in failover_options(  # noqa: E731
+            offers, "aws:use1-az1:p3.2xlarge:spot", spec, lambda o: True, limit=4)]
+        a1, a2, a5 = (f"aws:use1-az{k}:p3.2xlarge:spot" for k in (1, 2, 5))
+        # catalog spot $/h: az2 0.3709 < az6 0.3718 < az5 0.3764 (az1, the planner's choice, first)
+        assert ids(cb.offers) == [a1, a2, cheap, a5]
+        assert ids(cb.offers_at(now)) == [a1, cheap, a2, a5]  # az6 live at 0.05
+    finally:
+        drop(c)
