@@ -443,7 +443,8 @@ class LiveEnvironment:
             return self._sig[1]
 
     def _signals_key(self, now_s: float) -> tuple:
-        """What the live series depend on besides the offset: the cache's version and the rebuild period."""
+        """What the live series and the live-priced offers depend on besides the offset: the cache's version and
+        the rebuild period (``()`` when neither is configured)."""
         if not (self._live or self._cloud):
             return ()
         return (self.signal_cache.version(), math.floor(now_s / SIGNALS_REBUILD_S))

@@ -24,6 +24,12 @@ longer ``Retry-After`` (or retries used up on a rate limit) puts the source in b
 then (``<prefix>backoff:<source>``). An answer with no value for the window (an empty ``200``) counts as a
 failed fetch (``empty``), not as fresh data.
 
+**Cloud prices** (``signals.cloud_prices``, :meth:`SignalCache.refresh_cloud`): per provider, under the same
+claim (``<prefix>refresh:cloud:<provider>``), token buckets, retries and back-off, the AWS spot history, AWS Price
+List and GCP Cloud Billing Catalog prices of the bundled offers in the listed regions are stored per offer
+(kind ``cloud``, zone = the offer id, USD/h); :meth:`SignalCache.cloud_prices` reads them back for
+:class:`broker.service.live.LiveEnvironment`.
+
 **Health** per (source, zone, kind) is kept in ``signal_fetches``: last attempt, last success, last error,
 error counts by class (:data:`ERROR_CLASSES`); it feeds ``fedbroker signals status`` and ``/metrics``.
 A value is *fresh* while ``now - fetched_at <= stale_after_s`` (:func:`is_fresh`).
@@ -251,15 +257,19 @@ class SignalCache:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ refresh
+    def _claim(self, key: str, period_s: float, force: bool) -> bool:
+        """Claim one refresh period (``SET key NX PX period``: the single-leader rule); ``force`` takes it anyway.
+        True when this process fetches."""
+        if force:
+            self.redis.set(key, self.holder, px=int(period_s * 1000))
+            return True
+        return bool(self.redis.set(key, self.holder, nx=True, px=int(period_s * 1000)))
+
     def refresh(self, zone: str, kind: str, *, force: bool = False) -> RefreshResult:
         """Fetch ``zone``'s ``kind`` from its network sources if this process claims the period (or ``force``:
         the claim is taken anyway, e.g. ``fedbroker signals refresh --force``). Never raises for a feed fault:
         errors are recorded per source."""
-        period_s = self.settings.refresh_for(zone)
-        key = f"{self.prefix}refresh:{kind}:{zone}"
-        if force:
-            self.redis.set(key, self.holder, px=int(period_s * 1000))
-        elif not self.redis.set(key, self.holder, nx=True, px=int(period_s * 1000)):
+        if not self._claim(f"{self.prefix}refresh:{kind}:{zone}", self.settings.refresh_for(zone), force):
             return RefreshResult(zone, kind, False)
         out = RefreshResult(zone, kind, True)
         now_s = self.clock()
@@ -342,10 +352,7 @@ class SignalCache:
         cp = self.settings.cloud_prices
         out = []
         for provider in cp.providers:
-            key = f"{self.prefix}refresh:cloud:{provider}"
-            if force:
-                self.redis.set(key, self.holder, px=int(cp.refresh_s * 1000))
-            elif not self.redis.set(key, self.holder, nx=True, px=int(cp.refresh_s * 1000)):
+            if not self._claim(f"{self.prefix}refresh:cloud:{provider}", cp.refresh_s, force):
                 out.append(RefreshResult(provider, "cloud", False))
                 continue
             res = RefreshResult(provider, "cloud", True)
