@@ -17,6 +17,8 @@ Modules (one idea each):
 * :mod:`pricing.sources` — signal source interfaces (latest/history/forecast), fetch errors, bundled sources.
 * :mod:`pricing.carbon_sources` — GB Carbon Intensity API, Electricity Maps.
 * :mod:`pricing.price_sources` — operator tariff (fixed/time-of-use), ENTSO-E day-ahead via ``entsoe-py``.
+* :mod:`pricing.cloud_price_sources` — live cloud $/h: AWS spot history and Price List (boto3), GCP Cloud Billing
+  Catalog; re-pricing the bundled offers with fallback.
 * :mod:`pricing.user_signals` — user hourly carbon/price CSVs (``simulate --signals DIR``).
 * :mod:`pricing.forecast` — carbon and price forecasts from the hours before the issue time (``forecast()``).
 * :mod:`pricing.forecast_eval` — their error (MAE, MAPE by horizon bucket) and the fit of the blend parameters.

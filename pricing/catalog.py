@@ -61,7 +61,8 @@ from pricing.regions import PROVIDERS, grid_zone_for
 from pricing.spot import SpotTrace, load_spot_traces, pooled_interruption_rate
 
 __all__ = [
-    "OfferCatalog", "load_offers", "combine_gcp_price", "gcp_instance_price", "spot_interruption_rate",
+    "OfferCatalog", "load_offers", "combine_gcp_price", "gcp_instance_price", "gcp_offer_parts", "gcp_host_shape",
+    "spot_interruption_rate",
     "GCP_FIXED_GPU_VMS", "GCP_N1_HOST_FAMILIES", "GCP_N1_MIN_HOST_VCPUS", "GCP_N1_HOST_LIMITS", "gcp_n1_hosts",
     "PROVISIONING_DELAY_S", "MIN_BILLED_S", "SKIP_REASONS",
     "AWS_CATALOG_FILE", "GCP_CATALOG_FILE",
@@ -181,8 +182,10 @@ def _price_col(market: Market | str) -> str:
     return "SpotPrice" if m is Market.spot else "Price"
 
 
-def _gcp_parts(instance_type: str) -> tuple[str, str, int]:
-    """(host VM type, accelerator name, count) of a GCP offer instance type."""
+def gcp_offer_parts(instance_type: str) -> tuple[str, str, int]:
+    """(host VM type, catalog accelerator name, GPU count) of a GCP offer instance type: ``a2-highgpu-1g`` ->
+    ``("a2-highgpu-1g", "A100", 1)``, ``n1-standard-8+V100x1`` -> ``("n1-standard-8", "V100", 1)``.
+    Raises ``ValueError`` naming ``instance_type`` if it is neither form."""
     if instance_type in GCP_FIXED_GPU_VMS:
         acc, n = GCP_FIXED_GPU_VMS[instance_type]
         return instance_type, acc, n
@@ -202,13 +205,24 @@ def gcp_instance_price(instance_type: str, zone: str, market: Market | str, fram
     """
     g = _gcp_frame() if frame is None else frame
     col = _price_col(market)
-    host, acc, n = _gcp_parts(instance_type)
+    host, acc, n = gcp_offer_parts(instance_type)
     vm = g[(g["InstanceType"] == host) & (g["AvailabilityZone"] == zone)]
     ac = g[(g["InstanceType"] == "") & (g["AcceleratorName"] == acc)
            & (g["AcceleratorCount"] == n) & (g["AvailabilityZone"] == zone)]
     if vm.empty or ac.empty:
         return float("nan")
     return combine_gcp_price(vm[col].iloc[0], ac[col].iloc[0])
+
+
+def gcp_host_shape(host: str) -> tuple[float, float]:
+    """(vCPUs, memory GiB) of GCP VM type ``host`` (``n1-standard-8``) as the bundled catalog gives it.
+
+    Raises ``ValueError`` naming ``host`` when the catalog has no row of it."""
+    g = _gcp_frame()
+    rows = g[g["InstanceType"] == host]
+    if rows.empty:
+        raise ValueError(f"host={host!r}: no GCP VM row of that type in {GCP_CATALOG_FILE}")
+    return float(rows["vCPUs"].iloc[0]), float(rows["MemoryGiB"].iloc[0])
 
 
 @lru_cache(maxsize=1)

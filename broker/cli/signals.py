@@ -54,7 +54,7 @@ def _age(s: float | None) -> str:
 def status_cmd(config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
     """Each configured zone's sources: last value, age, health and fetch errors."""
     st, cache = _cache(config)
-    if not st.signals.enabled:
+    if not (st.signals.enabled or st.signals.cloud_enabled):
         msg = "no signals: section: every zone replays the bundled 2023-24 history (see README, Live signals)"
         if as_json:
             echo_json([])
@@ -127,10 +127,13 @@ def show_cmd(zone: str = typer.Argument(..., help="Grid zone (a pool's carbon/pr
 @signals_app.command("refresh")
 def refresh_cmd(force: bool = typer.Option(False, "--force", help="Fetch even if this period's fetch was made."),
                 config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
-    """Fetch the configured zones' sources now (as beat's signals_refresh does); exit 1 if any fetch failed."""
+    """Fetch the configured zones' sources and cloud prices now (as beat's signals_refresh does); exit 1 if any
+    fetch failed."""
     st, cache = _cache(config)
     with _database(st):
         res = cache.refresh_all(force=force)
+        if st.signals.cloud_enabled:  # signals.cloud_prices: one entry per provider (zone = aws/gcp, kind = cloud)
+            res += cache.refresh_cloud(force=force)
     rows = [{"zone": r.zone, "kind": r.kind, "claimed": r.claimed, "fetched": r.fetched, "errors": r.errors,
              "skipped": r.skipped} for r in res]
     if as_json:

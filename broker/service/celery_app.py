@@ -19,7 +19,8 @@ database); results are not kept (``task_ignore_result``; expiry 1 h for any that
 The Redis ``visibility_timeout`` is 300 s: tasks take milliseconds, so a message
 unacknowledged for 5 minutes belongs to a dead worker and is delivered again.
 Beat sends ``plan`` every ``plan_interval_s``, ``reconcile`` every
-``reconcile_interval_s`` and, when the ``signals:`` section configures a zone, ``signals_refresh`` every
+``reconcile_interval_s`` and, when the ``signals:`` section configures a zone or cloud price regions,
+``signals_refresh`` every
 :data:`SIGNALS_TICK_S`; two beats running at once are harmless (both tasks are
 idempotent and the planner is fenced).
 """
@@ -70,7 +71,8 @@ def make_celery(settings: BrokerSettings) -> Celery:
             "reconcile": {"task": "fedbroker.reconcile", "schedule": settings.reconcile_interval_s,
                           "options": {"expires": max(settings.reconcile_interval_s * 2, 10.0)}},
             **({"signals": {"task": "fedbroker.signals_refresh", "schedule": SIGNALS_TICK_S,
-                            "options": {"expires": SIGNALS_TICK_S}}} if settings.signals.enabled else {}),
+                            "options": {"expires": SIGNALS_TICK_S}}}
+               if settings.signals.enabled or settings.signals.cloud_enabled else {}),
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

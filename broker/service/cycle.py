@@ -771,6 +771,9 @@ class PlanningCycle:
                 planning_rows.add_onprem_attempt(s, j.id, attempt, d.pool, parts, gtype, now)
         elif kind == DecisionKind.provision:
             offer = ctx.offers[d.offer_index]
+            note = self.env.cloud_price_note(offer, self._now_s) if hasattr(self.env, "cloud_price_note") else None
+            if note is not None:
+                rec["cloud_price"] = json_safe(note)
             attempt = j.attempt + 1
             if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
                             f"provisioning {offer.offer_id} (attempt {attempt})", now,

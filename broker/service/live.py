@@ -10,6 +10,10 @@ What differs is where the inputs come from:
 * **Offers**: the bundled AWS/GCP catalog (``pricing.catalog``). They are costed
   in every decision (so explain records show what the cloud would have cost),
   but provisionable only for providers listed in ``settings.cloud_providers``.
+  When ``signals.cloud_prices`` lists regions, the offers there are re-priced from the cached live cloud
+  prices (:meth:`broker.service.signal_cache.SignalCache.cloud_prices`,
+  :func:`pricing.cloud_price_sources.reprice_offers`); every other offer keeps its bundled catalog price, and a
+  provisioning decision's explain record says which (``cloud_price``: source, age, fallback).
 * **Signals**: for zones the ``signals:`` settings section configures, :class:`LiveSignals`: the hours around
   now come from the shared cache (:mod:`broker.service.signal_cache`) through a
   :class:`pricing.sources.SourceChain`: each configured source's *fresh* values, then its *last-known* values
@@ -25,6 +29,7 @@ What differs is where the inputs come from:
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -54,6 +59,8 @@ FORECAST_MODEL = "forecast-model"
 SIGNALS_REBUILD_S = 300.0
 
 LIVE_CLUSTER_PATH = DATA_DIR / "local_cluster.yaml"
+
+log = logging.getLogger("fedbroker.live")
 
 
 def replay_offset_s(series_start_s: float, series_end_s: float, now_s: float, ahead_s: float) -> float:
@@ -391,6 +398,10 @@ class LiveEnvironment:
         self.signal_settings, self.signal_cache = signals if signals is not None else (None, None)
         self._live = bool(self.signal_settings is not None and self.signal_settings.enabled
                           and self.signal_cache is not None)
+        self._cloud = bool(self.signal_settings is not None and self.signal_settings.cloud_enabled
+                           and self.signal_cache is not None)
+        self._offers_key = None
+        self._priced: tuple[list[CloudOffer], dict] = (self.offers, {})
         self._lock = threading.Lock()
         self._sig_lock = threading.Lock()
         self._sig: tuple | None = None
@@ -432,10 +443,60 @@ class LiveEnvironment:
             return self._sig[1]
 
     def _signals_key(self, now_s: float) -> tuple:
-        """What the live series depend on besides the offset: the cache's version and the rebuild period."""
-        if not self._live:
+        """What the live series and the live-priced offers depend on besides the offset: the cache's version and
+        the rebuild period (``()`` when neither is configured)."""
+        if not (self._live or self._cloud):
             return ()
         return (self.signal_cache.version(), math.floor(now_s / SIGNALS_REBUILD_S))
+
+    def offers_at(self, now_s: float) -> list[CloudOffer]:
+        """The offers the planner prices at ``now_s``, in :attr:`offers` order: re-priced from the cached live
+        cloud prices where ``signals.cloud_prices`` lists the region (rebuilt when the cache changes or
+        :data:`SIGNALS_REBUILD_S` passes), else the bundled catalog's."""
+        if not self._cloud or not self.offers:
+            return self.offers
+        key = self._signals_key(now_s)
+        with self._sig_lock:
+            if key != self._offers_key:
+                from pricing.cloud_price_sources import reprice_offers
+
+                cp = self.signal_settings.cloud_prices
+                live = [o for o in self.offers if o.region in cp.regions(o.provider)]
+                try:
+                    prices = self.signal_cache.cloud_prices(live, now_s)
+                except Exception as e:  # noqa: BLE001 - Redis and the database both down: decide on the catalog
+                    log.warning("cloud prices: cache unreadable (%s); bundled catalog prices", type(e).__name__)
+                    from pricing.cloud_price_sources import OfferPrices
+
+                    prices = OfferPrices()
+                out = reprice_offers(self.offers, prices, now_s)
+                self._priced = ([o for o, _ in out], {o.offer_id: why for o, why in out})
+                self._offers_key = key
+            return self._priced[0]
+
+    def cloud_price_note(self, offer: CloudOffer, now_s: float) -> dict | None:
+        """Where ``offer``'s $/h came from, for an explain record: ``offer_id``, ``source`` (a live source or
+        ``bundled-catalog``), ``usd_per_hour``, ``age_s`` (seconds since fetched; ``None`` for the catalog),
+        ``last_known`` (older than ``cloud_prices.stale_after_s``), ``estimated``, ``fallback`` and ``note``.
+        ``None`` when no cloud price source is configured."""
+        if not self._cloud:
+            return None
+        self.offers_at(now_s)
+        why = self._priced[1].get(offer.offer_id)
+        if why is None:
+            return None
+        cp = self.signal_settings.cloud_prices
+        live_region = offer.region in cp.regions(offer.provider)
+        last_known = why.age_s is not None and why.age_s > cp.stale_after_s
+        if why.fallback:
+            note = (f"{offer.offer_id}: bundled catalog price" + (
+                " (no live price cached for it)" if live_region else " (region not in signals.cloud_prices)"))
+        else:
+            note = (f"{offer.offer_id}: {why.price_source}, {why.age_s / 3600.0:.1f} h old"
+                    + (" (last known: older than the staleness limit)" if last_known else ""))
+        return {"offer_id": offer.offer_id, "source": why.price_source, "usd_per_hour": offer.usd_per_hour,
+                "age_s": why.age_s, "last_known": last_known, "estimated": why.estimated,
+                "fallback": why.fallback and live_region, "note": note}
 
     def context(self, pools: Sequence[Pool], now_s: float) -> PlannerContext:
         """The planner context for ``pools`` at ``now_s``; rebuilt only when the topology or replay offset changes,
@@ -444,7 +505,8 @@ class LiveEnvironment:
         key = (tuple((p.name, p.nodes) for p in pools), offset, self._signals_key(now_s))
         with self._lock:
             if key != self._ctx_key:
-                self._ctx = PlannerContext(self.planner, pools, self.offers, self.signals_at(now_s), self.gpus)
+                self._ctx = PlannerContext(self.planner, pools, self.offers_at(now_s), self.signals_at(now_s),
+                                           self.gpus)
                 self._ctx_key = key
             return self._ctx
 

@@ -24,6 +24,12 @@ longer ``Retry-After`` (or retries used up on a rate limit) puts the source in b
 then (``<prefix>backoff:<source>``). An answer with no value for the window (an empty ``200``) counts as a
 failed fetch (``empty``), not as fresh data.
 
+**Cloud prices** (``signals.cloud_prices``, :meth:`SignalCache.refresh_cloud`): per provider, under the same
+claim (``<prefix>refresh:cloud:<provider>``), token buckets, retries and back-off, the AWS spot history, AWS Price
+List and GCP Cloud Billing Catalog prices of the bundled offers in the listed regions are stored per offer
+(kind ``cloud``, zone = the offer id, USD/h); :meth:`SignalCache.cloud_prices` reads them back for
+:class:`broker.service.live.LiveEnvironment`.
+
 **Health** per (source, zone, kind) is kept in ``signal_fetches``: last attempt, last success, last error,
 error counts by class (:data:`ERROR_CLASSES`); it feeds ``fedbroker signals status`` and ``/metrics``.
 A value is *fresh* while ``now - fetched_at <= stale_after_s`` (:func:`is_fresh`).
@@ -47,7 +53,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from broker.service.limits import TOKEN_BUCKET_LUA
-from broker.service.signal_settings import BUNDLED, KEY_ENVS, SignalsSettings
+from broker.service.signal_settings import BUNDLED, CLOUD_SOURCES, KEY_ENVS, SignalsSettings
 from broker.service.store import signals as rows
 from broker.service.store.signals import CachedHour
 from pricing.hygiene import CheckedSeries
@@ -64,7 +70,7 @@ REDIS_PREFIX = "fedbroker:signals:"
 #: the classes a failed fetch is counted under (a bounded label set of ``fedbroker_signal_fetch_errors``)
 ERROR_CLASSES = ("rate_limited", "auth", "unavailable", "empty", "config", "other")
 #: the unit of each kind the planner uses
-UNITS = {"carbon": "gCO2e/kWh", "price": "USD/MWh"}
+UNITS = {"carbon": "gCO2e/kWh", "price": "USD/MWh", "cloud": "USD/h"}
 #: the source name of hours seeded from ``--signals DIR`` files (:mod:`pricing.user_signals`)
 USER_SOURCE = "user"
 #: the Redis copy is reloaded from the database at least this often, seconds
@@ -115,6 +121,14 @@ def build_source(name: str, zone: str, settings: SignalsSettings, session: Any =
         from pricing.price_sources import Tariff
 
         return Tariff({"zone": zone, **settings.tariffs[zone]})
+    if name in CLOUD_SOURCES["aws"] + CLOUD_SOURCES["gcp"]:
+        from pricing import cloud_price_sources as cps
+
+        if name == cps.AWS_SPOT:
+            return cps.AwsSpotPrices(timeout_s=opts.timeout_s)
+        if name == cps.AWS_PRICE_LIST:
+            return cps.AwsPriceList(timeout_s=opts.timeout_s)
+        return cps.GcpBillingCatalog(timeout_s=opts.timeout_s)
     raise ValueError(f"source={name!r}: not a network source")
 
 
@@ -243,15 +257,19 @@ class SignalCache:
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------------ refresh
+    def _claim(self, key: str, period_s: float, force: bool) -> bool:
+        """Claim one refresh period (``SET key NX PX period``: the single-leader rule); ``force`` takes it anyway.
+        True when this process fetches."""
+        if force:
+            self.redis.set(key, self.holder, px=int(period_s * 1000))
+            return True
+        return bool(self.redis.set(key, self.holder, nx=True, px=int(period_s * 1000)))
+
     def refresh(self, zone: str, kind: str, *, force: bool = False) -> RefreshResult:
         """Fetch ``zone``'s ``kind`` from its network sources if this process claims the period (or ``force``:
         the claim is taken anyway, e.g. ``fedbroker signals refresh --force``). Never raises for a feed fault:
         errors are recorded per source."""
-        period_s = self.settings.refresh_for(zone)
-        key = f"{self.prefix}refresh:{kind}:{zone}"
-        if force:
-            self.redis.set(key, self.holder, px=int(period_s * 1000))
-        elif not self.redis.set(key, self.holder, nx=True, px=int(period_s * 1000)):
+        if not self._claim(f"{self.prefix}refresh:{kind}:{zone}", self.settings.refresh_for(zone), force):
             return RefreshResult(zone, kind, False)
         out = RefreshResult(zone, kind, True)
         now_s = self.clock()
@@ -320,16 +338,127 @@ class SignalCache:
                                               bool(c.estimated[i]), c.forecast, fetched)
         return list(out.values())
 
+    # ------------------------------------------------------------------ cloud prices
+    def refresh_cloud(self, *, force: bool = False) -> list[RefreshResult]:
+        """Fetch live cloud prices (``signals.cloud_prices``) of each provider whose period this process claims
+        (key ``<prefix>refresh:cloud:<provider>``, TTL ``cloud_prices.refresh_s``: the single-leader rule), each
+        request under :meth:`call` (token bucket, retries, back-off). Stored per offer (``zone`` = the offer id,
+        kind ``cloud``, USD/h): every hour of the AWS spot series (:func:`pricing.cloud_price_sources.step_to_hourly`),
+        the current hour of the AWS on-demand and GCP prices. Never raises for a feed fault: errors are recorded
+        per source (``signal_fetches`` row ``(source, provider, "cloud")``)."""
+        from pricing import cloud_price_sources as cps
+        from pricing.catalog import load_offers
+
+        cp = self.settings.cloud_prices
+        out = []
+        for provider in cp.providers:
+            if not self._claim(f"{self.prefix}refresh:cloud:{provider}", cp.refresh_s, force):
+                out.append(RefreshResult(provider, "cloud", False))
+                continue
+            res = RefreshResult(provider, "cloud", True)
+            regions = cp.regions(provider)
+            offers = [o for o in load_offers((provider,)).offers if o.region in regions]
+            now_s = self.clock()
+            h0 = math.floor(now_s / 3600.0) * 3600.0
+            book = cps.CloudPriceBook()
+            for name in CLOUD_SOURCES[provider]:
+                until = self.backoff_until(name)
+                if until is not None:
+                    res.skipped[name] = f"backing off until {_iso(until)} (rate limited)"
+                    continue
+                src = self.source(name, "")
+                try:
+                    hours = self._fetch_cloud(name, src, offers, regions, book, now_s, h0)
+                    if not hours:
+                        raise _Empty(name, f"no price for any {provider} offer in {', '.join(regions)}")
+                except (SourceError, ValueError) as e:
+                    cls = "empty" if isinstance(e, _Empty) else error_class(e)
+                    msg = str(e).removeprefix(f"{name}: ")
+                    res.errors[name] = f"{cls}: {msg}"
+                    log.warning("signals: %s %s cloud: %s", name, provider, res.errors[name])
+                    with self.store.session() as s:
+                        rows.record_fetch(s, name, provider, "cloud", _dt(now_s), cp.stale_after_s, (cls, msg))
+                    continue
+                with self.store.session() as s:
+                    rows.put_values(s, "cloud", UNITS["cloud"], hours)
+                    rows.record_fetch(s, name, provider, "cloud", _dt(now_s), cp.stale_after_s)
+                    rows.prune_values(s, _dt(h0 - KEEP_S))
+                self._mirror_many({(h.source, h.zone) for h in hours}, h0 - cp.spot_history_h * 3600.0, h0 + 3600.0)
+                res.fetched[name] = len(hours)
+            out.append(res)
+        return out
+
+    def _fetch_cloud(self, name: str, src, offers, regions: list[str], book, now_s: float,
+                     h0: float) -> list[CachedHour]:
+        """One cloud source's prices of ``offers`` as cached hours (see :meth:`refresh_cloud`)."""
+        from pricing import cloud_price_sources as cps
+        from pricing.offers import Market
+
+        mine = [o for o in offers if cps.live_source_for(o) == name]
+        fetched = _dt(now_s)
+        if name == cps.AWS_SPOT:
+            a = h0 - self.settings.cloud_prices.spot_history_h * 3600.0
+            for region in regions:
+                itypes = sorted({o.instance_type for o in mine if o.region == region})
+                if itypes:
+                    book.aws_spot.update(self.call(name, lambda: src.history(region, itypes, a, h0 + 3600.0)))
+            out = []
+            for o in mine:
+                c = book.aws_spot.get((o.zone, o.instance_type))
+                if c is None:
+                    continue
+                t = c.series.times_s()
+                out += [CachedHour(name, o.offer_id, _dt(float(t[i])), float(c.series.values[i]), bool(c.estimated[i]),
+                                   False, fetched) for i in np.flatnonzero(~np.isnan(c.series.values))]
+            return out
+        if name == cps.AWS_PRICE_LIST:
+            itypes = sorted({o.instance_type for o in mine if o.market is Market.on_demand})
+            book.aws_on_demand = self.call(name, lambda: src.on_demand(itypes, regions)) if itypes else {}
+            book.aws_on_demand_fetched_s = now_s
+        else:
+            book.gcp = self.call(name, lambda: src.rates(regions))
+            book.gcp_fetched_s = now_s
+        out = []
+        for o in mine:
+            got = book.price(o, h0)
+            if got is not None:
+                out.append(CachedHour(name, o.offer_id, _dt(h0), got[0].usd_per_hour, got[1], False, fetched))
+        return out
+
+    def cloud_prices(self, offers, now_s: float):
+        """The live prices of ``offers`` cached at ``now_s`` (POSIX s), as a
+        :class:`pricing.cloud_price_sources.OfferPrices`: per offer its source's value of the hour holding
+        ``now_s``, else the latest cached hour of the :data:`KEEP_S` before it (a last-known price, however old:
+        closer to the market than the bundled catalog). ``as_of_s`` is when it was fetched."""
+        from pricing import cloud_price_sources as cps
+
+        h0 = math.floor(now_s / 3600.0) * 3600.0
+        n = int(KEEP_S // 3600.0) + 1
+        pairs = [(cps.live_source_for(o), o.offer_id) for o in offers]
+        hours = self.hours_many(pairs, h0 - (n - 1) * 3600.0, n)
+        out = cps.OfferPrices()
+        for (src, oid) in pairs:
+            h = hours[(src, oid)]
+            have = np.flatnonzero(~np.isnan(h.values))
+            if have.size:
+                i = int(have[-1])
+                out.prices[oid] = (cps.LivePrice(float(h.values[i]), src, float(h.fetched_s[i])), bool(h.estimated[i]))
+        return out
+
     # ------------------------------------------------------------------ Redis copy
-    def _mirror(self, source: str, zone: str, start_s: float, end_s: float) -> None:
-        """Copy the database's hours of (source, zone) in the window to Redis and bump the version."""
+    def _mirror_many(self, pairs, start_s: float, end_s: float) -> None:
+        """:meth:`_mirror` of several (source, zone) pairs in one query."""
         with self.store.session() as s:
-            hours = rows.value_rows(s, [(source, zone)], _dt(start_s), _dt(end_s))
+            hours = rows.value_rows(s, list(pairs), _dt(start_s), _dt(end_s))
         try:
             self._put_redis(hours)
             self.redis.incr(f"{self.prefix}version")
         except Exception as e:  # noqa: BLE001 - the database copy is enough; readers fall back to it
             log.warning("signals: could not write the Redis copy (%s); readers use the database", type(e).__name__)
+
+    def _mirror(self, source: str, zone: str, start_s: float, end_s: float) -> None:
+        """Copy the database's hours of (source, zone) in the window to Redis and bump the version."""
+        self._mirror_many([(source, zone)], start_s, end_s)
 
     def _put_redis(self, hours: Iterable[CachedHour]) -> None:
         by: dict[str, dict[str, str]] = {}
@@ -392,6 +521,8 @@ class SignalCache:
         with self.store.session() as s:
             pairs = [(f.source, f.zone) for f in rows.fetch_rows(s)]
             pairs += [(USER_SOURCE, z) for z in self.settings.zones]
+            if self.settings.cloud_enabled:
+                pairs += rows.value_pairs(s, "cloud")
             hours = rows.value_rows(s, pairs, _dt(min(start_s, self.clock() - KEEP_S)), _dt(end_s + KEEP_S))
         if hours:
             self._put_redis(hours)
@@ -422,7 +553,8 @@ class SignalCache:
     def health(self) -> list[dict]:
         """Per (zone, kind, source) of the settings' chains: the last measured value cached (gCO2e/kWh or USD/MWh)
         and its hour, last success, age (s), last error, error counts and ``health`` (ok, stale, never fetched,
-        backing off, no API key: never the key)."""
+        backing off, no API key: never the key); then per cloud provider of ``cloud_prices`` and source
+        (``kind`` = ``cloud``, no single last value: prices are per offer)."""
         now_s = self.clock()
         with self.store.session() as s:
             fetched = {(f.zone, f.kind, f.source): (f.last_success_at, f.last_attempt_at, f.last_error,
@@ -444,27 +576,38 @@ class SignalCache:
                         i = int(have[-1])
                         ent["last_value"] = float(h.values[i])
                         ent["last_hour"] = _iso(h0 - 48 * 3600.0 + i * 3600.0)
-                    f = fetched.get((zone, kind, name))
-                    if f is not None:
-                        ok_at, _, err, counts = f
-                        ent["last_error"], ent["errors"] = err, counts
-                        if ok_at is not None:
-                            ent["last_success"] = ok_at.isoformat(timespec="seconds")
-                            ent["age_s"] = round(now_s - ok_at.timestamp(), 1)
-                    stale = self.settings.stale_for(zone)
-                    until = self.backoff_until(name)
-                    if name in KEY_ENVS and not self.settings.api_key(name):
-                        ent["health"] = f"no API key ({self.settings.key_hint(name)})"
-                    elif until is not None:
-                        ent["health"] = f"backing off until {_iso(until)}"
-                    elif ent["age_s"] is None:
-                        ent["health"] = "never fetched" + (f" ({ent['last_error']})" if ent["last_error"] else "")
-                    elif not is_fresh(now_s - ent["age_s"], now_s, stale):
-                        ent["health"] = f"stale (older than {stale:.0f} s)"
-                    elif ent["last_error"] and f[1] > f[0]:
-                        ent["health"] = "ok (last attempt failed: " + ent["last_error"] + ")"
+                    self._fill_health(ent, fetched.get((zone, kind, name)), self.settings.stale_for(zone), now_s)
                     out.append(ent)
+        cp = self.settings.cloud_prices
+        for provider in cp.providers:  # cloud prices: one entry per provider and source (values are per offer)
+            for name in CLOUD_SOURCES[provider]:
+                ent = {"zone": provider, "kind": "cloud", "source": name, "last_value": None, "last_hour": None,
+                       "last_success": None, "age_s": None, "last_error": "", "errors": {}, "health": "ok"}
+                self._fill_health(ent, fetched.get((provider, "cloud", name)), cp.stale_after_s, now_s)
+                out.append(ent)
         return out
+
+    def _fill_health(self, ent: dict, f: tuple | None, stale: float, now_s: float) -> None:
+        """Fill ``ent``'s last success, age, errors and ``health`` from its ``signal_fetches`` row ``f``
+        (``(last_success_at, last_attempt_at, last_error, error_counts)`` or ``None``) and staleness ``stale`` s."""
+        name = ent["source"]
+        if f is not None:
+            ok_at, _, err, counts = f
+            ent["last_error"], ent["errors"] = err, counts
+            if ok_at is not None:
+                ent["last_success"] = ok_at.isoformat(timespec="seconds")
+                ent["age_s"] = round(now_s - ok_at.timestamp(), 1)
+        until = self.backoff_until(name)
+        if name in KEY_ENVS and not self.settings.api_key(name):
+            ent["health"] = f"no API key ({self.settings.key_hint(name)})"
+        elif until is not None:
+            ent["health"] = f"backing off until {_iso(until)}"
+        elif ent["age_s"] is None:
+            ent["health"] = "never fetched" + (f" ({ent['last_error']})" if ent["last_error"] else "")
+        elif not is_fresh(now_s - ent["age_s"], now_s, stale):
+            ent["health"] = f"stale (older than {stale:.0f} s)"
+        elif ent["last_error"] and f[1] > f[0]:
+            ent["health"] = "ok (last attempt failed: " + ent["last_error"] + ")"
 
 
 class _Empty(SourceError):

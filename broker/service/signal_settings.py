@@ -18,6 +18,19 @@ preference; zones not listed keep the bundled replay::
         DE:      {carbon: [electricitymaps, bundled], price: [entsoe-day-ahead, bundled], ids: {entsoe-day-ahead: DE_LU}}
         CA-ON:   {carbon: [electricitymaps, bundled], price: [tariff], refresh_s: 3600}
 
+**Cloud prices** (optional ``cloud_prices``): live $/h of the bundled cloud offers in the regions listed, from
+AWS spot price history and the AWS Price List (``aws``) and the GCP Cloud Billing Catalog (``gcp``)
+(:mod:`pricing.cloud_price_sources`); offers elsewhere, and any offer no live price is known for, keep the bundled
+catalog price. Credentials come from the normal boto3 / ``google.auth`` chains, not from this file::
+
+    signals:
+      cloud_prices:
+        aws: [us-east-1, us-west-2]   # regions: spot history (ec2:DescribeSpotPriceHistory) + on-demand (pricing:GetProducts)
+        gcp: [us-central1]            # regions: Cloud Billing Catalog (read access to the public catalog)
+        refresh_s: 3600               # seconds between fetches per provider (one fetch per period, all processes)
+        stale_after_s: 21600          # a price fetched longer ago than this is "last known", not fresh
+        spot_history_h: 6             # hours of spot price history fetched back from now
+
 Source names (:data:`SOURCE_KINDS`): ``electricitymaps`` (carbon, key ``ELECTRICITYMAPS_API_KEY``),
 ``entsoe-day-ahead`` (price, key ``ENTSOE_API_KEY``), ``tariff`` (price, from ``tariffs``), ``bundled`` (both:
 the 2023-24 history replayed by whole weeks; it is the planner's last resort whether listed or not, and if
@@ -34,21 +47,28 @@ object, never logged and never put in an error or an explain record. Errors name
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pricing.carbon_sources import ELECTRICITYMAPS_KEY_ENV
+from pricing.cloud_price_sources import AWS_PRICE_LIST, AWS_SPOT, GCP_BILLING_CATALOG
 from pricing.price_sources import ENTSOE_KEY_ENV, Tariff, TariffError
 
-__all__ = ["SignalsSettings", "ZoneSignals", "SourceSettings", "SOURCE_KINDS", "KEY_ENVS", "BUNDLED"]
+__all__ = ["SignalsSettings", "ZoneSignals", "SourceSettings", "CloudPriceSettings", "SOURCE_KINDS", "KEY_ENVS",
+           "BUNDLED", "CLOUD_SOURCES"]
 
 #: the bundled 2023-24 history replayed by whole weeks (always the last resort)
 BUNDLED = "bundled"
 #: source name -> the signal kinds it serves ("carbon": life-cycle gCO2e/kWh, "price": USD/MWh)
 SOURCE_KINDS: dict[str, tuple[str, ...]] = {"electricitymaps": ("carbon",), "entsoe-day-ahead": ("price",),
-                                            "tariff": ("price",), BUNDLED: ("carbon", "price")}
+                                            "tariff": ("price",), BUNDLED: ("carbon", "price"),
+                                            AWS_SPOT: ("cloud",), AWS_PRICE_LIST: ("cloud",),
+                                            GCP_BILLING_CATALOG: ("cloud",)}
+#: provider -> the live cloud price sources asked for its offers (``cloud_prices``)
+CLOUD_SOURCES: dict[str, tuple[str, ...]] = {"aws": (AWS_SPOT, AWS_PRICE_LIST), "gcp": (GCP_BILLING_CATALOG,)}
 #: source name -> default environment variable of its API key (sources that need one)
 KEY_ENVS: dict[str, str] = {"electricitymaps": ELECTRICITYMAPS_KEY_ENV, "entsoe-day-ahead": ENTSOE_KEY_ENV}
 _GB = "gb-carbon-intensity"
@@ -95,8 +115,31 @@ class ZoneSignals(BaseModel):
     stale_after_s: float | None = Field(None, gt=0, le=30 * 86400)
 
 
+class CloudPriceSettings(BaseModel):
+    """``signals.cloud_prices`` (module docstring): ``aws`` and ``gcp`` (region lists), ``refresh_s`` and
+    ``stale_after_s`` (seconds), ``spot_history_h`` (hours)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    aws: list[str] = Field(default_factory=list)
+    gcp: list[str] = Field(default_factory=list)
+    refresh_s: float = Field(3600.0, ge=300, le=7 * 86400)
+    stale_after_s: float = Field(6 * 3600.0, gt=0, le=30 * 86400)
+    spot_history_h: int = Field(6, ge=1, le=24 * 7)
+
+    def regions(self, provider: str) -> list[str]:
+        """The regions of ``provider`` (``aws``/``gcp``) whose offers get live prices."""
+        return list(getattr(self, provider))
+
+    @property
+    def providers(self) -> list[str]:
+        """Providers with at least one region listed."""
+        return [p for p in CLOUD_SOURCES if getattr(self, p)]
+
+
 class SignalsSettings(BaseModel):
     """The ``signals:`` section (see the module docstring). Fields (units): ``zones``, ``sources``, ``tariffs``,
+    ``cloud_prices``,
     ``secrets_file``, ``refresh_s`` (seconds, >= 60), ``stale_after_s`` (seconds), ``history_h`` and
     ``forecast_h`` (hours)."""
 
@@ -105,6 +148,7 @@ class SignalsSettings(BaseModel):
     zones: dict[str, ZoneSignals] = Field(default_factory=dict)
     sources: dict[str, SourceSettings] = Field(default_factory=dict)
     tariffs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    cloud_prices: CloudPriceSettings = Field(default_factory=CloudPriceSettings)
     secrets_file: Path | None = None
     refresh_s: float = Field(900.0, ge=60, le=7 * 86400)
     stale_after_s: float = Field(3 * 3600.0, gt=0, le=30 * 86400)
@@ -129,6 +173,14 @@ class SignalsSettings(BaseModel):
 
     @model_validator(mode="after")
     def _chains(self) -> "SignalsSettings":
+        for provider in CLOUD_SOURCES:
+            regions = self.cloud_prices.regions(provider)
+            for r in regions:
+                if not re.fullmatch(r"[a-z]+(-[a-z0-9]+)+", r):
+                    raise ValueError(f"cloud_prices.{provider}: region {r!r}: not a region id such as us-east-1 or "
+                                     "us-central1")
+            if len(set(regions)) != len(regions):
+                raise ValueError(f"cloud_prices.{provider}={regions!r}: lists a region twice")
         for zone, t in self.tariffs.items():
             try:
                 Tariff({"zone": zone, **t})
@@ -165,6 +217,11 @@ class SignalsSettings(BaseModel):
     def enabled(self) -> bool:
         """Whether any zone has sources configured (else: the bundled replay everywhere)."""
         return bool(self.zones)
+
+    @property
+    def cloud_enabled(self) -> bool:
+        """Whether ``cloud_prices`` lists a region (else every offer keeps its bundled catalog price)."""
+        return bool(self.cloud_prices.providers)
 
     def source(self, name: str) -> SourceSettings:
         """The options of source ``name`` (defaults if the section does not list it)."""

@@ -140,7 +140,11 @@ def signals_refresh() -> dict:
     :data:`SIGNALS_BUDGET_S`; returns ``{"zone kind": summary}``."""
     out = {}
     fetched = False
-    for r in services.signal_cache.refresh_all(budget_s=SIGNALS_BUDGET_S):
+    cache = services.signal_cache
+    results = cache.refresh_all(budget_s=SIGNALS_BUDGET_S)
+    if cache.settings.cloud_enabled:
+        results += cache.refresh_cloud()
+    for r in results:
         if r.claimed:
             out[f"{r.zone} {r.kind}"] = {"fetched": r.fetched, "errors": r.errors, "skipped": r.skipped}
             fetched |= bool(r.fetched)

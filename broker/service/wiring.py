@@ -38,14 +38,15 @@ KICK_KEY = "fedbroker:plan-kick"
 _last_kick = -1e9
 
 
-def _cloud_broker(store, settings: BrokerSettings, offers=()):
+def _cloud_broker(store, settings: BrokerSettings, offers=(), priced=None):
     """The cloud broker for ``settings`` (``offers``: the catalog provisioning fails over in; none in an
-    API process, which only takes the instances' reports), or ``None`` when no cloud provider is configured."""
+    API process, which only takes the instances' reports; ``priced``: ``now_s -> offers`` with live cloud prices),
+    or ``None`` when no cloud provider is configured."""
     if not settings.cloud_providers:
         return None
     from broker.service.cloud import CloudBroker
 
-    return CloudBroker(store, settings, offers=offers, teardown=send_teardown)
+    return CloudBroker(store, settings, offers=offers, teardown=send_teardown, priced=priced)
 
 
 class Services:
@@ -87,7 +88,7 @@ class Services:
         from broker.service import ledger
 
         st = self.settings
-        signals = (st.signals, self.signal_cache) if st.signals.enabled else None
+        signals = (st.signals, self.signal_cache) if st.signals.enabled or st.signals.cloud_enabled else None
         env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st),
                               signals=signals)
         ledger.install(ledger.LedgerPrices.from_environment(env))  # one load of the offers and signals
@@ -114,7 +115,9 @@ class Services:
     def _build_cloud(self):
         """The cloud broker (provisioning fails over in the planning environment's offers), or ``None`` when no
         cloud provider is configured."""
-        return _cloud_broker(self.store, self.settings, offers=self.env.offers) if self.settings.cloud_providers else None
+        if not self.settings.cloud_providers:
+            return None
+        return _cloud_broker(self.store, self.settings, offers=self.env.offers, priced=self.env.offers_at)
 
     def reset(self):
         """Forget everything (tests, or after the settings changed)."""

@@ -34,6 +34,9 @@ class CloudBroker(Provisioning, Reports, Watching, Cooldown):
         store: the job store.
         settings: :class:`broker.service.settings.BrokerSettings` (``cloud``, ``aws``, ``gcp``, ``max_attempts``).
         offers: every ``CloudOffer`` the planner knows (failover options are taken from them).
+        priced: ``now_s -> offers`` in the same order, priced for that instant (the live environment's
+            :meth:`broker.service.live.LiveEnvironment.offers_at`: live cloud prices where configured); default:
+            ``offers`` as given.
         computes: provider name -> adapter; default :func:`.adapters.build_computes` (settings).
         teardown: ``teardown(job_id, attempt)`` asks for an attempt's instances to be terminated soon
             (a Celery task in the broker); default: terminate here and now.
@@ -43,10 +46,11 @@ class CloudBroker(Provisioning, Reports, Watching, Cooldown):
 
     def __init__(self, store: JobStore, settings, offers: Iterable = (), computes: dict[str, Compute] | None = None,
                  teardown: Callable[[str, int], None] | None = None, canon: Callable[[str], str] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, priced: Callable[[float], list] | None = None):
         self.store = store
         self.settings = settings
         self.offers = list(offers)
+        self._priced = priced
         self.computes = build_computes(settings) if computes is None else computes
         self._teardown_cb = teardown
         from pricing.power import canonical_or_same
@@ -61,3 +65,7 @@ class CloudBroker(Provisioning, Reports, Watching, Cooldown):
                         "an address of this broker's API reachable from the instances' subnets",
                         settings.effective_report_url)
         self._last_sweep = float("-inf")
+
+    def offers_at(self, now_s: float) -> list:
+        """The offers priced at ``now_s`` (POSIX s): ``priced(now_s)`` when given, else :attr:`offers`."""
+        return self._priced(now_s) if self._priced is not None else self.offers

@@ -94,7 +94,7 @@ class _Launch:
 
 class Provisioning:
     """The provisioning part of :class:`broker.service.cloud.CloudBroker`; needs ``self.store``,
-    ``self.settings``, ``self.offers``, ``self.computes``, ``self.canon``, ``self.sleep``, and the other parts'
+    ``self.settings``, ``self.offers_at``, ``self.computes``, ``self.canon``, ``self.sleep``, and the other parts'
     :meth:`token`, :meth:`cooling_offers` and :meth:`teardown`."""
 
     def provision(self, job_id: str, attempt: int, now: datetime | None = None) -> str:
@@ -122,7 +122,7 @@ class Provisioning:
             cooling = self.cooling_offers(s, now)
 
         spec = JobSpec.model_validate(job.spec)
-        options = failover_options(self.offers, job.offer_id, job.spec, lambda o: offer_allowed(self.settings, o),
+        options = failover_options(self.offers_at(now.timestamp()), job.offer_id, job.spec, lambda o: offer_allowed(self.settings, o),
                                    cooling, self.settings.cloud.max_failover_options, self.canon)
         history = FailoverHistory()
         c = self.settings.cloud

@@ -6,7 +6,8 @@ rules (what is fresh, what the planner uses) live in :mod:`broker.service.signal
 
 * :func:`put_values` — upsert hours of one (source, zone): a measured hour replaces whatever was cached, a
   forecast hour replaces only a forecast (a later forecast never overwrites a measurement);
-* :func:`value_rows` — the cached hours of some (source, zone) pairs in a window;
+* :func:`value_rows` — the cached hours of some (source, zone) pairs in a window; :func:`value_pairs` — the
+  pairs that have hours of one kind;
 * :func:`prune_values` — drop hours older than an instant;
 * :func:`record_fetch`, :func:`fetch_rows` — fetch health per (source, zone, kind).
 """
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from broker.service.store.tables import SignalFetch, SignalValue
 
-__all__ = ["CachedHour", "put_values", "value_rows", "prune_values", "record_fetch", "fetch_rows"]
+__all__ = ["CachedHour", "put_values", "value_rows", "value_pairs", "prune_values", "record_fetch", "fetch_rows"]
 
 
 class CachedHour(NamedTuple):
@@ -76,6 +77,12 @@ def value_rows(s: Session, pairs: Iterable[tuple[str, str]], start: datetime, en
                 SignalValue.hour_at < end)
          .order_by(SignalValue.source, SignalValue.zone, SignalValue.hour_at))
     return [CachedHour(*r) for r in s.execute(q)]
+
+
+def value_pairs(s: Session, kind: str) -> list[tuple[str, str]]:
+    """Inside ``s``: every ``(source, zone)`` with a cached hour of ``kind`` (e.g. ``cloud``: zone = an offer id)."""
+    q = select(SignalValue.source, SignalValue.zone).where(SignalValue.kind == kind).distinct()
+    return [(str(a), str(b)) for a, b in s.execute(q)]
 
 
 def prune_values(s: Session, before: datetime) -> int:

@@ -61,7 +61,15 @@ signals:
     ("tariffs: {CA-ON: {timezone: America/Nowhere, currency: CAD, default: 0.1}}",
      "setting signals.tariffs.CA-ON.timezone='America/Nowhere': not an IANA time zone"),
     ("sources: {bundled: {burst: 3}}",
-     "setting signals.sources.bundled: not a network source (choose from electricitymaps, entsoe-day-ahead, tariff)"),
+     "setting signals.sources.bundled: not a network source (choose from electricitymaps, entsoe-day-ahead, tariff, "
+     "aws-spot-history, aws-price-list, gcp-billing-catalog)"),
+    ("cloud_prices: {aws: [US East 1]}",
+     "setting signals.cloud_prices.aws: region 'US East 1': not a region id such as us-east-1 or us-central1"),
+    ("cloud_prices: {gcp: [us-central1, us-central1]}",
+     "setting signals.cloud_prices.gcp=['us-central1', 'us-central1']: lists a region twice"),
+    ("zones: {DE: {price: [aws-price-list]}}",
+     "setting signals.zones.DE.price: 'aws-price-list' is not a price source (choose from entsoe-day-ahead, tariff, "
+     "bundled)"),
     ("zones: {DE: {carbon: [electricitymaps], ids: {entsoe-day-ahead: DE_LU}}}",
      "setting signals.zones.DE.ids.entsoe-day-ahead: the zone does not use that source"),
     ("refresh_s: 10", "setting signals.refresh_s=10: Input should be greater than or equal to 60"),
