@@ -1,14 +1,14 @@
 """usage ledger (issue #12): a line's key also holds its start, so an on-prem node's idle GPU time has one
 ``idle_amortised`` line per hour (no job, no attempt: the hour tells them apart)
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-12-01 22:40:00
 """
 from alembic import op
 
-revision = '0011'
-down_revision = '0010'
+revision = '0012'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 
