@@ -133,11 +133,6 @@ class PlannerConfig(BaseModel):
             a job with days of slack is not sent to the cloud because of work that will wait for it
             (BENCHMARKS.md, "Look-ahead planner"). Reviews still bound the optimism: a waiting job is looked
             at again at the last instant the cloud can meet its deadline.
-        capacity_prices_period_s: ``federated``'s look-ahead over the waiting work and the signals'
-            horizon (:mod:`broker.planner.lookahead`): every this many seconds an LP over the jobs waiting
-            now prices each on-prem GPU-hour of the next ``horizon_s`` (the duals of its capacity rows), and
-            each on-prem option's score includes the price of the GPU-hours it would hold, so work that is
-            cheap in the cloud leaves the pool to work that is dear there. 0 (default) = off.
         onprem_cost_basis: what an on-prem GPU-hour costs in the *score*.
             ``marginal`` (default): electricity only — the capital is spent whether
             the GPU is busy or idle, so leaving it idle to rent a cloud GPU never
@@ -171,7 +166,6 @@ class PlannerConfig(BaseModel):
     cloud_enabled: bool = True
     urgency_bucket_s: float = Field(6 * 3600.0, ge=0)
     wait_ahead: Literal["queue", "urgency"] = "queue"
-    capacity_prices_period_s: float = Field(0.0, ge=0, allow_inf_nan=False)
     onprem_cost_basis: Literal["marginal", "amortised"] = "marginal"
 
 
@@ -399,9 +393,6 @@ class PlannerContext:
             self._zone_stack = None
         #: caches that depend only on the static inputs (per job shape: compatible offers, targets)
         self._shape_cache_static: dict = {}
-        #: ``(period index, broker.planner.lookahead.CapacityPrices)`` of the last solve
-        #: (``PlannerConfig.capacity_prices_period_s``): the one planner state kept between cycles
-        self.capacity_prices_cache: tuple | None = None
 
     # ----------------------------------------------------------------- helpers
     def pool_types(self, pool: int) -> list[str]:

@@ -36,7 +36,6 @@ import numpy as np
 from broker.model import Decision, DecisionKind, LazyOptions, OptionEstimate
 from broker.planner.capacity import shadow_time
 from broker.planner.core import PendingJob, PlannerContext, Snapshot
-from broker.planner.lookahead import prices_for_cycle
 from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
                                         never_fits_reason, run_onprem_queue, urgency_bucket, work_bucket)
@@ -162,9 +161,6 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             st = res.started.get(p, (0.0, 0.0))
             ahead[p].set_urgency(demand, (st[0], st[1]))
     todo = sorted(fresh + review, key=cy.urgency_key)
-    if cfg.capacity_prices_period_s > 0 and todo:
-        cy.capacity_prices = prices_for_cycle(
-            cy, lambda: todo + committed + [j for g in (snap.queued or {}).values() for j in g])
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
     budgets = dict(cfg.team_budget_usd)
     batches: dict[tuple, list] = {}
@@ -384,8 +380,6 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         dollars = e + am
         feasible = (s + r <= latest_finish) & ~np.isnan(dollars) & ~np.isnan(c)  # budgets bound cloud spend only
         sc = np.where(feasible, score(e + (am if amort_in else 0.0), c, s - now, vot_h, cp), INF)
-        if cy.capacity_prices is not None:  # look-ahead: the price of the GPU-hours the option holds
-            sc = np.where(feasible, sc + cy.capacity_prices.charge(p, t, job0.gpus, s, r), INF)
         # the record of a wait: its expected start, costed there (the choice above stands)
         waits = (kind == _WAIT) & (expect != wait)
         if waits.any():

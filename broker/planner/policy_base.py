@@ -88,8 +88,6 @@ class Cycle:
         self._avail: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_scores: dict = {}
         self._rel_arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        #: ``federated``'s on-prem capacity prices for this cycle (:mod:`broker.planner.lookahead`), or None
-        self.capacity_prices = None
 
     def fit_now(self, job: PendingJob, pool: int, gpu_type: str) -> list[int] | None:
         """Nodes where ``job`` fits now on ``pool``/``gpu_type`` (best-fit), or None.
