@@ -617,7 +617,7 @@ def _ctx(pools, policy, **cfg):
     return make_ctx(pools, INV_OFFERS, signals=INV_SIGNALS, policy=policy, **cfg)
 
 
-@pytest.mark.parametrize("policy", ["fifo", "backfill", "cheapest", "federated", "federated:urgency"])
+@pytest.mark.parametrize("policy", ["fifo", "backfill", "cheapest", "federated", "federated:queue"])
 @INV
 @given(case=snapshots())
 @example(case=_example_backfill())
