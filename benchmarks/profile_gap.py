@@ -30,7 +30,6 @@ from collections import defaultdict
 
 import numpy as np
 
-import broker.planner.federated as federated
 import broker.sim.simulator as simmod
 from broker.model import DecisionKind
 from broker.planner.core import PlannerConfig
@@ -67,9 +66,6 @@ def main() -> None:
     pc = PlannerConfig(**_parse_set(a.set))
     by_id = {j.job_id: j for j in tr.jobs}
 
-    # list more rejected options per decision (explanations only; the chosen option is the same) so the
-    # on-prem option of a cloud decision is among them
-    federated.N_ALTERNATIVES = 12
     bursts: dict[str, dict] = {}
     real_plan = simmod.plan
 
@@ -88,7 +84,9 @@ def main() -> None:
                        "review" if pj.review_s <= snap.now_s else "late in the queue")
                 off = ctx.offers[d.offer_index]
                 onp = [o for o in d.alternatives if o.kind == "onprem"]
-                why_on = (onp[0].note or "?") if onp else "no on-prem option listed"
+                # not among the 3 best rejected options: every one listed is a feasible cloud offer, so the
+                # on-prem option was infeasible (it misses the deadline) or scored worse than 3 offers
+                why_on = (onp[0].note or "?") if onp else "not listed (behind 3 feasible offers)"
                 wait_on = onp[0].wait_s / _H if onp else math.nan
                 bursts[d.job_id] = dict(t=snap.now_s, why=why,
                                         slack_h=(pj.deadline_s - snap.now_s - pj.work_s) / _H if pj else math.nan,
