@@ -221,19 +221,22 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
 
 def _urgency_demand(snap: Snapshot, committed: list[PendingJob], bucket_s: float) -> dict[int, dict]:
     """Pool -> ``(priority, urgency bucket)`` -> ``[GPUs, GPU-seconds]`` of the committed jobs: the caller's
-    ``Snapshot.queued_demand_by_urgency`` plus ``committed`` (passed in ``pending``), or computed from
-    ``Snapshot.queued`` (O(queue)) when the caller keeps none."""
+    ``Snapshot.queued_demand_by_urgency``, or sums over ``Snapshot.queued`` (O(queue); each group's key,
+    :func:`~broker.planner.policy_base.queue_group`, gives its priority and bucket) when the caller keeps none;
+    plus ``committed`` (committed jobs passed in ``pending``)."""
     out: dict[int, dict] = {}
     by = snap.queued_demand_by_urgency
     if by is not None:
         for p, d in by.items():
             out[p] = {k: [v[0], v[1]] for k, v in d.items()}
-        extra = committed
     else:
-        extra = list(committed)
-        for group in (snap.queued or {}).values():
-            extra.extend(group)
-    for j in extra:
+        for (prio, _team, bucket), group in (snap.queued or {}).items():
+            for j in group:
+                if j.committed_pool is not None:
+                    acc = out.setdefault(j.committed_pool, {}).setdefault((prio, bucket), [0.0, 0.0])
+                    acc[0] += j.gpus
+                    acc[1] += j.gpus * j.work_s
+    for j in committed:
         if j.committed_pool is not None:
             acc = out.setdefault(j.committed_pool, {}).setdefault((j.priority, urgency_bucket(j, bucket_s)), [0.0, 0.0])
             acc[0] += j.gpus
