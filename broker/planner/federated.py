@@ -130,7 +130,11 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     # demand ahead per pool: everything still waiting in the committed queue
     ahead = [_PoolQueueState() for _ in ctx.pools]
     qd = snap.queued_demand
-    if qd is None:
+    # per (priority, urgency bucket) for wait_ahead="urgency"; it also gives the totals when the caller keeps none
+    urg = _urgency_demand(snap, committed, cfg.urgency_bucket_s) if cfg.wait_ahead == "urgency" else None
+    if qd is None and urg is not None:
+        qd = {p: [sum(v[0] for v in d.values()), sum(v[1] for v in d.values())] for p, d in urg.items()}
+    elif qd is None:
         qd = {}
         for j in committed:
             acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
@@ -156,8 +160,8 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         st = res.started.get(p, (0.0, 0.0))
         ahead[p].gpus = max(g - st[0], 0.0)
         ahead[p].gpu_seconds = max(gs - st[1], 0.0)
-    if cfg.wait_ahead == "urgency":
-        for p, demand in _urgency_demand(snap, committed, cfg.urgency_bucket_s).items():
+    if urg is not None:
+        for p, demand in urg.items():
             st = res.started.get(p, (0.0, 0.0))
             ahead[p].set_urgency(demand, (st[0], st[1]))
     todo = sorted(fresh + review, key=cy.urgency_key)
@@ -231,11 +235,24 @@ def _urgency_demand(snap: Snapshot, committed: list[PendingJob], bucket_s: float
             out[p] = {k: [v[0], v[1]] for k, v in d.items()}
     else:
         for (prio, _team, bucket), group in (snap.queued or {}).items():
+            last, g_sum, gs_sum = None, 0.0, 0.0  # a group's jobs mostly share a pool: add per run of one pool
             for j in group:
-                if j.committed_pool is not None:
-                    acc = out.setdefault(j.committed_pool, {}).setdefault((prio, bucket), [0.0, 0.0])
-                    acc[0] += j.gpus
-                    acc[1] += j.gpus * j.work_s
+                p = j.committed_pool
+                if p is None:
+                    continue
+                if p != last:
+                    if last is not None:
+                        acc = out.setdefault(last, {}).setdefault((prio, bucket), [0.0, 0.0])
+                        acc[0] += g_sum
+                        acc[1] += gs_sum
+                    last, g_sum, gs_sum = p, 0.0, 0.0
+                g = j.gpus_per_node * j.nodes
+                g_sum += g
+                gs_sum += g * j.work_s
+            if last is not None:
+                acc = out.setdefault(last, {}).setdefault((prio, bucket), [0.0, 0.0])
+                acc[0] += g_sum
+                acc[1] += gs_sum
     for j in committed:
         if j.committed_pool is not None:
             acc = out.setdefault(j.committed_pool, {}).setdefault((j.priority, urgency_bucket(j, bucket_s)), [0.0, 0.0])
