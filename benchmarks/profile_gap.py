@@ -1,6 +1,7 @@
 """Where does ``federated`` spend the cloud dollars the LP bound does not? (issue 11, item 3)
 
-Replays the first ``--jobs`` jobs of the Philly trace on the bundled Toronto pool under one policy
+Replays the first ``--jobs`` jobs of the Philly trace (or ``--trace`` CSV) on the bundled Toronto pool
+(or ``--cluster``) under one policy
 (``federated`` by default, planner settings from ``--set key=value``), records every cloud decision
 the planner makes (wrapping :func:`broker.planner.registry.plan` as the simulator calls it), solves
 the LP bound of the same jobs, and prints a breakdown:
@@ -36,7 +37,7 @@ from broker.planner.core import PlannerConfig
 from broker.sim.bound import CLI_BLOCK_H, BoundLP
 from broker.sim.scenario import load_scenario
 from broker.sim.simulator import SimulationConfig, simulate
-from broker.sim.traces import load_philly
+from broker.sim.traces import load_generic_csv, load_philly
 
 _H = 3600.0
 
@@ -59,10 +60,15 @@ def main() -> None:
     ap.add_argument("--policy", default="federated")
     ap.add_argument("--set", action="append", default=[], help="PlannerConfig field=value")
     ap.add_argument("--no-bound", action="store_true")
+    ap.add_argument("--cluster", default=None, help="on-prem cluster YAML (default: the bundled Toronto pool)")
+    ap.add_argument("--trace", default="philly", help="'philly' or a CSV path in the generic schema")
     a = ap.parse_args()
 
-    scen = load_scenario()
-    tr = load_philly(site_tz=scen.pools[0].timezone, limit=a.jobs or None)  # 0: the whole trace
+    scen = load_scenario(a.cluster)
+    if a.trace == "philly":
+        tr = load_philly(site_tz=scen.pools[0].timezone, limit=a.jobs or None)  # 0: the whole trace
+    else:
+        tr = load_generic_csv(a.trace, limit=a.jobs or None)
     pc = PlannerConfig(**_parse_set(a.set))
     by_id = {j.job_id: j for j in tr.jobs}
 
