@@ -156,19 +156,23 @@ def make_pending(n: int, tr: TraceShapes, rng: np.random.Generator, max_age_h: f
 def queued_snapshot(snap: Snapshot, cfg: PlannerConfig) -> Snapshot:
     """``snap`` with its committed jobs (a pool chosen, review later) moved from ``pending`` to ``queued``
     groups (:func:`queue_group` under ``cfg``, submission order) and their ``queued_demand`` (GPUs,
-    GPU-seconds per pool), as the simulator and the live cycle pass a waiting queue."""
-    fresh, groups, demand = [], {}, {}
+    GPU-seconds per pool) and ``queued_demand_by_urgency`` (the same per priority and urgency bucket), as the
+    simulator passes a waiting queue (the live cycle passes the groups only: the planner sums them)."""
+    fresh, groups, demand, by_urgency = [], {}, {}, {}
     every = list(snap.pending) + [j for g in (snap.queued or {}).values() for j in g]
     for j in sorted(every, key=lambda j: (j.submit_s, j.job_id)):
         if j.committed_pool is None or j.review_s <= snap.now_s:
             fresh.append(j)
             continue
-        groups.setdefault(queue_group(j, cfg), []).append(j)
+        key = queue_group(j, cfg)
+        groups.setdefault(key, []).append(j)
         g, gs = demand.get(j.committed_pool, (0.0, 0.0))
         demand[j.committed_pool] = (g + j.gpus, gs + j.gpus * j.work_s)
+        g, gs = by_urgency.setdefault(j.committed_pool, {}).get((key[0], key[2]), (0.0, 0.0))
+        by_urgency[j.committed_pool][(key[0], key[2])] = (g + j.gpus, gs + j.gpus * j.work_s)
     return Snapshot(now_s=snap.now_s, pending=fresh, free=snap.free, running=snap.running,
                     offer_available=snap.offer_available, team_usage=snap.team_usage, queued=groups,
-                    queued_demand=demand)
+                    queued_demand=demand, queued_demand_by_urgency=by_urgency)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -267,6 +271,8 @@ def main(argv=None) -> int:
     ap.add_argument("--queued", action="store_true",
                     help="pass the committed jobs in Snapshot.queued groups (as the simulator and the live cycle "
                          "do) instead of in Snapshot.pending")
+    ap.add_argument("--wait-ahead", choices=("queue", "urgency"), default=None,
+                    help="PlannerConfig.wait_ahead (default: the config's)")
     ap.add_argument("--no-mem", action="store_true", help="skip the extra tracemalloc call")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="after timing, profile one extra cold call per row with cProfile; print the top N "
@@ -300,7 +306,7 @@ def main(argv=None) -> int:
             snap = Snapshot(now_s=NOW_S, pending=pending, free=[free], running=running, offer_available=avail,
                             team_usage=usage)
             for pol in policies:
-                cfg = PlannerConfig(policy=pol)
+                cfg = PlannerConfig(policy=pol, **({"wait_ahead": args.wait_ahead} if args.wait_ahead else {}))
                 if args.queued:
                     snap = queued_snapshot(snap, cfg)
                 offers = scen.offers if POLICIES[pol].uses_cloud else []  # as the simulator does

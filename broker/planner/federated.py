@@ -38,7 +38,7 @@ from broker.planner.capacity import shadow_time
 from broker.planner.core import PendingJob, PlannerContext, Snapshot
 from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
-                                        never_fits_reason, run_onprem_queue, work_bucket)
+                                        never_fits_reason, run_onprem_queue, urgency_bucket, work_bucket)
 
 __all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE"]
 
@@ -52,13 +52,44 @@ _NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
           "defer": "deferred to a cheaper/cleaner window"}
 
 class _PoolQueueState:
-    """Demand ahead in one pool's queue, for wait estimates (fluid + release profile)."""
+    """Demand ahead in one pool's queue, for wait estimates (fluid + release profile).
 
-    __slots__ = ("gpus", "gpu_seconds")
+    ``gpus`` and ``gpu_seconds``: the whole queue (GPUs; reference-GPU-seconds x GPUs). With
+    ``PlannerConfig.wait_ahead == "urgency"``, ``keys`` (sorted ``(-priority, urgency bucket)``) and
+    the cumulative ``cum_gpus`` / ``cum_gpu_seconds`` over them give the part a job queues behind
+    (:meth:`for_jobs`)."""
+
+    __slots__ = ("gpus", "gpu_seconds", "keys", "cum_gpus", "cum_gpu_seconds", "started")
 
     def __init__(self):
         self.gpus = 0
         self.gpu_seconds = 0.0
+        self.keys: list[tuple[int, float]] | None = None
+        self.cum_gpus = self.cum_gpu_seconds = None
+        self.started = (0.0, 0.0)
+
+    def set_urgency(self, demand: dict[tuple[int, float], list[float]], started: tuple[float, float]) -> None:
+        """Per ``(priority, bucket)`` demand ``[GPUs, GPU-seconds]`` of the queue, and what of it started this cycle."""
+        items = sorted(((-pr, b), v) for (pr, b), v in demand.items())
+        self.keys = [k for k, _ in items]
+        self.cum_gpus = np.cumsum([v[0] for _, v in items]) if items else np.zeros(0)
+        self.cum_gpu_seconds = np.cumsum([v[1] for _, v in items]) if items else np.zeros(0)
+        self.started = started
+
+    def for_jobs(self, jobs: list[PendingJob], bucket_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(GPUs, GPU-seconds)`` ahead of each of ``jobs`` (arrays ``(n,)``): the whole queue, or with
+        urgency keys the jobs of a higher class or of its class with an urgency bucket at most its own, less
+        what started this cycle (started jobs are the queue's head), never above the whole queue."""
+        n = len(jobs)
+        if self.keys is None:
+            return np.full(n, float(self.gpus)), np.full(n, float(self.gpu_seconds))
+        g, gs = np.zeros(n), np.zeros(n)
+        for i, j in enumerate(jobs):
+            k = bisect.bisect_right(self.keys, (-j.priority, urgency_bucket(j, bucket_s)))
+            if k:
+                g[i], gs[i] = self.cum_gpus[k - 1], self.cum_gpu_seconds[k - 1]
+        return (np.clip(g - self.started[0], 0.0, self.gpus),
+                np.clip(gs - self.started[1], 0.0, self.gpu_seconds))
 
 
 def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
@@ -99,7 +130,11 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
     # demand ahead per pool: everything still waiting in the committed queue
     ahead = [_PoolQueueState() for _ in ctx.pools]
     qd = snap.queued_demand
-    if qd is None:
+    # per (priority, urgency bucket) for wait_ahead="urgency"; it also gives the totals when the caller keeps none
+    urg = _urgency_demand(snap, committed, cfg.urgency_bucket_s) if cfg.wait_ahead == "urgency" else None
+    if qd is None and urg is not None:
+        qd = {p: [sum(v[0] for v in d.values()), sum(v[1] for v in d.values())] for p, d in urg.items()}
+    elif qd is None:
         qd = {}
         for j in committed:
             acc = qd.setdefault(j.committed_pool, [0.0, 0.0])
@@ -125,6 +160,10 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         st = res.started.get(p, (0.0, 0.0))
         ahead[p].gpus = max(g - st[0], 0.0)
         ahead[p].gpu_seconds = max(gs - st[1], 0.0)
+    if urg is not None:
+        for p, demand in urg.items():
+            st = res.started.get(p, (0.0, 0.0))
+            ahead[p].set_urgency(demand, (st[0], st[1]))
     todo = sorted(fresh + review, key=cy.urgency_key)
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
     budgets = dict(cfg.team_budget_usd)
@@ -182,6 +221,44 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         if budgets:
             _charge_budgets(cy, n0, jobs, targets, offers, ahead, budgets)
     return cy.decisions
+
+
+def _urgency_demand(snap: Snapshot, committed: list[PendingJob], bucket_s: float) -> dict[int, dict]:
+    """Pool -> ``(priority, urgency bucket)`` -> ``[GPUs, GPU-seconds]`` of the committed jobs: the caller's
+    ``Snapshot.queued_demand_by_urgency``, or sums over ``Snapshot.queued`` (O(queue); each group's key,
+    :func:`~broker.planner.policy_base.queue_group`, gives its priority and bucket) when the caller keeps none;
+    plus ``committed`` (committed jobs passed in ``pending``)."""
+    out: dict[int, dict] = {}
+    by = snap.queued_demand_by_urgency
+    if by is not None:
+        for p, d in by.items():
+            out[p] = {k: [v[0], v[1]] for k, v in d.items()}
+    else:
+        for (prio, _team, bucket), group in (snap.queued or {}).items():
+            last, g_sum, gs_sum = None, 0.0, 0.0  # a group's jobs mostly share a pool: add per run of one pool
+            for j in group:
+                p = j.committed_pool
+                if p is None:
+                    continue
+                if p != last:
+                    if last is not None:
+                        acc = out.setdefault(last, {}).setdefault((prio, bucket), [0.0, 0.0])
+                        acc[0] += g_sum
+                        acc[1] += gs_sum
+                    last, g_sum, gs_sum = p, 0.0, 0.0
+                g = j.gpus_per_node * j.nodes
+                g_sum += g
+                gs_sum += g * j.work_s
+            if last is not None:
+                acc = out.setdefault(last, {}).setdefault((prio, bucket), [0.0, 0.0])
+                acc[0] += g_sum
+                acc[1] += gs_sum
+    for j in committed:
+        if j.committed_pool is not None:
+            acc = out.setdefault(j.committed_pool, {}).setdefault((j.priority, urgency_bucket(j, bucket_s)), [0.0, 0.0])
+            acc[0] += j.gpus
+            acc[1] += j.gpus * j.work_s
+    return out
 
 
 def _cap_note(team: str, left: float, blocked=None) -> str:
@@ -264,6 +341,7 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
     n = len(jobs)
     cols = []
     deferrable = job0.deferrable and not job0.deferred_once and cfg.horizon_s > 0
+    ahead_by_pool = {p: ahead[p].for_jobs(jobs, cfg.urgency_bucket_s) for p in {p for p, _ in targets}}
     for ti, (p, t) in enumerate(targets):
         runtime = work / ctx.gpus.throughput[t]
         fit = np.array([f[ti] is not None for f in fits], dtype=bool)
@@ -274,18 +352,19 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         ends_before = now + runtime <= cy.shadow_s
         times, cum = cy.release_arrays(p)
         opt = np.full(n, not reserved) | ends_before
-        wait_opt = _release_wait(cy, p, np.where(opt, 0.0, ahead[p].gpus) + job0.gpus - fnow, times, cum)
-        wait_opt = np.maximum(wait_opt, np.where(opt, 0.0, ahead[p].gpu_seconds / max(ctx.pool_capacity[p], 1)))
+        ahead_g, ahead_gs = ahead_by_pool[p]  # per job: the whole queue, or what it queues behind (wait_ahead)
+        wait_opt = _release_wait(cy, p, np.where(opt, 0.0, ahead_g) + job0.gpus - fnow, times, cum)
+        wait_opt = np.maximum(wait_opt, np.where(opt, 0.0, ahead_gs / max(ctx.pool_capacity[p], 1)))
         backfillable = np.full(n, reserved) & ends_before
-        alone = not reserved and ahead[p].gpus <= 0
-        t_rel = _release_wait(cy, p, np.where(backfillable | alone, 0.0, ahead[p].gpus) + job0.gpus - fnow, times, cum)
-        if alone and not fit.all():
+        alone = np.full(n, not reserved) & (ahead_g <= 0)
+        t_rel = _release_wait(cy, p, np.where(backfillable | alone, 0.0, ahead_g) + job0.gpus - fnow, times, cum)
+        if (alone & ~fit).any():
             # nobody waits for this pool: a job that does not fit now is the top blocked job and
             # holds the reservation from its shadow time (node by node, not only GPU counts)
             ts, _ = shadow_time(cy.index[p], cy.releases(p), t, job0.gpus_per_node, job0.nodes, job0.min_mem_gb, now)
             if ts < INF:
-                t_rel = np.maximum(t_rel, ts - now)
-        fluid = np.where(backfillable | alone, 0.0, ahead[p].gpu_seconds / max(ctx.pool_capacity[p], 1))
+                t_rel = np.where(alone, np.maximum(t_rel, ts - now), t_rel)
+        fluid = np.where(backfillable | alone, 0.0, ahead_gs / max(ctx.pool_capacity[p], 1))
         expect = np.where(fit, 0.0, np.maximum(np.maximum(t_rel, fluid), 0.0))
         if reserved and cy.reservation_holder is not None:
             # the job holding the reservation (a job due for review) starts at its shadow time

@@ -279,6 +279,8 @@ class Simulator:
         queued: dict[tuple, dict[str, PendingJob]] = {}
         queued_key: dict[str, tuple] = {}
         queued_demand: dict[int, list[float]] = {}
+        # the same per (priority, urgency bucket): what PlannerConfig.wait_ahead="urgency" reads
+        queued_by_urgency: dict[int, dict[tuple[int, float], list[float]]] = {}
         running: dict[str, RunningJob] = {}
 
         def enqueue(pj: PendingJob) -> None:
@@ -287,6 +289,9 @@ class Simulator:
             queued_key[pj.job_id] = key
             if pj.committed_pool is not None:
                 acc = queued_demand.setdefault(pj.committed_pool, [0.0, 0.0])
+                acc[0] += pj.gpus
+                acc[1] += pj.gpus * pj.work_s
+                acc = queued_by_urgency.setdefault(pj.committed_pool, {}).setdefault((key[0], key[2]), [0.0, 0.0])
                 acc[0] += pj.gpus
                 acc[1] += pj.gpus * pj.work_s
 
@@ -302,6 +307,12 @@ class Simulator:
                 acc = queued_demand[pj.committed_pool]
                 acc[0] -= pj.gpus
                 acc[1] -= pj.gpus * pj.work_s
+                by = queued_by_urgency[pj.committed_pool]
+                acc = by[(key[0], key[2])]
+                acc[0] -= pj.gpus
+                acc[1] -= pj.gpus * pj.work_s
+                if acc[0] <= 0:
+                    del by[(key[0], key[2])]
             return pj
 
         def take(jid: str) -> None:
@@ -485,7 +496,8 @@ class Simulator:
             snap = Snapshot(now_s=now, pending=list(pending.values()), free=self.free,
                             running=list(running.values()), offer_available=avail, team_usage=usage,
                             queued={k: v.values() for k, v in queued.items() if v},
-                            queued_demand={p: (a[0], a[1]) for p, a in queued_demand.items()})
+                            queued_demand={p: (a[0], a[1]) for p, a in queued_demand.items()},
+                            queued_demand_by_urgency=queued_by_urgency)
             if fc_model != "perfect" and math.floor(now / _SIGNAL_HOUR_S) != issued_hour:
                 # the forecasts issued at this UTC hour (kept for the hour): what a live broker would know now
                 issued_hour = math.floor(now / _SIGNAL_HOUR_S)

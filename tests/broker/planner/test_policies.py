@@ -356,6 +356,60 @@ def test_federated_on_prem_queue_is_least_laxity_first_then_fair_share(queued):
     assert [d.job_id for d in ds] == ["lax"]
 
 
+@pytest.mark.parametrize("passed", ["pending", "queued", "queued+demand"])
+def test_federated_wait_ahead_urgency_counts_only_the_queue_served_first(passed):
+    """Look-ahead over the queue's order (``PlannerConfig.wait_ahead``), by hand (flat prices: no deferral pays).
+
+    Pool: 2 nodes x 4 V100; node 0 runs 3 GPUs and node 1 all 4 until T0+2 h (1 GPU free). Three "lax" 4-GPU
+    jobs of 10 h wait in the queue (deadline T0+100 h: latest start T0+90 h, 6-h urgency bucket 78,431); the
+    first is blocked and holds the reservation from T0+2 h. A fresh 4-GPU job j of 3 h, deadline T0+10 h (latest
+    start T0+7 h: bucket 78,417), cannot end before that shadow time, so its wait counts the queue ahead.
+    Offer: 4 x V100 on demand, $10/h, 300 s boot.
+
+    * ``"queue"``: ahead = 3 x 4 GPUs x 10 h = 432,000 GPU-s over 8 GPUs = 15 h of fluid wait: on-prem start
+      T0+15 h misses the deadline, so j goes to the cloud (the greedy burst);
+    * ``"urgency"``: the least-laxity queue serves j (bucket 78,417) before the lax jobs (78,431): nothing is
+      ahead; the release profile frees 4 - 1 = 3 more GPUs at T0+2 h; it would finish at T0+5 h <= T0+10 h -
+      300 s, far cheaper than the cloud: it waits, expected start T0+2 h, and is reviewed at the last instant
+      the cloud still meets its deadline.
+    """
+    from broker.planner.policy_base import queue_group, urgency_bucket
+
+    lax = [_waiting(f"lax{k}", "a", T0 - 3 * H + k, T0 + 100 * H) for k in range(3)]
+    for j in lax:
+        j.work_s = 10 * H
+    job = make_job("j").gpus(4).work(3 * H).deadline(T0 + 10 * H).build()
+    running = [make_running("r1").on((0, 3)).ends(T0 + 2 * H).build(),
+               make_running("r2").on((1, 4)).ends(T0 + 2 * H).build()]
+    out = {}
+    for ahead in ("queue", "urgency"):
+        ctx = make_ctx([_roomy_pool()], [_fed_offer()], signals=FLAT, policy="federated", wait_ahead=ahead)
+        assert urgency_bucket(job, ctx.config.urgency_bucket_s) == 78417.0
+        assert urgency_bucket(lax[0], ctx.config.urgency_bucket_s) == 78431.0
+        if passed == "pending":
+            snap = make_snapshot(T0, lax + [job], [[1, 0]], running)
+        else:
+            snap = make_snapshot(T0, [job], [[1, 0]], running)
+            groups = {}
+            for j in lax:
+                groups.setdefault(queue_group(j, ctx.config), []).append(j)
+            snap.queued = groups
+            if passed == "queued+demand":
+                snap.queued_demand = {0: (12.0, 12 * 10 * H)}
+                snap.queued_demand_by_urgency = {0: {(0, 78431.0): (12.0, 12 * 10 * H)}}
+        (d,) = plan(snap, ctx)
+        out[ahead] = d
+    q, u = out["queue"], out["urgency"]
+    assert q.kind == DecisionKind.provision
+    (onp,) = [o for o in q.alternatives if o.kind == "onprem"]
+    assert (onp.start_s, onp.feasible, onp.note) == (T0 + 15 * H, False, "misses the deadline")
+    assert (u.kind, u.pool) == (DecisionKind.wait, "lab")
+    assert (u.option.kind, u.option.start_s, u.option.wait_s, u.option.feasible) == ("onprem", T0 + 2 * H, 2 * H, True)
+    # review: deadline - margin 300 s - the cloud's pessimistic finish (300 s boot + 3 h) - (3,600 s + 20 % of it)
+    cloud_finish = 300.0 + 3 * H
+    assert u.not_before == approx(T0 + 10 * H - 300.0 - cloud_finish - (3600.0 + 0.2 * cloud_finish))
+
+
 def test_federated_rejects_what_nothing_can_hold_with_a_reason():
     ctx = _fed_ctx()
     job = make_job("h").gpus(4).types("H100").build()
@@ -559,18 +613,19 @@ def _check_common(pools, snap, ctx, ds):
         assert (used[p] <= avail[p]).all(), f"pool {p} over-allocated: used {used[p]} free {avail[p]}"
 
 
-def _ctx(pools, policy):
-    return make_ctx(pools, INV_OFFERS, signals=INV_SIGNALS, policy=policy)
+def _ctx(pools, policy, **cfg):
+    return make_ctx(pools, INV_OFFERS, signals=INV_SIGNALS, policy=policy, **cfg)
 
 
-@pytest.mark.parametrize("policy", ["fifo", "backfill", "cheapest", "federated"])
+@pytest.mark.parametrize("policy", ["fifo", "backfill", "cheapest", "federated", "federated:queue"])
 @INV
 @given(case=snapshots())
 @example(case=_example_backfill())
 @example(case=_example_two_preemptors())
 def test_invariants_every_policy(policy, case):
     pools, snap = case
-    ctx = _ctx(pools, policy)
+    policy, _, ahead = policy.partition(":")
+    ctx = _ctx(pools, policy, **({"wait_ahead": ahead} if ahead else {}))
     ds = plan(snap, ctx)
     _check_common(pools, snap, ctx, ds)
     kinds = {d.kind for d in ds}
@@ -605,16 +660,17 @@ def test_cheapest_provisions_the_cheapest_available_offer(case):
         assert d.option.dollars_usd == approx(float(dollars.min()))
 
 
+@pytest.mark.parametrize("ahead", ["queue", "urgency"])
 @INV
 @given(case=snapshots(max_jobs=1, idle=True), slack_h=st.integers(0, 30))
-def test_federated_idle_pool_ample_slack_finishes_in_time(case, slack_h):
+def test_federated_idle_pool_ample_slack_finishes_in_time(ahead, case, slack_h):
     pools, snap = case
     (job,) = snap.pending
     job.min_mem_gb = 0.0
     job.nodes = 1
     job.gpus_per_node = min(job.gpus_per_node, max(n.gpu_count for n in pools[0].nodes))
     job.gpu_types = None
-    ctx = _ctx(pools, "federated")
+    ctx = _ctx(pools, "federated", wait_ahead=ahead)
     # starting now on-prem finishes by now + work (throughput >= 1): an in-time start exists
     job.deadline_s = NOW + job.work_s + ctx.config.deadline_margin_s + slack_h * H
     (d,) = plan(snap, ctx)

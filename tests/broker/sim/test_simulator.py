@@ -347,3 +347,44 @@ def test_a_dip_that_recurs_every_day_is_forecast_and_taken():
 def test_forecast_must_be_a_known_model():
     with pytest.raises(ValueError, match="forecast='arima'"):
         SimulationConfig(forecast="arima")
+
+
+def test_queued_demand_by_urgency_matches_the_queue_it_describes(monkeypatch):
+    """The simulator keeps ``Snapshot.queued_demand_by_urgency`` incrementally (``PlannerConfig.wait_ahead``):
+    at every cycle it equals the sums over the committed jobs in ``Snapshot.queued``, per pool and (priority,
+    urgency bucket), and the planner decides the same as when it recomputes them from the queue."""
+    import broker.sim.simulator as simmod
+    from broker.planner.core import PlannerConfig
+    from broker.planner.policy_base import urgency_bucket
+
+    real = simmod.plan
+    seen = []
+
+    def check(snap, ctx):
+        want: dict = {}
+        for group in (snap.queued or {}).values():
+            for j in group:
+                if j.committed_pool is not None:
+                    acc = want.setdefault(j.committed_pool, {}).setdefault(
+                        (j.priority, urgency_bucket(j, ctx.config.urgency_bucket_s)), [0.0, 0.0])
+                    acc[0] += j.gpus
+                    acc[1] += j.gpus * j.work_s
+        got = {p: {k: list(v) for k, v in d.items()} for p, d in snap.queued_demand_by_urgency.items() if d}
+        assert got == want
+        seen.append(sum(len(d) for d in want.values()))
+        ds = real(snap, ctx)
+        snap.queued_demand_by_urgency = None  # the planner's own sums from the queue
+        assert [(d.job_id, d.kind, d.not_before) for d in real(snap, ctx)] == [(d.job_id, d.kind, d.not_before)
+                                                                               for d in ds]
+        return ds
+
+    monkeypatch.setattr(simmod, "plan", check)
+    rng = np.random.default_rng(7)
+    jobs = [make_trace_job(f"q{i}").at(T0 + 300.0 * i).duration(float(rng.integers(1, 12)) * 900).gpus(4)
+            .deadline(T0 + 300.0 * i + float(rng.choice([6, 12, 40])) * H).team(f"t{i % 3}").build() for i in range(24)]
+    spot = make_offer("v100x4-spot").gpu("V100", 4).spot(0.2).price(4.0).build()
+    m = simulate(make_trace(*jobs), [_pool()], [spot], SIGNALS, "federated",
+                 planner_config=PlannerConfig(wait_ahead="urgency"), gpus=gpu_table(), spot_traces=(),
+                 config=SimulationConfig()).metrics
+    assert m["jobs_completed"] == 24
+    assert max(seen) >= 2  # the queue held jobs of at least two urgency buckets at once
