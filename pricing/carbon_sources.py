@@ -300,6 +300,10 @@ class WattTime(SignalSource):
         base_url: API root (tests point it at recorded responses).
         session: a ``requests.Session``; clock: POSIX seconds now (token expiry and ``latest``).
 
+    Attributes:
+        logins: how many times ``/login`` answered with a token (one per :data:`WATTTIME_TOKEN_TTL_S`, plus one
+            per data request refused with 401).
+
     ``zone`` is the WattTime region (e.g. ``"CAISO_NORTH"``). Errors: :class:`SourceAuthError` (no account, or
     login refused, or a data request still refused after one re-login), :class:`pricing.sources.RateLimited`
     (429, with ``Retry-After``), :class:`SourceUnavailable` (5xx, unreadable body, units other than lbs CO2/MWh).
@@ -320,7 +324,7 @@ class WattTime(SignalSource):
         self._clock = clock
         self._token: str | None = None
         self._token_until_s = float("-inf")
-        self.logins = 0  # how many times /login was called (tests and status)
+        self.logins = 0
 
     def _login(self) -> str:
         if not (self._user and self._password):

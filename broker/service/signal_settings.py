@@ -172,6 +172,8 @@ class SignalsSettings(BaseModel):
     @classmethod
     def _known_sources(cls, v: dict[str, SourceSettings]) -> dict[str, SourceSettings]:
         for name in v:
+            if name in REFUSED_CARBON:
+                raise ValueError(f"sources.{name}: {name!r} {REFUSED_CARBON[name]}")
             if name not in SOURCE_KINDS or name == BUNDLED:
                 raise ValueError(f"sources.{name}: not a network source (choose from "
                                  f"{', '.join(n for n in SOURCE_KINDS if n != BUNDLED)})")

@@ -60,6 +60,10 @@ signals:
      "setting signals.zones.US-CAL-CISO.carbon: 'watttime' publishes a marginal emission rate (MOER, gCO2/kWh); the "
      "planner weighs average life-cycle gCO2e/kWh in every zone and fallback, and ranks zones against each other, "
      "so a marginal zone cannot be mixed in (use electricitymaps; README, Live signals)"),
+    ("sources: {watttime: {timeout_s: 5}}",
+     "setting signals.sources.watttime: 'watttime' publishes a marginal emission rate (MOER, gCO2/kWh); the "
+     "planner weighs average life-cycle gCO2e/kWh in every zone and fallback, and ranks zones against each other, "
+     "so a marginal zone cannot be mixed in (use electricitymaps; README, Live signals)"),
     ("zones: {US-CAL-CISO: {carbon: [watttime], carbon_signal: marginal}}",  # no per-zone opt-in (module docstring)
      "setting signals.zones.US-CAL-CISO.carbon_signal='marginal': Extra inputs are not permitted"),
     ("zones: {CA-ON: {price: [tariff]}}", "setting signals.zones.CA-ON.price: 'tariff' needs tariffs.CA-ON "
