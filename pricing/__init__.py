@@ -15,7 +15,7 @@ Modules (one idea each):
 * :mod:`pricing.signals` — :class:`GridSignals` for the planner.
 * :mod:`pricing.hygiene` — completeness, sub-hourly to hourly, gap interpolation, fallbacks (:class:`CheckedSeries`).
 * :mod:`pricing.sources` — signal source interfaces (latest/history/forecast), fetch errors, bundled sources.
-* :mod:`pricing.carbon_sources` — GB Carbon Intensity API, Electricity Maps.
+* :mod:`pricing.carbon_sources` — GB Carbon Intensity API, Electricity Maps, WattTime (marginal rate).
 * :mod:`pricing.price_sources` — operator tariff (fixed/time-of-use), ENTSO-E day-ahead via ``entsoe-py``.
 * :mod:`pricing.cloud_price_sources` — live cloud $/h: AWS spot history and Price List (boto3), GCP Cloud Billing
   Catalog; re-pricing the bundled offers with fallback.

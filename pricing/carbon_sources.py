@@ -25,6 +25,21 @@ id (``DE``, ``US-CAL-CISO``, …). Endpoints: ``/carbon-intensity/latest``,
 are split), ``/carbon-intensity/forecast``. ``isEstimated`` flags estimates; a
 null ``carbonIntensity`` is a missing hour. A 401 within an hour of a success is
 read as a rate limit (electricitymaps-contrib#8047).
+
+**WattTime** (https://api.watttime.org, API v3, account from ``WATTTIME_USER`` and ``WATTTIME_PASSWORD``, the
+variable names of WattTime's own SDK): the **marginal** operating emission rate (MOER, ``signal_type=co2_moer``)
+of a WattTime region (``CAISO_NORTH``, ``PJM_DC``, …; configured, so ``/v3/region-from-loc`` is not used).
+``/login`` (HTTP basic auth) returns a bearer token, valid 30 minutes (docs.watttime.org); it is reused until
+:data:`WATTTIME_TOKEN_TTL_S` after login, and a 401 on a data request (a token expired early) logs in again
+once. ``/v3/historical`` (at most :data:`_WT_MAX_RANGE_S` per request; longer windows are split) and
+``/v3/forecast`` answer ``{"data": [{"point_time", "value"}], "meta": {"units": "lbs_co2_per_mwh",
+"data_point_period_seconds": 300, …}}``: 5-minute points averaged to UTC hours by
+:func:`pricing.hygiene.to_hourly` with :data:`pricing.hygiene.FIVE_MIN_MIN_COVERAGE` (an hour short of some
+points is the mean of those it has, flagged estimated). Values are converted from lbs CO2/MWh to **gCO2/kWh**
+(:data:`LB_CO2_PER_MWH_TO_G_PER_KWH`). The source's ``signal`` is :data:`pricing.sources.MARGINAL`: a marginal
+rate answers "what does one more kWh here, now, emit", an average intensity "what does the mix emit per kWh";
+they differ by a factor of 2 or more on many grids and must not be compared or spliced together, so the live
+settings refuse it in a planner chain (:mod:`broker.service.signal_settings`).
 """
 
 from __future__ import annotations
@@ -37,9 +52,12 @@ from typing import Any
 import numpy as np
 
 from pricing.hygiene import CheckedSeries, hour_grid, to_hourly
-from pricing.sources import HttpJson, SignalSource, SourceAuthError, SourceUnavailable
+from pricing.hygiene import FIVE_MIN_MIN_COVERAGE
+from pricing.sources import MARGINAL, HttpJson, SignalSource, SourceAuthError, SourceUnavailable
 
-__all__ = ["GbCarbonIntensity", "ElectricityMaps", "GB_UNIT", "GB_REGIONS", "ELECTRICITYMAPS_KEY_ENV"]
+__all__ = ["GbCarbonIntensity", "ElectricityMaps", "WattTime", "GB_UNIT", "GB_REGIONS", "ELECTRICITYMAPS_KEY_ENV",
+           "WATTTIME_USER_ENV", "WATTTIME_PASSWORD_ENV", "WATTTIME_UNIT", "WATTTIME_TOKEN_TTL_S",
+           "LB_CO2_PER_MWH_TO_G_PER_KWH"]
 
 #: Unit of the GB Carbon Intensity API: operational gCO2 per kWh (not life-cycle).
 GB_UNIT = "gCO2/kWh"
@@ -48,7 +66,22 @@ GB_REGIONS = range(1, 18)
 #: Environment variable holding the Electricity Maps API key.
 ELECTRICITYMAPS_KEY_ENV = "ELECTRICITYMAPS_API_KEY"
 
+#: Environment variables of the WattTime account (the names WattTime's own Python SDK reads).
+WATTTIME_USER_ENV = "WATTTIME_USER"
+WATTTIME_PASSWORD_ENV = "WATTTIME_PASSWORD"
+#: Unit of the WattTime source after conversion: marginal CO2 (not CO2e) per kWh.
+WATTTIME_UNIT = "gCO2/kWh"
+#: lbs CO2/MWh -> gCO2/kWh: 1 lb = 453.59237 g exactly (international avoirdupois pound, US/UK 1959 agreement;
+#: NIST SP 811 App. B) and 1 MWh = 1000 kWh, so x 453.59237 / 1000.
+LB_CO2_PER_MWH_TO_G_PER_KWH = 453.59237 / 1000.0
+#: Seconds a WattTime token is reused: it is valid 30 min (docs.watttime.org, "Login"); renewed 1 min early so a
+#: request never leaves with a token about to expire.
+WATTTIME_TOKEN_TTL_S = 29 * 60.0
+
 _GB_MAX_RANGE_S = 14 * 86400.0
+#: WattTime /v3/historical serves at most 32 days per request (docs.watttime.org); we ask 31 to stay inside it.
+_WT_MAX_RANGE_S = 31 * 86400.0
+_WT_UNITS = "lbs_co2_per_mwh"
 _EM_MAX_RANGE_S = 10 * 86400.0
 
 
@@ -256,3 +289,107 @@ class ElectricityMaps(SignalSource):
         """Hours of ``[start_s, end_s)`` from ``/carbon-intensity/forecast`` (hours it does not cover: ``NaN``)."""
         body = self._get("/carbon-intensity/forecast", {"zone": zone})
         return self._hourly(zone, self._list(body, "forecast"), start_s, end_s, True)
+
+
+class WattTime(SignalSource):
+    """WattTime API v3: marginal CO2 rate (MOER) of a WattTime region, latest, history and forecast, gCO2/kWh.
+
+    Args:
+        username, password: the WattTime account (default: ``WATTTIME_USER`` / ``WATTTIME_PASSWORD``); never
+            logged, never in an error.
+        base_url: API root (tests point it at recorded responses).
+        session: a ``requests.Session``; clock: POSIX seconds now (token expiry and ``latest``).
+
+    Attributes:
+        logins: how many times ``/login`` answered with a token (one per :data:`WATTTIME_TOKEN_TTL_S`, plus one
+            per data request refused with 401).
+
+    ``zone`` is the WattTime region (e.g. ``"CAISO_NORTH"``). Errors: :class:`SourceAuthError` (no account, or
+    login refused, or a data request still refused after one re-login), :class:`pricing.sources.RateLimited`
+    (429, with ``Retry-After``), :class:`SourceUnavailable` (5xx, unreadable body, units other than lbs CO2/MWh).
+    """
+
+    name = "watttime"
+    kind = "carbon"
+    unit = WATTTIME_UNIT
+    signal = MARGINAL
+
+    def __init__(self, username: str | None = None, password: str | None = None,
+                 base_url: str = "https://api.watttime.org", *, session: Any = None, timeout_s: float = 20.0,
+                 clock: Any = time.time):
+        self._user = username if username is not None else os.environ.get(WATTTIME_USER_ENV, "")
+        self._password = password if password is not None else os.environ.get(WATTTIME_PASSWORD_ENV, "")
+        self.http = HttpJson(self.name, base_url, {"Accept": "application/json"}, timeout_s=timeout_s,
+                             session=session, clock=clock)
+        self._clock = clock
+        self._token: str | None = None
+        self._token_until_s = float("-inf")
+        self.logins = 0
+
+    def _login(self) -> str:
+        if not (self._user and self._password):
+            raise SourceAuthError(self.name, f"no account: set {WATTTIME_USER_ENV} and {WATTTIME_PASSWORD_ENV}")
+        now = self._clock()
+        body = self.http.get("/login", auth=(self._user, self._password))
+        self.logins += 1
+        token = body.get("token") if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token:
+            raise SourceUnavailable(self.name, "GET /login: no 'token' in the answer")
+        self._token, self._token_until_s = token, now + WATTTIME_TOKEN_TTL_S
+        return token
+
+    def _get(self, path: str, params: dict) -> Any:
+        token = self._token if self._token and self._clock() < self._token_until_s else self._login()
+        try:
+            return self.http.get(path, params, headers={"Authorization": f"Bearer {token}"})
+        except SourceAuthError:  # the token expired before we thought: log in again, once
+            self._token = None
+            token = self._login()
+            return self.http.get(path, params, headers={"Authorization": f"Bearer {token}"})
+
+    def _points(self, body: Any) -> list[dict]:
+        if body is None:
+            return []
+        if not isinstance(body, dict):
+            raise SourceUnavailable(self.name, "response is not an object")
+        meta = body.get("meta") or {}
+        units = meta.get("units") if isinstance(meta, dict) else None
+        if units is not None and units != _WT_UNITS:
+            raise SourceUnavailable(self.name, f"meta.units={units!r}: expected {_WT_UNITS!r}")
+        rows = body.get("data") or []
+        if not isinstance(rows, list):
+            raise SourceUnavailable(self.name, "'data' is not a list")
+        return rows
+
+    def _hourly(self, zone: str, rows: list[dict], start_s: float, end_s: float, forecast: bool) -> CheckedSeries:
+        t, v = [], []
+        for r in rows:
+            if not isinstance(r, dict):
+                raise SourceUnavailable(self.name, f"row {r!r} is not an object")
+            t.append(_parse_utc(r.get("point_time"), "point_time", self.name))
+            v.append(_num(r.get("value")) * LB_CO2_PER_MWH_TO_G_PER_KWH)
+        out = to_hourly(t, v, 300.0, start_s=start_s, end_s=end_s, zone=zone, unit=self.unit, source=self.name,
+                        min_coverage=FIVE_MIN_MIN_COVERAGE)
+        return CheckedSeries(out.series, out.estimated, out.origin, forecast)
+
+    def latest(self, zone: str, now_s: float | None = None) -> CheckedSeries:
+        """The UTC hour holding ``now_s`` (default: the clock), from its 5-minute points so far (``NaN`` until
+        :data:`pricing.hygiene.FIVE_MIN_MIN_COVERAGE` of the hour has points)."""
+        now = self._clock() if now_s is None else now_s
+        h = float(np.floor(now / 3600.0) * 3600.0)
+        return self.history(zone, h, h + 3600.0)
+
+    def history(self, zone: str, start_s: float, end_s: float) -> CheckedSeries:
+        """Hours of ``[start_s, end_s)`` from ``/v3/historical`` (split into 31-day requests)."""
+        rows: list[dict] = []
+        for a, b in _chunks(start_s, end_s, _WT_MAX_RANGE_S):
+            body = self._get("/v3/historical", {"region": zone, "start": _iso_minute(a), "end": _iso_minute(b),
+                                                "signal_type": "co2_moer"})
+            rows += self._points(body)
+        return self._hourly(zone, rows, start_s, end_s, False)
+
+    def forecast(self, zone: str, start_s: float, end_s: float) -> CheckedSeries:
+        """Hours of ``[start_s, end_s)`` from the latest ``/v3/forecast`` (72 h ahead asked; hours it does not
+        cover: ``NaN``)."""
+        body = self._get("/v3/forecast", {"region": zone, "signal_type": "co2_moer", "horizon_hours": 72})
+        return self._hourly(zone, self._points(body), start_s, end_s, True)

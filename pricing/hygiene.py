@@ -7,11 +7,13 @@ item 3):
 * **Completeness** is counted against the intervals the window should hold
   (:func:`completeness`): a window of ``h`` hours expects ``h`` values, so an
   empty ``200 OK`` is ``h`` missing values, never "no problem".
-* **Sub-hourly data** (15- or 30-minute) is averaged to UTC hours by
+* **Sub-hourly data** (5-, 15- or 30-minute) is averaged to UTC hours by
   :func:`to_hourly` *after* sign handling: negative prices are kept as they are
   and enter the mean (clamping to 0 first would raise the hourly mean). An hour
   is only given a value when its sub-intervals cover all 3600 s; a partly
-  covered hour is missing.
+  covered hour is missing — unless the caller sets ``min_coverage`` below 1
+  (5-minute feeds: :data:`FIVE_MIN_MIN_COVERAGE`), then an hour covered at least
+  that much is the mean of the intervals it has, flagged estimated.
 * **Short gaps** (at most ``max_gap_h`` consecutive missing hours with a value
   on both sides, default :data:`MAX_INTERPOLATED_GAP_H`) are filled by linear
   interpolation and flagged estimated (:func:`interpolate_short_gaps`).
@@ -39,7 +41,7 @@ import numpy as np
 from pricing.series import HourlySeries, SeriesError
 
 __all__ = ["CheckedSeries", "HOUR_S", "MAX_INTERPOLATED_GAP_H", "DEFAULT_CONSERVATIVE_CARBON",
-           "CONSERVATIVE_PERCENTILE", "INTERPOLATED",
+           "CONSERVATIVE_PERCENTILE", "INTERPOLATED", "FIVE_MIN_MIN_COVERAGE",
            "CONSERVATIVE", "hour_grid", "completeness", "to_hourly", "interpolate_short_gaps", "conservative_value",
            "fill_gaps"]
 
@@ -60,6 +62,13 @@ DEFAULT_CONSERVATIVE_CARBON = 820.0
 #: scarcity spike (bundled DE-LU prices 2023-24: maximum 1,012 USD/MWh, 95th percentile 171, median 96), and a
 #: day filled with it would dominate a replay's bill.
 CONSERVATIVE_PERCENTILE = 95.0
+
+#: Share of an hour a 5-minute feed must cover for the hour to get a value (the mean of the points it has,
+#: flagged estimated when short of 1): 0.75 = at least 9 of the 12 points. Our choice: one or a few null
+#: 5-minute points (a feed's routine hiccup) should not discard the 11 good ones and force an interpolation
+#: across whole hours, while an hour missing more than a quarter of its points is too thin to stand for the hour
+#: (a marginal rate can step within minutes) and goes to the gap rules instead.
+FIVE_MIN_MIN_COVERAGE = 0.75
 
 #: Origin label of an hour filled by interpolation.
 INTERPOLATED = "interpolated"
@@ -143,28 +152,33 @@ def completeness(series: HourlySeries, start_s: float, end_s: float) -> float:
 def to_hourly(times_s: Sequence[float] | np.ndarray, values: Sequence[float] | np.ndarray,
               durations_s: float | Sequence[float] | np.ndarray, *, start_s: float, end_s: float, zone: str,
               unit: str, estimated: Sequence[bool] | np.ndarray | None = None,
-              source: str = "") -> CheckedSeries:
-    """Average interval data (hourly, 30- or 15-minute, or a mix) to the UTC hours of ``[start_s, end_s)``.
+              source: str = "", min_coverage: float = 1.0) -> CheckedSeries:
+    """Average interval data (hourly, 30-, 15- or 5-minute, or a mix) to the UTC hours of ``[start_s, end_s)``.
 
     Args:
         times_s: interval starts, POSIX seconds (UTC).
         values: one value per interval (``NaN`` = missing); negative values are kept and averaged as they are.
         durations_s: each interval's length in seconds (a scalar for all); each must divide an hour
-            (900, 1800, 3600) and each interval must lie inside one UTC hour.
+            (300, 900, 1800, 3600) and each interval must lie inside one UTC hour.
         start_s, end_s: the window, POSIX seconds; the result has one value per UTC hour of it.
         zone, unit: of the result.
         estimated: per interval, True if the source marks the value as an estimate; an hour with any
             estimated part is estimated.
         source: origin label of the hours given a value.
+        min_coverage: share of the hour (0 < x <= 1) its valued intervals must cover. 1 (default): the
+            whole hour. Below 1, an hour covered at least this much but not wholly is the time-weighted mean
+            of the intervals it has, flagged estimated.
 
     Returns:
         A :class:`CheckedSeries`: an hour's value is the time-weighted mean of its intervals when they
-        cover the whole hour, else ``NaN``. Intervals outside the window are ignored; a repeated
+        cover ``min_coverage`` of the hour, else ``NaN``. Intervals outside the window are ignored; a repeated
         interval counts once with the mean of its values (estimated if they differ).
 
-    Raises :class:`SeriesError` for mismatched lengths, a duration that does not divide an hour, or an
-    interval that straddles an hour boundary.
+    Raises :class:`SeriesError` for mismatched lengths, a duration that does not divide an hour, an
+    interval that straddles an hour boundary, or ``min_coverage`` outside ``(0, 1]``.
     """
+    if not 0.0 < min_coverage <= 1.0:
+        raise SeriesError(f"min_coverage={min_coverage!r}: must be in (0, 1]")
     t = np.asarray(times_s, dtype=np.float64).ravel()
     v = np.asarray(values, dtype=np.float64).ravel()
     d = np.broadcast_to(np.asarray(durations_s, dtype=np.float64), t.shape).astype(np.float64)
@@ -172,9 +186,10 @@ def to_hourly(times_s: Sequence[float] | np.ndarray, values: Sequence[float] | n
            else np.asarray(estimated, dtype=bool).ravel())
     if not (t.shape == v.shape == est.shape):
         raise SeriesError(f"times/values/estimated: lengths differ ({t.size}, {v.size}, {est.size})")
-    bad = ~np.isin(d, (900.0, 1800.0, 3600.0))
+    bad = ~np.isin(d, (300.0, 900.0, 1800.0, 3600.0))
     if bad.any():
-        raise SeriesError(f"durations_s: {float(d[bad][0])!r} s does not divide an hour into 15-, 30- or 60-min parts")
+        raise SeriesError(f"durations_s: {float(d[bad][0])!r} s does not divide an hour into 5-, 15-, 30- or "
+                          "60-min parts")
     grid = hour_grid(start_s, end_s)
     n = grid.size
     sums = np.zeros(n)
@@ -197,11 +212,12 @@ def to_hourly(times_s: Sequence[float] | np.ndarray, values: Sequence[float] | n
         sums[h] += float(vals.mean()) * d[k]
         cover[h] += d[k]
         est_h[h] |= bool(est[ks].any()) or bool(np.ptp(vals) > 0)
-    full = np.abs(cover - HOUR_S) < 1e-6
+    whole = np.abs(cover - HOUR_S) < 1e-6
+    full = whole | ((cover > 0) & (cover >= min_coverage * HOUR_S - 1e-6))
     out = np.full(n, np.nan)
-    out[full] = sums[full] / HOUR_S
+    out[full] = sums[full] / cover[full]
     series = HourlySeries(zone=zone, unit=unit, start_s=float(grid[0]), values=out)
-    return CheckedSeries(series, est_h & full, np.where(full, source, "").astype(object))
+    return CheckedSeries(series, (est_h | ~whole) & full, np.where(full, source, "").astype(object))
 
 
 def interpolate_short_gaps(checked: CheckedSeries, max_gap_h: int = MAX_INTERPOLATED_GAP_H) -> CheckedSeries:

@@ -19,7 +19,7 @@ Sources here: :class:`BundledCarbon` and :class:`BundledPrice` (the 2023-2024
 history in ``pricing/data``, history only). :class:`SourceChain` asks several
 sources of one kind and unit in order and applies the gap rules of
 :mod:`pricing.hygiene` (a source that fails counts as all missing). Feeds: :mod:`pricing.carbon_sources`
-(GB Carbon Intensity API, Electricity Maps), :mod:`pricing.price_sources`
+(GB Carbon Intensity API, Electricity Maps, WattTime), :mod:`pricing.price_sources`
 (operator tariff, ENTSO-E day-ahead).
 
 Fetch failures are :class:`SourceError` subclasses (``RuntimeError``: a fault of
@@ -46,7 +46,14 @@ from pricing.series import HourlySeries, SeriesError
 
 __all__ = ["SourceError", "RateLimited", "SourceAuthError", "SourceUnavailable", "HasLatest", "HasHistory",
            "HasForecast", "SignalSource", "capabilities", "window_from_series", "HttpJson", "BundledCarbon",
-           "BundledPrice", "retry_after_seconds", "SourceChain", "ChainResult"]
+           "BundledPrice", "retry_after_seconds", "SourceChain", "ChainResult", "AVERAGE", "MARGINAL"]
+
+#: Signal of a carbon source whose values are the *average* intensity of the zone's generation (what every
+#: planner series is: the bundled life-cycle gCO2e/kWh, Electricity Maps). Price sources are ``average`` too.
+AVERAGE = "average"
+#: Signal of a carbon source whose values are a *marginal* emission rate (WattTime's MOER: the emissions of the
+#: generators that answer a change in load), not comparable with an average intensity.
+MARGINAL = "marginal"
 
 
 class SourceError(RuntimeError):
@@ -105,7 +112,8 @@ class HasForecast(Protocol):
 
 
 class SignalSource:
-    """Base of every source: its ``name``, signal ``kind`` (``"carbon"`` or ``"price"``) and ``unit``.
+    """Base of every source: its ``name``, signal ``kind`` (``"carbon"`` or ``"price"``), ``unit`` and ``signal``
+    (:data:`AVERAGE`, the default, or :data:`MARGINAL`).
 
     Subclasses add the capability methods they support and nothing else.
     """
@@ -113,9 +121,11 @@ class SignalSource:
     name: str = ""
     kind: str = ""
     unit: str = ""
+    signal: str = AVERAGE
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r}, unit={self.unit!r})"
+        return (f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r}, unit={self.unit!r}, "
+                f"signal={self.signal!r})")
 
 
 def capabilities(source: object) -> tuple[str, ...]:
@@ -193,16 +203,20 @@ class HttpJson:
         self._clock = clock
         self.last_success_s: float | None = None
 
-    def get(self, path: str, params: dict[str, Any] | None = None) -> Any:
+    def get(self, path: str, params: dict[str, Any] | None = None, *, headers: dict[str, str] | None = None,
+            auth: Any = None) -> Any:
         """GET ``base_url + path`` and return the decoded JSON body (``None`` for an empty body).
 
+        ``headers`` are added to the client's for this request (e.g. a bearer token); ``auth`` is handed to
+        ``requests`` (e.g. a ``(user, password)`` pair for HTTP basic auth). Neither is ever put in an error.
         Raises :class:`RateLimited`, :class:`SourceAuthError` or :class:`SourceUnavailable`.
         """
         import requests
 
         url = self.base_url + path
+        hdrs = {**self._headers, **headers} if headers else self._headers
         try:
-            r = self._session.get(url, params=params, headers=self._headers, timeout=self.timeout_s)
+            r = self._session.get(url, params=params, headers=hdrs, auth=auth, timeout=self.timeout_s)
         except requests.RequestException as e:
             raise SourceUnavailable(self.source, f"GET {path}: {type(e).__name__}") from None
         now = self._clock()
@@ -260,6 +274,11 @@ class BundledPrice(SignalSource):
         return window_from_series(load_electricity_price(zone), start_s, end_s, self.name)
 
 
+def _signal(source: object) -> str:
+    """``source.signal``; a duck-typed source without one (e.g. the live broker's cached layers) is :data:`AVERAGE`."""
+    return getattr(source, "signal", AVERAGE)
+
+
 @dataclass(frozen=True)
 class ChainResult:
     """What :meth:`SourceChain.window` found.
@@ -284,17 +303,20 @@ class SourceChain:
         conservative: the value of hours no source has; default :func:`pricing.hygiene.conservative_value`
             of the series the sources returned (carbon: never <= 0; price: none when nothing came back).
 
-    Raises ``ValueError`` naming the source whose kind or unit differs.
+    Raises ``ValueError`` naming the source whose kind, unit or signal (average/marginal) differs.
     """
 
     def __init__(self, sources: list[SignalSource], *, max_gap_h: int = MAX_INTERPOLATED_GAP_H,
                  conservative: float | None = None):
         if not sources:
             raise ValueError("sources: empty chain")
-        k, u = sources[0].kind, sources[0].unit
+        k, u, g = sources[0].kind, sources[0].unit, _signal(sources[0])
         for src in sources[1:]:
             if (src.kind, src.unit) != (k, u):
                 raise ValueError(f"sources: {src.name!r} serves {src.kind} in {src.unit!r}, the chain {k} in {u!r}")
+            if _signal(src) != g:  # a marginal rate filled with average hours (or back) is a silent mix
+                raise ValueError(f"sources: {src.name!r} serves {_signal(src)} values, {sources[0].name!r} "
+                                 f"(first in the chain) {g} ones")
         self.sources = list(sources)
         self.kind, self.unit = k, u
         self.max_gap_h = max_gap_h

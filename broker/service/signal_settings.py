@@ -34,9 +34,15 @@ catalog price. Credentials come from the normal boto3 / ``google.auth`` chains, 
 Source names (:data:`SOURCE_KINDS`): ``electricitymaps`` (carbon, key ``ELECTRICITYMAPS_API_KEY``),
 ``entsoe-day-ahead`` (price, key ``ENTSOE_API_KEY``), ``tariff`` (price, from ``tariffs``), ``bundled`` (both:
 the 2023-24 history replayed by whole weeks; it is the planner's last resort whether listed or not, and if
-listed it must come last). The GB Carbon Intensity API is not
-accepted: it publishes operational gCO2/kWh, and the planner weighs life-cycle gCO2e/kWh (mixing them would
-make GB look ~10-20 % greener than its neighbours).
+listed it must come last). Two carbon readers of :mod:`pricing.carbon_sources` are refused in a chain
+(:data:`REFUSED_CARBON`, an error naming the field): the GB Carbon Intensity API publishes operational
+gCO2/kWh, and the planner weighs life-cycle gCO2e/kWh (mixing them would make GB look ~10-20 % greener than its
+neighbours); WattTime publishes a *marginal* rate (MOER), and every planner series is an *average* intensity.
+Refused rather than allowed per zone behind a ``carbon_signal: marginal`` switch, because the planner compares
+zones with each other and fills a zone's gaps from average series (the bundled replay, the ``blend`` forecast of
+cached hours, the conservative 95th percentile): a marginal zone would be ranked against average neighbours
+and spliced with average hours, on a scale that differs by a factor of ~2 on many grids. Accepting it needs a
+planner that weighs marginal rates in every zone and fallback, which this broker does not have.
 
 API keys come from the environment variable (``sources.<name>.api_key_env``, default the source's own) or
 else from ``secrets_file`` (a YAML mapping ``source name -> key``); they are never part of the settings
@@ -53,12 +59,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pricing.carbon_sources import ELECTRICITYMAPS_KEY_ENV
+from pricing.carbon_sources import ELECTRICITYMAPS_KEY_ENV, GbCarbonIntensity, WattTime
 from pricing.cloud_price_sources import AWS_PRICE_LIST, AWS_SPOT, GCP_BILLING_CATALOG
 from pricing.price_sources import ENTSOE_KEY_ENV, Tariff, TariffError
 
 __all__ = ["SignalsSettings", "ZoneSignals", "SourceSettings", "CloudPriceSettings", "SOURCE_KINDS", "KEY_ENVS",
-           "BUNDLED", "CLOUD_SOURCES"]
+           "BUNDLED", "CLOUD_SOURCES", "REFUSED_CARBON"]
 
 #: the bundled 2023-24 history replayed by whole weeks (always the last resort)
 BUNDLED = "bundled"
@@ -71,7 +77,14 @@ SOURCE_KINDS: dict[str, tuple[str, ...]] = {"electricitymaps": ("carbon",), "ent
 CLOUD_SOURCES: dict[str, tuple[str, ...]] = {"aws": (AWS_SPOT, AWS_PRICE_LIST), "gcp": (GCP_BILLING_CATALOG,)}
 #: source name -> default environment variable of its API key (sources that need one)
 KEY_ENVS: dict[str, str] = {"electricitymaps": ELECTRICITYMAPS_KEY_ENV, "entsoe-day-ahead": ENTSOE_KEY_ENV}
-_GB = "gb-carbon-intensity"
+#: carbon sources of :mod:`pricing.carbon_sources` the planner must not weigh -> why (the error's text)
+REFUSED_CARBON: dict[str, str] = {
+    GbCarbonIntensity.name: f"publishes operational {GbCarbonIntensity.unit}; the planner weighs life-cycle "
+                            "gCO2e/kWh (use electricitymaps for GB)",
+    WattTime.name: f"publishes a {WattTime.signal} emission rate (MOER, {WattTime.unit}); the planner weighs average "
+                   "life-cycle gCO2e/kWh in every zone and fallback, and ranks zones against each other, so a marginal "
+                   "zone cannot be mixed in (use electricitymaps; README, Live signals)",
+}
 
 
 class SourceSettings(BaseModel):
@@ -159,6 +172,8 @@ class SignalsSettings(BaseModel):
     @classmethod
     def _known_sources(cls, v: dict[str, SourceSettings]) -> dict[str, SourceSettings]:
         for name in v:
+            if name in REFUSED_CARBON:
+                raise ValueError(f"sources.{name}: {name!r} {REFUSED_CARBON[name]}")
             if name not in SOURCE_KINDS or name == BUNDLED:
                 raise ValueError(f"sources.{name}: not a network source (choose from "
                                  f"{', '.join(n for n in SOURCE_KINDS if n != BUNDLED)})")
@@ -196,9 +211,8 @@ class SignalsSettings(BaseModel):
                 if len(set(chain)) != len(chain):
                     raise ValueError(f"{field}={chain!r}: lists a source twice")
                 for name in chain:
-                    if name == _GB:
-                        raise ValueError(f"{field}: {_GB!r} publishes operational gCO2/kWh; the planner weighs "
-                                         "life-cycle gCO2e/kWh (use electricitymaps for GB)")
+                    if name in REFUSED_CARBON:
+                        raise ValueError(f"{field}: {name!r} {REFUSED_CARBON[name]}")
                     if kind not in SOURCE_KINDS.get(name, ()):
                         ok = [n for n, k in SOURCE_KINDS.items() if kind in k]
                         raise ValueError(f"{field}: {name!r} is not a {kind} source (choose from {', '.join(ok)})")

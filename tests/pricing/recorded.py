@@ -12,6 +12,11 @@ test reaches the network).
 * Electricity Maps v3: ``/carbon-intensity/latest`` ``{"zone", "carbonIntensity", "datetime", "updatedAt",
   "createdAt", "emissionFactorType", "isEstimated", "estimationMethod"}``; ``past-range`` ``{"zone", "data": [..]}``;
   ``forecast`` ``{"zone", "forecast": [{"carbonIntensity", "datetime"}], "updatedAt"}``.
+* WattTime API v3 (https://docs.watttime.org): ``/login`` ``{"token": "..."}``; ``/v3/historical`` and
+  ``/v3/forecast`` ``{"data": [{"point_time": "2024-03-31T00:00:00+00:00", "value": 955.0}, ...], "meta":
+  {"data_point_period_seconds": 300, "region": "CAISO_NORTH", "signal_type": "co2_moer", "units":
+  "lbs_co2_per_mwh", "warnings": [], "model": {"date": "2023-03-01"}}}`` (the forecast's meta adds
+  ``generated_at``).
 * ENTSO-E Transparency Platform, A44 day-ahead prices: a ``Publication_MarketDocument`` (IEC 62325-351) with one
   ``TimeSeries`` of ``Period``\\s (``timeInterval``, ``resolution`` PT60M/PT15M, ``Point``\\s of ``position`` and
   ``price.amount``); no data is an ``Acknowledgement_MarketDocument`` whose ``Reason`` text says "No matching data
@@ -57,6 +62,18 @@ def em_point(zone: str, t: datetime, ci, *, estimated: bool = False) -> dict:
 def em_forecast(zone: str, points: list[tuple[datetime, float]]) -> dict:
     return {"zone": zone, "forecast": [{"carbonIntensity": v, "datetime": t.strftime("%Y-%m-%dT%H:%M:%S.000Z")}
                                        for t, v in points], "updatedAt": "2024-03-31T12:05:11.123Z"}
+
+
+def wt_body(region: str, points: list[tuple[datetime, float | None]], *, forecast: bool = False,
+            units: str = "lbs_co2_per_mwh") -> dict:
+    """A WattTime v3 data answer: 5-minute ``points`` of (UTC start, lbs CO2/MWh or None)."""
+    meta = {"data_point_period_seconds": 300, "region": region, "signal_type": "co2_moer", "units": units,
+            "warnings": [], "model": {"date": "2023-03-01"}}
+    if forecast:
+        meta["generated_at_period_seconds"] = 300
+        meta["generated_at"] = "2024-03-31T00:00:00+00:00"
+    return {"data": [{"point_time": t.strftime("%Y-%m-%dT%H:%M:%S+00:00"), "value": v} for t, v in points],
+            "meta": meta}
 
 
 ENTSOE_NS = "urn:iec62325.351:tc57wg16:451-3:publicationdocument:7:3"

@@ -57,6 +57,20 @@ def test_half_hours_mixed_with_hours_and_estimated_flag_spreads_to_the_hour():
     assert out.estimated.tolist() == [True, False]
 
 
+def test_to_hourly_5_min_points_with_a_coverage_threshold():
+    # hour 0: 10 of 12 points (>= 0.75): their mean, estimated; hour 1: 8 of 12 (< 0.75): missing; hour 2: whole
+    t = ([T0 + k * 300 for k in range(10)] + [T0 + H + k * 300 for k in range(8)]
+         + [T0 + 2 * H + k * 300 for k in range(12)])
+    v = [1.0] * 5 + [-4.0] * 5 + [7.0] * 8 + [2.0] * 6 + [4.0] * 6
+    out = to_hourly(t, v, 300.0, start_s=T0, end_s=T0 + 3 * H, zone="Z", unit="u", source="wt", min_coverage=0.75)
+    assert out.series.values[0] == -1.5 and np.isnan(out.series.values[1]) and out.series.values[2] == 3.0
+    assert out.estimated.tolist() == [True, False, False] and out.origin.tolist() == ["wt", "", "wt"]
+    strict = to_hourly(t, v, 300.0, start_s=T0, end_s=T0 + 3 * H, zone="Z", unit="u")  # default: whole hours only
+    assert np.isnan(strict.series.values[:2]).all() and strict.series.values[2] == 3.0
+    with pytest.raises(SeriesError, match="min_coverage=0.0"):
+        to_hourly(t, v, 300.0, start_s=T0, end_s=T0 + 3 * H, zone="Z", unit="u", min_coverage=0.0)
+
+
 def test_to_hourly_rejects_misaligned_or_odd_intervals():
     with pytest.raises(SeriesError, match="durations_s: 600.0"):
         to_hourly([T0], [1.0], 600.0, start_s=T0, end_s=T0 + H, zone="Z", unit="u")

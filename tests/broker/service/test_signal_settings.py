@@ -56,6 +56,16 @@ signals:
     ("zones: {GB: {carbon: [gb-carbon-intensity]}}",
      "setting signals.zones.GB.carbon: 'gb-carbon-intensity' publishes operational gCO2/kWh; the planner weighs "
      "life-cycle gCO2e/kWh (use electricitymaps for GB)"),
+    ("zones: {US-CAL-CISO: {carbon: [watttime, bundled], ids: {watttime: CAISO_NORTH}}}",
+     "setting signals.zones.US-CAL-CISO.carbon: 'watttime' publishes a marginal emission rate (MOER, gCO2/kWh); the "
+     "planner weighs average life-cycle gCO2e/kWh in every zone and fallback, and ranks zones against each other, "
+     "so a marginal zone cannot be mixed in (use electricitymaps; README, Live signals)"),
+    ("sources: {watttime: {timeout_s: 5}}",
+     "setting signals.sources.watttime: 'watttime' publishes a marginal emission rate (MOER, gCO2/kWh); the "
+     "planner weighs average life-cycle gCO2e/kWh in every zone and fallback, and ranks zones against each other, "
+     "so a marginal zone cannot be mixed in (use electricitymaps; README, Live signals)"),
+    ("zones: {US-CAL-CISO: {carbon: [watttime], carbon_signal: marginal}}",  # no per-zone opt-in (module docstring)
+     "setting signals.zones.US-CAL-CISO.carbon_signal='marginal': Extra inputs are not permitted"),
     ("zones: {CA-ON: {price: [tariff]}}", "setting signals.zones.CA-ON.price: 'tariff' needs tariffs.CA-ON "
      "(the zone's tariff)"),
     ("tariffs: {CA-ON: {timezone: America/Nowhere, currency: CAD, default: 0.1}}",
