@@ -54,7 +54,7 @@ class Services:
     An API process only ever touches ``redis`` (to wake the planner), so it never loads the
     offer catalog and grid signals the planning environment needs."""
 
-    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud")
+    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud", "schedulers")
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -96,12 +96,20 @@ class Services:
 
         leader = f"{socket.gethostname()}:{os.getpid()}"
         return PlanningCycle(self.store, self.env, self.settings, dispatch=send_provision, leader=leader,
-                             cloud=self.cloud)
+                             cloud=self.cloud, schedulers=self.schedulers)
 
     def _build_reconciler(self):
         from broker.service.reconciler import Reconciler
 
-        return Reconciler(self.store, self.settings, dispatch=send_provision, cloud=self.cloud)
+        return Reconciler(self.store, self.settings, dispatch=send_provision, cloud=self.cloud,
+                          schedulers=self.schedulers)
+
+    def _build_schedulers(self):
+        """The pools of existing schedulers in the cluster file (``kind: slurm``), or ``None`` when it has none."""
+        from broker.service.schedulers import SchedulerPools
+
+        pools = SchedulerPools(self.env.site_pools.values(), self.settings)
+        return pools if pools else None
 
     def _build_cloud(self):
         """The cloud broker (provisioning fails over in the planning environment's offers), or ``None`` when no

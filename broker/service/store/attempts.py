@@ -5,6 +5,7 @@ decides the transaction; job state moves themselves stay :meth:`JobStore.cas` / 
 
 * attempts — :func:`job_row`, :func:`reload`, :func:`attempt_row`, :func:`add_attempt`, :func:`bump_with_event`;
 * node work — :func:`onprem_work_rows` (what :func:`broker.service.attempts.node_work` lists);
+* scheduler pools — :func:`scheduler_attempts`, :func:`set_external_id`;
 * reconciler — :func:`jobs_in_states`, :func:`mark_silent_nodes_lost`, :func:`lost_node_names`,
   :func:`due_schedules`, :func:`pause_schedule`, :func:`advance_schedule`, :func:`purge_finished`.
 """
@@ -21,6 +22,7 @@ from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule
 
 __all__ = ["job_row", "reload", "attempt_row", "add_attempt", "bump_with_event", "onprem_work_rows", "jobs_in_states",
+           "scheduler_attempts", "set_external_id",
            "mark_silent_nodes_lost", "lost_node_names", "due_schedules", "pause_schedule", "advance_schedule",
            "purge_finished"]
 
@@ -81,6 +83,29 @@ def onprem_work_rows(s: Session, node: str, states: Sequence[str]) -> tuple[list
     ended = {(a.job_id, a.number): dict(a.rank_exits or {}) for a in s.execute(
         select(Attempt.job_id, Attempt.number, Attempt.rank_exits).where(Attempt.job_id.in_(ids))).all()}
     return mine, specs, ended
+
+
+# ---------------------------------------------------------------------- scheduler pools
+def scheduler_attempts(s: Session, kinds: Iterable[str], states: Iterable[str]) -> list[tuple[Job, Attempt | None]]:
+    """Inside ``s``: every job in ``states`` placed on a pool of one of ``kinds`` (``placement["kind"]``), with its
+    current attempt's row (``None`` if there is none), ordered by job id. One query on ``jobs.state``, the
+    placement filter in Python, then one query of the attempts of those jobs."""
+    kinds = set(kinds)
+    jobs = [j for j in s.execute(select(Job).where(Job.state.in_(list(states))).order_by(Job.id)).scalars()
+            if (j.placement or {}).get("kind") in kinds]
+    if not jobs:
+        return []
+    atts = {(a.job_id, a.number): a for a in s.execute(
+        select(Attempt).where(Attempt.job_id.in_([j.id for j in jobs]))).scalars()}
+    return [(j, atts.get((j.id, j.attempt))) for j in jobs]
+
+
+def set_external_id(s: Session, job_id: str, number: int, external_id: str) -> bool:
+    """Inside ``s``: record ``external_id`` (the scheduler's job id) on attempt ``number`` of ``job_id`` unless it
+    already has one. Returns whether written."""
+    return bool(s.execute(update(Attempt).where(Attempt.job_id == job_id, Attempt.number == number,
+                                                Attempt.external_id.is_(None))
+                          .values(external_id=external_id)).rowcount)
 
 
 # ---------------------------------------------------------------------- reconciler
