@@ -28,7 +28,8 @@ one object the service holds for all such pools:
   and requeued; a job Slurm requeued itself is cancelled there (the broker requeues, not Slurm). Then the
   **sweep**: jobs tagged with this broker's id whose ``(job, attempt)`` is not a live attempt are cancelled (the
   poll is read before the store, so a job submitted meanwhile is never swept).
-* :meth:`SchedulerPools.status` — ``fedbroker pools``: each pool's kind, health, free GPUs by type.
+* :meth:`SchedulerPools.status` / :func:`pools_status` — ``fedbroker pools``: each pool's kind, health, free GPUs
+  by type (agent pools from the store's nodes, scheduler pools from their clusters).
 
 Adapter calls happen outside database transactions; state moves are compare-and-sets in short ones.
 Errors of a cluster (:class:`providers.base.SchedulerUnavailable` and the rest) never stop a cycle or a pass:
@@ -54,7 +55,7 @@ from providers.base import MANAGED_TAG, ProviderError, QuotaExceeded, Unsupporte
 from providers.launch import DEFAULT_CHECKPOINT_ROOT, launch_spec, scheduler_environment
 from providers.registry import build_pool, pool_kind
 
-__all__ = ["PoolView", "SchedulerPools", "LIVE_NODE_STATES"]
+__all__ = ["PoolView", "SchedulerPools", "LIVE_NODE_STATES", "pools_status"]
 
 log = logging.getLogger("fedbroker.schedulers")
 S = JobState
@@ -404,3 +405,46 @@ class SchedulerPools:
                        nodes=live, backlog_gpus=int(sum(backlog.values())))
             out.append(row)
         return out
+
+
+def pools_status(pools: Iterable[Pool], settings, store: JobStore | None, now: datetime | None = None,
+                 schedulers: SchedulerPools | None = None) -> list[dict]:
+    """``fedbroker pools``: one row per pool of ``pools`` (the cluster file), in file order, each with ``name``,
+    ``kind``, ``health``, ``free_gpus`` and ``total_gpus`` (GPU type -> GPUs), ``nodes`` (live nodes).
+
+    * an agent pool, from the store: its nodes that heartbeated within ``settings.node_lost_after_s`` and are
+      not lost (``health`` ``"N of M node(s) up"``, ``"no node"`` when none registered); free = healthy GPUs less
+      those held by ``starting``/``running`` jobs placed there; ``store`` ``None``: health ``"unknown (no store)"``;
+    * a scheduler pool, from its cluster (:meth:`SchedulerPools.status`: ``"reachable"`` or the typed error),
+      plus ``backlog_gpus``."""
+    pools = list(pools)
+    now = now or utcnow()
+    sched = schedulers if schedulers is not None else SchedulerPools(pools, settings)
+    by_name = {r["name"]: r for r in sched.status()}
+    nodes = store.nodes() if store is not None else []
+    held: dict[tuple[str, int], int] = {}
+    if store is not None:
+        for j in store.list_jobs(states=list(ON_NODE_STATES), limit=100_000):
+            pl = j.placement or {}
+            if pl.get("kind") == "onprem":
+                for part in pl.get("nodes", []):
+                    for g in part.get("gpus", []):
+                        held[(part["node"], g)] = 1
+    cutoff = now - timedelta(seconds=float(settings.node_lost_after_s))
+    out = []
+    for p in pools:
+        if p.external:
+            out.append(by_name[p.name])
+            continue
+        mine = [n for n in nodes if n.pool == p.name]
+        up = [n for n in mine if n.state == "up" and n.last_heartbeat_at >= cutoff]
+        free: dict[str, int] = {}
+        total: dict[str, int] = {}
+        for n in up:
+            total[n.gpu_type] = total.get(n.gpu_type, 0) + n.gpu_count
+            free[n.gpu_type] = free.get(n.gpu_type, 0) + sum(1 for g in n.healthy_gpus if (n.name, g) not in held)
+        health = ("unknown (no store)" if store is None else "no node" if not mine
+                  else f"{len(up)} of {len(mine)} node(s) up")
+        out.append({"name": p.name, "kind": p.kind, "health": health, "free_gpus": dict(sorted(free.items())),
+                    "total_gpus": dict(sorted(total.items())), "nodes": len(up)})
+    return out

@@ -256,3 +256,30 @@ def test_capacity_matches_sinfo_and_the_explain_record_shows_the_pool_beside_the
     clouds = [a for a in rec_["alternatives"] if a["kind"] == "cloud"]
     assert clouds and all(a["dollars_usd"] > 0 and a["energy_kwh"] > 0 and a["carbon_kg"] is not None
                           and a["wait_s"] >= 0 for a in clouds)
+
+
+def test_fedbroker_pools_lists_kind_health_and_free_gpus(slurm_cluster, cluster_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from broker.cli.main import app
+
+    pools = json.loads(cluster_file.read_text())["pools"]
+    down = {**pools[0], "name": "gone", "slurm": {**pools[0]["slurm"], "slurm_conf": str(tmp_path / "none.conf"),
+                                                  "timeout_s": 5}}
+    agent = {"name": "local", "carbon_zone": "CA-ON", "price_zone": "CA-ON",
+             "nodes": [{"name": "n1", "gpu_type": "V100", "gpu_count": 4}]}
+    cf = tmp_path / "cluster.json"
+    cf.write_text(json.dumps({"pools": [pools[0], down, agent]}))
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(f"database_url: sqlite:///{tmp_path / 'fb.db'}\ncluster: {cf}\n")
+    r = CliRunner().invoke(app, ["pools", "--config", str(cfg), "--json"])
+    assert r.exit_code == 0, r.output
+    hpc, gone, local = json.loads(r.stdout[r.stdout.index("["):])
+    assert hpc == {"name": "hpc", "kind": "slurm", "health": "reachable", "free_gpus": {"a100": 6, "h100": 4},
+                   "total_gpus": {"a100": 6, "h100": 4}, "nodes": 4, "backlog_gpus": 0}
+    assert (gone["kind"], gone["free_gpus"], gone["nodes"]) == ("slurm", {}, 0)
+    assert gone["health"].startswith("SchedulerUnavailable: sinfo: "), gone["health"]
+    assert local == {"name": "local", "kind": "agent", "health": "no node", "free_gpus": {}, "total_gpus": {},
+                     "nodes": 0}
+    table = CliRunner().invoke(app, ["pools", "--config", str(cfg)])
+    assert table.exit_code == 0 and "6 a100, 4 h100" in table.stdout and "reachable" in table.stdout
