@@ -283,3 +283,38 @@ def test_fedbroker_pools_lists_kind_health_and_free_gpus(slurm_cluster, cluster_
                      "nodes": 0}
     table = CliRunner().invoke(app, ["pools", "--config", str(cfg)])
     assert table.exit_code == 0 and "6 a100, 4 h100" in table.stdout and "reachable" in table.stdout
+
+
+def test_the_planner_waits_for_the_cluster_s_running_jobs_and_counts_its_queue_ahead(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    t0 = time.time()
+    # another user's job holds all 4 H100 of h001 for its 5-min time limit
+    held = slurm_cluster.run("sbatch", "--parsable", "-p", "gpu", "-t", "5", "-o", "/dev/null",
+                             "--gpus-per-node=h100:4", "--wrap", "sleep 300").stdout.strip()
+    try:
+        end = time.monotonic() + 20
+        while slurm_cluster.run("squeue", "-h", "-j", held, "-o", "%T").stdout.strip() != "RUNNING":
+            assert time.monotonic() < end
+            time.sleep(0.2)
+        view = pools.read()["hpc"]
+        assert [n.healthy for n in view.nodes if n.gpu_type == "H100"] == [()]
+        [(end_s, typ, gpus)] = view.releases
+        assert (typ, gpus) == ("H100", 4) and abs(end_s - (t0 + 300)) <= 5
+        job, _ = store.submit("vision", _spec("true", gpu_types=["H100"], gpus_per_node=4, deferrable=False))
+        cycle.run()
+        opt = store.decision(job.id)["option"]
+        assert (store.get(job.id).state, opt["target"]) == ("queued", "hpc")
+        assert abs(opt["start_s"] - end_s) <= 3  # it starts when the running job's time limit frees the GPUs
+        # the cluster's own queue: a pending 60-min job for the same 4 GPUs competes for the pool
+        slurm_cluster.run("sbatch", "-p", "gpu", "-t", "60", "-o", "/dev/null", "--gpus-per-node=h100:4",
+                          "--wrap", "sleep 600")
+        view = pools.read()["hpc"]
+        assert (view.backlog_gpus, view.backlog_gpu_s) == (4.0, 4 * 3600.0)
+        later, _ = store.submit("vision", _spec("true", gpu_types=["H100"], gpus_per_node=4, deferrable=False,
+                                                estimated_duration_s=7200.0))  # too long to backfill
+        cycle.run()
+        opt2 = store.decision(later.id)["option"]
+        # the queue ahead (the first job's 4 x 60 GPU-s, the cluster's 4 x 3600) spread over the pool's 10 GPUs
+        assert opt2["target"] == "hpc" and opt2["wait_s"] == pytest.approx((4 * 60 + 4 * 3600) / 10, abs=3), opt2
+    finally:
+        slurm_cluster.run("scancel", "--user=root", "--partition=gpu", check=False)
