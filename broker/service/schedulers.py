@@ -258,9 +258,8 @@ class SchedulerPools:
         ad = self.adapter(name)
         infos = ad.poll()  # before the store: a job submitted after this read is live in the store already
         with store.session() as s:
-            tracked = [(j.id, j.attempt, j.state, a.external_id if a is not None else None, bool(j.cancel_requested),
-                        j.state_deadline_at, j.dispatched_at)
-                       for j, a in repo.scheduler_attempts(s, {pool.kind}, ON_NODE_STATES)
+            tracked = [(j.id, j.attempt, j.state, ext, bool(j.cancel_requested), j.state_deadline_at, j.dispatched_at)
+                       for j, ext in repo.scheduler_attempts(s, {pool.kind}, ON_NODE_STATES)
                        if (j.placement or {}).get("pool") == name]
         live = {(jid, att) for jid, att, *_ in tracked}
         by_tag = {(i.tags.get("fedbroker-job", ""), i.tags.get("fedbroker-attempt", "")): i for i in infos.values()
