@@ -327,7 +327,7 @@ class SchedulerPools:
             return
         if cancel and info.slurm_active:
             info = ad.cancel(ext)
-        elif not info.terminal and state == S.starting.value and deadline is not None and deadline < now:
+        elif info.state == "starting" and state == S.starting.value and deadline is not None and deadline < now:
             info = ad.cancel(ext)
             with store.session() as s:
                 j = repo.job_row(s, jid)

@@ -325,3 +325,29 @@ def test_the_planner_waits_for_the_cluster_s_running_jobs_and_counts_its_queue_a
         assert opt2["target"] == "hpc" and opt2["wait_s"] == pytest.approx((4 * 60 + 4 * 3600) / 10, abs=3), opt2
     finally:
         slurm_cluster.run("scancel", "--user=root", "--partition=gpu", check=False)
+
+
+def test_job_left_pending_in_the_cluster_past_the_start_deadline_is_cancelled_there_and_requeued(broker, slurm_cluster):
+    from datetime import timedelta
+
+    from broker.service.store.tables import utcnow
+
+    store, cycle, rec, pools = broker
+    # the partition is down: sinfo still shows idle nodes (the planner places the job), Slurm keeps it PENDING
+    slurm_cluster.run("scontrol", "update", "PartitionName=gpu", "State=DOWN")
+    try:
+        job, _ = store.submit("vision", _spec("true"))
+        cycle.run()
+        sid = _ext(store, job.id)
+        info = pools.adapter("hpc").describe(sid)
+        assert (info.state, info.slurm_state) == ("starting", "PENDING")
+        assert rec.run()["schedulers"]["changed"] == 0  # within starting_deadline_s (120 s): left alone
+        out = rec.run(now=utcnow() + timedelta(seconds=121))["schedulers"]
+        assert (out["requeued"], out["changed"]) == (1, 1)
+    finally:
+        slurm_cluster.run("scontrol", "update", "PartitionName=gpu", "State=UP")
+    j = store.get(job.id)
+    assert j.state == "queued"
+    assert j.reason == f"Slurm job {sid} still pending in pool hpc after 120 s (cancelled there)"
+    assert store.attempts(job.id)[0].outcome == "timed_out"
+    assert pools.adapter("hpc").describe(sid).state == "cancelled"
