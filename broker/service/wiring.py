@@ -105,10 +105,14 @@ class Services:
                           schedulers=self.schedulers)
 
     def _build_schedulers(self):
-        """The pools of existing schedulers in the cluster file (``kind: slurm``), or ``None`` when it has none."""
+        """The pools of existing schedulers in the cluster file (``kind: slurm``), or ``None`` when it has none.
+        Read from the cluster file itself, not the planning environment: a process that only reconciles never
+        loads the offer catalog and grid signals for it."""
+        from broker.cluster import load_cluster
+        from broker.service.live import LIVE_CLUSTER_PATH
         from broker.service.schedulers import SchedulerPools
 
-        pools = SchedulerPools(self.env.site_pools.values(), self.settings)
+        pools = SchedulerPools(load_cluster(self.settings.cluster or LIVE_CLUSTER_PATH), self.settings)
         return pools if pools else None
 
     def _build_cloud(self):
