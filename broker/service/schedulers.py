@@ -23,7 +23,8 @@ one object the service holds for all such pools:
   running -> :func:`~broker.service.lifecycle.mark_running`; ended -> :func:`~broker.service.lifecycle.
   scheduler_ended` (succeeded, failed with the exit code and reason, cancelled by the cluster's admin: failed
   with the reason, node failure/preemption: requeued), the ledger meters it there (elapsed and ``ConsumedEnergy``
-  from the adapter, kept on the attempt's ``meter["scheduler"]``); cancel requested -> ``cancel()`` (SIGTERM,
+  from the adapter, kept on the attempt's ``meter["scheduler"]``; the tail of its output file is kept as the
+  attempt's log where the broker's host can read ``log_dir``); cancel requested -> ``cancel()`` (SIGTERM,
   then kill after ``term_grace_s``); still pending in the cluster past ``starting_deadline_s`` -> cancelled there
   and requeued; a job Slurm requeued itself is cancelled there (the broker requeues, not Slurm). Then the
   **sweep**: jobs tagged with this broker's id whose ``(job, attempt)`` is not a live attempt are cancelled (the
@@ -354,6 +355,7 @@ class SchedulerPools:
             return
         if info.slurm_active:  # Slurm requeued it itself: the broker requeues the attempt, this copy goes
             ad.cancel(ext, 0.0)
+        self.keep_log(store, jid, attempt, info.stdout)
         energy = ad.consumed_energy_j(ext) if hasattr(ad, "consumed_energy_j") else None
         ran = bool(info.elapsed_s) or info.state in ("succeeded", "failed")
         for _ in range(3):
@@ -373,6 +375,29 @@ class SchedulerPools:
                     out["requeued"] += outcome == "requeued"
                     out["cancelled"] += outcome == "cancelled"
                     return
+
+    @staticmethod
+    def keep_log(store: JobStore, job_id: str, attempt: int, path: str | None) -> bool:
+        """Keep the last :data:`providers.launch.LOG_TAIL_BYTES` bytes of an ended job's output file (the
+        scheduler's ``StdOut``, on a file system the broker's host shares: ``log_dir``) as the attempt's log (rank 0,
+        chunk 0; ``fedbroker logs``), decoded as UTF-8 with replacement. Returns whether stored (``False``: no
+        path, the file is not readable from here, or the chunk was kept already)."""
+        from pathlib import Path
+
+        from providers.launch import LOG_TAIL_BYTES
+
+        if not path:
+            return False
+        try:
+            with Path(path).open("rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(0, size - LOG_TAIL_BYTES))
+                data = f.read().decode("utf-8", errors="replace").replace("\x00", "")
+        except OSError as e:
+            log.info("log of %s attempt %d not kept: %s", job_id, attempt, e)
+            return False
+        return store.append_log(job_id, attempt, 0, 0, data)
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict]:

@@ -114,6 +114,7 @@ def test_one_gpu_job_placed_by_the_planner_runs_to_succeeded_with_its_log_and_us
     assert (done.state, done.exit_code, done.reason) == ("succeeded", 0, "exit code 0")
     assert Path(slurm_cluster.root / "jobs" / f"fedbroker-{sid}.out").read_text() == (
         "rank=0 nnodes=1 world=1 attempt=1\n")
+    assert store.log_chunks(job.id, 1) == [(0, "rank=0 nnodes=1 world=1 attempt=1\n")]  # fedbroker logs
     [att] = store.attempts(job.id)
     assert (att.kind, att.outcome, att.exit_code, att.pool, att.gpu_type, att.gpus) == (
         "slurm", "succeeded", 0, "hpc", "A100", 1)
