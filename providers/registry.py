@@ -24,7 +24,17 @@ pools (issue #14). A pool of the cluster file says its ``kind`` and gives a sect
 * ``adapter`` — ``factory(settings) -> pool``: the adapter, with the method set of
   :class:`providers.slurm.SlurmPool` (``capacity``, ``free_gpus``, ``backlog``, ``release_profile``,
   ``submit``, ``describe``, ``cancel``, ``poll``, ``list_managed``, ``sweep``);
-* ``request`` — the job request class ``submit`` takes (a dataclass; the broker passes the fields it has).
+* ``request`` — the job request class ``submit`` takes (a dataclass; the broker passes those of ``job_id``,
+  ``attempt``, ``team``, ``command`` (one shell line), ``gpu_type`` (the cluster's name), ``gpus_per_node``,
+  ``nodes``, ``estimate_s``, ``deadline``, ``env``, ``priority_class``, ``image`` that it has).
+
+What the live broker (:mod:`broker.service.schedulers`) reads of the job records ``submit``, ``describe``,
+``poll`` and ``cancel`` return: the fields of :class:`providers.slurm.SlurmJobInfo` (``slurm_job_id``: the
+cluster's job id; ``state``: the lifecycle state; ``slurm_state``; ``slurm_active``; ``terminal``;
+``exit_code``; ``signal``; ``reason``; ``nodes``; ``elapsed_s``; ``tags`` with ``fedbroker-job`` and
+``fedbroker-attempt``; ``stdout``), and of ``capacity()`` the fields of :class:`providers.slurm.NodeCapacity`
+(``node``, ``state``, ``gpus_total``, ``gpus_free(type)``). Optional: ``pending_work()`` (else ``backlog()``
+with no GPU-seconds) and ``consumed_energy_j(id)``.
 
 ``agent`` pools (hosts running ``fedbroker serve agent``) have no entry: the broker drives them itself.
 Adding a kind: its module under ``providers/`` and one line in :data:`POOL_KINDS`.
