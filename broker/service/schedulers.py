@@ -140,7 +140,7 @@ class SchedulerPools:
             releases = ad.release_profile()
             pending = ad.pending_work() if hasattr(ad, "pending_work") else {
                 t: (g, 0.0) for t, g in ad.backlog().items()}
-        except (ProviderError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - a cluster never stops a cycle: the pool sits this one out
             view.error = f"{type(e).__name__}: {e}"
             log.warning("pool %s (%s) left out of this cycle: %s", name, pool.kind, view.error)
             return view
@@ -249,9 +249,9 @@ class SchedulerPools:
         for name in self.pools:
             try:
                 self._watch_pool(store, name, now, out)
-            except ProviderError as e:
+            except Exception as e:  # noqa: BLE001 - one cluster's outage leaves the other pools' watch alone
                 out["errors"][name] = f"{type(e).__name__}: {e}"
-                log.warning("pool %s: watch skipped this pass: %s", name, e)
+                log.warning("pool %s: watch skipped this pass: %s", name, e, exc_info=not isinstance(e, ProviderError))
         return out
 
     def _watch_pool(self, store: JobStore, name: str, now: datetime, out: dict) -> None:
@@ -411,7 +411,7 @@ class SchedulerPools:
                 ad = self.adapter(name)
                 caps = ad.capacity()
                 backlog = ad.backlog()
-            except (ProviderError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 - reported as the pool's health
                 row.update(health=f"{type(e).__name__}: {e}", free_gpus={}, total_gpus={}, nodes=0, backlog_gpus=0)
                 out.append(row)
                 continue
