@@ -63,6 +63,8 @@ S = JobState
 #: node states (Slurm's long state, no flag) of a node that runs or can run jobs: its GPUs count in the pool;
 #: others (down, drained, a flag such as ``*`` not responding) are left out of the pool, like a lost agent node
 LIVE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+#: the most GPUs a pool node holds (``broker.model.PoolNode.gpu_count``'s bound)
+MAX_GPUS_PER_NODE = 16
 
 
 @dataclass
@@ -73,8 +75,8 @@ class PoolView:
     GPU types; GPU type canonical, ``healthy`` = ``range(free GPUs)``); ``gres``: planner node name -> the
     cluster's own GPU type name (what ``--gpus-per-node`` takes); ``releases``: ``(end POSIX s, canonical GPU
     type, GPUs)`` of the running jobs (time limits); ``backlog_gpus``/``backlog_gpu_s``: the cluster's own pending
-    jobs (GPUs, GPU-seconds at their time limits); ``skipped``: GPU types with no power/throughput model (their
-    nodes are left out); ``error``: why the cluster could not be read (then nothing else is set).
+    jobs (GPUs, GPU-seconds at their time limits); ``skipped``: why GPUs were left out (a GPU type
+    with no power/throughput model, a node with more GPUs of a type than a pool node holds); ``error``: why the cluster could not be read (then nothing else is set).
     """
 
     name: str
@@ -149,17 +151,24 @@ class SchedulerPools:
                 continue
             types = [t for t, c in sorted(n.gpus_total.items()) if c > 0]
             for t in types:
+                if n.gpus_total[t] > MAX_GPUS_PER_NODE:
+                    view.skipped.append(f"{n.node}: {n.gpus_total[t]} x {t} (a pool node holds at most "
+                                        f"{MAX_GPUS_PER_NODE} GPUs)")
+                    continue
                 canon = self.canon(t)
                 try:
                     mem = gpu_spec(canon).memory_gb
                 except ValueError:
-                    if t not in view.skipped:
-                        view.skipped.append(t)
+                    why = f"GPU type {t!r}: no power or throughput model (pricing.power)"
+                    if why not in view.skipped:
+                        view.skipped.append(why)
                     continue
                 node = f"{name}/{n.node}" + (f"/{t}" if len(types) > 1 else "")
                 view.nodes.append(LiveNode(node, name, canon, int(n.gpus_total[t]), float(mem),
                                            tuple(range(n.gpus_free(t)))))
                 view.gres[node] = t
+        if view.skipped:
+            log.warning("pool %s: GPUs left out of planning: %s", name, "; ".join(view.skipped))
         view.releases = [(end.timestamp(), self.canon(t), int(g)) for end, t, g in releases]
         view.backlog_gpus = float(sum(g for g, _ in pending.values()))
         view.backlog_gpu_s = float(sum(gs for _, gs in pending.values()))

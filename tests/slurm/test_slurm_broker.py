@@ -352,3 +352,23 @@ def test_job_left_pending_in_the_cluster_past_the_start_deadline_is_cancelled_th
     assert j.reason == f"Slurm job {sid} still pending in pool hpc after 120 s (cancelled there)"
     assert store.attempts(job.id)[0].outcome == "timed_out"
     assert pools.adapter("hpc").describe(sid).state == "cancelled"
+
+
+def test_gpus_the_planner_cannot_model_are_left_out_with_the_reason(slurm_cluster, tmp_path):
+    """A GRES type with no power/throughput model and a node with more GPUs than a pool node holds are left out of
+    planning (named), the other nodes are planned; on a second local cluster of that shape."""
+    from broker.model import Pool
+    from tests.slurm.cluster import LocalSlurm, NodeGroup
+
+    odd = LocalSlurm(groups=(NodeGroup("a", 1, "a100", 2), NodeGroup("q", 1, "qpu", 2), NodeGroup("b", 1, "a100", 17)),
+                     rest=False).start()
+    try:
+        pool = Pool(name="odd", kind="slurm", carbon_zone="CA-ON", price_zone="CA-ON", nodes=(),
+                    scheduler={"partition": "gpu", "slurm_conf": str(odd.conf)})
+        view = SchedulerPools([pool], BrokerSettings()).read()["odd"]
+    finally:
+        odd.cleanup()
+    assert view.error is None
+    assert [(n.name, n.gpu_type, n.gpu_count) for n in view.nodes] == [("odd/a001", "A100", 2)]
+    assert view.skipped == ["b001: 17 x a100 (a pool node holds at most 16 GPUs)",
+                            "GPU type 'qpu': no power or throughput model (pricing.power)"]
