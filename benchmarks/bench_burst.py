@@ -8,6 +8,10 @@ queued-jobs quota is on: ``max_queued_jobs`` 50,000, so its check is part of eve
 1. **Single submits** (jobs/s): ``--single-jobs`` ``POST /v1/jobs`` from ``--threads`` client threads
    (one keep-alive ``requests`` session each, a fresh idempotency key per job, the body the SDK sends),
    with only the API running (on 2 cores the planner would take the CPU the API is measured on).
+   With ``--client wrk`` the same requests come from ``wrk`` (``--threads`` connections, ``--wrk-seconds``):
+   a load generator on another machine in a real deployment; here it takes ~1/20 of the client CPU
+   ``requests`` takes, so the 2 shared cores go to the broker. Every answer must be 2xx and every answered
+   request a stored job (checked; the requests in flight when wrk stops are stored, not counted).
 2. **Bulk submits** (jobs/s): the same through ``POST /v1/jobs:batch``, 1,000 items a request
    (``Client.submit_many``), API only.
 3. **The burst**: worker, beat and ``--nodes`` agents (8 fake GPUs each) are started; team ``burst``
@@ -22,6 +26,7 @@ queued-jobs quota is on: ``max_queued_jobs`` 50,000, so its check is part of eve
 Usage (keep it to a few minutes on a shared machine)::
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_burst.py [--single-jobs 2000] [--threads 8]
+        [--client requests|wrk] [--wrk-seconds 15]
         [--batch-jobs 10000] [--burst-jobs 10000] [--probes 20] [--api-workers 2] [--json FILE]
 
 Results go to stdout (and ``--json FILE``); record them in BENCHMARKS.md.
@@ -81,6 +86,46 @@ def single_throughput(url: str, token: str, n: int, threads: int) -> float:
     with ThreadPoolExecutor(threads) as ex:
         list(ex.map(run, per))
     return n / (time.perf_counter() - t0)
+
+
+#: wrk script: one ``POST /v1/jobs`` of :data:`QUEUED_SPEC` per request, each with its own idempotency key
+#: (``<wrk thread>-<counter>-<run>``), as the SDK sends it
+_WRK_LUA = """
+local counter, tid = 0, 0
+local n = 0
+function setup(thread) n = n + 1; thread:set("tid", n) end
+function init(args) tid = wrk.thread:get("tid") end
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %(token)s"
+function request()
+  counter = counter + 1
+  return wrk.format(nil, "/v1/jobs", nil,
+    '{"spec": %(spec)s, "idempotency_key": "' .. tid .. '-' .. counter .. '-%(run)s"}')
+end
+"""
+
+
+def single_throughput_wrk(url: str, token: str, seconds: float, connections: int) -> tuple[float, int]:
+    """Jobs/s and jobs created by ``wrk`` (a C load generator, ~1/20 of ``requests``' CPU per request, so the
+    API is measured with the 2 cores it shares with its client) sending ``POST /v1/jobs`` over ``connections``
+    keep-alive connections from one thread for ``seconds``. Raises ``RuntimeError`` if any answer was not 2xx."""
+    import shutil
+
+    if shutil.which("wrk") is None:
+        raise RuntimeError("--client wrk: the wrk command is not installed (Debian: apt-get install wrk)")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(_WRK_LUA % {"token": token, "spec": json.dumps(QUEUED_SPEC), "run": uuid.uuid4().hex[:8]})
+    try:
+        r = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s", "--timeout", "30s",
+                            "-s", f.name, url], capture_output=True, text=True, check=True)
+    finally:
+        Path(f.name).unlink()
+    m = re.search(r"(\d+) requests in ([\d.]+)(m?s)", r.stdout)
+    if m is None or "Non-2xx" in r.stdout or "Socket errors" in r.stdout:
+        raise RuntimeError(f"wrk: errors or unreadable output:\n{r.stdout}")
+    n, wall = int(m.group(1)), float(m.group(2)) / (1000 if m.group(3) == "ms" else 1)
+    return n / wall, n
 
 
 def batch_throughput(url: str, token: str, n: int, threads: int = 2) -> tuple[float, list[float]]:
@@ -172,6 +217,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--single-jobs", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--client", choices=("requests", "wrk"), default="requests",
+                    help="single submits from Python threads (requests sessions) or from wrk (C, needs `wrk`)")
+    ap.add_argument("--wrk-seconds", type=float, default=15.0, help="--client wrk: seconds of single submits")
     ap.add_argument("--batch-jobs", type=int, default=10000)
     ap.add_argument("--burst-jobs", type=int, default=10000)
     ap.add_argument("--probes", type=int, default=20)
@@ -215,8 +263,24 @@ def main() -> None:
             tok = b.token("bench")
             single_throughput(b.url, tok, 200, args.threads)  # warm up every worker's pools and caches
             api_pid = b.procs["api"].pid
-            rate, cpu = measured(api_pid, lambda: single_throughput(b.url, tok, args.single_jobs, args.threads),
-                                 args.single_jobs)
+            if args.client == "wrk":
+                from sqlalchemy import text
+
+                def stored() -> int:
+                    with b.store.engine.connect() as c:
+                        return int(c.execute(text("SELECT count(*) FROM jobs WHERE team = 'bench'")).scalar_one())
+
+                a0, s0 = proc_tree_cpu_s(api_pid), stored()
+                rate, n = single_throughput_wrk(b.url, tok, args.wrk_seconds, args.threads)
+                # every answered request is a stored job; at most one request per connection was still in
+                # flight when wrk stopped counting (stored, not counted)
+                if not 0 <= stored() - s0 - n <= args.threads:
+                    raise RuntimeError(f"wrk counted {n} submits but {stored() - s0} jobs were stored")
+                cpu = {"api_cpu_ms_per_job": round((proc_tree_cpu_s(api_pid) - a0) / n * 1000, 3),
+                       "client": "wrk", "jobs": n}
+            else:
+                rate, cpu = measured(api_pid, lambda: single_throughput(b.url, tok, args.single_jobs, args.threads),
+                                     args.single_jobs)
             out["single_submit_jobs_per_s"] = round(rate, 1)
             out["single_submit_cpu"] = cpu
             print("single", out["single_submit_jobs_per_s"], cpu, flush=True)

@@ -17,11 +17,15 @@ down and its end up to the second), numbers plain decimals (no exponent, no ``+`
 currency ISO 4217 (``USD``: the ledger's one currency), a null an empty field, Tags a JSON object.
 
 Per line (:data:`broker.usage.LINES`): ChargeCategory ``Usage``; ChargeClass null (no corrections);
-ServiceCategory ``Compute``; PricingQuantity the billed hours (instance: ``billed_s`` / 3600, after the
-provider's minimum), the kWh (energy) or the GPU-hours (amortised), in the ledger's PricingUnit;
-ListCost = ContractedCost = ListUnitPrice x PricingQuantity (no negotiated prices); BilledCost =
-EffectiveCost = the ledger's ``billed_usd`` (no commitments to amortise). ConsumedQuantity is what ran:
-instance hours (``run_s`` / 3600, before the minimum), kWh, GPU-hours.
+ServiceCategory ``Compute`` (``Storage`` for a boot disk); PricingQuantity the billed hours (instance and
+idle: ``billed_s`` / 3600, after the provider's minimum), the GB-months (disk: ``billed_usd`` /
+ListUnitPrice, the size x the billed share of a month), the kWh (energy) or the GPU-hours (amortised,
+idle_amortised), in the ledger's PricingUnit; ListCost = ContractedCost = ListUnitPrice x PricingQuantity
+(no negotiated prices); BilledCost = EffectiveCost = the ledger's ``billed_usd`` (no commitments to
+amortise). ConsumedQuantity is what ran: instance hours (``run_s`` / 3600, before the minimum), kWh,
+GPU-hours, GB-months. The unallocated lines (``idle``, ``idle_amortised``) are rows like the others, told
+apart by ``x_UsageLine`` and their ChargeDescription; an on-prem pool's ``idle_amortised`` row has empty
+``team``/``job`` tags.
 
 Who: a cloud line's InvoiceIssuerName, ProviderName and PublisherName are the cloud (``AWS``, ``Google
 Cloud``); an on-prem line's are the operator's organisation (:attr:`FocusAccounts.organisation`). A line
@@ -125,7 +129,8 @@ DATETIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 #: per cloud provider: (ProviderName = PublisherName = InvoiceIssuerName, ServiceName of an instance)
 _CLOUDS = {"aws": ("AWS", "Amazon Elastic Compute Cloud"), "gcp": ("Google Cloud", "Compute Engine")}
 #: ServiceName of the on-prem lines
-_ONPREM_SERVICE = {"energy": "On-premises GPU electricity", "amortised": "On-premises GPU capacity"}
+_ONPREM_SERVICE = {"energy": "On-premises GPU electricity", "amortised": "On-premises GPU capacity",
+                   "idle_amortised": "On-premises GPU capacity"}
 
 
 @dataclass(frozen=True)
@@ -181,17 +186,28 @@ def _month(t: datetime) -> tuple[datetime, datetime]:
     return start, end
 
 
+def _disk_gb_months(r: UsageRecord) -> float | None:
+    if r.billed_usd is None or not r.list_unit_price_usd:
+        return None
+    return r.billed_usd / r.list_unit_price_usd
+
+
 def _pricing_quantity(r: UsageRecord) -> float:
-    if r.line == "instance":
+    if r.line in ("instance", "idle"):
         return r.billed_s / 3600.0
+    if r.line == "disk":
+        q = _disk_gb_months(r)
+        return q if q is not None else math.nan
     if r.line == "energy":
         return r.energy_kwh if r.energy_kwh is not None else math.nan
     return r.gpu_count * r.billed_s / 3600.0
 
 
 def _consumed_quantity(r: UsageRecord) -> float | None:
-    if r.line == "instance":
+    if r.line in ("instance", "idle"):
         return r.run_s / 3600.0
+    if r.line == "disk":
+        return _disk_gb_months(r)
     if r.line == "energy":
         return r.energy_kwh
     return r.gpu_hours
@@ -214,13 +230,19 @@ def focus_row(r: UsageRecord, accounts: FocusAccounts) -> dict[str, str]:
         sku = f"{r.provider}/{r.region or '-'}/{r.instance_type or '-'}"
         category = "Dynamic" if r.market == "spot" else "Standard"
         resource_type = "Virtual Machine"
+        if r.line == "idle":
+            desc = "idle (unallocated): billed, no job running; " + desc
+        elif r.line == "disk":
+            desc = f"boot disk of {r.instance_type or 'an'} instance {r.resource}, billed until deleted"
+            sku, category, resource_type = f"{r.provider}/{r.region or '-'}/boot-disk", "Standard", "Disk"
     else:
         who, service = accounts.organisation, _ONPREM_SERVICE[r.line]
         account, account_name = accounts.billing_account_id, accounts.billing_account_name or accounts.organisation
-        what = "electricity (IT energy x PUE, at the zone's hourly tariff)" if r.line == "energy" else \
-            "amortised capital"
+        what = {"energy": "electricity (IT energy x PUE, at the zone's hourly tariff)",
+                "amortised": "amortised capital",
+                "idle_amortised": "idle (unallocated): amortised capital of GPUs no job held"}[r.line]
         desc = f"{what} of {r.gpu_count} x {r.gpu_type} on {r.resource} (pool {r.pool})"
-        sku = f"onprem/{r.pool or '-'}/{r.line}" + (f"/{r.gpu_type}" if r.line == "amortised" else "")
+        sku = f"onprem/{r.pool or '-'}/{r.line}" + (f"/{r.gpu_type}" if r.line != "energy" else "")
         category = "Standard"
         resource_type = "GPU Server"
     qty = _pricing_quantity(r)
@@ -235,7 +257,8 @@ def focus_row(r: UsageRecord, accounts: FocusAccounts) -> dict[str, str]:
         "ChargePeriodEnd": _dt(r.end, up=True), "ChargePeriodStart": _dt(r.start),
         "ContractedCost": _num(list_cost), "EffectiveCost": _num(r.billed_usd), "InvoiceIssuerName": who,
         "ListCost": _num(list_cost), "PricingQuantity": _num(qty), "PricingUnit": r.pricing_unit,
-        "ProviderName": who, "PublisherName": who, "ServiceCategory": "Compute", "ServiceName": service,
+        "ProviderName": who, "PublisherName": who,
+        "ServiceCategory": "Storage" if r.line == "disk" else "Compute", "ServiceName": service,
         "AvailabilityZone": r.zone or "", "ChargeFrequency": "Usage-Based",
         "ConsumedQuantity": _num(consumed), "ConsumedUnit": "" if consumed is None else r.pricing_unit,
         "ContractedUnitPrice": _num(unit_price), "ListUnitPrice": _num(unit_price), "PricingCategory": category,

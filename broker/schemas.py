@@ -17,7 +17,7 @@ from broker.model import JobSpec
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
            "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE", "TOKEN_KINDS", "TOKEN_MAX_TTL_S",
            "TokenCreateRequest", "TokenRotateRequest", "TokenView", "CreatedToken", "AuditEventView",
-           "UsageTotalsView", "UsageSummaryView"]
+           "UsageTotalsView", "UsageSummaryView", "SavingsView"]
 
 #: a schedule name: 1-200 letters, digits, '.', '_' or '-', starting with a letter or digit
 SCHEDULE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -218,8 +218,8 @@ class ErrorBody(BaseModel):
 
 
 #: token kinds (:mod:`broker.service.tokens` says what each may do)
-TOKEN_KINDS = ("member", "team-admin", "read-only", "node", "admin")
-TokenKind = Literal["member", "team-admin", "read-only", "node", "admin"]
+TOKEN_KINDS = ("member", "team-admin", "read-only", "node", "admin", "finance")
+TokenKind = Literal["member", "team-admin", "read-only", "node", "admin", "finance"]
 #: the longest token lifetime, seconds (3650 days)
 TOKEN_MAX_TTL_S = 3650 * 86400
 
@@ -317,11 +317,37 @@ class UsageTotalsView(BaseModel):
     unknown_carbon_lines: int
 
 
+class SavingsView(BaseModel):
+    """``GET /v1/usage/savings``: the jobs' lines that start in ``[start, end)`` (UTC; of ``team``, ``null``: every
+    team) against two counterfactual placements of the same work (:func:`broker.usage.savings`): USD
+    ``actual_usd``, ``cheapest_cloud_usd`` (all on the cheapest cloud now), ``onprem_only_usd``; the
+    ``saved_vs_*`` differences (positive: the actual placements cost less); ``gpu_hours`` and ``units``
+    compared, and those left out (``not_compared_*``, ``reasons``); the USD per GPU-hour used by GPU type and
+    how each was found (``rate_notes``)."""
+
+    start: datetime
+    end: datetime
+    team: str | None = None
+    gpu_hours: float
+    actual_usd: float
+    cheapest_cloud_usd: float
+    onprem_only_usd: float
+    saved_vs_cheapest_cloud_usd: float
+    saved_vs_onprem_only_usd: float
+    units: int
+    not_compared_units: int
+    not_compared_gpu_hours: float
+    cloud_usd_per_gpu_hour: dict[str, float]
+    onprem_usd_per_gpu_hour: dict[str, float]
+    reasons: list[str]
+    rate_notes: list[str]
+
+
 class UsageSummaryView(BaseModel):
     """``GET /v1/usage/summary``: the ledger lines that start in ``[start, end)`` (UTC), of ``team`` (``null``:
-    every team, admins only), grouped ``by`` team, project, provider, region, pool or day."""
+    every team, admins only), grouped ``by`` team, project, provider, region, pool, line or day."""
 
-    by: Literal["team", "project", "provider", "region", "pool", "day"]
+    by: Literal["team", "project", "provider", "region", "pool", "line", "day"]
     start: datetime
     end: datetime
     team: str | None = None

@@ -1,8 +1,13 @@
 """The usage record: one line of the finance ledger (issue #12), the same type for live use and simulated runs.
 
 A :class:`UsageRecord` is one metered resource of one attempt rank over ``[start, end]`` (UTC): a cloud
-instance (``line="instance"``), the electricity an on-prem rank drew (``line="energy"``) or its amortised
-capital (``line="amortised"``). The live broker writes them in the transaction that ends the attempt
+instance (``line="instance"``), its boot disk (``line="disk"``: billed from the create call until the disk is
+deleted with the instance, stopped or not), the electricity an on-prem rank drew (``line="energy"``) or its
+amortised capital (``line="amortised"``). Two lines are *unallocated* (:data:`UNALLOCATED_LINES`: billed or
+paid for, used by no job): ``idle`` (cloud instance time no job used: an instance of an attempt that never ran
+or that the job's placement did not take, and the time from an attempt's end until its instance is deleted)
+and ``idle_amortised`` (on-prem pool GPUs no running attempt held, at the pool's amortised USD per GPU-hour;
+``job_id`` and ``team`` empty). So ``sum(job lines) + sum(unallocated lines) = what was billed or paid``. The live broker writes them in the transaction that ends the attempt
 (:func:`broker.service.lifecycle.record_usage` -> :mod:`broker.service.ledger`); the simulator can build
 the same records from its realised runs (``source="sim"``), so one report reads both.
 
@@ -10,9 +15,6 @@ Money is USD, energy kWh (facility: IT energy x PUE), emissions kgCO2e (location
 hourly average intensity, not market-based contracts). A figure that could not be computed is ``None``
 with the reason in ``estimate_reasons``, never 0; a figure that is an estimate (modelled power, a missing
 counter, an interpolated hour) has ``estimated=True`` and the reason.
-
-Lines not metered yet (said so): idle allocated GPU time as its own line, resources that keep billing
-while stopped (disks, addresses).
 
 Errors: :class:`UsageError` (a ``ValueError``) naming the field and the value.
 """
@@ -26,15 +28,23 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from operator import attrgetter
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
-__all__ = ["LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
-           "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback"]
+__all__ = ["LINES", "UNALLOCATED_LINES", "GPU_HOUR_LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
+           "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback",
+           "Savings", "savings"]
 
-#: the kinds of usage line: a cloud instance's bill; an on-prem rank's electricity; its amortised capital
-LINES = ("instance", "energy", "amortised")
+#: the kinds of usage line: a cloud instance's bill; its boot disk's; an on-prem rank's electricity; its amortised
+#: capital; cloud instance time no job used; on-prem GPU time no attempt held (the last two: :data:`UNALLOCATED_LINES`)
+LINES = ("instance", "disk", "energy", "amortised", "idle", "idle_amortised")
+#: lines that are no job's cost (idle capacity): with the job lines they add up to the provider's or pool's total
+UNALLOCATED_LINES = ("idle", "idle_amortised")
+#: lines whose GPU-hours are GPU time used by a job (an on-prem rank's amortised line covers its energy line's GPUs
+#: again; a disk has no GPU; idle lines are GPU time nobody used)
+GPU_HOUR_LINES = ("instance", "energy")
 #: the unit each line's list price is per, by line (FOCUS ``PricingUnit`` values)
-PRICING_UNITS = {"instance": "Hours", "energy": "kWh", "amortised": "GPU-Hours"}
+PRICING_UNITS = {"instance": "Hours", "disk": "GB-Months", "energy": "kWh", "amortised": "GPU-Hours",
+                 "idle": "Hours", "idle_amortised": "GPU-Hours"}
 
 
 class UsageError(ValueError):
@@ -118,7 +128,8 @@ class UsageRecord:
             raise UsageError(f"end={self.end.isoformat()!r}: before start={self.start.isoformat()!r} "
                              f"({self.job_id} attempt {self.attempt} rank {self.rank})")
         if self.pricing_unit != PRICING_UNITS[self.line]:
-            raise UsageError(f"pricing_unit={self.pricing_unit!r}: an {self.line} line is priced per "
+            raise UsageError(f"pricing_unit={self.pricing_unit!r}: {'an' if self.line[0] in 'aeiou' else 'a'} "
+                             f"{self.line} line is priced per "
                              f"{PRICING_UNITS[self.line]!r}")
         if not self.provider:
             raise UsageError(f"provider={self.provider!r}: empty")
@@ -138,7 +149,7 @@ class UsageRecord:
     @property
     def gpu_hours(self) -> float:
         """GPU-hours of the window, ``gpu_count x run_s / 3600``. An on-prem rank has two lines over the same
-        GPUs (``energy`` and ``amortised``): count GPU-hours from ``instance`` and ``energy`` lines only."""
+        GPUs (``energy`` and ``amortised``): count GPU-hours used by jobs from :data:`GPU_HOUR_LINES` only."""
         return self.gpu_count * self.run_s / 3600.0
 
     def to_dict(self) -> dict:
@@ -148,8 +159,9 @@ class UsageRecord:
         return d
 
 
-#: what :func:`summarise` groups by: a record's team, project, provider, region, pool, or UTC day of its start
-SUMMARY_DIMENSIONS = ("team", "project", "provider", "region", "pool", "day")
+#: what :func:`summarise` groups by: a record's team, project, provider, region, pool, line (:data:`LINES`: the
+#: unallocated lines apart), or UTC day of its start
+SUMMARY_DIMENSIONS = ("team", "project", "provider", "region", "pool", "line", "day")
 
 
 @dataclass
@@ -160,7 +172,7 @@ class UsageTotals:
         key: the group's value of the dimension (``None``: records without one, e.g. the pool of a cloud line;
             ``day``: ``YYYY-MM-DD``, the UTC day the record starts); ``None`` for the total of all groups.
         cost_usd: the sum of the known ``billed_usd``, USD.
-        gpu_hours: GPU-hours of the ``instance`` and ``energy`` lines (not ``amortised``: the same GPUs again).
+        gpu_hours: GPU-hours of the :data:`GPU_HOUR_LINES` (not ``amortised``: the same GPUs again; not idle).
         energy_kwh: the sum of the known ``energy_kwh`` (facility energy, kWh).
         carbon_kg: the sum of the known ``carbon_kg`` (kgCO2e, location-based).
         lines: records in the group.
@@ -196,7 +208,7 @@ class UsageTotals:
             self.unknown_carbon_lines += 1
         else:
             self.carbon_kg += r.carbon_kg
-        if r.line != "amortised":
+        if r.line in GPU_HOUR_LINES:
             self.gpu_hours += r.gpu_hours
 
 
@@ -303,29 +315,124 @@ def read_usage_csv(path: str | Path) -> list[UsageRecord]:
 
 
 #: the chargeback table's figures per team (:func:`chargeback`): units in the names
-CHARGEBACK_COLUMNS = ("cloud_usd", "onprem_energy_usd", "amortised_usd", "total_usd", "energy_kwh", "carbon_kg",
-                      "gpu_hours", "unknown_lines")
+CHARGEBACK_COLUMNS = ("cloud_usd", "onprem_energy_usd", "amortised_usd", "total_usd", "idle_usd", "energy_kwh",
+                      "carbon_kg", "gpu_hours", "unknown_lines")
 
 
 def chargeback(records: Iterable[UsageRecord]) -> dict[str, dict[str, float]]:
-    """Per team, what its usage lines add up to (:data:`CHARGEBACK_COLUMNS`): ``cloud_usd`` (instance lines),
-    ``onprem_energy_usd`` (energy lines), ``amortised_usd`` (amortised lines), ``total_usd`` (their sum),
+    """Per team, what its usage lines add up to (:data:`CHARGEBACK_COLUMNS`): ``cloud_usd`` (instance and disk
+    lines), ``onprem_energy_usd`` (energy lines), ``amortised_usd`` (amortised lines), ``total_usd`` (their sum),
+    ``idle_usd`` (cloud ``idle`` lines of the team's instances: unallocated, not in ``total_usd``; the pools'
+    ``idle_amortised`` lines have no team and are left out),
     ``energy_kwh``, ``carbon_kg`` (kgCO2e, location-based), ``gpu_hours`` (instance and energy lines: an
     on-prem rank's amortised line covers the same GPUs) and ``unknown_lines`` (lines with some figure unknown,
     counted as 0 here and flagged in the record). Teams sorted by ``total_usd``, highest first."""
     teams: dict[str, dict[str, float]] = {}
-    key = {"instance": "cloud_usd", "energy": "onprem_energy_usd", "amortised": "amortised_usd"}
+    key = {"instance": "cloud_usd", "disk": "cloud_usd", "energy": "onprem_energy_usd", "amortised": "amortised_usd",
+           "idle": "idle_usd"}
     for r in records:
+        if r.line == "idle_amortised":
+            continue
         t = teams.get(r.team)
         if t is None:
             t = teams[r.team] = dict.fromkeys(CHARGEBACK_COLUMNS, 0.0)
         if r.billed_usd is not None:
             t[key[r.line]] += r.billed_usd
-            t["total_usd"] += r.billed_usd
+            if r.line not in UNALLOCATED_LINES:
+                t["total_usd"] += r.billed_usd
         t["energy_kwh"] += r.energy_kwh or 0.0
         t["carbon_kg"] += r.carbon_kg or 0.0
-        if r.line != "amortised":
+        if r.line in GPU_HOUR_LINES:
             t["gpu_hours"] += r.gpu_hours
         if r.billed_usd is None or r.energy_kwh is None or r.carbon_kg is None:
             t["unknown_lines"] += 1
     return dict(sorted(teams.items(), key=lambda kv: (-kv[1]["total_usd"], kv[0])))
+
+
+@dataclass(frozen=True)
+class Savings:
+    """The actual cost of a set of usage records against two counterfactual placements of the same work
+    (:func:`savings`). USD; GPU-hours of the work compared.
+
+    Attributes:
+        gpu_hours: GPU-hours of the units compared (their :data:`GPU_HOUR_LINES`).
+        actual_usd: what those units cost where they ran: their job lines (instance, disk, energy, amortised).
+        cheapest_cloud_usd: the same GPU-hours at the cheapest cloud USD per GPU-hour of their GPU type.
+        onprem_only_usd: the same GPU-hours at the on-prem USD per GPU-hour of their GPU type.
+        units, not_compared_units, not_compared_gpu_hours: units (one attempt rank's lines on one resource)
+            compared, and left out: a unit with a line of unknown cost, or whose GPU type has no rate on one
+            side (``reasons`` says which).
+        cloud_usd_per_gpu_hour, onprem_usd_per_gpu_hour: the rates used, by GPU type.
+        reasons: why units were left out, one line per cause.
+    """
+
+    gpu_hours: float = 0.0
+    actual_usd: float = 0.0
+    cheapest_cloud_usd: float = 0.0
+    onprem_only_usd: float = 0.0
+    units: int = 0
+    not_compared_units: int = 0
+    not_compared_gpu_hours: float = 0.0
+    cloud_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
+    onprem_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def saved_vs_cheapest_cloud_usd(self) -> float:
+        """``cheapest_cloud_usd - actual_usd``: positive when the actual placements cost less."""
+        return self.cheapest_cloud_usd - self.actual_usd
+
+    @property
+    def saved_vs_onprem_only_usd(self) -> float:
+        """``onprem_only_usd - actual_usd``: positive when the actual placements cost less."""
+        return self.onprem_only_usd - self.actual_usd
+
+
+def savings(records: Iterable[UsageRecord], cloud_usd_per_gpu_hour: Mapping[str, float],
+            onprem_usd_per_gpu_hour: Mapping[str, float]) -> Savings:
+    """What ``records``' jobs cost where they ran against "all on the cheapest cloud now" and "on-prem only".
+
+    The work is grouped in units: one attempt rank's job lines on one resource (a cloud instance with its
+    disk, or an on-prem rank's energy and amortised lines); unallocated lines (:data:`UNALLOCATED_LINES`) are
+    no job's and are left out. A unit's work is its GPU-hours (:data:`GPU_HOUR_LINES`) of its GPU type; the
+    counterfactuals price that work at ``cloud_usd_per_gpu_hour[type]`` and ``onprem_usd_per_gpu_hour[type]``
+    (USD per GPU-hour). A unit with a line of unknown cost, or a type missing from either rate table, is left
+    out of all three sums (counted, with the reason), so the three figures always cover the same work.
+    Raises :class:`UsageError` naming a rate that is negative or not finite."""
+    for name, table in (("cloud_usd_per_gpu_hour", cloud_usd_per_gpu_hour),
+                        ("onprem_usd_per_gpu_hour", onprem_usd_per_gpu_hour)):
+        for k, v in table.items():
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UsageError(f"{name}[{k!r}]={v!r}: must be a finite USD per GPU-hour >= 0")
+    units: dict[tuple, list[UsageRecord]] = {}
+    for r in records:
+        if r.line in UNALLOCATED_LINES:
+            continue
+        units.setdefault((r.job_id, r.attempt, r.rank, r.resource), []).append(r)
+    out = dict(gpu_hours=0.0, actual_usd=0.0, cheapest_cloud_usd=0.0, onprem_only_usd=0.0, units=0,
+               not_compared_units=0, not_compared_gpu_hours=0.0)
+    why: dict[str, int] = {}
+    for lines in units.values():
+        gh = sum(r.gpu_hours for r in lines if r.line in GPU_HOUR_LINES)
+        gpu_type = next((r.gpu_type for r in lines if r.line in GPU_HOUR_LINES), lines[0].gpu_type)
+        if any(r.billed_usd is None for r in lines):
+            cause = "a line of unknown cost"
+        elif gpu_type not in cloud_usd_per_gpu_hour:
+            cause = f"{gpu_type}: no cloud rate"
+        elif gpu_type not in onprem_usd_per_gpu_hour:
+            cause = f"{gpu_type}: no on-prem rate"
+        else:
+            cause = None
+        if cause is not None:
+            why[cause] = why.get(cause, 0) + 1
+            out["not_compared_units"] += 1
+            out["not_compared_gpu_hours"] += gh
+            continue
+        out["units"] += 1
+        out["gpu_hours"] += gh
+        out["actual_usd"] += math.fsum(r.billed_usd for r in lines)
+        out["cheapest_cloud_usd"] += gh * cloud_usd_per_gpu_hour[gpu_type]
+        out["onprem_only_usd"] += gh * onprem_usd_per_gpu_hour[gpu_type]
+    return Savings(**out, cloud_usd_per_gpu_hour=dict(cloud_usd_per_gpu_hour),
+                   onprem_usd_per_gpu_hour=dict(onprem_usd_per_gpu_hour),
+                   reasons=tuple(f"{n} unit(s) left out: {c}" for c, n in sorted(why.items())))

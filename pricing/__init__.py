@@ -18,6 +18,8 @@ Modules (one idea each):
 * :mod:`pricing.carbon_sources` — GB Carbon Intensity API, Electricity Maps.
 * :mod:`pricing.price_sources` — operator tariff (fixed/time-of-use), ENTSO-E day-ahead via ``entsoe-py``.
 * :mod:`pricing.user_signals` — user hourly carbon/price CSVs (``simulate --signals DIR``).
+* :mod:`pricing.forecast` — carbon and price forecasts from the hours before the issue time (``forecast()``).
+* :mod:`pricing.forecast_eval` — their error (MAE, MAPE by horizon bucket) and the fit of the blend parameters.
 * :mod:`pricing.errors` — the exception tree of bad input (all ``ValueError``; fetch faults are
   :class:`pricing.sources.SourceError`, a ``RuntimeError``).
 

@@ -4,6 +4,8 @@
   idempotency tokens, tags);
 * :mod:`.aws`, :mod:`.gcp` — the adapters (AWS EC2; Google Compute Engine through ``google-cloud-compute``),
   their factories from settings, offer checks and Terraform outputs;
+* :mod:`.slurm`, :mod:`.kubernetes` — an existing Slurm or Kubernetes cluster as a pool (capacity, submit,
+  describe, cancel, sweep), sharing ``PoolJobRequest``/``PoolJobInfo``/``NodeCapacity`` of :mod:`.base`;
 * :mod:`.registry` — one line per provider: adapter factory, settings section, offer source;
 * :mod:`.provisioner` — provider-neutral failover over ranked options and gang creation (all or nothing);
 * :mod:`.launch` — one rank's launch spec: its environment, its ``docker run``, its cloud-init launcher;

@@ -15,24 +15,37 @@ without knowing any cloud SDK)::
      +-- Throttled                  API rate limit: back off, then retry the same option
      +-- SchedulerUnavailable       a pool's own scheduler (slurmctld, a Kubernetes API) cannot be reached
 
+Pools that run on a scheduler the site already has (``providers.slurm``, ``providers.kubernetes``) share the
+job-level types here: :class:`PoolJobRequest` (one attempt to submit), :class:`PoolJobInfo` (what the scheduler
+says about it), :class:`NodeCapacity` (one node's GPUs), :data:`POOL_TERMINAL`, :func:`pool_time_limit_s` and
+:func:`settings_from_section` (a pool's settings from its section of a settings file).
+
 Every error carries the option it happened on. :class:`FailoverHistory` keeps, per
 job attempt, each option tried, the error and the time, and is stored with the job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 __all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throttled", "SchedulerUnavailable", "InstanceRequest",
            "InstanceInfo", "Compute", "SupportsQuotaPreflight", "SupportsSweep", "FailoverHistory", "FailoverAttempt",
-           "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG", "check_outputs"]
+           "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG", "CANCEL_MARK", "check_outputs",
+           "PoolJobRequest", "PoolJobInfo", "NodeCapacity", "POOL_TERMINAL", "USABLE_NODE_STATES",
+           "pool_time_limit_s", "settings_from_section"]
 
 #: tag/label key on every instance the broker creates; its value is the broker id
 MANAGED_TAG = "fedbroker-broker"
+#: tag a pool adapter puts on a job (Slurm comment, Kubernetes annotation) before it cancels it, so that a later
+#: describe says "cancelled by the broker" rather than "cancelled in the cluster"
+CANCEL_MARK = "fedbroker-cancelled"
 
 
 class ProviderError(Exception):
@@ -221,6 +234,165 @@ def instance_tags(job_id: str, attempt: int, rank: int, team: str, broker_id: st
     """Tags put on every instance at creation (cost allocation and the orphan sweep)."""
     return {MANAGED_TAG: broker_id, "fedbroker-job": job_id, "fedbroker-attempt": str(attempt),
             "fedbroker-rank": str(rank), "fedbroker-team": team}
+
+
+#: lifecycle states (``broker.states.JobState`` values) after which a pool's job attempt is over
+POOL_TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
+#: node states (:attr:`NodeCapacity.state`) in which a node can start a job now
+USABLE_NODE_STATES = frozenset({"idle", "mixed"})
+
+
+@dataclass(frozen=True)
+class PoolJobRequest:
+    """One job attempt to run on a pool's scheduler (Slurm, Kubernetes).
+
+    ``command`` a shell command run on every node of the allocation (``bash -c`` on Slurm, ``/bin/sh -c`` in the
+    container on Kubernetes); ``gpu_type`` the GPU type (Slurm: the GRES type, ``a100``; Kubernetes: the key of
+    ``KubernetesSettings.gpu_products``); ``gpus_per_node`` GPUs on each of ``nodes`` nodes; ``estimate_s`` the
+    estimated run time (s); ``deadline``/``begin`` aware UTC datetimes or ``None``; ``env`` the job environment
+    (``providers.launch.job_environment``; the adapter sets the rank and rendezvous keys per node itself);
+    ``priority_class`` picks the QOS (Slurm) or the PriorityClass (Kubernetes) through the pool's settings;
+    ``image`` the container image (Kubernetes runs the command in it and requires it; Slurm runs the command on
+    the nodes and ignores it). ``ValueError`` naming the field for a bad value.
+    """
+
+    job_id: str
+    attempt: int
+    team: str
+    command: str
+    gpu_type: str
+    gpus_per_node: int
+    estimate_s: float
+    nodes: int = 1
+    deadline: datetime | None = None
+    begin: datetime | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    priority_class: str | None = None
+    image: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", self.job_id):
+            raise ValueError(f"job_id={self.job_id!r}: must be 1-128 of A-Z a-z 0-9 _ . - (letter or digit first)")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.team):
+            raise ValueError(f"team={self.team!r}: must be 1-63 of A-Z a-z 0-9 _ . - (letter or digit first)")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.gpu_type):
+            raise ValueError(f"gpu_type={self.gpu_type!r}: must be a GRES type name (A-Z a-z 0-9 _ . -)")
+        for name, lo in (("attempt", 0), ("gpus_per_node", 1), ("nodes", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
+        if not (isinstance(self.estimate_s, (int, float)) and math.isfinite(self.estimate_s) and self.estimate_s > 0):
+            raise ValueError(f"estimate_s={self.estimate_s!r}: must be a finite number of seconds > 0")
+        for name in ("deadline", "begin"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, datetime) or v.tzinfo is None):
+                raise ValueError(f"{name}={v!r}: must be a timezone-aware datetime (UTC)")
+        for k in self.env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+                raise ValueError(f"env key {k!r}: not a shell variable name")
+        if not self.command.strip():
+            raise ValueError("command='': must not be empty")
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """One node of a pool: ``gpus_total``/``gpus_used`` per GPU type (``"gpu"`` when the scheduler names none) and
+    ``state`` in Slurm's words (sinfo's long state, flags such as ``*`` kept; the Kubernetes adapter maps a node
+    onto ``idle``/``mixed``/``allocated``/``drained``/``down``)."""
+
+    node: str
+    state: str
+    gpus_total: Mapping[str, int]
+    gpus_used: Mapping[str, int]
+
+    @property
+    def usable(self) -> bool:
+        """The node can start a job now: idle or mixed, and no flag (``*`` not responding, ``~`` powered off,
+        ``#`` powering up, ``!``/``%`` powering down, ``$`` maintenance, ``@`` reboot pending, ``-`` planned)."""
+        return self.state in USABLE_NODE_STATES
+
+    def gpus_free(self, gpu_type: str) -> int:
+        """GPUs of ``gpu_type`` a new job can get on this node now (0 when the node is not usable)."""
+        if not self.usable:
+            return 0
+        return max(0, self.gpus_total.get(gpu_type, 0) - self.gpus_used.get(gpu_type, 0))
+
+
+@dataclass(frozen=True)
+class PoolJobInfo:
+    """What a pool's scheduler says about one job attempt.
+
+    ``pool_job_id`` the scheduler's id of it (Slurm job id, Kubernetes Job name); ``state`` the lifecycle state
+    (``broker.states.JobState`` values: starting, running, succeeded, failed, cancelled, interrupted);
+    ``pool_state`` the scheduler's own word for it; ``exit_code`` the command's exit status and ``signal`` the
+    signal that ended it (``None`` while it runs or when unknown); ``reason`` a sentence for the lifecycle record;
+    ``nodes`` the nodes it runs on (Slurm's node list expression; Kubernetes: node names by rank, comma-joined);
+    ``elapsed_s`` run time so far or in all (s); ``tags`` the broker's tags (``fedbroker-broker``, ``-job``,
+    ``-attempt``, ``-team``); ``stdout`` where its output is (a path; ``None`` where the pool serves logs
+    itself); ``time_limit_s`` the limit the scheduler enforces (s); ``active`` the scheduler still queues or runs
+    something of it (true of an attempt that is over for the broker but still holds the cluster: cancel it).
+    """
+
+    pool_job_id: str
+    state: str
+    pool_state: str
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    nodes: str
+    elapsed_s: float | None
+    tags: Mapping[str, str]
+    stdout: str | None = None
+    time_limit_s: float | None = None
+    active: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        """The attempt is over for the broker (it may still hold the cluster: see :attr:`active`)."""
+        return self.state in POOL_TERMINAL
+
+
+def pool_time_limit_s(estimate_s: float, slack_frac: float, slack_s: float) -> float:
+    """The time limit a pool's scheduler enforces on an attempt (s): ``estimate_s * (1 + slack_frac) + slack_s``.
+    E.g. 600 s with 20 % and 300 s slack -> 1020 s. ``ValueError`` naming a negative or non-finite argument."""
+    for name, v in (("estimate_s", estimate_s), ("slack_frac", slack_frac), ("slack_s", slack_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name}={v!r}: must be a finite number >= 0")
+    return estimate_s * (1.0 + slack_frac) + slack_s
+
+
+def settings_from_section(cls: type, section: Mapping, where: str, kinds: Mapping[str, str]) -> Any:
+    """A settings dataclass ``cls`` from one pool's section of a settings file (a YAML/JSON mapping).
+
+    ``kinds`` field -> ``"number"``, ``"int"``, ``"bool"``, ``"str_map"`` (str -> str), ``"map_list"`` (a list of
+    mappings), ``"str_list"``; a field not named there must be a string (or null). ``ValueError`` naming
+    ``where`` and the key for an unknown key or a value of the wrong type; the checks of ``cls`` name the field
+    for a bad value (prefixed with ``where``)."""
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{where}: must be a mapping, got {type(section).__name__}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(section) - fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    for k, v in section.items():
+        kind = kinds.get(k, "str")
+        ok = {"number": lambda: not isinstance(v, bool) and isinstance(v, (int, float)),
+              "int": lambda: not isinstance(v, bool) and isinstance(v, int),
+              "bool": lambda: isinstance(v, bool),
+              "str_map": lambda: isinstance(v, Mapping) and all(isinstance(a, str) and isinstance(b, str)
+                                                                for a, b in v.items()),
+              "map_list": lambda: isinstance(v, list) and all(isinstance(x, Mapping) for x in v),
+              "str_list": lambda: isinstance(v, list) and all(isinstance(x, str) for x in v),
+              "str": lambda: v is None or isinstance(v, str)}[kind]()
+        if not ok:
+            what = {"number": "a number", "int": "an integer", "bool": "true or false", "str_map": "a mapping of "
+                    "strings to strings", "map_list": "a list of mappings", "str_list": "a list of strings",
+                    "str": "a string"}[kind]
+            raise ValueError(f"{where}.{k}={v!r}: must be {what}")
+    try:
+        return cls(**dict(section))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def check_outputs(path: Any, out: dict, not_null: tuple[str, ...], required: tuple[str, ...], module: str) -> None:

@@ -29,12 +29,12 @@ pools (issue #14). A pool of the cluster file says its ``kind`` and gives a sect
   ``nodes``, ``estimate_s``, ``deadline``, ``env``, ``priority_class``, ``image`` that it has).
 
 What the live broker (:mod:`broker.service.schedulers`) reads of the job records ``submit``, ``describe``,
-``poll`` and ``cancel`` return: the fields of :class:`providers.slurm.SlurmJobInfo` (``slurm_job_id``: the
-cluster's job id; ``state``: the lifecycle state; ``slurm_state``; ``slurm_active``; ``terminal``;
-``exit_code``; ``signal``; ``reason``; ``nodes``; ``elapsed_s``; ``tags`` with ``fedbroker-job`` and
-``fedbroker-attempt``; ``stdout``), and of ``capacity()`` the fields of :class:`providers.slurm.NodeCapacity`
-(``node``, ``state``, ``gpus_total``, ``gpus_free(type)``). Optional: ``pending_work()`` (else ``backlog()``
-with no GPU-seconds) and ``consumed_energy_j(id)``.
+``poll`` and ``cancel`` return: the fields of :class:`providers.base.PoolJobInfo` (``pool_job_id``: the
+cluster's job id; ``state``: the lifecycle state; ``pool_state``; ``active``; ``terminal``; ``exit_code``;
+``signal``; ``reason``; ``nodes``; ``elapsed_s``; ``tags`` with ``fedbroker-job`` and ``fedbroker-attempt``;
+``stdout``), and of ``capacity()`` the fields of :class:`providers.base.NodeCapacity` (``node``, ``state``,
+``gpus_total``, ``gpus_free(type)``). Optional: ``pending_work()`` (else ``backlog()`` with no GPU-seconds) and
+``consumed_energy_j(id)``.
 
 ``agent`` pools (hosts running ``fedbroker serve agent``) have no entry: the broker drives them itself.
 Adding a kind: its module under ``providers/`` and one line in :data:`POOL_KINDS`.
@@ -134,9 +134,9 @@ class PoolKind:
 #: pool kind -> entry. The one list of the existing schedulers the broker federates (one line per kind).
 POOL_KINDS: dict[str, PoolKind] = {
     "slurm": PoolKind("slurm", "providers.slurm:settings_from_mapping", "providers.slurm:SlurmPool",
-                      "providers.slurm:SlurmJobRequest"),
+                      "providers.base:PoolJobRequest"),
     "kubernetes": PoolKind("kubernetes", "providers.kubernetes:settings_from_mapping",
-                           "providers.kubernetes:KubernetesPool", "providers.kubernetes:KubernetesJobRequest"),
+                           "providers.kubernetes:KubernetesPool", "providers.base:PoolJobRequest"),
 }
 
 

@@ -60,24 +60,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from providers.base import MANAGED_TAG, NoCapacity, ProviderError, QuotaExceeded, SchedulerUnavailable, Unsupported
+from providers.base import (CANCEL_MARK, MANAGED_TAG, POOL_TERMINAL, NodeCapacity, NoCapacity, PoolJobInfo, PoolJobRequest,
+                            ProviderError, QuotaExceeded, SchedulerUnavailable, Unsupported, pool_time_limit_s,
+                            settings_from_section)
 from providers.launch import RENDEZVOUS_PORT
 
 __all__ = ["SlurmSettings", "SlurmJobRequest", "SlurmJobInfo", "NodeCapacity", "SlurmPool", "lifecycle_state",
            "time_limit_min", "parse_gres", "parse_scontrol", "CANCEL_MARK", "TERMINAL", "settings_from_mapping"]
 
-#: comment key the adapter adds before it cancels a job, so a later describe says "cancelled by the broker"
-CANCEL_MARK = "fedbroker-cancelled"
 
 _STARTING = {"PENDING", "RESV_DEL_HOLD"}
 _RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"}
 _FAILED = {"FAILED", "TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL"}
 _INTERRUPTED = {"NODE_FAIL", "PREEMPTED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
-#: lifecycle states after which the Slurm job holds nothing
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "interrupted"})
-
-#: node states (sinfo ``StateLong`` without its flag suffix) in which a node can start a job now
-_USABLE_NODE_STATES = {"idle", "mixed"}
+#: lifecycle states after which the attempt is over (``providers.base.POOL_TERMINAL``)
+TERMINAL = POOL_TERMINAL
 
 _UNAVAILABLE = ("unable to contact slurm controller", "connection refused", "socket timed out",
                 "zero bytes were transmitted", "communication connection failure", "slurm_conf",
@@ -139,138 +136,47 @@ class SlurmSettings:
 def settings_from_mapping(section: Mapping, where: str = "slurm") -> SlurmSettings:
     """:class:`SlurmSettings` from one pool's section of a settings file (YAML/JSON mapping). ``ValueError`` naming
     ``where`` and the key for an unknown key or a value of the wrong type (the checks of :class:`SlurmSettings`
-    name the field for a bad value)."""
-    import dataclasses
+    name the field for a bad value); ``providers.base.settings_from_section``."""
+    return settings_from_section(SlurmSettings, section, where, {
+        "slack_frac": "number", "slack_s": "number", "term_grace_s": "number", "timeout_s": "number",
+        "qos_by_class": "str_map"})
 
-    if not isinstance(section, Mapping):
-        raise ValueError(f"{where}: must be a mapping, got {type(section).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(SlurmSettings)}
-    unknown = sorted(set(section) - set(fields))
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
-    kw = dict(section)
-    for k, v in kw.items():
-        if k in ("slack_frac", "slack_s", "term_grace_s", "timeout_s"):
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"{where}.{k}={v!r}: must be a number")
-        elif k == "qos_by_class":
-            if not isinstance(v, Mapping) or not all(isinstance(a, str) and isinstance(b, str) for a, b in v.items()):
-                raise ValueError(f"{where}.{k}={v!r}: must map priority class names to QOS names")
-        elif v is not None and not isinstance(v, str):
-            raise ValueError(f"{where}.{k}={v!r}: must be a string")
-    try:
-        return SlurmSettings(**kw)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
+
+#: the job attempt request of every pool kind (``providers.base.PoolJobRequest``)
+SlurmJobRequest = PoolJobRequest
 
 
 @dataclass(frozen=True)
-class SlurmJobRequest:
-    """One job attempt to run on the cluster.
-
-    ``command`` a shell command run on every node of the allocation; ``gpu_type`` the GRES type
-    (``a100``); ``gpus_per_node`` GPUs on each of ``nodes`` nodes; ``estimate_s`` the estimated run time (s);
-    ``deadline``/``begin`` aware UTC datetimes or ``None``; ``env`` the job environment;
-    ``priority_class`` picks the QOS through ``SlurmSettings.qos_by_class``.
-    """
-
-    job_id: str
-    attempt: int
-    team: str
-    command: str
-    gpu_type: str
-    gpus_per_node: int
-    estimate_s: float
-    nodes: int = 1
-    deadline: datetime | None = None
-    begin: datetime | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    priority_class: str | None = None
-
-    def __post_init__(self) -> None:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", self.job_id):
-            raise ValueError(f"job_id={self.job_id!r}: must be 1-128 of A-Z a-z 0-9 _ . - (letter or digit first)")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", self.team):
-            raise ValueError(f"team={self.team!r}: must be 1-63 of A-Z a-z 0-9 _ . - (letter or digit first)")
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.gpu_type):
-            raise ValueError(f"gpu_type={self.gpu_type!r}: must be a GRES type name (A-Z a-z 0-9 _ . -)")
-        for name, lo in (("attempt", 0), ("gpus_per_node", 1), ("nodes", 1)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name}={v!r}: must be an integer >= {lo}")
-        if not (isinstance(self.estimate_s, (int, float)) and math.isfinite(self.estimate_s) and self.estimate_s > 0):
-            raise ValueError(f"estimate_s={self.estimate_s!r}: must be a finite number of seconds > 0")
-        for name in ("deadline", "begin"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, datetime) or v.tzinfo is None):
-                raise ValueError(f"{name}={v!r}: must be a timezone-aware datetime (UTC)")
-        for k in self.env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-                raise ValueError(f"env key {k!r}: not a shell variable name")
-        if not self.command.strip():
-            raise ValueError("command='': must not be empty")
-
-
-@dataclass(frozen=True)
-class NodeCapacity:
-    """One node of the partition: ``gpus_total``/``gpus_used`` per GPU type (GRES type; ``"gpu"`` when the
-    cluster gives none) and ``state`` (sinfo's long state, flags such as ``*`` kept)."""
-
-    node: str
-    state: str
-    gpus_total: Mapping[str, int]
-    gpus_used: Mapping[str, int]
+class SlurmJobInfo(PoolJobInfo):
+    """What the cluster says about one job (``providers.base.PoolJobInfo``: ``pool_job_id`` the Slurm job id,
+    ``pool_state`` Slurm's own job state, ``stdout`` the log path, ``exit_code``/``signal`` Slurm's
+    ``ExitCode=code:signal``). ``slurm_job_id``, ``slurm_state`` and ``slurm_active`` name the same fields."""
 
     @property
-    def usable(self) -> bool:
-        """The node can start a job now: idle or mixed, and no flag (``*`` not responding, ``~`` powered off,
-        ``#`` powering up, ``!``/``%`` powering down, ``$`` maintenance, ``@`` reboot pending, ``-`` planned)."""
-        return self.state in _USABLE_NODE_STATES
-
-    def gpus_free(self, gpu_type: str) -> int:
-        """GPUs of ``gpu_type`` a new job can get on this node now (0 when the node is not usable)."""
-        if not self.usable:
-            return 0
-        return max(0, self.gpus_total.get(gpu_type, 0) - self.gpus_used.get(gpu_type, 0))
-
-
-@dataclass(frozen=True)
-class SlurmJobInfo:
-    """What the cluster says about one job.
-
-    ``state`` the lifecycle state (module docstring), ``slurm_state`` Slurm's own; ``exit_code`` the batch
-    script's exit status and ``signal`` the signal that ended it (Slurm's ``ExitCode=code:signal``; ``None``
-    while it runs); ``reason`` a sentence for the lifecycle record; ``nodes`` Slurm's node list expression;
-    ``elapsed_s`` run time so far or in all (s); ``tags`` the ``--comment`` tags; ``stdout`` the log path.
-    """
-
-    slurm_job_id: str
-    state: str
-    slurm_state: str
-    exit_code: int | None
-    signal: int | None
-    reason: str
-    nodes: str
-    elapsed_s: float | None
-    tags: Mapping[str, str]
-    stdout: str | None = None
-    time_limit_s: float | None = None
+    def slurm_job_id(self) -> str:
+        """The Slurm job id (``pool_job_id``)."""
+        return self.pool_job_id
 
     @property
-    def terminal(self) -> bool:
-        """The attempt is over for the broker (it may still hold a Slurm job: see :attr:`slurm_active`)."""
-        return self.state in TERMINAL
+    def slurm_state(self) -> str:
+        """Slurm's job state (``pool_state``)."""
+        return self.pool_state
 
     @property
     def slurm_active(self) -> bool:
-        """Slurm still queues or runs the job (true of a job Slurm requeued itself, whose attempt is over)."""
-        return self.slurm_state in _STARTING or self.slurm_state in _RUNNING
+        """Slurm still queues or runs the job (``active``; true of a job Slurm requeued itself, whose attempt is
+        over)."""
+        return self.active
+
+
+def _slurm_active(slurm_state: str) -> bool:
+    return slurm_state in _STARTING or slurm_state in _RUNNING
 
 
 def time_limit_min(estimate_s: float, slack_frac: float, slack_s: float) -> int:
     """``--time`` in whole minutes: ``ceil((estimate_s * (1 + slack_frac) + slack_s) / 60)``, at least 1.
     E.g. 600 s with 20 % and 300 s slack -> ceil(1020 / 60) = 17 min."""
-    return max(1, math.ceil((estimate_s * (1.0 + slack_frac) + slack_s) / 60.0))
+    return max(1, math.ceil(pool_time_limit_s(estimate_s, slack_frac, slack_s) / 60.0))
 
 
 def parse_gres(text: str) -> dict[str, int]:
@@ -700,7 +606,8 @@ class SlurmPool:
                        "the broker requeues the attempt and cancels this copy")
         return SlurmJobInfo(kv["JobId"], *outcome,
                             nodes=kv.get("NodeList", ""), elapsed_s=_duration_s(kv.get("RunTime")), tags=tags,
-                            stdout=kv.get("StdOut"), time_limit_s=_duration_s(kv.get("TimeLimit")))
+                            stdout=kv.get("StdOut"), time_limit_s=_duration_s(kv.get("TimeLimit")),
+                            active=_slurm_active(outcome[1]))
 
     def _from_sacct(self, sid: str) -> SlurmJobInfo:
         r = self._run("sacct", "-X", "-n", "-P", "-j", sid,
@@ -714,8 +621,9 @@ class SlurmPool:
         code, sig = _exit(f[2])
         tags = parse_tags(f[4])
         lim = float(f[7]) * 60 if f[7].isdigit() else None
-        return SlurmJobInfo(sid, *self._outcome(state, f[1], code, sig, tags, f[6], "", f[5]), nodes=f[5],
-                            elapsed_s=float(f[3]) if f[3].isdigit() else None, tags=tags, time_limit_s=lim)
+        outcome = self._outcome(state, f[1], code, sig, tags, f[6], "", f[5])
+        return SlurmJobInfo(sid, *outcome, nodes=f[5], elapsed_s=float(f[3]) if f[3].isdigit() else None, tags=tags,
+                            time_limit_s=lim, active=_slurm_active(outcome[1]))
 
     @staticmethod
     def _outcome(state: str, slurm_state: str, code: int | None, sig: int | None, tags: Mapping[str, str],

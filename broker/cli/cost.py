@@ -5,7 +5,7 @@
   the provider total, what job lines carry (allocated) and the rest (unallocated), with every resource whose
   figures differ. ``--pool P --metered-kwh X`` does the same for an on-prem pool's energy against its meter.
   Exit 1 when a resource differs or the ledger has lines the bill does not; 2 for bad input.
-* ``fedbroker cost report --from 2024-03-01 --to 2024-04-01 --by team|project|provider|region|pool|day [--team T]``
+* ``fedbroker cost report --from 2024-03-01 --to 2024-04-01 --by team|project|provider|region|pool|line|day [--team T]``
   — USD, GPU-hours, kWh and kgCO2e per group as a table (``--json``: the API's answer).
 * ``fedbroker cost export --focus FILE --from ... --to ... [--team T]`` — the ledger lines as a FOCUS 1.2 CSV.
 
@@ -27,6 +27,7 @@ from rich.table import Table
 
 from broker.cli.cloud import ConfigOpt, _database, _settings
 from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, stderr
+from broker.usage import SUMMARY_DIMENSIONS
 
 __all__ = ["cost_app", "register", "parse_day"]
 
@@ -81,13 +82,15 @@ def reconcile_cmd(start: str = typer.Option(..., "--from", help="Period start, U
         bad = bool(diffs)
         out["cloud"] = {"provider": provider, "provider_total_usd": rec.provider_total_usd,
                         "allocated_usd": rec.allocated_usd, "unallocated_usd": rec.unallocated_usd,
+                        "idle_usd": rec.idle_usd, "unexplained_usd": rec.unexplained_usd,
                         "unpriced_lines": rec.unpriced,
                         "differences": [{"resource": d.resource, "ledger_usd": d.ledger_usd,
                                          "provider_usd": d.provider_usd, "difference_usd": d.difference_usd}
                                         for d in diffs]}
         if not as_json:
             con.print(f"{provider} {t0:%Y-%m-%d}..{t1:%Y-%m-%d}: provider total ${rec.provider_total_usd:,.4f} = "
-                      f"allocated to jobs ${rec.allocated_usd:,.4f} + unallocated ${rec.unallocated_usd:,.4f}"
+                      f"allocated to jobs ${rec.allocated_usd:,.4f} + unallocated ${rec.unallocated_usd:,.4f} "
+                      f"(idle lines ${rec.idle_usd:,.4f}, not in the ledger ${rec.unexplained_usd:,.4f})"
                       + (f"; {rec.unpriced} ledger line(s) unpriced (flagged)" if rec.unpriced else ""))
             if diffs:
                 tab = Table(title=f"{len(diffs)} resource(s) where the ledger and the bill differ")
@@ -123,7 +126,7 @@ def _period(start: str, end: str) -> tuple[datetime, datetime]:
     return t0, t1
 
 
-_BY = ("team", "project", "provider", "region", "pool", "day")
+_BY = SUMMARY_DIMENSIONS  # team, project, provider, region, pool, line (the unallocated lines apart), day
 
 
 @cost_app.command("report")

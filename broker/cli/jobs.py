@@ -317,6 +317,9 @@ def register(app: typer.Typer) -> None:
                             escape(o.get("note") or ("" if o.get("feasible", True) else "infeasible")))
             if opts:
                 con.print(tab)
+            for sig in d.get("signals") or []:  # where the grid signals came from (broker/service/live.py)
+                flag = "[bold]FALLBACK[/bold] " if sig.get("fallback") else ""
+                con.print(f"signals: {flag}{escape(str(sig.get('note', '')))}", highlight=False)
         hist = Table(title="history")
         for col in ("at", "from", "to", "reason"):
             hist.add_column(col)
@@ -411,7 +414,7 @@ def register(app: typer.Typer) -> None:
     @tokens.command("create")
     def tokens_create(team: str = typer.Option(..., help="The team the token acts for."),
                       kind: str = typer.Option("member", "--kind",
-                                               help="member | team-admin | read-only | node | admin."),
+                                               help="member | team-admin | read-only | node | admin | finance."),
                       admin: bool = typer.Option(False, "--admin", help="Same as --kind admin (sees every team)."),
                       label: str = typer.Option("", help="A note stored with the token."),
                       ttl: Optional[str] = typer.Option(None, "--ttl", help="Lifetime: 30d, 12h, 90m or seconds "

@@ -104,6 +104,11 @@ def simulate(
                                 "unit, quality; see pricing/user_signals.py) replayed in place of the bundled "
                                 "series of the zones they give; short gaps interpolated, long ones filled from the "
                                 "bundle, then a conservative value."),
+    forecast: str = typer.Option("perfect", help="What the planner knows of future prices and carbon: 'perfect' "
+                                                 "(the measured series) or a forecast model issued each UTC hour "
+                                                 "from the hours before it: naive_day, naive_week, blend "
+                                                 "(pricing/forecast.py). Costs and carbon are always the measured "
+                                                 "ones: the gap to 'perfect' is the regret (docs/FORECASTS.md)."),
     workers: int = typer.Option(min(4, os.cpu_count() or 1), help="Processes for the policy runs and LP solves "
                                                                   "(1: all in this process; the runs' wall-clock "
                                                                   "timings include any wait for a core)."),
@@ -140,6 +145,10 @@ def simulate(
     if workers < 1:
         _fail(f"--workers={workers}: must be >= 1")
     prices = _parse_prices(sweep_carbon_price) if sweep_carbon_price is not None else []
+    from pricing.forecast import SIM_FORECASTS
+    forecast = forecast.strip().lower()
+    if forecast not in SIM_FORECASTS:
+        _fail(f"--forecast={forecast!r}: choose from {', '.join(SIM_FORECASTS)}")
     for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
                    ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
         _check_number(opt, v)
@@ -178,7 +187,7 @@ def simulate(
     spec = RunSpec(trace=trace, cluster=str(cluster) if cluster else None, start=start_dt, limit=jobs,
                    slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0, planner=pc.model_dump(), seed=seed,
                    step_s=step, market=offer_market, block_h=CLI_BLOCK_H, signals=str(signals) if signals else None,
-                   usage_dir=str(out))
+                   usage_dir=str(out), forecast=forecast)
     # the longest first (workers take tasks in order): the carbon-price runs, the others' runs, then the LPs
     sens = [p for p in policies if uses_carbon_price(p)]
     tasks = [Task("run", carbon_price, p, full=True) for p in sens]
@@ -244,7 +253,7 @@ def simulate(
             "sweep_carbon_price_usd_per_t": prices or None, "bound": bound,
             "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
             "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
-            "signals": str(signals) if signals else "bundled",
+            "signals": str(signals) if signals else "bundled", "forecast": forecast,
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     js, html = write_report(runs, out, meta, bound_doc, frontier)
     csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
@@ -483,6 +492,7 @@ from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
 from broker.cli.cost import register as _register_cost; _register_cost(app)
 from broker.cli.budgets import register as _register_budgets; _register_budgets(app)
 from broker.cli.pools import register as _register_pools; _register_pools(app)
+from broker.cli.signals import register as _register_signals; _register_signals(app)
 
 
 def main() -> None:  # pragma: no cover - console script entry

@@ -326,23 +326,10 @@ class PlannerContext:
         self._pool_node_mem = [np.array([n.gpu_memory_gb for n in p.nodes]) for p in self.pools]
         self._pool_types = [sorted(set(t)) for t in self._pool_node_types]
         self.pool_capacity = [p.total_gpus for p in self.pools]
-        self._pool_price = []
-        self._pool_carbon = []
-        #: per pool, the marginal score of one kWh at each hour (USD/kWh: tariff + carbon price x intensity)
-        self._pool_kwh_score = []
         for p in self.pools:
             for t in set(n.gpu_type for n in p.nodes):
                 if t not in gpus.throughput:
                     raise PlannerError(f"pool {p.name!r}: gpu_type={t!r} has no throughput/power entry")
-            ci = signals.carbon(p.carbon_zone)
-            pr = signals.price(p.price_zone)
-            if ci is None:
-                raise PlannerError(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no series")
-            if pr is None:
-                raise PlannerError(f"pool {p.name!r}: price_zone={p.price_zone!r} has no series")
-            self._pool_price.append(pr)
-            self._pool_carbon.append(ci)
-            self._pool_kwh_score.append(_kwh_score_series(pr, ci, config.carbon_price_usd_per_tonne))
         # offer arrays for vectorised scoring
         n = len(self.offers)
         self.offer_gpu_type = [o.gpu_type for o in self.offers]
@@ -367,18 +354,46 @@ class PlannerContext:
         self._offer_floats = [
             (float(self.offer_thr[i]), bool(self.offer_spot[i]), o.interruption_rate_per_hour, o.provisioning_delay_s,
              o.min_billed_s, o.usd_per_hour, o.gpu_count, float(self.offer_busy_kw[i]), float(self.offer_idle_kw[i]),
-             o.pue, signals.carbon(o.carbon_zone))
+             o.pue)
             for i, o in enumerate(self.offers)]
         self.zones = zones
         zi = {z: i for i, z in enumerate(zones)}
         self.offer_zone = np.array([zi[o.carbon_zone] for o in self.offers], dtype=np.int64) if n else np.zeros(0, np.int64)
-        self.zone_carbon = [signals.carbon(z) for z in zones]
-        try:
-            self._zone_stack = SeriesStack(self.zone_carbon) if zones else None
-        except SeriesError:
-            self._zone_stack = None
         #: caches that depend only on the static inputs (per job shape: compatible offers, targets)
         self._shape_cache_static: dict = {}
+        self.set_signals(signals)
+
+    def set_signals(self, signals) -> None:
+        """Plan on ``signals`` from now on (same interface as the constructor's ``signals``).
+
+        Rebuilds what is derived from the series (per pool: price, carbon and the score of one kWh; per offer zone:
+        carbon and their stack); the static caches stay. The simulator's ``--forecast`` calls it once per issue
+        hour with the forecasts issued then (``pricing.forecast.ForecastedSignals``), so the planner, which only
+        reads these series, sees what a live broker would have known. Raises :class:`PlannerError` if a pool's
+        carbon or price zone has no series.
+        """
+        self.signals = signals
+        # per pool: price, carbon, and the marginal score of one kWh at each hour (USD/kWh: tariff + carbon
+        # price x intensity)
+        pool_price, pool_carbon, pool_score = [], [], []
+        for p in self.pools:
+            ci = signals.carbon(p.carbon_zone)
+            pr = signals.price(p.price_zone)
+            if ci is None:
+                raise PlannerError(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no series")
+            if pr is None:
+                raise PlannerError(f"pool {p.name!r}: price_zone={p.price_zone!r} has no series")
+            pool_price.append(pr)
+            pool_carbon.append(ci)
+            pool_score.append(_kwh_score_series(pr, ci, self.config.carbon_price_usd_per_tonne))
+        self._pool_price, self._pool_carbon, self._pool_kwh_score = pool_price, pool_carbon, pool_score
+        #: per offer, its zone's carbon-intensity series (for :meth:`cloud_scalar`)
+        self._offer_carbon = [signals.carbon(o.carbon_zone) for o in self.offers]
+        self.zone_carbon = [signals.carbon(z) for z in self.zones]
+        try:
+            self._zone_stack = SeriesStack(self.zone_carbon) if self.zones else None
+        except SeriesError:
+            self._zone_stack = None
 
     # ----------------------------------------------------------------- helpers
     def pool_types(self, pool: int) -> list[str]:
@@ -484,7 +499,8 @@ class PlannerContext:
     def cloud_scalar(self, job: PendingJob, offer: int, start_s: float) -> CloudEstimate:
         """:meth:`cloud_estimates` of ``job`` on one offer, in plain floats (the same formulas, for per-job
         exact costs where NumPy's per-call cost would dominate)."""
-        thr, spot, rate, delay, min_billed, price, count, busy, idle, pue, zone = self._offer_floats[offer]
+        thr, spot, rate, delay, min_billed, price, count, busy, idle, pue = self._offer_floats[offer]
+        zone = self._offer_carbon[offer]
         run = cloud_runtime(job.work_s / thr, spot, rate, delay, checkpointable=job.checkpointable,
                             checkpoint_interval_s=job.checkpoint_interval_s, restart_s=self.config.restart_overhead_s)
         eff = run.expected_s

@@ -83,7 +83,7 @@ from broker.service.settings import BrokerSettings
 from broker.states import JobState
 from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
                           ScheduleConflict, ScheduleNotFound, hash_token)
-from broker.service.tokens import InvalidToken, TokenExpired
+from broker.service.tokens import InvalidToken, TokenExpired, finance_route
 from broker.service.tokens import authenticate as authenticate_token
 
 __all__ = ["create_app", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
@@ -284,7 +284,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def principal(request: Request,
                   creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
         """The caller, from ``Authorization: Bearer <token>``; 401 if missing, unknown, revoked or expired;
-        403 when the token's kind may not use this route (read-only: GET only; node: no job or schedule route)."""
+        403 when the token's kind may not use this route (read-only: GET only; node: no job or schedule route;
+        finance: GET of the finance routes only, :func:`broker.service.tokens.finance_route`)."""
         if creds is None or not creds.credentials:
             raise HTTPException(401, "missing token: send 'Authorization: Bearer <token>' "
                                      "(create one with `fedbroker tokens create --team T`)",
@@ -311,6 +312,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             raise HTTPException(403, f"{request.method} {path}: a read-only token may only read (GET)")
         if who.kind == "node":
             raise HTTPException(403, f"{path}: a node token (node {who.node!r}) may only call the node API (/v1/node/...)")
+        if who.kind == "finance" and not finance_route(request.method, path):
+            raise HTTPException(403, f"{request.method} {path}: a finance token may only read the finance routes "
+                                     "(GET /v1/usage/..., /v1/budgets)")
         return who
 
     Caller = Annotated[Principal, Depends(principal)]

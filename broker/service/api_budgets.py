@@ -47,9 +47,9 @@ def register(app: FastAPI, store: JobStore, Caller) -> None:
                      team: Annotated[str | None, Query(min_length=1, max_length=63, pattern=TEAM_RE.pattern,
                                                        description="Only this team (admins)")] = None
                      ) -> list[BudgetState]:
-        """Budget states by team this month (UTC): an admin sees every team's (or ``team``'s), any other token
-        its own team's only."""
-        if not who.admin:
+        """Budget states by team this month (UTC): an admin or finance token sees every team's (or ``team``'s),
+        any other token its own team's only."""
+        if not who.all_finance:
             team = who.team
         with store.session() as s:
             return budget_states(s, utcnow(), team)
@@ -57,7 +57,7 @@ def register(app: FastAPI, store: JobStore, Caller) -> None:
     @app.get("/v1/budgets/{team}", response_model=BudgetState, tags=["budgets"], responses=_ONE)
     def get_budget(team: Annotated[str, _TEAM], who: Caller) -> BudgetState:
         """One team's budget state this month: cap, spent, committed, remaining, forecast to month end, alert."""
-        if not who.admin and team != who.team:
+        if not who.all_finance and team != who.team:
             raise not_found(team)
         with store.session() as s:
             out = budget_states(s, utcnow(), team)

@@ -5,11 +5,13 @@
     GET /finance/finance.css    its style sheet
 
 **Where the figures come from (one home).** The page holds no figure: its script reads the JSON API with the
-token the user gives it — ``GET /v1/usage/summary`` (by team, provider and UTC day over ``[from, to)``, the
-same SQL sums as ``fedbroker cost report``, :func:`broker.service.store.usage.usage_totals`) and
-``GET /v1/budgets`` (this month's :class:`broker.service.budgets.BudgetState` per team) — and draws the charts
-as SVG in the page (no charting library). So a team token sees its own team only and an admin every team,
-exactly as those routes decide, and a read-only token is enough.
+token the user gives it — ``GET /v1/usage/summary`` (by team, provider, ledger line and UTC day over
+``[from, to)``, the same SQL sums as ``fedbroker cost report``, :func:`broker.service.store.usage.usage_totals`;
+the idle cost is the unallocated lines'), ``GET /v1/usage/savings`` (the counterfactuals,
+:func:`broker.usage.savings`) and ``GET /v1/budgets`` (this month's :class:`broker.service.budgets.BudgetState`
+per team) — and draws the charts as SVG in the page (no charting library). So a team token sees its own team
+only and an admin or finance token every team, exactly as those routes decide, and a read-only token is
+enough.
 
 **How the browser authenticates.** A page opened by navigation cannot send ``Authorization: Bearer``, and a
 token in a URL leaks into history, logs and ``Referer``. The user pastes the token into a password field; the

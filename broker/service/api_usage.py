@@ -5,11 +5,14 @@
     GET /v1/usage/summary?by=&from=&to=&team=   -> UsageSummaryView: USD, GPU-hours, kWh, kgCO2e by
                                                    team | project | provider | region | pool | day
     GET /v1/usage/focus?from=&to=&team=         -> text/csv: the lines as a FOCUS 1.2 dataset (broker.focus)
+    GET /v1/usage/savings?from=&to=&team=       -> SavingsView: the jobs' cost against "all on the cheapest
+                                                   cloud now" and "on-prem only" (broker.usage.savings, at
+                                                   broker.service.ledger.counterfactual_rates)
 
-Both read the ledger lines (``usage_records``) that start in ``[from, to)`` (UTC; an instant without a zone is
+All read the ledger lines (``usage_records``) that start in ``[from, to)`` (UTC; an instant without a zone is
 UTC, a date is its midnight UTC). Who sees what, as ``GET /v1/jobs``: a team token (member, read-only,
-team-admin) sees its own team's lines only and gets 403 naming ``team`` for another team; an admin sees every
-team's (or ``team``'s); a node token gets 403. Bad input is a 422 naming the field: ``by`` not a dimension,
+team-admin) sees its own team's lines only and gets 403 naming ``team`` for another team; an admin or finance
+token sees every team's (or ``team``'s); a node token gets 403. Bad input is a 422 naming the field: ``by`` not a dimension,
 ``from``/``to`` not an instant, ``to`` not after ``from``.
 """
 
@@ -23,11 +26,12 @@ from fastapi.exceptions import RequestValidationError
 
 from broker.focus import FocusAccounts, write_focus_csv
 from broker.model import TEAM_RE
-from broker.schemas import ErrorBody, UsageSummaryView, UsageTotalsView
+from broker.schemas import ErrorBody, SavingsView, UsageSummaryView, UsageTotalsView
+from broker.service import ledger
 from broker.service.settings import BrokerSettings
 from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
-from broker.usage import SUMMARY_DIMENSIONS, total_of
+from broker.usage import SUMMARY_DIMENSIONS, savings, total_of
 
 __all__ = ["register", "scope_period", "SKIPPED_HEADER"]
 
@@ -75,9 +79,10 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
                              billing_account_name=fin.billing_account_name, cloud_accounts=dict(fin.cloud_accounts))
 
     def scope(who, team: str | None, start: datetime, end: datetime) -> tuple[str | None, datetime, datetime]:
-        """The team the caller may read (403 for another team's) and the checked UTC period."""
+        """The team the caller may read (403 for another team's; admin and finance tokens: any) and the checked UTC
+        period."""
         start, end = scope_period(start, end)
-        if not who.admin:
+        if not who.all_finance:
             if team is not None and team != who.team:
                 raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
             team = who.team
@@ -95,7 +100,8 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
                       team: Annotated[str | None, _TEAM] = None) -> UsageSummaryView:
         """Cost (USD), GPU-hours, kWh and kgCO2e of the ledger lines that start in ``[from, to)``, grouped
         ``by`` team, project, provider, region, pool or UTC day; unknown figures are counted per group
-        (``unpriced_lines``, ...), never summed as 0. Team tokens: their own team only (403 for another)."""
+        (``unpriced_lines``, ...), never summed as 0. Team tokens: their own team only (403 for another); admin
+        and finance tokens: every team (or ``team``)."""
         team, start, end = scope(who, team, start, end)
         with store.session() as s:
             groups = usage_repo.usage_totals(s, by, start, end, team=team)
@@ -110,6 +116,25 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         return UsageSummaryView(by=by, start=start, end=end, team=team, groups=[view(g) for g in groups],
                                 total=view(total))
 
+    @app.get("/v1/usage/savings", response_model=SavingsView, tags=["usage"], responses=_ERR)
+    def usage_savings(who: Caller, start: Annotated[datetime, _FROM], end: Annotated[datetime, _TO],
+                      team: Annotated[str | None, _TEAM] = None) -> SavingsView:
+        """What the jobs whose lines start in ``[from, to)`` cost where they ran, against the same GPU-hours all
+        on the cheapest cloud offer of their GPU type now and all on-prem (the pools' amortised USD/GPU-h plus
+        the ledger's own energy USD/GPU-h), priced from the ledger and the broker's price catalog and signals.
+        Unallocated (idle) lines are no job's and are left out. Team tokens: their own team only."""
+        team, start, end = scope(who, team, start, end)
+        every = records(None, start, end)  # the rates are the whole ledger's, whoever asks
+        cloud, onprem, notes = ledger.counterfactual_rates(ledger.prices(), every, start, end)
+        sv = savings([r for r in every if team is None or r.team == team], cloud, onprem)
+        return SavingsView(start=start, end=end, team=team, gpu_hours=sv.gpu_hours, actual_usd=sv.actual_usd,
+                           cheapest_cloud_usd=sv.cheapest_cloud_usd, onprem_only_usd=sv.onprem_only_usd,
+                           saved_vs_cheapest_cloud_usd=sv.saved_vs_cheapest_cloud_usd,
+                           saved_vs_onprem_only_usd=sv.saved_vs_onprem_only_usd, units=sv.units,
+                           not_compared_units=sv.not_compared_units, not_compared_gpu_hours=sv.not_compared_gpu_hours,
+                           cloud_usd_per_gpu_hour=cloud, onprem_usd_per_gpu_hour=onprem, reasons=list(sv.reasons),
+                           rate_notes=notes)
+
     @app.get("/v1/usage/focus", tags=["usage"], response_class=Response,
              responses={200: {"description": "a FOCUS 1.2 CSV (broker.focus): every Mandatory column, then the "
                                              "Conditional ones filled and the x_ extensions",
@@ -121,7 +146,8 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
                     team: Annotated[str | None, _TEAM] = None) -> Response:
         """The ledger lines that start in ``[from, to)`` as a FOCUS 1.2 CSV. Lines whose cost is unknown
         (flagged in the ledger) are not FOCUS rows (BilledCost is not nullable); the ``X-Fedbroker-Skipped-Lines``
-        header counts them. Team tokens: their own team only (403 for another)."""
+        header counts them. Team tokens: their own team only (403 for another); admin and finance tokens: every
+        team (or ``team``)."""
         team, start, end = scope(who, team, start, end)
         buf = io.StringIO()
         done = write_focus_csv(records(team, start, end), accounts, buf)

@@ -7,8 +7,8 @@ and the team's jobs wait for on-prem capacity (or run late, past their deadline)
 **State** of a team's budget in a month (:class:`BudgetState`, ``GET /v1/budgets``, ``fedbroker budgets``):
 
 * ``spent_usd`` — billed USD of the usage ledger's cloud lines (:mod:`broker.usage`, provider not
-  ``onprem``) whose window starts in the month. A line whose cost is unknown counts 0 and is counted
-  in ``unpriced_lines`` (flagged, never hidden).
+  ``onprem``: the team's instances, their boot disks and their idle time) whose window starts in the month.
+  A line whose cost is unknown counts 0 and is counted in ``unpriced_lines`` (flagged, never hidden).
 * ``committed_usd`` — cloud attempts not metered yet (jobs provisioning, starting or running on a cloud
   offer), each at the ``dollars_usd`` of the decision that placed it: the planner's own estimate of the
   whole attempt (offer price x expected runtime, the spot rework and the billing minimum included,

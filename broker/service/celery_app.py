@@ -5,7 +5,8 @@ Queues:
 * ``planning`` — ``fedbroker.plan`` (one planning cycle, under the leader lock) and
   ``fedbroker.reconcile`` (lost nodes, state deadlines, re-dispatch, recurring runs);
 * ``provisioning`` — ``fedbroker.provision`` and ``fedbroker.teardown`` (cloud instances: create calls take
-  seconds, a GCE operation up to ``gcp.operation_timeout_s``; run a worker of its own on this queue in production).
+  seconds, a GCE operation up to ``gcp.operation_timeout_s``; run a worker of its own on this queue in production),
+  and ``fedbroker.signals_refresh`` (live signal fetches: network calls of seconds, kept off the planning queue).
   A placed cloud job goes straight here (on-prem jobs need no message: node agents poll the node API,
   :mod:`broker.service.node_api`);
 * ``dispatch`` — only ``fedbroker.dispatch``, the relay to provisioning of earlier releases: declared for one
@@ -17,8 +18,9 @@ parked in ``eta``/``countdown`` (deferred starts are ``jobs.not_before`` in the
 database); results are not kept (``task_ignore_result``; expiry 1 h for any that are).
 The Redis ``visibility_timeout`` is 300 s: tasks take milliseconds, so a message
 unacknowledged for 5 minutes belongs to a dead worker and is delivered again.
-Beat sends ``plan`` every ``plan_interval_s`` and ``reconcile`` every
-``reconcile_interval_s``; two beats running at once are harmless (both tasks are
+Beat sends ``plan`` every ``plan_interval_s``, ``reconcile`` every
+``reconcile_interval_s`` and, when the ``signals:`` section configures a zone, ``signals_refresh`` every
+:data:`SIGNALS_TICK_S`; two beats running at once are harmless (both tasks are
 idempotent and the planner is fenced).
 """
 
@@ -29,7 +31,11 @@ from kombu import Queue
 
 from broker.service.settings import BrokerSettings, load_settings
 
-__all__ = ["make_celery", "get_app"]
+__all__ = ["make_celery", "get_app", "SIGNALS_TICK_S"]
+
+#: seconds between beat's ``fedbroker.signals_refresh`` ticks; each zone is fetched once per its own
+#: ``signals.refresh_s`` period (>= 60 s) whatever the tick (broker.service.signal_cache)
+SIGNALS_TICK_S = 60.0
 
 _APP: Celery | None = None
 
@@ -56,12 +62,15 @@ def make_celery(settings: BrokerSettings) -> Celery:
             "fedbroker.dispatch": {"queue": "dispatch"},
             "fedbroker.provision": {"queue": "provisioning"},
             "fedbroker.teardown": {"queue": "provisioning"},
+            "fedbroker.signals_refresh": {"queue": "provisioning"},
         },
         beat_schedule={
             "plan": {"task": "fedbroker.plan", "schedule": settings.plan_interval_s,
                      "options": {"expires": max(settings.plan_interval_s * 2, 5.0)}},
             "reconcile": {"task": "fedbroker.reconcile", "schedule": settings.reconcile_interval_s,
                           "options": {"expires": max(settings.reconcile_interval_s * 2, 10.0)}},
+            **({"signals": {"task": "fedbroker.signals_refresh", "schedule": SIGNALS_TICK_S,
+                            "options": {"expires": SIGNALS_TICK_S}}} if settings.signals.enabled else {}),
         },
         worker_hijack_root_logger=False,
         worker_send_task_events=False,

@@ -422,9 +422,7 @@ class PlanningCycle:
             latest = min(latest, j.not_after.timestamp())
         if latest < earliest:
             return None, ""
-        from broker.service.live import ReplayedSignals
-
-        sig = ReplayedSignals(self.env.base_signals, self.env.offset_for(now.timestamp()))
+        sig = self.env.signals_at(now.timestamp())
         kw = onprem_kw(spec.total_gpus, self.env.gpus.busy_kw[gpu_type], pool.pue)
         choice = best_start(earliest_s=earliest, latest_start_s=latest, runtime_s=runtime, power_kw=kw,
                             price=sig.price(pool.price_zone), carbon=sig.carbon(pool.carbon_zone),
@@ -815,6 +813,7 @@ class PlanningCycle:
         rec = d.record()
         if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
             rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
+        rec["signals"] = self._signals_note(ctx, d)
         rec = json_safe(rec)
         if kind == DecisionKind.preempt:
             for vid in d.victims:
@@ -894,6 +893,28 @@ class PlanningCycle:
                 rec["reason"] = why
             JobStore.cas(s, j.id, j.version, S.queued.value, S.failed.value, why, now, decision=rec,
                          finished_at=now)
+
+    def _signals_note(self, ctx, d) -> list[dict]:
+        """Where the grid signals of decision ``d``'s place came from (its pool's carbon and price zones, or its
+        cloud offer's carbon zone): the ``signals`` entries of the explain record (``explain`` of
+        :class:`broker.service.live.LiveSignals`), memoised per context and cycle."""
+        if d.kind == DecisionKind.provision and d.offer_index is not None:
+            zones = [(ctx.offers[d.offer_index].carbon_zone, "carbon")]
+        elif d.pool is not None and d.pool in self.env.site_pools:
+            p = self.env.site_pools[d.pool]
+            zones = [(p.carbon_zone, "carbon"), (p.price_zone, "price")]
+        else:
+            return []
+        memo = self.__dict__.setdefault("_signal_memo", {})
+        mkey = (id(ctx.signals), self._now_s)
+        if memo.get("key") != mkey:
+            memo.clear()
+            memo["key"] = mkey
+        missing = [z for z in zones if z not in memo]
+        explain = getattr(ctx.signals, "explain", None)
+        if missing and explain is not None:
+            memo.update(zip(missing, explain(missing, self._now_s)))
+        return [memo[z] for z in zones if z in memo]
 
     @staticmethod
     def _passing_note(ctx, pj: PendingJob | None) -> str:

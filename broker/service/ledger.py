@@ -7,9 +7,11 @@ are in the caller's transaction, so a crash leaves the attempt un-ended *and* un
 
 What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules: :mod:`pricing.billing`):
 
-* **cloud** (``line="instance"``), one per instance created for the attempt (``cloud_instances`` rows with
-  a provider instance id, failed-over gang members included: they were billed too): from the create call
-  (the intent row's ``created_at``) to the attempt's end (or the row's termination, if earlier);
+* **cloud** (``line="instance"``), one per instance the attempt ran on (``cloud_instances`` rows with a
+  provider instance id that the attempt's placement names; failed-over gang members and instances of an
+  attempt that never ran are ``idle`` lines, below): from the create call (the intent row's ``created_at``;
+  boot and image pull are the job's: it asked for them) to the attempt's end (or the instance's deletion or
+  stop, if earlier);
   ``billed_s`` by :func:`pricing.billing.billed_seconds`; USD by :func:`~broker.planner.costs.cloud_bill_usd`
   at the offer's list price. Energy: modelled power (every GPU of the instance busy, :func:`pricing.power.
   gpu_power_w` at its default utilisation) x the provider's PUE (flagged: cloud instances give no counter);
@@ -32,9 +34,13 @@ What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules
   :data:`FILL_HOURS` (flagged); farther than that, or outside the series, the figure is ``None`` with
   the reason (never 0). A rank that never reported its end is metered to the attempt's end (flagged).
 
-Not metered yet (issue #12, later steps): idle allocated GPU time as its own line (an on-prem attempt that
-never started, the time between dispatch and start), resources that keep billing while stopped (disks,
-addresses).
+* **what only an instance's deletion decides** (:func:`meter_instance_ends`, written when both the attempt has
+  ended and the instance row is ``terminated``/``abandoned``, by whichever of the two happens last, in its
+  transaction: :func:`broker.service.lifecycle.record_usage` or :func:`broker.service.lifecycle.
+  record_instance_usage`): the boot disk (``line="disk"``, from the create call to the deletion, stopped or
+  not: :mod:`pricing.storage`) and the instance time no job used (``line="idle"``, unallocated: an
+  instance the job never ran on, and the time from the attempt's end to the deletion, or to the stop the
+  watch saw). Addresses: none bills (:mod:`pricing.storage` says why).
 
 Prices: :func:`prices` gives the :class:`LedgerPrices` of this process: the one :func:`install`-ed (the live
 wiring installs its planning environment's), else one built on first use from the cluster file given to
@@ -52,12 +58,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from broker.model import CloudOffer, Pool
 from broker.planner.costs import cloud_bill_usd, cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
-from broker.usage import PRICING_UNITS, UsageRecord
+from broker.usage import GPU_HOUR_LINES, PRICING_UNITS, UsageRecord
 from pricing.billing import billed_seconds, billing_rule
-from pricing.power import gpu_power_w
+from pricing.power import DEFAULT_UTILISATION, gpu_power_w
+from pricing.storage import BOOT_DISKS, disk_bill, disk_rate
 
 __all__ = ["FILL_HOURS", "LedgerPrices", "install", "configure", "prices", "snapshot_counters", "meter_attempt",
-           "window_integral"]
+           "meter_instance_ends", "meter_pool_idle", "counterfactual_rates", "window_integral"]
 
 #: a missing hour of a price or carbon series is filled from a neighbouring hour at most this many hours away
 FILL_HOURS = 3
@@ -258,41 +265,145 @@ def _window(start: datetime, end: datetime) -> tuple[datetime, float, list[str]]
     return end, (end - start).total_seconds(), []
 
 
+def _used(att, row) -> bool:
+    """Whether the job ran on ``row``'s instance: the attempt ran, and its placement names the instance (a gang
+    member created on an option the attempt then gave up is not in it)."""
+    return att.started_at is not None and row.provider_instance_id in {
+        part.get("instance_id") for part in (att.nodes or [])}
+
+
+def _gpus(att, offer) -> tuple[str, int]:
+    gpu_type = offer.gpu_type if offer else (att.gpu_type or "unknown")
+    ranks = max(1, len(att.nodes or []))
+    return gpu_type, (offer.gpu_count if offer else max(1, att.gpus // ranks))  # unknown offer: the attempt's share
+
+
+def _instance_line(att, row, line: str, start: datetime, stop: datetime, usd_of: Callable[[float], float],
+                   billed: float, base: dict, p: LedgerPrices, why: list[str]) -> UsageRecord:
+    """An ``instance`` or ``idle`` line of ``row`` over ``[start, stop]``: ``billed`` seconds, ``usd_of(list USD/h)``
+    USD; modelled power: every GPU busy on an ``instance`` line, idle on an ``idle`` one."""
+    offer = p.offers.get(row.offer_id)
+    run_s = (stop - start).total_seconds()
+    gpu_type, gpu_count = _gpus(att, offer)
+    if offer is None:
+        usd = energy = carbon = price = None
+        why.append(f"offer {row.offer_id!r} not in the price catalog: no price, power or carbon zone")
+    else:
+        price = offer.usd_per_hour
+        usd = float(usd_of(price))
+        w = gpu_power_w(offer.gpu_type, 0.0 if line == "idle" else DEFAULT_UTILISATION) / 1000.0
+        kw = cloud_kw(1, offer.gpu_count, offer.gpu_count, w, w, offer.pue)
+        energy = float(load_energy_kwh(kw, run_s))
+        how = "idle" if line == "idle" else "at the default utilisation"
+        why.append(f"power modelled ({offer.gpu_count} x {offer.gpu_type} {how} x PUE {offer.pue}): cloud "
+                   "instances give no energy counter")
+        ci, cwhy = window_integral(_carbon(p, offer.carbon_zone, start), start.timestamp(), stop.timestamp(),
+                                   "carbon intensity")
+        carbon = None if ci is None else float(load_emissions_kg(kw, ci))
+        why += cwhy
+    return UsageRecord(**base, rank=row.rank, line=line, resource=row.provider_instance_id, start=start, end=stop,
+                       provider=row.provider, region=row.region, zone=row.zone, instance_type=row.instance_type,
+                       market=row.market, gpu_type=gpu_type, gpu_count=gpu_count, run_s=run_s, billed_s=billed,
+                       list_unit_price_usd=price, billed_usd=usd, energy_kwh=energy, carbon_kg=carbon,
+                       estimated=bool(why), estimate_reasons=tuple(why))
+
+
 def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
     from broker.service.store import usage as repo
 
     out = []
     for row in repo.billed_instances(s, att.job_id, att.number):
-        stop = row.updated_at if row.state in ("terminated", "abandoned") and row.updated_at < end else end
+        if not _used(att, row):
+            continue  # all idle: metered once its instance is deleted (:func:`meter_instance_ends`)
+        stop = min(t for t in (end, repo.deleted_at(s, row), _stopped_at(att, row)) if t is not None)
         stop, run_s, why = _window(row.created_at, stop)
-        offer = p.offers.get(row.offer_id)
         why += _unreported(att, row.rank)
         billed = billed_seconds(row.provider, run_s)
-        gpu_type = offer.gpu_type if offer else (att.gpu_type or "unknown")
-        ranks = max(1, len(att.nodes or []))
-        gpu_count = offer.gpu_count if offer else max(1, att.gpus // ranks)  # unknown offer: the attempt's share
-        if offer is None:
-            usd = energy = carbon = price = None
-            why.append(f"offer {row.offer_id!r} not in the price catalog: no price, power or carbon zone")
-        else:
-            price = offer.usd_per_hour
-            usd = float(cloud_bill_usd(billed, 0.0, price, billing_rule(row.provider).min_billed_s))
-            busy = gpu_power_w(offer.gpu_type) / 1000.0
-            kw = cloud_kw(1, offer.gpu_count, offer.gpu_count, busy, busy, offer.pue)
-            energy = float(load_energy_kwh(kw, run_s))
-            why.append(f"power modelled ({offer.gpu_count} x {offer.gpu_type} at the default utilisation x PUE "
-                       f"{offer.pue}): cloud instances give no energy counter")
-            ci, cwhy = window_integral(_carbon(p, offer.carbon_zone, row.created_at), row.created_at.timestamp(),
-                                       stop.timestamp(), "carbon intensity")
-            carbon = None if ci is None else float(load_emissions_kg(kw, ci))
-            why += cwhy
-        out.append(UsageRecord(**base, rank=row.rank, line="instance", resource=row.provider_instance_id,
-                               start=row.created_at, end=stop, provider=row.provider, region=row.region,
-                               zone=row.zone, instance_type=row.instance_type, market=row.market,
-                               gpu_type=gpu_type, gpu_count=gpu_count, run_s=run_s, billed_s=billed,
-                               list_unit_price_usd=price, billed_usd=usd, energy_kwh=energy, carbon_kg=carbon,
-                               estimated=bool(why), estimate_reasons=tuple(why)))
+        rule_min = billing_rule(row.provider).min_billed_s
+        out.append(_instance_line(att, row, "instance", row.created_at, stop,
+                                  lambda usd_h: cloud_bill_usd(billed, 0.0, usd_h, rule_min), billed, base, p, why))
+    return out + meter_instance_ends(s, att, None, p, base)
+
+
+def _stopped_at(att, row) -> datetime | None:
+    """When the provider reported ``row``'s instance stopped (:func:`broker.service.lifecycle.note_instance_stopped`)."""
+    at = ((att.meter or {}).get("stopped") or {}).get(row.provider_instance_id)
+    return datetime.fromisoformat(at) if at else None
+
+
+def meter_instance_ends(s, att, job, p: LedgerPrices, base: dict | None = None) -> list[UsageRecord]:
+    """Inside ``s``: the lines of ended attempt ``att``'s cloud instances that are deleted (their rows
+    ``terminated`` or ``abandoned``), which only their deletion decides; writes nothing, and returns nothing
+    before the attempt ends.
+
+    * ``disk``: the boot disk (:data:`pricing.storage.BOOT_DISKS`) from the create call to the deletion (it is
+      deleted with its instance; stopped or not, it bills), priced by :func:`pricing.storage.disk_bill`;
+      flagged when the instance's region is not the one the disk price is the list price of. Energy and
+      carbon 0: the ledger models GPU power only (no host, memory or storage power, as on instance lines).
+    * ``idle`` (unallocated): the instance time no job used, at the instance's list price: the whole window of
+      an instance the job never ran on (the attempt never started, or a gang member of an option given up), and
+      for one it ran on, the time from the attempt's end to the deletion (a terminate call that failed and was
+      retried, a stopped instance not yet deleted), priced as the difference ``bill(create..deletion) -
+      bill(create..attempt end)`` so the job line and the idle line add up to the instance's bill exactly
+      (the 60-s minimum stays with the job line). Modelled power: the GPUs idle. An instance the provider
+      reported stopped (:func:`broker.service.lifecycle.note_instance_stopped`) bills no compute from then on:
+      its job and idle lines end at the stop, its disk line still runs to the deletion.
+    """
+    from broker.service.store import usage as repo
+
+    if att.ended_at is None or att.kind != "cloud":
+        return []
+    if base is None:
+        base = dict(job_id=att.job_id, attempt=att.number, team=job.team if job is not None else "",
+                    project=((job.spec or {}).get("project") if job is not None else None))
+    end = att.ended_at
+    out = []
+    for row in repo.billed_instances(s, att.job_id, att.number):
+        deleted = repo.deleted_at(s, row)
+        if deleted is None:
+            continue
+        deleted, life_s, why = _window(row.created_at, deleted)
+        out.append(_disk_line(att, row, deleted, life_s, base, p, list(why)))
+        rule_min = billing_rule(row.provider).min_billed_s
+        stopped = _stopped_at(att, row)
+        busy_to = max(row.created_at, min(deleted, stopped)) if stopped is not None else deleted
+        busy_s = (busy_to - row.created_at).total_seconds()
+        if not _used(att, row):
+            billed = billed_seconds(row.provider, busy_s)
+            out.append(_instance_line(att, row, "idle", row.created_at, busy_to,
+                                      lambda usd_h: cloud_bill_usd(billed, 0.0, usd_h, rule_min), billed, base, p,
+                                      why))
+        elif busy_to > end:
+            job_s = max(0.0, (end - row.created_at).total_seconds())
+            b_all, b_job = billed_seconds(row.provider, busy_s), billed_seconds(row.provider, job_s)
+            out.append(_instance_line(
+                att, row, "idle", max(end, row.created_at), busy_to,
+                lambda usd_h: (cloud_bill_usd(b_all, 0.0, usd_h, rule_min) - cloud_bill_usd(b_job, 0.0, usd_h, rule_min)),
+                b_all - b_job, base, p, why))
     return out
+
+
+def _disk_line(att, row, deleted: datetime, life_s: float, base: dict, p: LedgerPrices,
+               why: list[str]) -> UsageRecord:
+    offer = p.offers.get(row.offer_id)
+    gpu_type, _ = _gpus(att, offer)
+    disk = BOOT_DISKS.get(row.provider)
+    if disk is None:
+        why.append(f"provider {row.provider!r}: no boot disk or disk price known")
+        price = usd = None
+        billed = life_s
+    else:
+        rate = disk_rate(row.provider)
+        bill = disk_bill(row.provider, disk.size_gb, row.created_at, deleted)
+        price, usd, billed = rate.usd_per_gb_month, bill.usd, bill.billed_s
+        if row.region != rate.priced_region:
+            why.append(f"{disk.size_gb:g} GB {rate.disk_type} priced at the {rate.priced_region} list price "
+                       f"({rate.usd_per_gb_month} USD/GB-month); {row.region}'s may differ")
+    return UsageRecord(**base, rank=row.rank, line="disk", resource=row.provider_instance_id, start=row.created_at,
+                       end=deleted, provider=row.provider, region=row.region, zone=row.zone,
+                       instance_type=row.instance_type, market=row.market, gpu_type=gpu_type, gpu_count=0,
+                       run_s=life_s, billed_s=billed, list_unit_price_usd=price, pricing_unit=PRICING_UNITS["disk"],
+                       billed_usd=usd, energy_kwh=0.0, carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why))
 
 
 def _carbon(p: LedgerPrices, zone: str, at: datetime):
@@ -411,3 +522,109 @@ def _meter_scheduler(att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
             UsageRecord(**common, line="amortised", pricing_unit=PRICING_UNITS["amortised"], region=pool.price_zone,
                         list_unit_price_usd=pool.amortised_usd_per_gpu_hour, billed_usd=float(c.amortised_usd),
                         energy_kwh=0.0, carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why))]
+
+
+# ----------------------------------------------------------------------------- idle on-prem GPUs
+def meter_pool_idle(s, start: datetime, end: datetime, p: LedgerPrices) -> list[UsageRecord]:
+    """Inside ``s``: the ``idle_amortised`` lines (unallocated) of ``[start, end)`` (UTC; a closed period, in
+    practice one hour): per registered on-prem node, the GPU-seconds of the period no running attempt held, at
+    its pool's amortised USD per GPU-hour. Writes nothing.
+
+    A node's capacity is its GPUs (as registered) x the part of the period since it registered; an attempt
+    holds its GPUs on the node from its start to its end (its ``amortised`` line's window: an attempt that
+    never started holds nothing, its GPUs are idle). So over any period whose edges no attempt crosses,
+    ``amortised lines + idle_amortised lines = GPUs x hours x USD/GPU-h`` of the pool, exactly. One line per
+    node with idle GPUs (``gpu_count``: the node's GPUs; ``run_s``/``billed_s``: idle GPU-seconds / GPUs, so
+    GPU-hours = ``gpu_count x billed_s / 3600``); ``job_id``/``team`` empty, ``attempt``/``rank`` 0; energy and
+    carbon 0 (an idle GPU's draw is in the facility meter, against which :func:`broker.service.reconcile.
+    reconcile_energy` sets the ledger's energy lines). A node of a pool not in the cluster file gets a line of
+    unknown cost, flagged."""
+    from broker.service.store import usage as repo
+
+    if end <= start:
+        raise ValueError(f"end={end.isoformat()!r}: not after start={start.isoformat()!r}")
+    held: dict[str, float] = {}
+    for _pool, a, b, parts in repo.ran_onprem(s, start, end):
+        lo, hi = max(a, start), min(b or end, end)
+        if hi <= lo:
+            continue
+        for part in parts:
+            held[part.get("node", "")] = held.get(part.get("node", ""), 0.0) + len(part.get("gpus", [])) * (
+                hi - lo).total_seconds()
+    out = []
+    for name, pool_name, gpu_type, gpus, registered in repo.registered_nodes(s, end):
+        span = (end - max(start, registered)).total_seconds()
+        idle_gpu_s = gpus * span - held.get(name, 0.0)
+        if gpus <= 0 or idle_gpu_s <= 1e-6:
+            continue
+        pool = p.pools.get(pool_name)
+        seconds = idle_gpu_s / gpus
+        why = [] if pool is not None else [f"pool {pool_name!r} not in the cluster file: no $/GPU-h"]
+        rate = pool.amortised_usd_per_gpu_hour if pool is not None else None
+        out.append(UsageRecord(job_id="", attempt=0, rank=0, line="idle_amortised", resource=name, team="",
+                               start=max(start, registered), end=end, provider="onprem",
+                               region=pool.price_zone if pool else None, pool=pool_name, gpu_type=gpu_type,
+                               gpu_count=gpus, run_s=seconds, billed_s=seconds,
+                               pricing_unit=PRICING_UNITS["idle_amortised"], list_unit_price_usd=rate,
+                               billed_usd=None if rate is None else rate * idle_gpu_s / _H, energy_kwh=0.0,
+                               carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why)))
+    return out
+
+
+# ----------------------------------------------------------------------------- counterfactuals
+def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start: datetime, end: datetime
+                         ) -> tuple[dict[str, float], dict[str, float], list[str]]:
+    """The USD per GPU-hour :func:`broker.usage.savings` prices the counterfactuals at, for each GPU type of
+    ``records`` (the period ``[start, end)``, UTC), and how each was found. Returns ``(cloud, onprem, notes)``.
+
+    * **all on the cheapest cloud now**: the lowest ``usd_per_hour / gpu_count`` of the price catalog's offers
+      of that type, any provider, region and market (spot included: its price now, not its interruptions);
+      billing minimums and boot time left out, so the figure is a floor.
+    * **on-prem only**: the lowest amortised USD per GPU-hour of a pool with a node of that type, plus the
+      energy USD per GPU-hour: the ledger's own energy lines of that type in the records (their USD / their
+      GPU-hours); with none, the modelled power of the type (:func:`pricing.power.gpu_power_w`) x the pool's PUE
+      x the pool zone's mean tariff over the period. The pools' capacity is not a limit here (the simulator's
+      runs show the queueing an on-prem-only placement would add).
+
+    A type with no offer, or no pool, or no tariff, has no rate on that side (its work is left out and
+    counted by :func:`broker.usage.savings`)."""
+    from pricing.power import canonical_or_same
+
+    records = list(records)
+    types = sorted({r.gpu_type for r in records if r.line in GPU_HOUR_LINES})
+    cloud: dict[str, float] = {}
+    onprem: dict[str, float] = {}
+    notes: list[str] = []
+    for t in types:
+        ct = canonical_or_same(t)
+        offers = [o for o in p.offers.values() if o.gpu_count > 0 and canonical_or_same(o.gpu_type) == ct]
+        if offers:
+            best = min(offers, key=lambda o: (o.usd_per_hour / o.gpu_count, o.offer_id))
+            cloud[t] = best.usd_per_hour / best.gpu_count
+            notes.append(f"{t} cloud: {cloud[t]:.4f} USD/GPU-h, {best.offer_id} ({best.usd_per_hour} USD/h, "
+                         f"{best.gpu_count} GPU)")
+        else:
+            notes.append(f"{t} cloud: no offer of this type in the price catalog")
+        pools = [pl for pl in p.pools.values() if any(canonical_or_same(n.gpu_type) == ct for n in pl.nodes)]
+        if not pools:
+            notes.append(f"{t} on-prem: no pool has this type")
+            continue
+        pool = min(pools, key=lambda pl: (pl.amortised_usd_per_gpu_hour, pl.name))
+        used = [r for r in records if r.line == "energy" and r.gpu_type == t and r.billed_usd is not None]
+        gh = sum(r.gpu_hours for r in used)
+        if gh > 0:
+            energy = math.fsum(r.billed_usd for r in used) / gh
+            how = f"the ledger's {len(used)} energy line(s), {gh:.2f} GPU-h"
+        else:
+            hours = (end - start).total_seconds() / _H
+            tariff, _why = window_integral(_price(p, pool.price_zone, start), start.timestamp(), end.timestamp(),
+                                           "electricity price")
+            if tariff is None or hours <= 0:
+                notes.append(f"{t} on-prem: no energy line and no tariff for {pool.price_zone} over the period")
+                continue
+            energy = gpu_power_w(t) / 1000.0 * pool.pue * tariff / hours / 1000.0
+            how = f"modelled {gpu_power_w(t):.0f} W x PUE {pool.pue} x {pool.price_zone}'s mean tariff"
+        onprem[t] = pool.amortised_usd_per_gpu_hour + energy
+        notes.append(f"{t} on-prem: {onprem[t]:.4f} USD/GPU-h = pool {pool.name} amortised "
+                     f"{pool.amortised_usd_per_gpu_hour} + energy {energy:.4f} ({how})")
+    return cloud, onprem, notes

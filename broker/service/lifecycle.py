@@ -42,7 +42,8 @@ from broker.service.store.tables import Attempt, Job
 from broker.states import JobState
 
 __all__ = ["Place", "RankEnd", "STOP_REASONS", "checkpointed_work_s", "requeue_lost", "mark_running", "rank_ended",
-           "end_attempt", "cancel_attempt", "close_attempt", "record_usage", "scheduler_ended"]
+           "end_attempt", "cancel_attempt", "close_attempt", "record_usage", "record_instance_usage",
+           "note_instance_stopped", "scheduler_ended"]
 
 S = JobState
 #: ``jobs.stop_reason`` values that stop an attempt for reasons not its own -> the requeue's reason. An attempt
@@ -125,6 +126,30 @@ def record_usage(s, att: Attempt, now: datetime) -> int:
     written (:func:`broker.service.store.usage.add_usage`). Returns how many were written."""
     job = repo.job_row(s, att.job_id)
     return usage.add_usage(s, ledger.meter_attempt(s, att, job, now, ledger.prices()), now)
+
+
+def note_instance_stopped(att: Attempt | None, instance_id: str, at: datetime) -> None:
+    """Keep on cloud attempt ``att`` (``att.meter["stopped"]``) that the provider reported its instance
+    ``instance_id`` stopped at ``at`` (UTC, when the watch saw it): a stopped instance bills its disk until it is
+    deleted, not its compute (:func:`broker.service.ledger.meter_instance_ends`). The first instant is kept."""
+    if att is None or att.kind != "cloud":
+        return
+    stopped = dict((att.meter or {}).get("stopped") or {})
+    stopped.setdefault(instance_id, at.isoformat())
+    att.meter = {**(att.meter or {}), "stopped": stopped}
+
+
+def record_instance_usage(s, job_id: str, attempt: int, now: datetime) -> int:
+    """The usage hook of a cloud instance's deletion: called inside the transaction that moves an instance row of
+    ``(job_id, attempt)`` to ``terminated`` or ``abandoned``. Once the attempt has ended, writes the lines only the
+    deletion decides (the boot disk, idle instance time: :func:`broker.service.ledger.meter_instance_ends`),
+    skipping any already written; before the attempt ends, nothing (:func:`record_usage` writes them then).
+    Returns how many were written."""
+    att = repo.attempt_row(s, job_id, attempt)
+    if att is None or att.ended_at is None:
+        return 0
+    job = repo.job_row(s, job_id)
+    return usage.add_usage(s, ledger.meter_instance_ends(s, att, job, ledger.prices()), now)
 
 
 def close_attempt(s, att: Attempt | None, now: datetime, outcome: str, reason: str | None = None,

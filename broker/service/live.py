@@ -10,12 +10,17 @@ What differs is where the inputs come from:
 * **Offers**: the bundled AWS/GCP catalog (``pricing.catalog``). They are costed
   in every decision (so explain records show what the cloud would have cost),
   but provisionable only for providers listed in ``settings.cloud_providers``.
-* **Signals**: bundled hourly carbon intensity and electricity price history
-  (2023-2024). Until a live signal source is configured, the broker *replays*
-  that history as its forecast: every series is shifted forward by a whole
-  number of weeks (:func:`replay_offset_s`), so hours of the week and the daily
-  and weekly cycles line up with the present. The offset is shown in explain
-  records' context and in ``fedbroker serve`` logs.
+* **Signals**: for zones the ``signals:`` settings section configures, :class:`LiveSignals`: the hours around
+  now come from the shared cache (:mod:`broker.service.signal_cache`) through a
+  :class:`pricing.sources.SourceChain`: each configured source's *fresh* values, then its *last-known* values
+  (however old), then the forecast model hook (:func:`forecast_model`), then the bundled history replay; every
+  hour keeps its origin, estimate flag, forecast flag and fetch time. Everywhere else (and for every zone when
+  no section is configured) the bundled 2023-2024 history is *replayed*: every series is shifted forward by a
+  whole number of weeks (:func:`replay_offset_s`), so hours of the week and the daily and weekly cycles line
+  up with the present. Each decision's explain record carries a ``signals`` list saying, per zone and kind,
+  which source the current hour came from, how old it is, whether it is a forecast or measured, and whether
+  the planner is deciding on a fallback (:meth:`LiveSignals.explain`, :meth:`ReplayedSignals.explain`).
+  The planner stays pure: it receives :class:`~pricing.series.HourlySeries`.
 """
 
 from __future__ import annotations
@@ -26,12 +31,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
 from broker import DATA_DIR
 from broker.model import WEEK_S, CloudOffer, Pool, PoolNode
 from broker.planner.core import GpuTable, PlannerConfig, PlannerContext
+from pricing.hygiene import CheckedSeries
+from pricing.sources import window_from_series
 from pricing.series import HourlySeries
 
-__all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "ReplayedSignals", "LiveEnvironment", "LiveNode"]
+__all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "ReplayedSignals", "LiveSignals", "LiveEnvironment",
+           "LiveNode", "forecast_model", "series_rows", "REPLAY", "LAST_KNOWN", "FORECAST_MODEL", "SIGNALS_REBUILD_S"]
+
+#: origin label of hours from the bundled history replay
+REPLAY = "bundled-replay"
+#: origin label prefix of a source's values older than its zone's ``stale_after_s`` (``last-known:<source>``)
+LAST_KNOWN = "last-known:"
+#: origin label of hours from :func:`forecast_model`
+FORECAST_MODEL = "forecast-model"
+#: the live series are rebuilt at least this often (seconds) even when the cache did not change, so values
+#: turn from fresh to last-known within this much of their staleness limit
+SIGNALS_REBUILD_S = 300.0
 
 LIVE_CLUSTER_PATH = DATA_DIR / "local_cluster.yaml"
 
@@ -83,6 +103,247 @@ class ReplayedSignals:
             self._cache[key] = self._shift(self.base.price(zone))
         return self._cache[key]
 
+    def explain(self, zones: Sequence[tuple[str, str]], now_s: float) -> list[dict]:
+        """Explain entries (see :meth:`LiveSignals.explain`) for ``(zone, kind)`` pairs: all from the replay."""
+        return [_replay_entry(z, k, self.offset_s, "no live source configured") for z, k in zones]
+
+
+def _replay_entry(zone: str, kind: str, offset_s: float, why: str) -> dict:
+    weeks = offset_s / WEEK_S
+    return {"zone": zone, "kind": kind, "source": REPLAY, "age_s": None, "forecast": False, "estimated": True,
+            "fallback": False, "replay_offset_s": offset_s, "hours": {},
+            "note": f"{kind} {zone}: bundled 2023-24 history replayed +{weeks:.0f} weeks ({why})"}
+
+
+def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list[dict]:
+    """The ``hours`` UTC hours from the one holding ``now_s`` of the series the planner uses for ``zone``'s ``kind``
+    (``signals``: :class:`LiveSignals` or :class:`ReplayedSignals`), one dict per hour: ``hour`` (ISO UTC),
+    ``value`` (gCO2e/kWh or USD/MWh; ``None`` when missing), ``source`` (origin), ``estimated``, ``forecast``,
+    ``age_s`` (seconds since fetched; ``None`` for replayed or filled hours). Raises
+    :class:`pricing.errors.UnknownZoneError` for a zone the signals do not hold."""
+    from datetime import datetime, timezone
+
+    h0 = math.floor(now_s / 3600.0) * 3600.0
+    series = signals.carbon(zone) if kind == "carbon" else signals.price(zone)
+    live = isinstance(signals, LiveSignals) and signals.network_sources(zone, kind)
+    if live:
+        checked, fc, fetched = signals.checked(zone, kind)
+        start = checked.series.start_s
+    out = []
+    for k in range(hours):
+        t = h0 + k * 3600.0
+        v = float("nan") if series is None else series.value_at(t)
+        row = {"hour": datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="minutes"),
+               "value": None if math.isnan(v) else v, "source": REPLAY if series is not None else "",
+               "estimated": series is not None, "forecast": False, "age_s": None}
+        if live:
+            i = int(round((t - start) / 3600.0))
+            if 0 <= i < checked.series.values.size:
+                row.update(source=str(checked.origin[i]), estimated=bool(checked.estimated[i]), forecast=bool(fc[i]),
+                           age_s=None if np.isnan(fetched[i]) else round(now_s - float(fetched[i]), 1))
+        out.append(row)
+    return out
+
+
+def forecast_model(zone: str, kind: str, recent: CheckedSeries, start_s: float, end_s: float) -> CheckedSeries | None:
+    """The forecast model's hours of ``[start_s, end_s)`` (``start_s`` on the UTC hour) of ``zone``'s ``kind``
+    (gCO2e/kWh or USD/MWh), from ``recent``: the zone's first source's cached hours of the planner's window,
+    however old (only the hours before ``start_s`` are read: no peeking), missing = NaN.
+
+    The model is :func:`pricing.forecast.forecast` (``blend``: the same hour yesterday and last week blended,
+    plus the recent departure decaying; fitted on 2023, error measured on 2024 in docs/FORECASTS.md), asked
+    only for hours no source has a fresh or last-known value for, before the bundled replay. An hour whose
+    lags are all missing stays NaN (the replay then gives it); ``None`` when ``recent`` holds no value at all."""
+    from pricing.forecast import forecast
+
+    n = int(math.ceil((end_s - start_s) / 3600.0))
+    if n < 1 or not np.isfinite(recent.series.values).any():
+        return None
+    return forecast(recent.series, start_s, n)
+
+
+class _Layer:
+    """One step of a zone's chain as a :class:`pricing.sources.SignalSource` with ``history``: fixed hours."""
+
+    def __init__(self, name: str, kind: str, unit: str, checked: CheckedSeries):
+        self.name, self.kind, self.unit, self._checked = name, kind, unit, checked
+
+    def history(self, zone: str, start_s: float, end_s: float) -> CheckedSeries:
+        """The layer's hours (already on the window's grid)."""
+        return self._checked
+
+
+class _ReplayLayer:
+    """The bundled history source shifted forward by ``offset_s`` (whole weeks), origin :data:`REPLAY`."""
+
+    def __init__(self, bundled, offset_s: float):
+        self.bundled, self.offset_s = bundled, offset_s
+        self.name, self.kind, self.unit = REPLAY, bundled.kind, bundled.unit
+
+    def history(self, zone: str, start_s: float, end_s: float) -> CheckedSeries:
+        """Hours of ``[start_s, end_s)`` from the bundled hours ``offset_s`` earlier; raises ``UnknownZoneError``."""
+        c = self.bundled.history(zone, start_s - self.offset_s, end_s - self.offset_s)
+        s = HourlySeries(zone, self.unit, c.series.start_s + self.offset_s, c.series.values)
+        return CheckedSeries(s, c.estimated, np.where(c.origin == "", "", REPLAY).astype(object))
+
+
+class LiveSignals:
+    """The planner's signals when the ``signals:`` section is configured: a ``GridSignals``-like view.
+
+    ``carbon(zone)`` (gCO2e/kWh) and ``price(zone)`` (USD/MWh or ``None``) are the bundled replay (offset
+    ``offset_s``) with the window ``[hour(now) - history_h, hour(now) + ahead_s)`` replaced, for zones with a
+    network source, by the chain result (module docstring). Built once per context; nothing here touches the
+    network (the cache is filled by the refresh task).
+
+    Args:
+        base: the bundled ``GridSignals``; offset_s: the replay shift, seconds (whole weeks).
+        cache: the :class:`broker.service.signal_cache.SignalCache`; settings: its ``signals:`` section.
+        now_s: POSIX s of the build; ahead_s: seconds of hours after now to fill (the planner's horizon + 8 days).
+    """
+
+    def __init__(self, base, offset_s: float, cache, settings, now_s: float, ahead_s: float):
+        self.replay = ReplayedSignals(base, offset_s)
+        self.offset_s = float(offset_s)
+        self.cache, self.settings = cache, settings
+        self.now_s = float(now_s)
+        self.h0 = math.floor(now_s / 3600.0) * 3600.0
+        self.start_s = self.h0 - settings.history_h * 3600.0
+        self.n = int((self.h0 + math.ceil(ahead_s / 3600.0) * 3600.0 - self.start_s) / 3600.0)
+        self._built: dict[tuple, object] = {}
+        self._hours: dict | None = None
+
+    def carbon(self, zone: str) -> HourlySeries:
+        """Carbon intensity of ``zone``, gCO2e/kWh, UTC hours."""
+        return self._series(zone, "carbon")
+
+    def price(self, zone: str) -> HourlySeries | None:
+        """Electricity price of ``zone``, USD/MWh, UTC hours; ``None`` if neither the bundle nor a source has one."""
+        return self._series(zone, "price")
+
+    def network_sources(self, zone: str, kind: str) -> list[str]:
+        """The zone's configured sources of ``kind`` other than the bundled history, in order."""
+        from broker.service.signal_settings import BUNDLED
+
+        return [n for n in self.settings.chain(zone, kind) if n != BUNDLED]
+
+    def _series(self, zone: str, kind: str) -> HourlySeries | None:
+        key = ("series", zone, kind)
+        if key not in self._built:
+            self._built[key] = self._merge(zone, kind)
+        return self._built[key]
+
+    def _merge(self, zone: str, kind: str) -> HourlySeries | None:
+        """The replay with the window's hours replaced by the chain result (built once per zone and kind)."""
+        base = self.replay.carbon(zone) if kind == "carbon" else self.replay.price(zone)
+        if not self.network_sources(zone, kind):
+            return base
+        built = self.checked(zone, kind)[0].series
+        if base is None:
+            return built
+        vals = base.values.copy()
+        idx = np.rint((built.times_s() - base.start_s) / 3600.0).astype(np.int64)
+        ok = (idx >= 0) & (idx < vals.size)
+        if not ok.all():  # the window runs past the bundled series: extend it with NaN
+            lo, hi = min(0, int(idx.min())), max(vals.size, int(idx.max()) + 1)
+            ext = np.full(hi - lo, np.nan)
+            ext[-lo:-lo + vals.size] = vals
+            vals, idx, start = ext, idx - lo, base.start_s + lo * 3600.0
+        else:
+            start = base.start_s
+        have = ~np.isnan(built.values)
+        vals[idx[have]] = built.values[have]
+        return HourlySeries(zone, base.unit, start, vals)
+
+    def checked(self, zone: str, kind: str) -> tuple[CheckedSeries, np.ndarray, np.ndarray]:
+        """The window's chain result of ``zone``'s ``kind``: ``(checked, forecast flags, fetched POSIX s)``, each
+        per hour of the window (fetched NaN for replayed, interpolated or conservative hours)."""
+        key = (zone, kind)
+        if key in self._built:
+            return self._built[key]
+        from broker.service.signal_cache import UNITS, USER_SOURCE, is_fresh
+        from pricing.sources import BundledCarbon, BundledPrice, SourceChain
+
+        unit, n, start = UNITS[kind], self.n, self.start_s
+        stale = self.settings.stale_for(zone)
+        names = self.network_sources(zone, kind) + [USER_SOURCE]
+        if self._hours is None:  # every configured zone's cached hours in one round trip
+            pairs = [(nm, z) for z in self.settings.zones for k in ("carbon", "price")
+                     for nm in self.network_sources(z, k) + [USER_SOURCE]]
+            self._hours = self.cache.hours_many(pairs, start, n)
+        hours = {nm: self._hours.get((nm, zone)) or self.cache.hours(nm, zone, start, n) for nm in names}
+
+        def layer(label: str, vals, est, fc=False) -> _Layer:
+            s = HourlySeries(zone, unit, start, vals)
+            return _Layer(label, kind, unit, CheckedSeries.of(s, label, est, fc))
+
+        layers = []
+        meta: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for nm in names[:-1]:  # fresh values of each configured source, in order
+            h = hours[nm]
+            fresh = ~np.isnan(h.fetched_s) & is_fresh(h.fetched_s, self.now_s, stale)
+            layers.append(layer(nm, np.where(fresh, h.values, np.nan), h.estimated))
+            meta[nm] = (h.forecast, h.fetched_s)
+        for nm in names:  # then whatever each source (and the seeded files) last gave, however old
+            h = hours[nm]
+            layers.append(layer(LAST_KNOWN + nm, h.values, np.ones(n, dtype=bool)))
+            meta[LAST_KNOWN + nm] = (h.forecast, h.fetched_s)
+        recent = layers[len(names) - 1].history(zone, start, self.h0)  # the primary's cached hours, however old
+        model = forecast_model(zone, kind, recent, self.h0, start + n * 3600.0)
+        if model is not None:  # on the window's grid (NaN before now), labelled as this layer
+            layers.append(_Layer(FORECAST_MODEL, kind, unit, window_from_series(
+                model.series, start, start + n * 3600.0, FORECAST_MODEL, True, True)))
+            meta[FORECAST_MODEL] = (np.ones(n, dtype=bool), np.full(n, np.nan))
+        # the bundled replay is the last resort whether the chain lists it or not: the planner's series
+        # outside the window is the replay anyway, and an hour inside it must not be left to a stand-in first
+        layers.append(_ReplayLayer(BundledCarbon() if kind == "carbon" else BundledPrice(), self.offset_s))
+        res = SourceChain(layers).window(zone, start, start + n * 3600.0)
+        fc = np.zeros(n, dtype=bool)
+        fetched = np.full(n, np.nan)
+        for label, (f, t) in meta.items():
+            m = res.checked.origin == label
+            fc[m], fetched[m] = f[m], t[m]
+        out = (res.checked, fc, fetched)
+        self._built[key] = out
+        return out
+
+    def explain(self, zones: Sequence[tuple[str, str]], now_s: float) -> list[dict]:
+        """Per ``(zone, kind)``: where the planner's value for the hour holding ``now_s`` came from.
+
+        Each entry: ``zone``, ``kind``, ``source`` (a source name, ``last-known:<source>``, ``forecast-model``,
+        ``bundled-replay``, ``interpolated`` or ``conservative``), ``age_s`` (seconds since it was fetched; ``None``
+        for replayed or filled hours), ``forecast`` (a forecast rather than a measurement), ``estimated``,
+        ``fallback`` (True when the zone has live sources but none gave a fresh value for this hour),
+        ``hours`` (origin -> hours of the next ``horizon`` used by the planner), ``replay_offset_s`` and ``note``
+        (one sentence). Never holds a key."""
+        out = []
+        for zone, kind in zones:
+            net = self.network_sources(zone, kind)
+            if not net:
+                out.append(_replay_entry(zone, kind, self.offset_s, "no live source configured for the zone"))
+                continue
+            checked, fc, fetched = self.checked(zone, kind)
+            i = min(max(int((math.floor(now_s / 3600.0) * 3600.0 - self.start_s) / 3600.0), 0), self.n - 1)
+            org = str(checked.origin[i]) or "missing"
+            age = None if np.isnan(fetched[i]) else round(now_s - float(fetched[i]), 1)
+            ahead = checked.origin[i:i + 48]
+            labels, counts = np.unique(np.where(ahead == "", "missing", ahead).astype(str), return_counts=True)
+            hours = {str(k): int(c) for k, c in zip(labels, counts)}
+            fallback = org not in net
+            what = "forecast" if fc[i] else "measured"
+            if not fallback:
+                note = f"{kind} {zone}: {org} ({what}, {age / 3600.0:.1f} h old)"
+            else:
+                got = (f"{org.removeprefix(LAST_KNOWN)}'s last known value ({what}, {age / 3600.0:.1f} h old)"
+                       if org.startswith(LAST_KNOWN) and age is not None else
+                       f"the bundled 2023-24 history replayed +{self.offset_s / WEEK_S:.0f} weeks" if org == REPLAY
+                       else f"the {org} value")
+                note = (f"{kind} {zone}: no fresh value from {', '.join(net)}; deciding on {got}"
+                        + f" (next 48 h: {', '.join(f'{k} {v} h' for k, v in sorted(hours.items()))})")
+            out.append({"zone": zone, "kind": kind, "source": org, "age_s": age, "forecast": bool(fc[i]),
+                        "estimated": bool(checked.estimated[i]), "fallback": fallback,
+                        "replay_offset_s": self.offset_s, "hours": hours, "note": note})
+        return out
+
 
 @dataclass(frozen=True)
 class LiveNode:
@@ -105,12 +366,14 @@ class LiveEnvironment:
         providers: cloud providers whose offers may be provisioned (others are costed only).
         offer_allowed: optional further test per offer (``broker.service.cloud.offer_allowed``: the provider's
             settings have a network in the offer's zone).
+        signals: the ``signals:`` settings section and cache: ``(SignalsSettings, SignalCache)``; ``None`` or a
+            section with no zone = the bundled replay everywhere.
 
     Raises ``broker.cluster.ClusterError`` / ``ValueError`` for a bad cluster file.
     """
 
     def __init__(self, planner: PlannerConfig, cluster: str | Path | None = None, providers: Sequence[str] = (),
-                 offer_allowed: Callable[[CloudOffer], bool] | None = None):
+                 offer_allowed: Callable[[CloudOffer], bool] | None = None, signals: tuple | None = None):
         from broker.sim.scenario import load_scenario
 
         scen = load_scenario(cluster or LIVE_CLUSTER_PATH)
@@ -125,7 +388,12 @@ class LiveEnvironment:
         series = [scen.signals.carbon(z) for z in scen.signals.zones]
         self._hist_start = max(s.start_s for s in series)
         self._hist_end = min(s.end_s for s in series)
+        self.signal_settings, self.signal_cache = signals if signals is not None else (None, None)
+        self._live = bool(self.signal_settings is not None and self.signal_settings.enabled
+                          and self.signal_cache is not None)
         self._lock = threading.Lock()
+        self._sig_lock = threading.Lock()
+        self._sig: tuple | None = None
         self._ctx_key = None
         self._ctx: PlannerContext | None = None
 
@@ -149,14 +417,34 @@ class LiveEnvironment:
                 for n in members)}))
         return pools
 
-    def context(self, pools: Sequence[Pool], now_s: float) -> PlannerContext:
-        """The planner context for ``pools`` at ``now_s``; rebuilt only when the topology or replay offset changes."""
+    def signals_at(self, now_s: float) -> ReplayedSignals | LiveSignals:
+        """The planner's signals at ``now_s``: :class:`LiveSignals` when live sources are configured (the same
+        object until the cache changes or :data:`SIGNALS_REBUILD_S` passes), else the bundled replay
+        (:class:`ReplayedSignals`)."""
         offset = self.offset_for(now_s)
-        key = (tuple((p.name, p.nodes) for p in pools), offset)
+        if not self._live:
+            return ReplayedSignals(self.base_signals, offset)
+        key = (offset, self._signals_key(now_s))
+        with self._sig_lock:
+            if self._sig is None or self._sig[0] != key:  # one build per cache version and rebuild period
+                self._sig = (key, LiveSignals(self.base_signals, offset, self.signal_cache, self.signal_settings,
+                                              now_s, self.planner.horizon_s + 8 * 86400.0))
+            return self._sig[1]
+
+    def _signals_key(self, now_s: float) -> tuple:
+        """What the live series depend on besides the offset: the cache's version and the rebuild period."""
+        if not self._live:
+            return ()
+        return (self.signal_cache.version(), math.floor(now_s / SIGNALS_REBUILD_S))
+
+    def context(self, pools: Sequence[Pool], now_s: float) -> PlannerContext:
+        """The planner context for ``pools`` at ``now_s``; rebuilt only when the topology or replay offset changes,
+        or (live signals) when the cache changed or :data:`SIGNALS_REBUILD_S` passed."""
+        offset = self.offset_for(now_s)
+        key = (tuple((p.name, p.nodes) for p in pools), offset, self._signals_key(now_s))
         with self._lock:
             if key != self._ctx_key:
-                self._ctx = PlannerContext(self.planner, pools, self.offers, ReplayedSignals(self.base_signals, offset),
-                                           self.gpus)
+                self._ctx = PlannerContext(self.planner, pools, self.offers, self.signals_at(now_s), self.gpus)
                 self._ctx_key = key
             return self._ctx
 

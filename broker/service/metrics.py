@@ -4,7 +4,8 @@ The numbers live in the database, not in process counters, so every API process 
 restart loses nothing. :func:`render_metrics` builds a registry with one :class:`StoreCollector` and
 returns the text exposition format. The metric names (all ``fedbroker_``-prefixed) are :data:`METRIC_NAMES`;
 ``deploy/grafana/fedbroker.json`` reads only these (a test checks it). Cost, kWh and kgCO2e come from the
-usage ledger (:mod:`broker.service.store.usage`), budget use from :mod:`broker.service.budgets`.
+usage ledger (:mod:`broker.service.store.usage`), budget use from :mod:`broker.service.budgets`, live signal
+health from ``signal_fetches`` (:func:`signal_families`; the same for every scope: it is no team's data).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from broker.service.store import metrics as rows
 from broker.service.store.core import JobStore
 
 __all__ = ["StoreCollector", "ScrapeCache", "render_metrics", "METRIC_NAMES", "WAIT_BUCKETS_S", "CONTENT_TYPE",
-           "SCRAPE_CACHE_S"]
+           "SCRAPE_CACHE_S", "signal_families"]
 
 #: the exposition format's content type
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,7 +35,8 @@ WAIT_BUCKETS_S = (60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
 METRIC_NAMES = ("fedbroker_jobs", "fedbroker_queue_depth", "fedbroker_cloud_instances",
                 "fedbroker_attempt_gpu_hours", "fedbroker_job_wait_seconds", "fedbroker_usage_cost_usd",
                 "fedbroker_usage_energy_kwh", "fedbroker_usage_carbon_kg", "fedbroker_budget_cap_usd",
-                "fedbroker_budget_spent_usd", "fedbroker_budget_committed_usd")
+                "fedbroker_budget_spent_usd", "fedbroker_budget_committed_usd", "fedbroker_signal_age_seconds",
+                "fedbroker_signal_fallback", "fedbroker_signal_fetch_errors")
 
 
 class StoreCollector(Collector):
@@ -81,7 +83,8 @@ class StoreCollector(Collector):
             hist.add_metric([t], buckets, sum_value=total)
         yield hist
         fams = [CounterMetricFamily(name, doc, labels=["team", "provider", "line"]) for name, doc in (
-            ("fedbroker_usage_cost_usd", "Billed USD of the usage ledger's lines (line: instance, energy, amortised)."),
+            ("fedbroker_usage_cost_usd", "Billed USD of the usage ledger's lines (line: instance, disk, energy, "
+                                          "amortised; idle and idle_amortised: unallocated)."),
             ("fedbroker_usage_energy_kwh", "Facility kWh of the usage ledger's lines."),
             ("fedbroker_usage_carbon_kg", "kgCO2e (location-based) of the usage ledger's lines."))]
         for t, pr, ln, usd, kwh, kg in usage:
@@ -97,6 +100,47 @@ class StoreCollector(Collector):
             for fam, v in zip(bud, (b.cap_usd, b.spent_usd, b.committed_usd)):
                 fam.add_metric([b.team], v)
         yield from bud
+        yield from signal_families(self.store, self.now.timestamp())
+
+
+def signal_families(store: JobStore, now_s: float) -> list[Metric]:
+    """The live-signal families at ``now_s`` (POSIX s) from ``signal_fetches`` (one row per configured source,
+    zone and kind, so the label sets are bounded by the ``signals:`` settings):
+
+    * ``fedbroker_signal_age_seconds{zone,kind,source}`` — seconds since the source last delivered the zone's
+      values (no sample until it has once);
+    * ``fedbroker_signal_fallback{zone,kind}`` — 1 while no source of the zone has a value younger than its
+      ``stale_after_s`` (the planner decides on last-known values and the bundled replay), else 0;
+    * ``fedbroker_signal_fetch_errors_total{source,error}`` — failed fetches by class
+      (:data:`broker.service.signal_cache.ERROR_CLASSES`).
+    """
+    from broker.service.signal_cache import is_fresh
+    from broker.service.store import signals as signal_rows
+
+    with store.session() as s:
+        fetches = [(f.zone, f.kind, f.source, f.last_success_at, f.stale_after_s, dict(f.error_counts or {}))
+                   for f in signal_rows.fetch_rows(s)]
+    age = GaugeMetricFamily("fedbroker_signal_age_seconds", "Seconds since a live signal source last delivered "
+                            "a zone's values, by zone, kind (carbon/price) and source.", labels=["zone", "kind", "source"])
+    fallback = GaugeMetricFamily("fedbroker_signal_fallback", "1 while no live source of the zone is fresh (the "
+                                 "planner decides on last-known values and the bundled history), by zone and kind.",
+                                 labels=["zone", "kind"])
+    errors = CounterMetricFamily("fedbroker_signal_fetch_errors", "Failed fetches of live signal sources, by source "
+                                 "and error class.", labels=["source", "error"])
+    fresh: dict[tuple[str, str], bool] = {}
+    per_error: dict[tuple[str, str], int] = {}
+    for zone, kind, source, ok_at, stale_s, counts in fetches:
+        ok = ok_at is not None and is_fresh(ok_at.timestamp(), now_s, stale_s)
+        fresh[(zone, kind)] = fresh.get((zone, kind), False) or ok
+        if ok_at is not None:
+            age.add_metric([zone, kind, source], max(0.0, now_s - ok_at.timestamp()))
+        for cls, n in counts.items():
+            per_error[(source, cls)] = per_error.get((source, cls), 0) + int(n)
+    for (zone, kind), ok in sorted(fresh.items()):
+        fallback.add_metric([zone, kind], 0.0 if ok else 1.0)
+    for (source, cls), n in sorted(per_error.items()):
+        errors.add_metric([source, cls], float(n))
+    return [age, fallback, errors]
 
 
 def _le(bound_s: float) -> str:

@@ -1,8 +1,9 @@
 """Reconciliation of the usage ledger with a provider-side total (issue #12, item 2: the allocation invariant).
 
 Each cost is allocated exactly once: for a period, ``allocated (the ledger's job lines) + unallocated =
-provider total``, where *unallocated* is what the provider billed that no job line carries (idle or
-orphaned instances, overhead). :func:`reconcile_cloud` checks it per resource against a provider's bill,
+provider total``, where *unallocated* is what the provider billed that no job line carries: the ledger's own
+``idle`` lines (instance time no job used, :mod:`broker.service.ledger`) plus what the ledger does not know
+(orphaned instances, costs with no resource: ``unexplained``). :func:`reconcile_cloud` checks it per resource against a provider's bill,
 read by :func:`read_cur_csv` from an AWS Cost and Usage Report-like CSV; :func:`reconcile_energy` checks an
 on-prem pool's energy lines against the pool's metered energy (the rest is idle or overhead energy).
 
@@ -100,11 +101,13 @@ class ResourceDiff:
     resource: str
     ledger_usd: float
     provider_usd: float
+    #: the ledger's ``idle`` lines of the resource (billed, no job used it), USD
+    idle_usd: float = 0.0
 
     @property
     def difference_usd(self) -> float:
-        """Provider minus ledger, USD (positive: billed but not allocated to a job)."""
-        return self.provider_usd - self.ledger_usd
+        """Provider minus the ledger's job and idle lines, USD (positive: billed, not in the ledger)."""
+        return self.provider_usd - self.ledger_usd - self.idle_usd
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,10 @@ class CloudReconciliation:
     Attributes:
         provider_total_usd: the bill's total.
         allocated_usd: the ledger's job lines on resources the bill has (each line once).
-        unallocated_usd: ``provider_total - allocated``: billed, not carried by any job (idle/orphaned
-            instances, costs with no resource, and any per-resource difference).
+        unallocated_usd: ``provider_total - allocated``: billed, not carried by any job; of it,
+            ``idle_usd`` the ledger's ``idle`` lines on billed resources and ``unexplained_usd`` the rest
+            (orphaned instances, costs with no resource, and any per-resource difference).
+        idle_usd: the ledger's ``idle`` lines on resources the bill has.
         resources: per billed or metered resource, sorted by id.
         ledger_only: ledger lines' resources the bill does not have (their USD is not in ``allocated``).
         unpriced: ledger lines whose cost is unknown (``billed_usd`` ``None``, flagged in the record).
@@ -129,11 +134,17 @@ class CloudReconciliation:
     resources: tuple[ResourceDiff, ...]
     ledger_only: tuple[ResourceDiff, ...] = field(default_factory=tuple)
     unpriced: int = 0
+    idle_usd: float = 0.0
+
+    @property
+    def unexplained_usd(self) -> float:
+        """Billed, and in no ledger line (job or idle), USD: ``unallocated - idle``."""
+        return self.unallocated_usd - self.idle_usd
 
     @property
     def mismatched(self) -> tuple[ResourceDiff, ...]:
         """Resources on both sides whose USD differ by more than half a cent."""
-        return tuple(r for r in self.resources if r.ledger_usd > 0 and abs(r.difference_usd) > 0.005)
+        return tuple(r for r in self.resources if r.ledger_usd + r.idle_usd > 0 and abs(r.difference_usd) > 0.005)
 
 
 def _in(t: datetime, start: datetime, end: datetime) -> bool:
@@ -142,28 +153,33 @@ def _in(t: datetime, start: datetime, end: datetime) -> bool:
 
 def reconcile_cloud(records: Iterable[UsageRecord], bill: Iterable[BillLine], start: datetime,
                     end: datetime, provider: str | None = None) -> CloudReconciliation:
-    """Match the ledger's ``instance`` lines (of ``provider``, all when ``None``) starting in ``[start, end)``
-    with the bill's lines starting there, by resource id. See :class:`CloudReconciliation`."""
+    """Match the ledger's ``instance`` and ``idle`` lines (of ``provider``, all when ``None``) starting in
+    ``[start, end)`` with the bill's lines starting there, by resource id (the instance id). Disk lines are not
+    matched: a bill names a volume by its own id, which the ledger does not know. See
+    :class:`CloudReconciliation`."""
     if end <= start:
         raise ValueError(f"end={end.isoformat()!r}: not after start={start.isoformat()!r}")
     ledger: dict[str, float] = defaultdict(float)
+    idle: dict[str, float] = defaultdict(float)
     unpriced = 0
     for r in records:
-        if r.line != "instance" or (provider and r.provider != provider) or not _in(r.start, start, end):
+        if r.line not in ("instance", "idle") or (provider and r.provider != provider) or not _in(r.start, start, end):
             continue
         if r.billed_usd is None:
             unpriced += 1
             continue
-        ledger[r.resource] += r.billed_usd
+        (ledger if r.line == "instance" else idle)[r.resource] += r.billed_usd
     billed: dict[str, float] = defaultdict(float)
     for b in bill:
         if _in(b.start, start, end):
             billed[b.resource] += b.usd
-    both = tuple(ResourceDiff(k, ledger.get(k, 0.0), billed[k]) for k in sorted(billed))
-    only = tuple(ResourceDiff(k, ledger[k], 0.0) for k in sorted(ledger) if k not in billed)
+    both = tuple(ResourceDiff(k, ledger.get(k, 0.0), billed[k], idle.get(k, 0.0)) for k in sorted(billed))
+    only = tuple(ResourceDiff(k, ledger.get(k, 0.0), 0.0, idle.get(k, 0.0))
+                 for k in sorted(set(ledger) | set(idle)) if k not in billed)
     total = math.fsum(billed.values())
     allocated = math.fsum(ledger[k] for k in ledger if k in billed)
-    return CloudReconciliation(start, end, total, allocated, total - allocated, both, only, unpriced)
+    idle_usd = math.fsum(idle[k] for k in idle if k in billed)
+    return CloudReconciliation(start, end, total, allocated, total - allocated, both, only, unpriced, idle_usd)
 
 
 @dataclass(frozen=True)

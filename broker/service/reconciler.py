@@ -19,6 +19,10 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    (spot reclaimed), instances of dead attempts, the orphan sweep (:meth:`CloudBroker.watch`).
 4. **Recurring runs**: every due schedule creates its job, with the idempotency key
    ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once.
+4b. **Idle on-prem GPUs**: each closed UTC hour, one ``idle_amortised`` usage line per registered node with GPUs
+   no running attempt held (:func:`broker.service.ledger.meter_pool_idle`), written once (the ledger's key);
+   the first pass meters the last :data:`IDLE_LOOKBACK_H` hours, later ones the hours since the last line
+   (at most that many per pass).
 5. **Retention** (``retention_days`` > 0): jobs finished (succeeded, failed, cancelled) more than
    ``retention_days`` ago are deleted with their events, logs, attempts and cloud-instance records,
    oldest first, at most ``retention_batch`` jobs per pass in one short transaction (rows another
@@ -34,13 +38,18 @@ from typing import Callable
 
 from broker.instance_states import LIVE_INSTANCE_STATES
 from broker.model import JobSpec
+from broker.service import ledger
 from broker.service.lifecycle import requeue_lost
 from broker.service.store import attempts as repo
+from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
 from broker.service.store.tables import utcnow
 from broker.states import TERMINAL_STATES, JobState
 
-__all__ = ["Reconciler"]
+__all__ = ["Reconciler", "IDLE_LOOKBACK_H"]
+
+#: hours of idle on-prem GPU time the reconciler meters back at most (the first pass, or after a downtime)
+IDLE_LOOKBACK_H = 24
 
 log = logging.getLogger("fedbroker.reconciler")
 S = JobState
@@ -65,7 +74,8 @@ class Reconciler:
 
     def run(self, now: datetime | None = None) -> dict:
         """One pass at ``now``. Returns counts: ``lost_nodes``, ``requeued``, ``redispatched``,
-        ``timed_out``, ``scheduled``, and ``changed`` (their sum less re-dispatches); with retention on,
+        ``timed_out``, ``scheduled``, ``idle_lines`` (:meth:`meter_idle`), and ``changed`` (their sum less
+        re-dispatches, idle lines not counted); with retention on,
         ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
         ``cloud_instances``)."""
         now = now or utcnow()
@@ -89,12 +99,35 @@ class Reconciler:
                 out["cloud"] = got
                 out["requeued"] += got.get("changed", 0)
         self._schedules(now, out)
+        out["idle_lines"] = self.meter_idle(now)
         if self.settings.retention_days > 0:
             out["purged"] = self.purge_finished(now)
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
         if out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs"):
             log.info("reconciler: %s", out)
         return out
+
+    # ------------------------------------------------------------------ 4b. idle on-prem GPUs
+    def meter_idle(self, now: datetime | None = None) -> int:
+        """Write the ``idle_amortised`` lines of the closed UTC hours not metered yet (at most
+        :data:`IDLE_LOOKBACK_H` of them, back from the last whole hour before ``now``), one transaction per
+        hour. Returns the lines written."""
+        now = now or utcnow()
+        top = now.replace(minute=0, second=0, microsecond=0)
+        with self.store.session() as s:
+            if not usage_repo.registered_nodes(s, top):
+                return 0
+            last = usage_repo.last_line_start(s, "idle_amortised")
+        h = top - timedelta(hours=IDLE_LOOKBACK_H)
+        if last is not None:
+            h = max(h, last.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+        n = 0
+        while h < top:
+            with self.store.session() as s:
+                n += usage_repo.add_usage(s, ledger.meter_pool_idle(s, h, h + timedelta(hours=1), ledger.prices()),
+                                          now)
+            h += timedelta(hours=1)
+        return n
 
     # ------------------------------------------------------------------ 5. retention
     def purge_finished(self, now: datetime | None = None) -> dict[str, int]:

@@ -235,8 +235,8 @@ class SchedulerPools:
             log.warning("submit of %s attempt %d to pool %s failed (%s); the reconciler tries again", job_id,
                         attempt, pool, e)
             return f"error: {e}"
-        self._adopt(store, job_id, attempt, info.slurm_job_id, pool)
-        return f"submitted {info.slurm_job_id}"
+        self._adopt(store, job_id, attempt, info.pool_job_id, pool)
+        return f"submitted {info.pool_job_id}"
 
     def _adopt(self, store: JobStore, job_id: str, attempt: int, external_id: str, pool: str) -> None:
         now = utcnow()
@@ -273,12 +273,12 @@ class SchedulerPools:
                        if (j.placement or {}).get("pool") == name]
         live = {(jid, att) for jid, att, *_ in tracked}
         by_tag = {(i.tags.get("fedbroker-job", ""), i.tags.get("fedbroker-attempt", "")): i for i in infos.values()
-                  if i.slurm_active}
+                  if i.active}
         grace = getattr(ad.settings, "term_grace_s", None) if hasattr(ad, "settings") else None
         for sid, info in infos.items():  # the sweep: this broker's jobs with no live attempt
             att = info.tags.get("fedbroker-attempt", "")
             key = (info.tags.get("fedbroker-job", ""), int(att) if att.isdigit() else None)
-            if info.slurm_active and info.tags.get(MANAGED_TAG) and key not in live:
+            if info.active and info.tags.get(MANAGED_TAG) and key not in live:
                 log.warning("pool %s: sweeping job %s (%s attempt %s): no live attempt has it", name, sid, *key)
                 ad.cancel(sid, grace)
                 out["swept"] += 1
@@ -298,8 +298,8 @@ class SchedulerPools:
         if ext is None:  # not submitted, or the id was not written (a crash after sbatch): adopt or submit again
             found = by_tag.get((jid, str(attempt)))
             if found is not None:
-                self._adopt(store, jid, attempt, found.slurm_job_id, name)
-                ext = found.slurm_job_id
+                self._adopt(store, jid, attempt, found.pool_job_id, name)
+                ext = found.pool_job_id
             elif cancel:
                 with store.session() as s:
                     j = repo.job_row(s, jid)
@@ -335,7 +335,7 @@ class SchedulerPools:
                                                               "longer knows it", max_attempts=self.settings.max_attempts)
                     out["changed"] += 1
             return
-        if cancel and info.slurm_active:
+        if cancel and info.active:
             info = ad.cancel(ext)
         elif info.state == "starting" and state == S.starting.value and deadline is not None and deadline < now:
             info = ad.cancel(ext)
@@ -362,7 +362,7 @@ class SchedulerPools:
             return
         if not info.terminal:
             return
-        if info.slurm_active:  # Slurm requeued it itself: the broker requeues the attempt, this copy goes
+        if info.active:  # Slurm requeued it itself: the broker requeues the attempt, this copy goes
             ad.cancel(ext, 0.0)
         self.keep_log(store, jid, attempt, info.stdout)
         energy = ad.consumed_energy_j(ext) if hasattr(ad, "consumed_energy_j") else None
@@ -375,7 +375,7 @@ class SchedulerPools:
                     return
                 att.meter = {**(att.meter or {}), "scheduler": {
                     "job_id": ext, "elapsed_s": info.elapsed_s, "consumed_energy_j": energy, "nodes": info.nodes,
-                    "state": info.slurm_state, "exit_code": info.exit_code, "signal": info.signal}}
+                    "state": info.pool_state, "exit_code": info.exit_code, "signal": info.signal}}
                 ok, outcome = lifecycle.scheduler_ended(s, j, att, now, info.state, info.exit_code, info.reason,
                                                         place, ran=ran, max_attempts=self.settings.max_attempts)
                 if ok:

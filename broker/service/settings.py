@@ -28,10 +28,11 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import PlannerConfig
+from broker.service.signal_settings import SignalsSettings
 from providers.registry import PROVIDERS
 
 __all__ = ["BrokerSettings", "QuotaSettings", "TeamQuota", "TeamLimits", "AwsSettings", "AwsRegionSettings",
-           "GcpSettings", "CloudSettings", "JobsSettings", "load_settings",
+           "GcpSettings", "CloudSettings", "JobsSettings", "SignalsSettings", "load_settings",
            "SettingsError", "DuplicateKeyError", "UniqueKeyLoader", "load_yaml", "aws_regions", "validation_message"]
 
 _S3_URI = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9._=-]+)*/?$"
@@ -492,6 +493,8 @@ class BrokerSettings(BaseSettings):
         retention_batch: most jobs one reconciler pass deletes (one short transaction).
         quotas: per-team queued-jobs quota and submit rate limit (:class:`QuotaSettings`).
         finance: the organisation and billing accounts of the FOCUS export (:class:`FinanceSettings`).
+        signals: which live sources serve each zone's carbon and price, keys, refresh periods and staleness
+            limits (:class:`broker.service.signal_settings.SignalsSettings`); none = the bundled replay.
         api_token_cache_s: seconds the API keeps a token it authenticated in memory (per process, at
             most 10,000 tokens); a revoked token keeps working for up to this long. ``0`` = no cache.
         api_workers: uvicorn worker processes of ``fedbroker serve api`` (each its own pool and cache).
@@ -537,6 +540,7 @@ class BrokerSettings(BaseSettings):
     retention_batch: int = Field(500, ge=1, le=100_000)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     finance: FinanceSettings = Field(default_factory=FinanceSettings)
+    signals: SignalsSettings = Field(default_factory=SignalsSettings)
     api_token_cache_s: float = Field(5.0, ge=0, le=300)
     api_workers: int = Field(1, ge=1, le=64)
 

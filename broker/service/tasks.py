@@ -11,6 +11,9 @@ process's parts (:data:`broker.service.wiring.services`, the composition root).
   send it straight to the provisioning queue (:func:`broker.service.wiring.send_provision`); on-prem jobs
   need no message (node agents poll ``GET /v1/node/work``).
 * ``fedbroker.teardown(job_id, attempt)`` — terminate an ended cloud attempt's instances.
+* ``fedbroker.signals_refresh`` — fetch the live signal sources of every configured zone whose period this
+  process claims (:meth:`broker.service.signal_cache.SignalCache.refresh_all`: one fetch per zone per period
+  however many workers run); a planning cycle is requested when new values came in.
 * ``fedbroker.dispatch(job_id, attempt)`` — the relay of earlier releases (forwards to provisioning); kept
   registered for one release so messages already on the ``dispatch`` queue still run. Remove it next release.
 
@@ -28,12 +31,15 @@ from celery import shared_task
 from broker.service.celery_app import get_app
 from broker.service.wiring import kick_planner, services
 
-__all__ = ["plan", "reconcile", "dispatch", "provision", "teardown"]
+__all__ = ["plan", "reconcile", "dispatch", "provision", "teardown", "signals_refresh"]
 
 log = logging.getLogger("fedbroker.tasks")
 PLANNER_LOCK = "fedbroker:planner-lock"
 #: a planning cycle at least this long is logged at INFO even when it decided nothing, seconds
 SLOW_CYCLE_S = 0.25
+#: seconds one ``signals_refresh`` may start new zones for; the zones left are taken at the next tick (60 s), so
+#: feeds that time out hold a worker that also plans for about this long plus one zone's fetch at most
+SIGNALS_BUDGET_S = 20.0
 
 
 @shared_task(name="fedbroker.plan", ignore_result=True)
@@ -126,3 +132,20 @@ def teardown(job_id: str, attempt: int) -> str:
     if cloud is None:
         return "no cloud provider configured"
     return f"{cloud.teardown(job_id, attempt)} instance(s) terminated"
+
+
+@shared_task(name="fedbroker.signals_refresh", ignore_result=True)
+def signals_refresh() -> dict:
+    """Fetch the live signals whose refresh period this process claims, starting no zone after
+    :data:`SIGNALS_BUDGET_S`; returns ``{"zone kind": summary}``."""
+    out = {}
+    fetched = False
+    for r in services.signal_cache.refresh_all(budget_s=SIGNALS_BUDGET_S):
+        if r.claimed:
+            out[f"{r.zone} {r.kind}"] = {"fetched": r.fetched, "errors": r.errors, "skipped": r.skipped}
+            fetched |= bool(r.fetched)
+    if out:
+        log.info("signals refresh: %s", out)
+    if fetched:
+        kick_planner()
+    return out

@@ -5,9 +5,12 @@ Kinds (:data:`broker.schemas.TOKEN_KINDS`), each tied to one team::
     member      submit, read and cancel its team's jobs; its team's schedules
     team-admin  a member that also lists, creates (member, read-only), revokes and rotates
                 its own team's member, read-only and team-admin tokens
-    read-only   GET only, its own team (finance viewers)
+    read-only   GET only, its own team (a team's own finance viewer)
     node        scoped to one node (``node``); no job or schedule route (the agent API will take it)
     admin       the broker admin: every team, every token operation, the audit log
+    finance     the finance viewer of the whole broker: GET of the finance routes only
+                (:data:`FINANCE_ROUTES`: usage summary, FOCUS export, budgets), every team's figures;
+                no job, log, schedule, token, metrics or node route. Created by an admin only.
 
 Every token has an expiry (``expires_at``, UTC; default lifetime ``settings.token_ttl_days``, at most
 3650 days); an expired token answers 401 ``token expired``, an unknown or revoked one 401 ``unknown
@@ -54,12 +57,23 @@ from broker.service.store.core import JobStore, StoreError
 from broker.service.store.tables import ApiToken, utcnow
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 
-__all__ = ["TOKEN_KINDS", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
+__all__ = ["TOKEN_KINDS", "FINANCE_ROUTES", "finance_route", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
            "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",
            "TokenConflict", "BootstrapRefused", "InvalidTokenRequest", "parse_ttl", "new_token_id", "audit",
            "audit_row", "create_token", "create_node_token", "bootstrap", "authenticate", "principal_of",
            "node_of_token", "list_tokens", "revoke", "rotate", "audit_events", "may_manage", "MANAGED_BY_TEAM_ADMIN",
            "CREATED_BY_TEAM_ADMIN"]
+
+#: the path prefixes a ``finance`` token may GET (every team's figures there): the usage summary and FOCUS export
+#: (:mod:`broker.service.api_usage`) and the budget states (:mod:`broker.service.api_budgets`)
+FINANCE_ROUTES = ("/v1/usage/", "/v1/budgets")
+
+
+def finance_route(method: str, path: str) -> bool:
+    """Whether a ``finance`` token may call ``method path``: a GET (or HEAD) of :data:`FINANCE_ROUTES`."""
+    return method in ("GET", "HEAD") and (path.startswith("/v1/usage/") or path == "/v1/budgets"
+                                          or path.startswith("/v1/budgets/"))
+
 
 #: the shortest token lifetime, seconds
 TOKEN_MIN_TTL_S = 60

@@ -1,7 +1,7 @@
 """The composition root of the live broker: every process builds its parts here, from its settings.
 
 * :data:`services` — this process's store, Redis client, planning environment, planning cycle,
-  reconciler and cloud broker, each built on first use from the Celery app's settings
+  reconciler, cloud broker and live signal cache, each built on first use from the Celery app's settings
   (:func:`broker.service.celery_app.get_app`). The Celery tasks (:mod:`broker.service.tasks`) run on it.
 * :func:`build_api` — one API process: a submit, an agent's or an instance's report wakes the planner
   (:func:`kick_planner`), cloud instances report to it, the Redis rate limit and ``/healthz``'s Redis check.
@@ -54,7 +54,7 @@ class Services:
     An API process only ever touches ``redis`` (to wake the planner), so it never loads the
     offer catalog and grid signals the planning environment needs."""
 
-    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud", "schedulers")
+    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud", "signal_cache", "schedulers")
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -87,9 +87,17 @@ class Services:
         from broker.service import ledger
 
         st = self.settings
-        env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st))
+        signals = (st.signals, self.signal_cache) if st.signals.enabled else None
+        env = LiveEnvironment(st.planner, st.cluster, st.cloud_providers, offer_allowed=partial(offer_allowed, st),
+                              signals=signals)
         ledger.install(ledger.LedgerPrices.from_environment(env))  # one load of the offers and signals
         return env
+
+    def _build_signal_cache(self):
+        """The live signal cache (:mod:`broker.service.signal_cache`) on this process's store and Redis."""
+        from broker.service.signal_cache import SignalCache
+
+        return SignalCache(self.store, self.redis, self.settings.signals)
 
     def _build_cycle(self):
         from broker.service.cycle import PlanningCycle

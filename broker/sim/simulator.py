@@ -52,6 +52,11 @@ Model (all times POSIX seconds, UTC):
 * **Usage records** (``PolicyRun.usage``, with ``SimulationConfig.usage_records``): the
   live ledger's lines for every attempt, rank and resource (:mod:`broker.sim.ledger`), and
   ``PolicyRun.chargeback`` (:func:`broker.usage.chargeback`) per team.
+* **Grid signals the planner sees** (``SimulationConfig.forecast``, ``--forecast``): by default the
+  measured series themselves (perfect knowledge of future prices and carbon). With a forecast model the
+  planner sees, at each planning instant, the measured hours before the current UTC hour and the forecast
+  issued at that hour (:mod:`pricing.forecast`); the run is still costed on the measured series, so the
+  difference from the perfect-knowledge run of the same trace and seed is the regret of forecast error.
 * Durations in the trace are taken as the jobs' true runtimes and their
   estimates (oracle runtime estimates; a known simplification).
 
@@ -80,6 +85,7 @@ from broker.sim.ledger import cloud_instance_bill, cloud_records, onprem_records
 from broker.sim.results import JobRecord, PolicyRun
 from broker.sim.traces import Trace, TraceJob
 from broker.usage import chargeback
+from pricing.forecast import SIM_FORECASTS, ForecastedSignals
 from pricing.series import window_integral
 
 __all__ = ["SimulationConfig", "Simulator", "simulate", "SpotModel", "pending_job"]
@@ -104,9 +110,15 @@ class SimulationConfig:
         market: only cloud offers of this market (None: any).
         usage_records: build the run's usage records (``PolicyRun.usage``, ``PolicyRun.chargeback``); off for
             runs whose metrics alone are wanted (the carbon-price sweep's other prices).
+        forecast: what the planner knows of future grid signals: ``"perfect"`` (the measured series: perfect
+            knowledge, the default) or a model of :data:`pricing.forecast.MODELS`: at each planning instant
+            it sees the measured hours before the current UTC hour and the forecast issued at that hour
+            (:class:`pricing.forecast.ForecastedSignals`, issued once per hour and kept for the hour). Costs and
+            carbon are always accounted on the measured series, so the difference between two runs is the
+            planner's regret from forecast error.
 
     Raises:
-        ValueError: ``tick_s`` is not a finite number > 0.
+        ValueError: ``tick_s`` is not a finite number > 0, or ``forecast`` is unknown.
     """
 
     tick_s: float = PLAN_INTERVAL_S
@@ -115,10 +127,13 @@ class SimulationConfig:
     max_cycles: int | None = None
     market: Market | None = None
     usage_records: bool = True
+    forecast: str = "perfect"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.tick_s) and self.tick_s > 0):
             raise ValueError(f"tick_s={self.tick_s}: must be a finite number > 0")
+        if self.forecast not in SIM_FORECASTS:
+            raise ValueError(f"forecast={self.forecast!r}: choose from {', '.join(SIM_FORECASTS)}")
 
 
 class SpotModel:
@@ -241,6 +256,7 @@ class Simulator:
         market = self.cfg.market
         self.offers = [o for o in offers if market is None or o.market == market] if uses_cloud else []
         self.ctx = PlannerContext(planner_config, pools, self.offers, signals, gpus)
+        self.signals = signals
         self.pools = list(pools)
         self.gpus = gpus
         self.spot = SpotModel(self.offers, spot_traces, self.cfg.seed)
@@ -325,6 +341,8 @@ class Simulator:
         next_hour = -math.inf  # instant of the pending _HOUR event (-inf: none)
 
         usage_on = cfg.usage_records
+        fc_model = cfg.forecast
+        issued_hour = None  # UTC hour (index) of the forecasts the planner holds (``forecast`` not perfect)
         usage_out: list = []
 
         def account_onprem(st: _JobState, end: float, allocation) -> None:
@@ -468,6 +486,10 @@ class Simulator:
                             running=list(running.values()), offer_available=avail, team_usage=usage,
                             queued={k: v.values() for k, v in queued.items() if v},
                             queued_demand={p: (a[0], a[1]) for p, a in queued_demand.items()})
+            if fc_model != "perfect" and math.floor(now / _SIGNAL_HOUR_S) != issued_hour:
+                # the forecasts issued at this UTC hour (kept for the hour): what a live broker would know now
+                issued_hour = math.floor(now / _SIGNAL_HOUR_S)
+                ctx.set_signals(ForecastedSignals(self.signals, issued_hour * _SIGNAL_HOUR_S, fc_model))
             t0 = time.perf_counter()
             decisions = plan(snap, ctx)
             latencies.append(time.perf_counter() - t0)

@@ -51,6 +51,7 @@ class RunSpec:
             (:func:`broker.usage.write_usage_csv`), in the process that ran it; the run then comes back without
             them (``PolicyRun.usage`` empty, ``chargeback`` kept): no records through the pipe nor held by the
             parent. None: the records come back in the run.
+        forecast: :class:`~broker.sim.simulator.SimulationConfig`'s ``forecast`` (``perfect`` or a model).
     """
 
     trace: str
@@ -66,6 +67,7 @@ class RunSpec:
     block_h: int = 1
     signals: str | None = None
     usage_dir: str | None = None
+    forecast: str = "perfect"
 
     def load(self) -> tuple[Any, Any]:
         """``(trace, scenario)``: the trace and the bundled scenario, loaded as ``simulate`` loads them."""
@@ -157,7 +159,7 @@ def _run(task: Task) -> tuple[Any, float]:
                      planner_config=spec.planner_config(task.carbon_price_usd_per_t), gpus=scen.gpus,
                      spot_traces=scen.spot_traces,
                      config=SimulationConfig(seed=spec.seed, tick_s=spec.step_s, market=spec.market,
-                                             usage_records=task.full))
+                                             usage_records=task.full, forecast=spec.forecast))
         if task.full and spec.usage_dir is not None:
             from pathlib import Path
 

@@ -69,7 +69,7 @@ def test_a_line_of_unknown_cost_is_left_out_and_counted_never_written_as_0():
 
 
 def test_summarise_names_an_unknown_dimension():
-    with pytest.raises(UsageError, match=r"^by='week': not one of team, project, provider, region, pool, day$"):
+    with pytest.raises(UsageError, match=r"^by='week': not one of team, project, provider, region, pool, line, day$"):
         summarise([], "week")
 
 

@@ -79,7 +79,10 @@ class Watching:
                 state = InstanceState.abandoned
             with self.store.session() as s:
                 # a row whose error says why its offer cools down (and since when) keeps it
-                instances.end_teardown(s, row_id, state, err, utcnow(), lambda e: self.cooldown_s(e) > 0)
+                now = utcnow()
+                instances.end_teardown(s, row_id, state, err, now, lambda e: self.cooldown_s(e) > 0)
+                if state is not InstanceState.terminating:  # deleted: its disk and idle time, in this transaction
+                    lifecycle.record_instance_usage(s, job_id, attempt, now)
         return n
 
     # ------------------------------------------------------------------ watching (reconciler)
@@ -138,6 +141,8 @@ class Watching:
                            else f"instance {gone[0]} is gone ({gone[2]})") + "; all ranks stopped"
                     if spot:
                         self.mark_attempt(s, job_id, attempt, f"Reclaimed: {why}", now)
+                    if gone[2] in ("stopping", "stopped"):  # its disk bills until deleted, its compute no more
+                        lifecycle.note_instance_stopped(jobs.attempt_row(s, job_id, attempt), gone[0], now)
                     out["lost"] += lifecycle.requeue_lost(s, j, now, why, "interrupted",
                                                           max_attempts=None if spot else self.settings.max_attempts)
             self.teardown(job_id, attempt, "another instance of the gang is gone")
@@ -288,6 +293,8 @@ class Watching:
             gone.extend(got)
         if gone:
             with self.store.session() as s:
-                instances.mark_swept(s, {i.instance_id for i in gone}, utcnow())
+                now = utcnow()
+                for job_id, attempt in instances.mark_swept(s, {i.instance_id for i in gone}, now):
+                    lifecycle.record_instance_usage(s, job_id, attempt, now)
         return gone
 

@@ -1,4 +1,5 @@
-// The finance page's script (broker/service/api_finance.py): reads /v1/usage/summary and /v1/budgets with the
+// The finance page's script (broker/service/api_finance.py): reads /v1/usage/summary (by team, provider, day and
+// ledger line: the idle cost is the unallocated lines'), /v1/usage/savings and /v1/budgets with the
 // token the user pastes (kept in sessionStorage, sent as the bearer header; never in a URL) and draws SVG charts.
 // Every name and figure is written with textContent / setAttribute, never parsed as HTML.
 "use strict";
@@ -72,7 +73,14 @@
   }
 
   function groupsOf(summary, field) {
-    return summary.groups.map(g => ({ key: g.key === null ? "(none)" : g.key, value: g[field] }));
+    return summary.groups.map(g => ({ key: g.key === null ? "(none)" : g.key === "" ? "(unallocated)" : g.key,
+                                      value: g[field] }));
+  }
+
+  // USD of the unallocated lines (broker/usage.py UNALLOCATED_LINES) in a summary by line
+  const UNALLOCATED = ["idle", "idle_amortised"];
+  function idleUsd(byLine) {
+    return byLine.groups.filter(g => UNALLOCATED.includes(g.key)).reduce((a, g) => a + g.cost_usd, 0);
   }
 
   // Burn-down of each team's monthly cloud budget: USD left at the month's start (the cap), now (cap - spent -
@@ -119,15 +127,32 @@
     fig.appendChild(n);
   }
 
-  function totals(t) {
+  function totals(t, idle) {
     const row = document.createElement("tr");
-    for (const v of [fmt(t.cost_usd), fmt(t.gpu_hours), fmt(t.energy_kwh), fmt(t.carbon_kg), t.lines,
+    for (const v of [fmt(t.cost_usd), fmt(idle), fmt(t.gpu_hours), fmt(t.energy_kwh), fmt(t.carbon_kg), t.lines,
                      t.unpriced_lines, t.estimated_lines]) {
       const td = document.createElement("td");
       td.textContent = String(v);
       row.appendChild(td);
     }
     document.querySelector("#totals tbody").replaceChildren(row);
+  }
+
+  function savingsTable(sv) {
+    const row = document.createElement("tr");
+    for (const v of [sv.gpu_hours, sv.actual_usd, sv.cheapest_cloud_usd, sv.onprem_only_usd,
+                     sv.saved_vs_cheapest_cloud_usd, sv.saved_vs_onprem_only_usd, sv.not_compared_gpu_hours]) {
+      const td = document.createElement("td");
+      td.textContent = fmt(v);
+      row.appendChild(td);
+    }
+    document.querySelector("#savings tbody").replaceChildren(row);
+    const notes = [...sv.reasons, ...sv.rate_notes].map(t => {
+      const li = document.createElement("li");
+      li.textContent = t;
+      return li;
+    });
+    document.getElementById("savings-notes").replaceChildren(...notes);
   }
 
   async function get(path, token) {
@@ -149,18 +174,25 @@
     const q = by => `/v1/usage/summary?by=${by}&from=${encodeURIComponent(period.from)}` +
                     `&to=${encodeURIComponent(period.to)}`;
     try {
-      const [team, provider, day, budgets] = await Promise.all(
-        [get(q("team"), token), get(q("provider"), token), get(q("day"), token), get("/v1/budgets", token)]);
+      const sq = `/v1/usage/savings?from=${encodeURIComponent(period.from)}&to=${encodeURIComponent(period.to)}`;
+      const [team, provider, day, line, budgets, sv] = await Promise.all(
+        [get(q("team"), token), get(q("provider"), token), get(q("day"), token), get(q("line"), token),
+         get("/v1/budgets", token), get(sq, token)]);
       document.getElementById("scope").textContent = team.team === null
-        ? "All teams (admin token)." : `Team ${team.team} only (your token's team).`;
-      totals(team.total);
+        ? "All teams (admin or finance token)." : `Team ${team.team} only (your token's team).`;
+      totals(team.total, idleUsd(line));
       bars(document.getElementById("chart-team"), groupsOf(team, "cost_usd"));
       bars(document.getElementById("chart-provider"), groupsOf(provider, "cost_usd"));
+      bars(document.getElementById("chart-line"), groupsOf(line, "cost_usd"));
       bars(document.getElementById("chart-day-cost"), groupsOf(day, "cost_usd"));
       bars(document.getElementById("chart-day-gpu"), groupsOf(day, "gpu_hours"));
       bars(document.getElementById("chart-day-kwh"), groupsOf(day, "energy_kwh"));
       bars(document.getElementById("chart-day-co2"), groupsOf(day, "carbon_kg"));
       burndown(document.getElementById("chart-budget"), budgets);
+      bars(document.getElementById("chart-savings"), sv.units ? [
+        { key: "actual", value: sv.actual_usd }, { key: "all on cheapest cloud now", value: sv.cheapest_cloud_usd },
+        { key: "on-prem only", value: sv.onprem_only_usd }] : []);
+      savingsTable(sv);
       document.getElementById("report").hidden = false;
       const t = team.total;
       say(t.unpriced_lines || t.unknown_energy_lines || t.unknown_carbon_lines

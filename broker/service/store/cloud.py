@@ -210,13 +210,18 @@ def attempts_with_live_rows(s: Session) -> set[tuple[str, int]]:
         CloudInstance.state.in_(LIVE_INSTANCE_STATES)))}
 
 
-def mark_swept(s: Session, instance_ids: Iterable[str], now: datetime) -> None:
-    """Inside ``s``: rows of the instances the orphan sweep terminated become ``terminated`` with the reason."""
+def mark_swept(s: Session, instance_ids: Iterable[str], now: datetime) -> set[tuple[str, int]]:
+    """Inside ``s``: rows of the instances the orphan sweep terminated become ``terminated`` with the reason.
+    Returns the ``(job, attempt)`` of the rows it moved (their usage lines are written next)."""
     why = "terminated by the orphan sweep"
+    moved = set()
     for row in s.execute(select(CloudInstance).where(CloudInstance.provider_instance_id.in_(list(instance_ids))
                                                      )).scalars():
+        if row.state != I.terminated.value:
+            moved.add((row.job_id, row.attempt))
         move(s, row, I.terminated, why, now)
         row.error, row.updated_at = why, now
+    return moved
 
 
 # ---------------------------------------------------------------------- reading

@@ -93,9 +93,8 @@ class InvalidSchedule(StoreError):
         self.errors = errors
 
 
-#: PostgreSQL driver-level insert of one :func:`broker.service.store.tokens.audit_row` (the submit fast path)
-_AUDIT_SQL = ("INSERT INTO audit_events (at, actor_token_id, actor_team, actor_kind, action, target, detail) "
-              "VALUES (%(at)s, %(actor_token_id)s, %(actor_team)s, %(actor_kind)s, %(action)s, %(target)s, %(detail)s)")
+#: the columns of an audit event row (the keys of :func:`broker.service.store.tokens.audit_row`)
+_AUDIT_COLS = ("at", "actor_token_id", "actor_team", "actor_kind", "action", "target", "detail")
 
 
 def new_job_id() -> str:
@@ -172,11 +171,17 @@ def _hash_dumped(dumped: dict) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _submit_sql(cols: tuple[str, ...]) -> str:
+def _submit_sql(cols: tuple[str, ...], audited: bool = False) -> str:
     """PostgreSQL: a job row of columns ``cols`` and its ``submitted`` event in one statement (a
-    data-modifying CTE; psycopg named parameters, one per column)."""
+    data-modifying CTE; psycopg named parameters, one per column); with ``audited`` also the caller's
+    ``job.submit`` audit event (parameters ``a_at``, ``a_actor_token_id``, ... of :data:`_AUDIT_COLS`),
+    so a submit is one round trip however it is audited."""
+    audit = ""
+    if audited:
+        audit = (f", a AS (INSERT INTO audit_events ({', '.join(_AUDIT_COLS)}) "
+                 f"VALUES ({', '.join(f'%(a_{c})s' for c in _AUDIT_COLS)}))")
     return (f"WITH j AS (INSERT INTO jobs ({', '.join(cols)}) "
-            f"VALUES ({', '.join(f'%({c})s' for c in cols)}) RETURNING id, created_at) "
+            f"VALUES ({', '.join(f'%({c})s' for c in cols)}) RETURNING id, created_at){audit} "
             "INSERT INTO job_events (job_id, at, from_state, to_state, version, reason) "
             "SELECT id, created_at, NULL, 'submitted', 1, 'submitted' FROM j")
 
@@ -391,9 +396,11 @@ class JobStore:
             raw = conn.connection.driver_connection
             try:
                 with raw.cursor(row_factory=dict_row) as cur:
-                    cur.execute(_submit_sql(tuple(row)), {**row, "spec": Json(row["spec"])})
-                    if audit_event is not None:  # the caller's job.submit audit event, same transaction
-                        cur.execute(_AUDIT_SQL, {**audit_event, "detail": Json(audit_event["detail"])})
+                    params = {**row, "spec": Json(row["spec"])}
+                    if audit_event is not None:  # the caller's job.submit audit event, same statement
+                        params.update({f"a_{c}": audit_event[c] for c in _AUDIT_COLS})
+                        params["a_detail"] = Json(audit_event["detail"])
+                    cur.execute(_submit_sql(tuple(row), audit_event is not None), params)
                     held = 0
                     if max_unfinished:
                         cur.execute("SELECT unfinished FROM team_usage WHERE team = %s", (row["team"],))

@@ -22,6 +22,11 @@ Tables:
   (job, attempt, rank, line, resource), so a replayed end meters once.
 * ``budgets`` — per team monthly cloud budgets (USD cap, soft alert fraction) set by an admin
   (:mod:`broker.service.budgets`), with the month whose soft alert was already raised.
+* ``signal_values`` — the durable copy of the live signal cache: one value per (source, zone, UTC hour) of
+  carbon intensity (gCO2e/kWh) or electricity price (USD/MWh), measured or forecast, with when it was fetched
+  (:mod:`broker.service.signal_cache`; Redis holds the fast copy).
+* ``signal_fetches`` — per (source, zone, kind): the last fetch attempt and success, the last error and the
+  error counts by class (the staleness gauge and fetch error counter of ``/metrics``).
 * ``planner_state`` — one row: the planner fence (``version`` is bumped by every
   applied planning cycle; a cycle planned on an older version is discarded).
 
@@ -41,7 +46,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "CloudInstanceEvent", "Schedule",
-           "ApiToken", "AuditEvent", "UsageRow", "Budget", "PlannerState", "utcnow"]
+           "ApiToken", "AuditEvent", "UsageRow", "Budget", "SignalValue", "SignalFetch", "PlannerState", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -377,7 +382,9 @@ class UsageRow(Base):
     source: Mapped[str] = mapped_column(String(8), default="live")
     recorded_at: Mapped[datetime]
 
-    __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "line", "resource", name="uq_usage_records_line"),)
+    #: a line's key; ``start`` tells apart the hourly ``idle_amortised`` lines of one node (no job, no attempt)
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "line", "resource", "start",
+                                       name="uq_usage_records_line"),)
 
 
 class Budget(Base):
@@ -393,6 +400,43 @@ class Budget(Base):
     alerted_month: Mapped[str | None] = mapped_column(String(7))
     updated_at: Mapped[datetime]
     updated_by: Mapped[str] = mapped_column(String(63), default="")
+
+
+class SignalValue(Base):
+    """One cached hour of a live signal: ``value`` in ``unit`` (gCO2e/kWh or USD/MWh) of ``zone`` (the broker's
+    zone id) from ``source`` for the UTC hour starting at ``hour_at``; ``forecast`` (else measured),
+    ``estimated`` (the source flagged it so), ``fetched_at`` (when it was fetched or seeded)."""
+
+    __tablename__ = "signal_values"
+
+    source: Mapped[str] = mapped_column(String(40), primary_key=True)
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hour_at: Mapped[datetime] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))
+    value: Mapped[float] = mapped_column(Float)
+    unit: Mapped[str] = mapped_column(String(16))
+    estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    forecast: Mapped[bool] = mapped_column(Boolean, default=False)
+    fetched_at: Mapped[datetime]
+
+    __table_args__ = (Index("ix_signal_values_zone_kind_hour", "zone", "kind", "hour_at"),)
+
+
+class SignalFetch(Base):
+    """Fetch health of one (source, zone, kind): ``last_attempt_at``, ``last_success_at`` (``None``: never),
+    ``last_error`` (class and message, never a key), ``error_counts`` (error class -> count since the row was
+    made), ``stale_after_s`` (the zone's staleness limit when last refreshed, seconds)."""
+
+    __tablename__ = "signal_fetches"
+
+    source: Mapped[str] = mapped_column(String(40), primary_key=True)
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    last_attempt_at: Mapped[datetime]
+    last_success_at: Mapped[datetime | None]
+    last_error: Mapped[str] = mapped_column(String(500), default="")
+    error_counts: Mapped[dict[str, Any]]
+    stale_after_s: Mapped[float] = mapped_column(Float)
 
 
 class PlannerState(Base):

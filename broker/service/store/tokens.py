@@ -57,6 +57,12 @@ class Principal:
         """Whether this is the broker admin (every team)."""
         return self.kind == "admin"
 
+    @property
+    def all_finance(self) -> bool:
+        """Whether this principal reads every team's finance figures (usage, FOCUS, budgets): the broker admin
+        and the ``finance`` viewer kind."""
+        return self.kind in ("admin", "finance")
+
 
 def hash_token(token: str) -> str:
     """SHA-256 hex digest of an API token (tokens are 256-bit random, so a fast hash is enough)."""

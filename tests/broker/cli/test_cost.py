@@ -32,8 +32,8 @@ def test_reconcile_prints_total_allocated_and_unallocated(sqlite_store, tmp_path
     r = CliRunner().invoke(app, ["cost", "reconcile", "--from", "2024-03-01", "--to", "2024-04-01", "--cur", str(cur),
                                  "--config", str(cfg)])
     assert r.exit_code == 0, r.output
-    assert ("aws 2024-03-01..2024-04-01: provider total $3.1110 = allocated to jobs $0.0510 + unallocated $3.0600"
-            in " ".join(r.output.split()))
+    assert ("aws 2024-03-01..2024-04-01: provider total $3.1110 = allocated to jobs $0.0510 + unallocated $3.0600 "
+            "(idle lines $0.0000, not in the ledger $3.0600)" in " ".join(r.output.split()))
     r = CliRunner().invoke(app, ["cost", "reconcile", "--from", "2024-03-01", "--to", "2024-04-01", "--cur", str(cur),
                                  "--config", str(cfg), "--json"])
     out = json.loads(r.output)

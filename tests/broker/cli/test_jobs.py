@@ -176,6 +176,9 @@ def test_explain_and_logs(run, store):
     chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
     alt = OptionEstimate("cloud", "aws:us-east-1a:p3.16xlarge:spot", 1.7e9, 300.0, 3600.0, 7.34, 2.6, 1.01, 7.53)
     rec = Decision(j.id, DecisionKind.start, chosen, pool="toronto", alternatives=(alt,), reason="cheapest").record()
+    rec["signals"] = [{"zone": "CA-ON", "kind": "carbon", "source": "last-known:electricitymaps", "fallback": True,
+                       "note": "carbon CA-ON: no fresh value from electricitymaps; deciding on electricitymaps's last "
+                               "known value (forecast, 2.0 h old)"}]
     store.transition(j.id, "queued", "planned", decision=rec)
     store.transition(j.id, "starting", "dispatched", attempt=1)
     store.append_log(j.id, 1, 0, 0, "step 1\n")
@@ -188,6 +191,8 @@ def test_explain_and_logs(run, store):
     assert "toronto" in chosen_line and "$2.85" in chosen_line and "3.12" in chosen_line and "0.094" in chosen_line
     alt_line = next(line for line in out.splitlines() if "p3.16xlarge" in line)
     assert "$7.34" in alt_line and "1.010" in alt_line and "5.0 min" in alt_line
+    assert ("signals: FALLBACK carbon CA-ON: no fresh value from electricitymaps; deciding on electricitymaps's last "
+            "known value (forecast, 2.0 h old)") in out
     assert "submitted" in out and "dispatched" in out  # the history
     ex = json.loads(run("explain", j.id, "--json").stdout)
     assert ex["decision"]["option"]["target"] == "toronto"

@@ -142,6 +142,29 @@ def test_simulate_bound_without_cloud_uses_no_offer(run, tmp_path):
     assert doc["policies"]["fifo"]["cost_ratio_to_bound"] >= 1.0 - 1e-9
 
 
+def test_simulate_forecast_plans_on_forecasts_in_worker_processes_and_says_so(run, tmp_path):
+    # the pool in DE-LU (its price dips are what perfect knowledge defers jobs into), on-prem only; two workers:
+    # the option travels to the worker processes in the RunSpec
+    cluster = tmp_path / "de.yaml"
+    cluster.write_text("pools:\n  - name: fra\n    carbon_zone: DE-LU\n    price_zone: DE-LU\n    timezone: Europe/Berlin\n"
+                       "    pue: 1.3\n    amortised_usd_per_gpu_hour: 0.55\n    node_groups:\n"
+                       "      - {count: 48, gpu_type: V100, gpus_per_node: 8, gpu_memory_gb: 16, name_prefix: v100-}\n")
+    docs = {}
+    for fc in ("perfect", "blend"):
+        out = tmp_path / fc
+        r = run("simulate", "--jobs", "300", "--policy", "federated,fifo", "--no-cloud", "--cluster", str(cluster),
+                "--start", "2024-09-02", "--step", "60", "--workers", "2", "--forecast", fc, "--out", str(out))
+        assert r.exit_code == 0, r.output
+        docs[fc] = json.loads((out / "results.json").read_text())
+        assert docs[fc]["meta"]["forecast"] == fc
+    # fifo never looks at the signals: the same run; federated plans on them: it defers other jobs
+    same = lambda m: {k: v for k, v in m.items() if "wall" not in k and "latency" not in k}  # noqa: E731
+    assert same(docs["blend"]["policies"]["fifo"]) == same(docs["perfect"]["policies"]["fifo"])
+    fed = [docs[fc]["policies"]["federated"] for fc in ("perfect", "blend")]
+    assert fed[0]["deferred_jobs"] > 0 and fed[0]["deferred_jobs"] != fed[1]["deferred_jobs"]
+    assert fed[0]["cost_usd"] != fed[1]["cost_usd"]
+
+
 CSV = """submit_time,duration_s,num_gpus,gpu_type,team,job_id
 2023-09-04T10:00:00Z,3600,4,V100,vision,g1
 2023-09-04T10:05:00Z,-5,2,,nlp,g2
@@ -224,6 +247,7 @@ def test_offers_unknown_gpu_exits_2(run):
     (("--sweep-carbon-price", "190,-5"), "'-5' must be a finite number >= 0"),
     (("--sweep-carbon-price", "inf"), "'inf' must be a finite number >= 0"),
     (("--workers", "0"), "--workers=0: must be >= 1"),
+    (("--forecast", "arima"), "--forecast='arima': choose from perfect, naive_day, naive_week, blend"),
 ])
 def test_simulate_non_finite_or_unknown_options_exit_2(run, tmp_path, args, needle):
     r = run("simulate", "--jobs", "10", "--out", str(tmp_path / "o"), *args)

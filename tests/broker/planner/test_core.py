@@ -164,3 +164,25 @@ def test_value_of_time_scales_with_gpus_and_priority():
     # 0.01 USD/GPU-h x 8 GPUs x multiplier (0.5, 1, 10, 50)
     vals = [ctx.value_of_time(make_job("j").gpus(4).nodes(2).priority(p).build()) for p in range(4)]
     assert vals == [approx(0.04), approx(0.08), approx(0.8), approx(4.0)]
+
+
+def test_set_signals_replaces_every_series_the_planner_reads_and_keeps_the_static_caches():
+    ctx = make_ctx([_pool()], _offers(), signals=SIGNALS)
+    job = make_job("j").gpus(2).work(2 * H).build()
+    offers_before = ctx.compatible_offers(job)
+    # everything doubled: price 80, -40, 200, 120 ...; carbon x2 in every zone
+    doubled = FakeSignals(carbon_values={z: [2 * v for v in vals] for z, vals in SIGNALS.carbon_values.items()},
+                          price_values={z: [2 * v for v in vals] for z, vals in SIGNALS.price_values.items()})
+    _, e1, _, _, kg1 = ctx.onprem_estimate(0, "V100", job, T0)
+    c1 = ctx.cloud_scalar(job, 0, T0 + 3300)
+    ctx.set_signals(doubled)
+    _, e2, _, _, kg2 = ctx.onprem_estimate(0, "V100", job, T0)
+    c2 = ctx.cloud_scalar(job, 0, T0 + 3300)
+    # V100, 0.9 kW (2 x 0.3 x PUE 1.5) over hours [0, 2): price 40 - 20 = 20 -> 0.018 USD, x2; carbon
+    # 200 + 100 = 300 -> 0.27 kg, x2; the cloud offer: carbon x2, its dollars unchanged
+    assert (e2, kg2) == (approx(2 * e1), approx(2 * kg1)) and (e1, kg1) == (approx(0.018), approx(0.27))
+    assert c2.carbon_kg == approx(2 * c1.carbon_kg) and c2.dollars_usd == c1.dollars_usd
+    assert ctx.zone_integrals(np.array([0]), np.array([T0]), np.array([H]))[0] == approx(2 * 100.0)
+    assert ctx.compatible_offers(job) is offers_before  # per-shape cache kept
+    with pytest.raises(PlannerError, match="price_zone='PZ' has no series"):
+        ctx.set_signals(FakeSignals(carbon_values=SIGNALS.carbon_values))

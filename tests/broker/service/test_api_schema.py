@@ -97,7 +97,7 @@ CASES = [(m, p, mode) for m, p in OPERATIONS for mode in (GenerationMode.POSITIV
 
 def test_every_operation_is_covered():
     # a new operation changes this count: it is then covered by the cases below, with the right tokens
-    assert len(OPERATIONS) == 36 and ("POST", "/v1/jobs") in OPERATIONS and ("GET", "/healthz") in OPERATIONS and ("GET", "/metrics") in OPERATIONS
+    assert len(OPERATIONS) == 37 and ("POST", "/v1/jobs") in OPERATIONS and ("GET", "/healthz") in OPERATIONS and ("GET", "/metrics") in OPERATIONS
     assert sum(p.startswith("/v1/node/") for _, p in OPERATIONS) == 8
 
 

@@ -31,7 +31,7 @@ from broker.service.settings import BrokerSettings
 from broker.service.store import usage
 from broker.service.tokens import create_token
 from tests.broker.harness import ServerThread
-from tests.broker.service.test_usage_api import ledger
+from tests.broker.service.test_usage_api import ledger, rates  # noqa: F401 (fixture: the counterfactuals' prices)
 
 UTC = timezone.utc
 NOW = datetime(2024, 3, 11, tzinfo=UTC)
@@ -62,7 +62,8 @@ def world(pg_store, monkeypatch):
     set_budget(pg_store, beta, 5.0, now=NOW)
     app = create_app(pg_store, BrokerSettings(admin_token=ADMIN))
     return {"app": app, "alpha": alpha, "beta": beta, "admin": ADMIN,
-            "alpha_ro": create_token(pg_store, alpha, "read-only", label="finance").token}
+            "alpha_ro": create_token(pg_store, alpha, "read-only", label="finance").token,
+            "fin": create_token(pg_store, "finance-office", "finance", label="cfo").token}
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +107,14 @@ def points(page) -> dict[tuple[str, str], float]:
 
 
 @browser_needed
-def test_admin_sees_every_team_in_real_chromium(world, browser):
+def test_admin_sees_every_team_in_real_chromium(world, browser, rates):  # noqa: F811
     a, b = world["alpha"], world["beta"]
     with ServerThread(world["app"]) as srv:
         page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["admin"],
                                  "finance-admin.png")
         assert page.get_attribute("#finance", "data-loaded") == "true", page.text_content("#status")
         assert errors == []
-        assert page.text_content("#scope") == "All teams (admin token)."
+        assert page.text_content("#scope") == "All teams (admin or finance token)."
         assert bars(page, "chart-team") == [(a, 10.6), (b, 6.6)]
         assert bars(page, "chart-provider") == [("aws", 0.6), ("gcp", 10.0), ("onprem", 6.6)]
         days = ["2024-03-01", "2024-03-02", "2024-03-05"]
@@ -125,9 +126,16 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
                                 (b, "start"): 5.0, (b, "now"): 5.0, (b, "forecast"): 5.0}
         # totals: line 5's unknown cost, energy and carbon are flagged, not summed as 0
         assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)") == [
-            "17.20", "9.10", "5.10", "1.14", "5", "1", "3"]
+            "17.20", "0", "9.10", "5.10", "1.14", "5", "1", "3"]
         assert "1 line(s) of unknown cost" in page.text_content("#status")
-        assert "Idle cost" in page.text_content("#na-idle")
+        assert bars(page, "chart-line") == [("amortised", 6.0), ("energy", 0.6), ("instance", 10.6)]
+        # savings (tests/broker/service/test_usage_api.py: 8.1 GPU-h at 1.20 and 1.65 USD/GPU-h; beta's rank 5
+        # of unknown cost not compared)
+        assert bars(page, "chart-savings") == [("actual", 17.2), ("all on cheapest cloud now", 9.72),
+                                               ("on-prem only", 13.365)]
+        assert page.eval_on_selector_all("#savings td", "ts => ts.map(t => t.textContent)") == [
+            "8.10", "17.20", "9.72", "13.36", "-7.48", "-3.84", "1.00"]  # 13.365 is 13.3649... in binary
+        assert "1 unit(s) left out: a line of unknown cost" in page.text_content("#savings-notes")
         # the token stays out of the URL; it is in this tab's sessionStorage, so a reload shows the figures again
         assert world["admin"] not in page.url
         page.reload()
@@ -135,6 +143,41 @@ def test_admin_sees_every_team_in_real_chromium(world, browser):
         assert len(bars(page, "chart-team")) == 2
         page.click("#forget")
         assert page.evaluate("sessionStorage.length") == 0 and page.is_hidden("#report")
+
+
+@browser_needed
+def test_idle_cost_is_its_own_figure_and_bar(world, pg_store, browser):
+    """On top of the ledger: alpha's instance left running 1 h after its job (an ``idle`` line, 3.06 USD on
+    03-02) and node n1's idle GPUs (an ``idle_amortised`` line, no team, 4 GPU x 1 h x 0.50 = 2.00 USD on 03-05):
+    idle 5.06 USD of 22.26."""
+    from broker.usage import UsageRecord
+
+    a = world["alpha"]
+    t = datetime(2024, 3, 2, 12, tzinfo=UTC)
+    extra = [UsageRecord(job_id="job-idle", attempt=1, rank=0, line="idle", resource="i-idle", team=a, start=t,
+                         end=t.replace(hour=13), provider="aws", region="us-east-1", gpu_type="V100", gpu_count=1,
+                         run_s=3600.0, billed_s=3600.0, list_unit_price_usd=3.06, billed_usd=3.06, energy_kwh=0.046,
+                         carbon_kg=0.0184),
+             UsageRecord(job_id="", attempt=0, rank=0, line="idle_amortised", resource="n1", team="",
+                         start=t.replace(day=5), end=t.replace(day=5, hour=13), provider="onprem", pool="site",
+                         gpu_type="V100", gpu_count=4, run_s=3600.0, billed_s=3600.0, pricing_unit="GPU-Hours",
+                         list_unit_price_usd=0.5, billed_usd=2.0, energy_kwh=0.0, carbon_kg=0.0)]
+    with pg_store.session() as s:
+        assert usage.add_usage(s, extra, NOW) == 2
+    with ServerThread(world["app"]) as srv:
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["admin"],
+                                 "finance-idle.png")
+        assert page.get_attribute("#finance", "data-loaded") == "true", page.text_content("#status")
+        assert errors == []
+        assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)")[:2] == ["22.26", "5.06"]
+        assert bars(page, "chart-line") == [("amortised", 6.0), ("energy", 0.6), ("idle", 3.06),
+                                            ("idle_amortised", 2.0), ("instance", 10.6)]
+        assert ("(unallocated)", 2.0) in bars(page, "chart-team")
+        # a team token sees its own idle line, not the pools'
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["alpha_ro"],
+                                 "finance-idle-team.png")
+        assert errors == []
+        assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)")[:2] == ["13.66", "3.06"]
 
 
 @browser_needed
@@ -153,6 +196,19 @@ def test_a_team_token_sees_its_own_team_only(world, browser):
         assert bars(page, "chart-day-gpu") == [("2024-03-01", 0.1), ("2024-03-02", 4.0)]
         assert points(page) == {(a, "start"): 40.0, (a, "now"): 29.4, (a, "forecast"): 7.14}
         assert b not in page.content()
+
+
+@browser_needed
+def test_a_finance_token_sees_every_team(world, browser):
+    a, b = world["alpha"], world["beta"]
+    with ServerThread(world["app"]) as srv:
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["fin"],
+                                 "finance-finance-token.png")
+        assert page.get_attribute("#finance", "data-loaded") == "true", page.text_content("#status")
+        assert errors == []
+        assert page.text_content("#scope") == "All teams (admin or finance token)."
+        assert bars(page, "chart-team") == [(a, 10.6), (b, 6.6)]
+        assert points(page)[(b, "now")] == 5.0
 
 
 @browser_needed

@@ -39,6 +39,9 @@ GCP_SPOT = CloudOffer(provider="gcp", region="us-central1", zone="us-central1-a"
 AWS_SPOT = CloudOffer(provider="aws", region="us-east-1", zone="use1-az6", instance_type="p3.2xlarge", gpu_type="V100",
                       gpu_count=1, gpu_memory_gb=16, market=Market.spot, usd_per_hour=0.9, carbon_zone="AWS-ZONE",
                       pue=1.15)
+GCP_OD = CloudOffer(provider="gcp", region="us-central1", zone="us-central1-a", instance_type="a2-highgpu-1g",
+                   gpu_type="A100", gpu_count=1, gpu_memory_gb=40, market=Market.on_demand, usd_per_hour=3.6,
+                   carbon_zone="GCP-ZONE", pue=1.1)
 POOL = Pool(name="site", carbon_zone="SITE", price_zone="SITE", pue=1.2, amortised_usd_per_gpu_hour=0.5,
             nodes=(PoolNode(name="n1", gpu_type="V100", gpu_count=4),))
 NY = Pool(name="ny", carbon_zone="NY", price_zone="NY", pue=1.0, amortised_usd_per_gpu_hour=0.5,
@@ -68,7 +71,7 @@ class Signals:
         return self._p.get(zone)
 
 
-def install(carbon=None, price=None, offers=(AWS_OD, GCP_SPOT, AWS_SPOT), pools=(POOL, NY)):
+def install(carbon=None, price=None, offers=(AWS_OD, GCP_SPOT, AWS_SPOT, GCP_OD), pools=(POOL, NY)):
     c = {"AWS-ZONE": hourly("AWS-ZONE", "gCO2e/kWh", {}, 400.0),
          # GCP zone: 300 gCO2e/kWh in hour 10 of DAY0, 500 in hour 11
          "GCP-ZONE": hourly("GCP-ZONE", "gCO2e/kWh", {10: 300.0, 11: 500.0}, 999.0),
@@ -221,6 +224,98 @@ def test_a_spot_attempt_interrupted_and_resumed_meters_both_attempts_once(any_st
     assert rs[0].end <= rs[1].start  # nothing metered twice
     with any_store.session() as s:
         assert s.scalar(select(func.count()).select_from(UsageRow)) == 2
+
+
+def _teardown(store: JobStore, jid: str, attempt: int, at: datetime, ok: bool) -> None:
+    """The teardown's terminate call at ``at`` for every instance of the attempt: ``ok`` deletes them (rows
+    ``terminated``, their usage in the same transaction, as :meth:`CloudBroker.teardown` does), else it failed
+    (rows ``terminating``: the instances still exist)."""
+    from broker.service.store import cloud as instances
+
+    with store.session() as s:
+        for row_id, *_ in instances.live_rows(s, jid, attempt):
+            instances.end_teardown(s, row_id, "terminated" if ok else "terminating", "the attempt ended", at,
+                                   lambda e: False)
+        if ok:
+            lifecycle.record_instance_usage(s, jid, attempt, at)
+
+
+def test_a_stopped_instances_disk_bills_until_the_instance_is_deleted_its_compute_not(any_store):
+    """GCP a2-highgpu-1g on-demand (3.60 USD/h) with the default 200 GiB pd-balanced boot disk, us-central1
+    (the priced region). Created 09:00, running 09:05; at 10:00 the watch finds it stopped: the attempt ends
+    (interrupted), the terminate call fails; the retry deletes it at 13:00."""
+    t0 = DAY0 + timedelta(hours=9)
+    jid = cloud_job(any_store, GCP_OD, t0)
+    with any_store.session() as s:
+        j, att = s.get(Job, jid), repo.attempt_row(s, jid, 1)
+        assert lifecycle.mark_running(s, j, att, t0 + timedelta(minutes=5), "running")
+    stop = t0 + timedelta(hours=1)
+    with any_store.session() as s:  # what CloudBroker.watch does on a 'stopped' instance
+        j, att = s.get(Job, jid), repo.attempt_row(s, jid, 1, lock=True)
+        lifecycle.note_instance_stopped(att, iid(jid, 1, 0), stop)
+        assert lifecycle.requeue_lost(s, j, stop, "instance gone (stopped)", "interrupted", max_attempts=5)
+    _teardown(any_store, jid, 1, stop, ok=False)
+    assert [r.line for r in records(any_store, jid)] == ["instance"]  # the disk bills on: not metered yet
+    _teardown(any_store, jid, 1, t0 + timedelta(hours=4), ok=True)
+    inst, disk = records(any_store, jid)[1], records(any_store, jid)[0]
+    assert [r.line for r in records(any_store, jid)] == ["disk", "instance"]  # no idle line: stopped, no compute
+    # the instance: 09:00-10:00, 3600 s x 3.60 USD/h = 3.60 USD
+    assert (inst.start, inst.end, inst.billed_s, inst.billed_usd) == (t0, stop, 3600.0, pytest.approx(3.6))
+    # the disk: 09:00-13:00 = 14,400 s; 200 GiB x 14,400 / 2,678,400 s (GCP's GiB-month) = 1.0752688 GiB-months
+    # x 0.10 USD = 0.10752688 USD; GB-Months priced, no GPU, no modelled power
+    assert (disk.start, disk.end, disk.run_s, disk.billed_s, disk.pricing_unit, disk.list_unit_price_usd) == (
+        t0, t0 + timedelta(hours=4), 14400.0, 14400.0, "GB-Months", 0.10)
+    assert disk.billed_usd == pytest.approx(200 * 14400 / 2678400 * 0.10, rel=1e-12)
+    assert disk.billed_usd == pytest.approx(0.10752688, abs=1e-8)
+    assert (disk.gpu_count, disk.energy_kwh, disk.carbon_kg, disk.estimated, disk.resource) == (
+        0, 0.0, 0.0, False, iid(jid, 1, 0))
+    # the deletion replayed (the reconciler's next pass) writes nothing more
+    with any_store.session() as s:
+        assert lifecycle.record_instance_usage(s, jid, 1, t0 + timedelta(hours=5)) == 0
+
+
+def test_an_instance_left_running_after_its_job_bills_the_gap_as_an_idle_line(any_store):
+    """AWS p3.2xlarge on-demand (3.06 USD/h), 200 GB gp3 boot disk, us-east-1. Created 09:00, the job runs
+    09:01-10:00 and succeeds; the terminate call fails, the retry deletes the instance at 12:00: two hours
+    billed that no job used."""
+    t0 = DAY0 + timedelta(hours=9)
+    jid = cloud_job(any_store, AWS_OD, t0)
+    end = t0 + timedelta(hours=1)
+    assert run_ranks(any_store, jid, 1, t0 + timedelta(minutes=1), [(0, 0, end)]) == ["succeeded"]
+    _teardown(any_store, jid, 1, end, ok=False)
+    _teardown(any_store, jid, 1, t0 + timedelta(hours=3), ok=True)
+    disk, idle, inst = records(any_store, jid)
+    assert (disk.line, idle.line, inst.line) == ("disk", "idle", "instance")
+    # the job: 09:00-10:00 = 3.06 USD; idle: 10:00-12:00, 7,200 s x 3.06 USD/h = 6.12 USD: together the
+    # instance's bill, 3 h x 3.06 = 9.18 USD
+    assert (inst.end, inst.billed_usd) == (end, pytest.approx(3.06))
+    assert (idle.start, idle.end, idle.run_s, idle.billed_s) == (end, t0 + timedelta(hours=3), 7200.0, 7200.0)
+    assert idle.billed_usd == pytest.approx(6.12, abs=1e-12)
+    assert inst.billed_usd + idle.billed_usd == pytest.approx(3.06 * 3, abs=1e-12)
+    # idle power: V100 idle 40 W x PUE 1.15 = 0.046 kW x 2 h = 0.092 kWh; x 400 gCO2e/kWh = 0.0368 kgCO2e
+    assert (idle.energy_kwh, idle.carbon_kg) == (pytest.approx(0.092), pytest.approx(0.0368))
+    assert (idle.team, idle.job_id, idle.estimated) == ("ml", jid, True)
+    assert idle.estimate_reasons == ("power modelled (1 x V100 idle x PUE 1.15): cloud instances give no energy counter",)
+    # the disk: 09:00-12:00 = 10,800 s in March (31 days = 2,678,400 s): 200 GB x 10,800 / 2,678,400 =
+    # 0.80645161 GB-months x 0.08 USD = 0.06451613 USD
+    assert (disk.start, disk.end, disk.billed_s) == (t0, t0 + timedelta(hours=3), 10800.0)
+    assert disk.billed_usd == pytest.approx(0.0645161290, abs=1e-10)
+
+
+def test_an_instance_no_job_ran_on_is_all_idle(any_store):
+    """An attempt that timed out starting (created 09:00, never running, ended 09:20, deleted 09:20:30): the
+    whole 1,230 s of the instance is idle, 1,230 s x 3.06 USD/h = 1.0455 USD; its disk 1,230 s."""
+    t0 = DAY0 + timedelta(hours=9)
+    jid = cloud_job(any_store, AWS_OD, t0)
+    with any_store.session() as s:
+        j = s.get(Job, jid)
+        assert lifecycle.requeue_lost(s, j, t0 + timedelta(minutes=20), "start deadline", "timed_out", max_attempts=5)
+    assert records(any_store, jid) == []
+    _teardown(any_store, jid, 1, t0 + timedelta(minutes=20, seconds=30), ok=True)
+    disk, idle = records(any_store, jid)
+    assert (idle.line, idle.start, idle.run_s, idle.billed_s) == ("idle", t0, 1230.0, 1230.0)
+    assert idle.billed_usd == pytest.approx(1.0455, abs=1e-12)
+    assert (disk.line, disk.billed_s) == ("disk", 1230.0)
 
 
 # ----------------------------------------------------------------------------- on-prem
@@ -410,8 +505,8 @@ def test_a_usage_record_that_ends_before_it_starts_is_refused_naming_the_fields(
         UsageRecord(**{**base, "billed_usd": float("nan")}, start=DAY0, end=DAY0)
     with pytest.raises(UsageError, match=r"pricing_unit='kWh': an instance line is priced per 'Hours'"):
         UsageRecord(**base, pricing_unit="kWh", start=DAY0, end=DAY0)
-    with pytest.raises(UsageError, match=r"line='disk': not one of"):
-        UsageRecord(**{**base, "line": "disk"}, start=DAY0, end=DAY0)
+    with pytest.raises(UsageError, match=r"line='tape': not one of"):
+        UsageRecord(**{**base, "line": "tape"}, start=DAY0, end=DAY0)
 
 
 def test_an_offer_or_pool_missing_from_the_prices_is_flagged_not_zero(any_store):
@@ -441,11 +536,15 @@ def test_replaying_the_same_instance_report_twice_meters_once(pg_store, settings
     assert tc._report(api, token, **exited).json() == {"outcome": "succeeded"}
     assert tc._report(api, token, **exited).json() == {"outcome": "duplicate"}
     assert tc._report(api, token, **{**exited, "seq": 3}).status_code == 200  # taken, the attempt has ended
-    [r] = records(pg_store, jid)
+    rs = records(pg_store, jid)
+    [r] = [x for x in rs if x.line == "instance"]
     assert (r.line, r.provider, r.market, r.billed_s >= 60.0, r.list_unit_price_usd) == ("instance", "aws", "spot",
                                                                                       True, 0.9)
+    # the teardown deleted the instance: its disk line, and the moments between the attempt's end and the
+    # deletion as an idle line; each once
+    assert sorted(x.line for x in rs) in (["disk", "instance"], ["disk", "idle", "instance"])
     with pg_store.session() as s:
-        assert s.scalar(select(func.count()).select_from(UsageRow)) == 1
+        assert s.scalar(select(func.count()).select_from(UsageRow)) == len(rs)
 
 
 def test_the_ledger_outlives_the_retention_purge_of_its_job(any_store):
@@ -476,7 +575,8 @@ def test_an_onprem_attempt_through_the_node_api_is_metered_from_the_agents_energ
     from broker.service.settings import BrokerSettings
     from broker.service.tokens import create_node_token
 
-    ledger.install(None)  # the process's own prices, as the live broker has them
+    ledger.install(None)  # the process's own prices, as the live broker has them,
+    ledger.prices()  # built before the run is timed (~1-2 s: the live wiring builds them at start-up)
     settings = BrokerSettings(admin_token="admin-secret-for-tests", max_attempts=3)
     c = TestClient(create_app(pg_store, settings))
     tok = {"Authorization": f"Bearer {create_node_token(pg_store, 'n2')}"}

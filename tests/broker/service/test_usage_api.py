@@ -343,3 +343,55 @@ def test_the_sql_sums_equal_the_reference_summarise_on_random_lines(any_store):
                                                         b.unknown_energy_lines, b.unknown_carbon_lines), (by, a.key)
                     for f in ("cost_usd", "gpu_hours", "energy_kwh", "carbon_kg"):
                         assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-9, abs=1e-9), (by, a.key, f)
+
+
+# ----------------------------------------------------------------------------- savings
+@pytest.fixture
+def rates():
+    """Prices for the counterfactuals: A100 on AWS p4d.24xlarge at 32.77 USD/h for 8 GPUs (4.09625 USD/GPU-h)
+    and on GCP a2-highgpu-1g spot at 1.20 USD/h (the cheapest: 1.20 USD/GPU-h); pool "lab" with A100 nodes at
+    1.50 USD/GPU-h amortised."""
+    from broker.model import CloudOffer, Market, Pool, PoolNode
+    from broker.service import ledger as ledger_mod
+
+    offers = (CloudOffer(provider="aws", region="us-east-1", zone="use1-az1", instance_type="p4d.24xlarge",
+                         gpu_type="A100", gpu_count=8, gpu_memory_gb=40, market=Market.on_demand, usd_per_hour=32.77,
+                         carbon_zone="X", pue=1.15),
+              CloudOffer(provider="gcp", region="us-central1", zone="us-central1-a", instance_type="a2-highgpu-1g",
+                         gpu_type="A100", gpu_count=1, gpu_memory_gb=40, market=Market.spot, usd_per_hour=1.2,
+                         carbon_zone="X", pue=1.1))
+    pools = (Pool(name="lab", carbon_zone="GB", price_zone="GB", pue=1.2, amortised_usd_per_gpu_hour=1.5,
+                  nodes=(PoolNode(name="node-1", gpu_type="A100", gpu_count=2),)),)
+    ledger_mod.install(ledger_mod.LedgerPrices.of(offers, pools, None))
+    yield
+    ledger_mod.install(None)
+
+
+def test_savings_against_the_two_counterfactuals_hand_worked(world, rates):
+    """March: units compared = alpha's AWS instance (8 GPU x 45 s = 0.1 GPU-h, 0.60 USD), alpha's GCP instance
+    (4 GPU-h, 10.00 USD), beta's on-prem rank (2 GPU x 2 h = 4 GPU-h, energy 0.60 + amortised 6.00 USD); beta's
+    rank 5 (energy cost unknown) is left out. 8.1 GPU-h, actual 17.20 USD.
+    Cheapest cloud: 8.1 x 1.20 = 9.72 USD. On-prem: 1.50 amortised + the ledger's energy 0.60 USD / 4 GPU-h =
+    0.15 -> 1.65 USD/GPU-h x 8.1 = 13.365 USD."""
+    r = world["c"].get("/v1/usage/savings", params=MARCH, headers=world["admin"])
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["units"], out["not_compared_units"], out["not_compared_gpu_hours"]) == (3, 1, pytest.approx(1.0))
+    assert out["gpu_hours"] == pytest.approx(8.1) and out["actual_usd"] == pytest.approx(17.2)
+    assert out["cheapest_cloud_usd"] == pytest.approx(9.72) and out["onprem_only_usd"] == pytest.approx(13.365)
+    assert out["saved_vs_cheapest_cloud_usd"] == pytest.approx(9.72 - 17.2)
+    assert out["saved_vs_onprem_only_usd"] == pytest.approx(13.365 - 17.2)
+    assert out["cloud_usd_per_gpu_hour"] == {"A100": pytest.approx(1.2)}
+    assert out["onprem_usd_per_gpu_hour"] == {"A100": pytest.approx(1.65)}
+    assert out["reasons"] == ["1 unit(s) left out: a line of unknown cost"]
+    assert out["rate_notes"] == [
+        "A100 cloud: 1.2000 USD/GPU-h, gcp:us-central1-a:a2-highgpu-1g:spot (1.2 USD/h, 1 GPU)",
+        "A100 on-prem: 1.6500 USD/GPU-h = pool lab amortised 1.5 + energy 0.1500 (the ledger's 1 energy line(s), "
+        "4.00 GPU-h)"]
+    # alpha's own: 4.1 GPU-h, 10.60 USD actual; 4.92 on the cheapest cloud; 6.765 on-prem (the same rates)
+    out = world["c"].get("/v1/usage/savings", params=MARCH, headers=world["alpha_ro"]).json()
+    assert (out["team"], out["units"]) == (world["alpha"], 2)
+    assert (out["actual_usd"], out["cheapest_cloud_usd"], out["onprem_only_usd"]) == (
+        pytest.approx(10.6), pytest.approx(4.92), pytest.approx(6.765))
+    r = world["c"].get("/v1/usage/savings", params={**MARCH, "team": world["beta"]}, headers=world["alpha_ro"])
+    assert r.status_code == 403

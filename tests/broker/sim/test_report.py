@@ -149,8 +149,8 @@ def test_write_job_csv_one_row_per_job_with_exact_cells(tmp_path):
 
 # --------------------------------------------------------------------------- chargeback
 def _cb():
-    z = dict(cloud_usd=0.0, onprem_energy_usd=0.0, amortised_usd=0.0, total_usd=0.0, energy_kwh=0.0, carbon_kg=0.0,
-             gpu_hours=0.0, unknown_lines=0)
+    z = dict(cloud_usd=0.0, onprem_energy_usd=0.0, amortised_usd=0.0, total_usd=0.0, idle_usd=0.0, energy_kwh=0.0,
+             carbon_kg=0.0, gpu_hours=0.0, unknown_lines=0)
     return {"vc1": {**z, "cloud_usd": 1200.0, "onprem_energy_usd": 40.0, "amortised_usd": 260.0, "total_usd": 1500.0,
                     "energy_kwh": 800.0, "carbon_kg": 120.0, "gpu_hours": 640.0},
             "vc2<x>": {**z, "onprem_energy_usd": 10.0, "amortised_usd": 490.0, "total_usd": 500.0, "energy_kwh": 200.0,

@@ -305,3 +305,45 @@ def test_a_job_no_offer_ever_takes_ends_unfinished_after_its_deadline():
     assert run.metrics["planner_cycles"] == 7
     assert run.timeline_t_s.tolist() == [T0 + 30] + [T0 + k * H for k in range(1, 7)]
     assert run.metrics["deadline_misses"] == 1
+
+
+# ------------------------------------------------------------------------------------------ --forecast (issue 13)
+def _dip_run(forecast: str, dip_hours: list[int]):
+    """One 1-GPU, 1-h job submitted at day 15 00:00 (deadline +24 h) on a 4-GPU pool; the price is 50 USD/MWh
+    but -400 at ``dip_hours``; carbon flat 300 g/kWh. Energy: 1 x 0.3 kW x PUE 1.2 x 1 h = 0.36 kWh."""
+    from broker.planner.core import PlannerConfig
+    price = [50.0] * (24 * 20)
+    for h in dip_hours:
+        price[h] = -400.0
+    sig = FakeSignals(carbon_values={"PZ": [300.0] * (24 * 20)}, price_values={"PZ": price})
+    tr = make_trace(make_trace_job("a").at(T0 + 360 * H).duration(H).gpus(1).deadline(T0 + 384 * H).build())
+    return simulate(tr, [_pool()], [], sig, "federated", gpus=gpu_table(),
+                    planner_config=PlannerConfig(value_of_time_usd_per_gpu_hour=0.0001),
+                    config=SimulationConfig(forecast=forecast))
+
+
+def test_forecast_regret_of_a_one_off_price_dip_by_hand():
+    # perfect knowledge defers the job to the dip (day 15, 12:00): 0.36 kWh x -400 / 1000 = -0.144 USD
+    perfect = _dip_run("perfect", [372])
+    assert perfect.jobs[0].start_s == T0 + 372 * H and perfect.metrics["cost_usd"] == approx(-0.144)
+    # no forecast model can see a dip that never happened before: the job starts now at 50 USD/MWh = 0.018 USD;
+    # the regret is 0.018 - (-0.144) = 0.162 USD, and 0 kg (carbon is flat)
+    for model in ("naive_day", "naive_week", "blend"):
+        run = _dip_run(model, [372])
+        assert run.jobs[0].start_s == T0 + 360 * H, model
+        assert run.metrics["cost_usd"] - perfect.metrics["cost_usd"] == approx(0.162)
+        assert run.metrics["carbon_kg"] == approx(perfect.metrics["carbon_kg"]) == approx(0.108)
+
+
+def test_a_dip_that_recurs_every_day_is_forecast_and_taken():
+    daily = [24 * d + 12 for d in range(20)]
+    perfect = _dip_run("perfect", daily)
+    for model in ("naive_day", "blend"):
+        run = _dip_run(model, daily)
+        assert run.jobs[0].start_s == perfect.jobs[0].start_s == T0 + 372 * H, model
+        assert run.metrics["cost_usd"] == approx(perfect.metrics["cost_usd"]) == approx(-0.144)
+
+
+def test_forecast_must_be_a_known_model():
+    with pytest.raises(ValueError, match="forecast='arima'"):
+        SimulationConfig(forecast="arima")

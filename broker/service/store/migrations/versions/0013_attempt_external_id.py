@@ -1,15 +1,15 @@
 """attempts on an existing scheduler's pool (issue #14): attempts.external_id (the Slurm job id of the attempt),
 attempts.kind up to 16 characters (onprem | cloud | slurm | kubernetes)
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-01 23:00:00
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0011'
-down_revision = '0010'
+revision = '0013'
+down_revision = '0012'
 branch_labels = None
 depends_on = None
 
