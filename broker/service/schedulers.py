@@ -63,6 +63,9 @@ S = JobState
 #: node states (Slurm's long state, no flag) of a node that runs or can run jobs: its GPUs count in the pool;
 #: others (down, drained, a flag such as ``*`` not responding) are left out of the pool, like a lost agent node
 LIVE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+#: characters of a log the adapter serves (``logs()``) kept as the attempt's log (as :data:`providers.launch.
+#: LOG_TAIL_BYTES` of an output file)
+LOG_TAIL_CHARS = 65536
 #: the most GPUs a pool node holds (``broker.model.PoolNode.gpu_count``'s bound)
 MAX_GPUS_PER_NODE = 16
 
@@ -364,7 +367,13 @@ class SchedulerPools:
             return
         if info.active:  # Slurm requeued it itself: the broker requeues the attempt, this copy goes
             ad.cancel(ext, 0.0)
-        self.keep_log(store, jid, attempt, info.stdout)
+        if hasattr(ad, "logs") and not info.stdout:  # a kind whose adapter serves the log (Kubernetes pods)
+            try:
+                store.append_log(jid, attempt, 0, 0, str(ad.logs(ext))[-LOG_TAIL_CHARS:])
+            except Exception as e:  # noqa: BLE001 - a log the cluster no longer has is not kept
+                log.info("log of %s attempt %d not kept: %s", jid, attempt, e)
+        else:
+            self.keep_log(store, jid, attempt, info.stdout)
         energy = ad.consumed_energy_j(ext) if hasattr(ad, "consumed_energy_j") else None
         ran = bool(info.elapsed_s) or info.state in ("succeeded", "failed")
         for _ in range(3):
