@@ -79,7 +79,8 @@ class PoolView:
     cluster's own GPU type name (what ``--gpus-per-node`` takes); ``releases``: ``(end POSIX s, canonical GPU
     type, GPUs)`` of the running jobs (time limits); ``backlog_gpus``/``backlog_gpu_s``: the cluster's own pending
     jobs (GPUs, GPU-seconds at their time limits); ``skipped``: why GPUs were left out (a GPU type
-    with no power/throughput model, a node with more GPUs of a type than a pool node holds); ``error``: why the cluster could not be read (then nothing else is set).
+    with no power/throughput model, a node with more GPUs of a type than a pool node holds); ``error``: why the
+    cluster could not be read (then nothing else is set).
     """
 
     name: str
@@ -334,8 +335,9 @@ class SchedulerPools:
             with store.session() as s:
                 j = repo.job_row(s, jid)
                 if j is not None and j.attempt == attempt and j.state in ON_NODE_STATES:
-                    out["requeued"] += lifecycle.requeue_lost(s, j, now, f"{label} in pool {name}: the cluster no "
-                                                              "longer knows it", max_attempts=self.settings.max_attempts)
+                    out["requeued"] += lifecycle.requeue_lost(
+                        s, j, now, f"{label} in pool {name}: the cluster no longer knows it",
+                        max_attempts=self.settings.max_attempts)
                     out["changed"] += 1
             return
         if cancel and info.active:

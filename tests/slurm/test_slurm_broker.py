@@ -222,8 +222,8 @@ def test_forgotten_job_is_swept(broker, slurm_cluster):
     # what a broker that crashed after sbatch leaves: a job with our tags and no attempt in the store
     info = ad.submit(SlurmJobRequest(job_id="job-00000000deadbeef", attempt=1, team="vision", command="sleep 60",
                                      gpu_type="a100", gpus_per_node=1, estimate_s=60))
-    other = slurm_cluster.run("sbatch", "--parsable", "-p", "gpu", "-t", "5", "-o", "/dev/null", "--gpus-per-node=a100:1",
-                              "--wrap", "sleep 60").stdout.strip()  # not ours: never touched
+    other = slurm_cluster.run("sbatch", "--parsable", "-p", "gpu", "-t", "5", "-o", "/dev/null",
+                              "--gpus-per-node=a100:1", "--wrap", "sleep 60").stdout.strip()  # not ours: never touched
     try:
         out = rec.run()["schedulers"]
         assert out["swept"] == 1
