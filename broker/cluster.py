@@ -14,6 +14,24 @@ File format (YAML; JSON with the same structure also works, chosen by the
           - {count: 48, gpu_type: V100, gpus_per_node: 8, gpu_memory_gb: 16, name_prefix: "v100-"}
         nodes:                   # and/or explicit nodes (PoolNode fields)
           - {name: odd-1, gpu_type: A100, gpu_count: 4, gpu_memory_gb: 40}
+      - name: hpc                # an existing Slurm cluster (issue #14): its nodes come from the cluster
+        kind: slurm              # agent (default: hosts running `fedbroker serve agent`) | slurm | kubernetes
+        carbon_zone: CA-ON
+        price_zone: CA-ON
+        pue: 1.2
+        amortised_usd_per_gpu_hour: 0.40
+        slurm:                   # the kind's section: providers.slurm.settings_from_mapping's keys
+          partition: gpu
+          rest_url: http://slurm-head:6820   # or leave it out: the CLI (bin_dir, slurm_conf)
+          jwt_file: /etc/fedbroker/slurm.jwt
+          rest_user: fedbroker
+          qos_by_class: {high: urgent}
+          log_dir: /shared/fedbroker/logs
+
+A pool's ``kind`` selects its adapter in :data:`providers.registry.POOL_KINDS`; the section named after the
+kind is checked by the kind's ``settings_from_mapping`` here, so a bad key or value is reported with its path
+(``pools[1].slurm.partition``). A scheduler's pool needs no ``nodes``: the live broker reads them from the
+cluster; nodes given for it serve ``fedbroker simulate`` only.
 
 A node group of ``count`` ``c`` expands to nodes named ``name_prefix`` + a
 zero-padded index ``0 .. c-1`` (``v100-00`` .. ``v100-47``); ``name_prefix``
@@ -39,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import DATA_DIR
 from broker.model import Pool, PoolNode
+from providers.registry import AGENT_KIND, POOL_KINDS, pool_settings
 
 __all__ = ["ClusterError", "NodeGroup", "load_cluster", "parse_cluster", "DEFAULT_CLUSTER_PATH"]
 
@@ -89,6 +108,32 @@ def _wrap(where: str, prefix: str, err: ValidationError) -> ClusterError:
     return ClusterError(f"{where}: " + "; ".join(msgs))
 
 
+def _scheduler_section(raw: dict, where: str, at: str) -> str:
+    """Check pool ``raw``'s ``kind`` and move its scheduler section (the key named after the kind) to
+    ``raw["scheduler"]``, checked by the kind's settings parser. Returns the kind. :class:`ClusterError` naming
+    the field for an unknown kind, a missing section, or a section of another kind."""
+    kind = raw.get("kind", AGENT_KIND)
+    if not isinstance(kind, str) or (kind != AGENT_KIND and kind not in POOL_KINDS):
+        raise ClusterError(f"{where}: {at}.kind: {kind!r} is not one of {', '.join([AGENT_KIND, *POOL_KINDS])}")
+    if "scheduler" in raw:
+        raise ClusterError(f"{where}: {at}.scheduler: not a cluster-file key; give the section as {at}.<kind>")
+    for other in POOL_KINDS:
+        if other != kind and other in raw:
+            raise ClusterError(f"{where}: {at}.{other}: a {other!r} section on a pool of kind {kind!r} "
+                               f"(set {at}.kind: {other})")
+    if kind == AGENT_KIND:
+        return kind
+    section = raw.pop(kind, None)
+    if section is None:
+        raise ClusterError(f"{where}: {at}.{kind}: required for a pool of kind {kind!r} (how to reach the cluster)")
+    try:
+        pool_settings(kind, section, f"{at}.{kind}")
+    except ValueError as e:
+        raise ClusterError(f"{where}: {e}") from None
+    raw["scheduler"] = dict(section)
+    return kind
+
+
 def parse_cluster(data: Any, where: str = "<cluster>") -> list[Pool]:
     """Build pools from already-parsed YAML/JSON ``data`` (``{"pools": [...]}`` or a list).
 
@@ -126,7 +171,8 @@ def parse_cluster(data: Any, where: str = "<cluster>") -> list[Pool]:
             except ValidationError as e:
                 raise _wrap(where, f"{at}.node_groups[{j}]", e) from None
             nodes.extend(grp.expand(pname))
-        if not nodes:
+        kind = _scheduler_section(raw, where, at)
+        if not nodes and kind == AGENT_KIND:
             raise ClusterError(f"{where}: {at}.nodes: pool {pname!r} has no nodes (give nodes and/or node_groups)")
         raw["nodes"] = nodes
         try:

@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from pricing.offers import CloudOffer, Market  # re-exported: the offer model lives with the prices
+from providers.registry import AGENT_KIND, POOL_KINDS
 
 __all__ = [
     "PriorityClass",
@@ -303,7 +304,12 @@ class Pool(BaseModel):
         pue: power usage effectiveness of the site (>= 1).
         amortised_usd_per_gpu_hour: capital + operations cost per GPU-hour, USD.
         timezone: IANA time zone of the site (local wall-clock of its users and traces).
-        nodes: the hosts.
+        nodes: the hosts (of an ``agent`` pool; a scheduler's pool reads its nodes from the cluster itself,
+            and nodes listed for it only serve ``fedbroker simulate``).
+        kind: who runs the pool's jobs: ``"agent"`` (hosts running ``fedbroker serve agent``) or an existing
+            scheduler of :data:`providers.registry.POOL_KINDS` (``"slurm"``, ``"kubernetes"``).
+        scheduler: the scheduler's section of the cluster file (how to reach it; checked by the kind's
+            ``settings_from_mapping`` when the file is loaded); ``None`` for an agent pool.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -316,6 +322,20 @@ class Pool(BaseModel):
     amortised_usd_per_gpu_hour: float = Field(0.5, ge=0)
     timezone: str = "UTC"
     nodes: tuple[PoolNode, ...]
+    kind: str = AGENT_KIND
+    scheduler: dict[str, Any] | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v != AGENT_KIND and v not in POOL_KINDS:
+            raise ValueError(f"kind={v!r}: must be one of {', '.join([AGENT_KIND, *POOL_KINDS])}")
+        return v
+
+    @property
+    def external(self) -> bool:
+        """The pool is an existing scheduler's cluster (not hosts running the broker's node agent)."""
+        return self.kind != AGENT_KIND
 
     @field_validator("timezone")
     @classmethod
@@ -330,7 +350,11 @@ class Pool(BaseModel):
 
     @model_validator(mode="after")
     def _non_empty(self) -> "Pool":
-        if not self.nodes:
+        if self.external and self.scheduler is None:
+            raise ValueError(f"{self.kind}: pool {self.name!r} of kind {self.kind!r} needs its {self.kind!r} section")
+        if not self.external and self.scheduler is not None:
+            raise ValueError(f"scheduler: pool {self.name!r} of kind 'agent' takes no scheduler section")
+        if not self.nodes and not self.external:
             raise ValueError(f"nodes: pool {self.name!r} has no nodes")
         return self
 

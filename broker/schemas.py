@@ -102,6 +102,8 @@ class AttemptView(BaseModel):
     reason: str = ""
     #: cloud attempts: each option tried, in order: ``{"option", "error", "message", "at"}`` (``error`` null = it worked)
     failover: list[dict[str, Any]] = []
+    #: an attempt on an existing scheduler's pool (``kind`` ``slurm``): the cluster's job id (``null`` until submitted)
+    external_id: str | None = None
 
 
 class ExplainView(BaseModel):

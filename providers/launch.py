@@ -68,7 +68,8 @@ from typing import Callable, Iterable
 
 __all__ = ["LaunchSpec", "launch_spec", "job_environment", "process_environment", "docker_argv", "container_name",
            "cloud_init", "pin_image", "default_route_interface", "RENDEZVOUS_PORT", "CONTAINER_CHECKPOINT_DIR",
-           "DEFAULT_CHECKPOINT_ROOT", "PROVIDERS", "RUNTIME_OWNED_ENV", "SAFE_PATH", "base_environment"]
+           "DEFAULT_CHECKPOINT_ROOT", "PROVIDERS", "RUNTIME_OWNED_ENV", "SAFE_PATH", "base_environment",
+           "PER_NODE_ENV", "scheduler_environment"]
 
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default); the same as ``workers.agent.RENDEZVOUS_PORT``
 RENDEZVOUS_PORT = 29500
@@ -249,6 +250,19 @@ def process_environment(ls: LaunchSpec) -> dict[str, str]:
     env = {k: v for k, v in job_environment(ls).items() if k not in RUNTIME_OWNED_ENV}
     env["CHECKPOINT_DIR"] = ls.checkpoint_dir
     return env
+
+
+#: keys whose value differs per node of a gang: an existing scheduler's job (one batch script for every node of the
+#: allocation, ``providers.slurm``) sets them on each node itself (rank from ``SLURM_NODEID``, master from the
+#: allocation's first node)
+PER_NODE_ENV = ("NODE_RANK", "MASTER_ADDR", "PET_NODE_RANK", "PET_MASTER_ADDR", "FEDBROKER_RANK")
+
+
+def scheduler_environment(ls: LaunchSpec) -> dict[str, str]:
+    """:func:`process_environment` (the job runs on the scheduler's hosts, no container: ``CHECKPOINT_DIR`` is the
+    host directory) less :data:`PER_NODE_ENV`, which the scheduler's job script sets on each node. ``ls.rank`` and
+    ``ls.master_addr`` are not used."""
+    return {k: v for k, v in process_environment(ls).items() if k not in PER_NODE_ENV}
 
 
 def base_environment(home: str) -> dict[str, str]:

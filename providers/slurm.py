@@ -22,9 +22,11 @@ Submit (one ``sbatch`` per job attempt; a multi-node gang is one Slurm job)::
                                itself is reported ``interrupted`` and cancel/sweep still act on it)
     --output                   settings.log_dir/fedbroker-%j.out (a directory the compute nodes can write)
 
-The batch script exports the job environment (``env``) and, for every job, ``MASTER_ADDR`` (the first node of
-the allocation), ``MASTER_PORT`` (29500, ``providers.launch.RENDEZVOUS_PORT``), ``NNODES``; a gang runs its
-command once per node through ``srun`` with ``NODE_RANK``/``FEDBROKER_RANK`` = ``SLURM_NODEID``.
+The batch script exports the job environment (``env``: the broker passes :func:`providers.launch.
+scheduler_environment`, the environment of every runtime less what differs per node) and, for every job,
+``MASTER_ADDR``/``PET_MASTER_ADDR`` (the first node of the allocation), ``MASTER_PORT`` (29500,
+``providers.launch.RENDEZVOUS_PORT``), ``NNODES``; a gang runs its command once per node through ``srun`` with
+``NODE_RANK``/``PET_NODE_RANK``/``FEDBROKER_RANK`` = ``SLURM_NODEID``.
 
 State mapping (Slurm job state -> the broker's lifecycle state, ``broker.states.JobState`` values)::
 
@@ -394,26 +396,50 @@ class SlurmPool:
         """GPU type -> GPUs asked for by the partition's pending jobs that are not this broker's (the cluster's own
         queue ahead of a job the broker would send): nodes x GPUs per node of each job (``squeue -t PENDING``;
         REST: ``GET jobs``). A job whose GPUs are not per node (``--gpus``, ``--gres`` per task) is left out."""
-        rows: list[tuple[str, str, str]] = []  # (nodes, tres per node, comment)
+        return {t: g for t, (g, _) in self.pending_work().items()}
+
+    def pending_work(self) -> dict[str, tuple[int, float]]:
+        """GPU type -> ``(GPUs, GPU-seconds)`` of :meth:`backlog`'s jobs: the GPU-seconds at each job's time limit
+        (the most it can hold them; a job without a limit adds its GPUs and no GPU-seconds). One request."""
+        rows: list[tuple[str, str, str, float | None]] = []  # (nodes, tres per node, comment, time limit s)
         if self.settings.rest_url:
             for j in self._rest("GET", "jobs").get("jobs") or []:
                 if j.get("job_state") == "PENDING" and self.settings.partition in str(j.get("partition", "")).split(","):
+                    lim = j.get("time_limit")
                     rows.append((str(j.get("node_count") or 1), str(j.get("tres_per_node") or ""),
-                                 str(j.get("comment") or "")))
+                                 str(j.get("comment") or ""), float(lim) * 60 if isinstance(lim, int) else None))
         else:
-            r = self._run("squeue", "-h", "-a", "-p", self.settings.partition, "-t", "PENDING", "-o", "%D|%b|%k")
+            r = self._run("squeue", "-h", "-a", "-p", self.settings.partition, "-t", "PENDING", "-o", "%D|%b|%l|%k")
             for line in r.stdout.splitlines():
-                f = line.split("|", 2)
-                if len(f) == 3:
-                    rows.append((f[0], f[1], f[2]))
-        out: dict[str, int] = {}
-        for nodes, tres, comment in rows:
+                f = line.split("|", 3)
+                if len(f) == 4:
+                    rows.append((f[0], f[1], f[3], _duration_s(f[2])))
+        out: dict[str, tuple[int, float]] = {}
+        for nodes, tres, comment, limit_s in rows:
             if parse_tags(comment).get(MANAGED_TAG) == self.settings.broker_id:
                 continue
             n = int(nodes) if nodes.strip().isdigit() else 1
             for typ, cnt in parse_gres(tres.replace("gres:", "").replace("gres/", "")).items():
-                out[typ] = out.get(typ, 0) + n * cnt
+                g, gs = out.get(typ, (0, 0.0))
+                out[typ] = (g + n * cnt, gs + n * cnt * (limit_s or 0.0))
         return out
+
+    def consumed_energy_j(self, slurm_job_id: str) -> float | None:
+        """The energy the cluster accounted for the job, J (``sacct`` ``ConsumedEnergyRaw``: the nodes' energy as its
+        ``AcctGatherEnergyType`` plugin measures it); ``None`` when the cluster keeps no accounting, the plugin
+        records nothing (0) or the client is missing. Never raises for those."""
+        if not str(slurm_job_id).isdigit():
+            raise ValueError(f"slurm_job_id={slurm_job_id!r}: must be a Slurm job id (digits)")
+        try:
+            r = self._run("sacct", "-X", "-n", "-P", "-j", str(slurm_job_id), "--format=JobID,ConsumedEnergyRaw",
+                          check=False)
+        except SchedulerUnavailable:
+            return None
+        for line in r.stdout.splitlines():
+            f = line.split("|")
+            if r.returncode == 0 and len(f) >= 2 and f[0] == str(slurm_job_id) and f[1].strip().isdigit():
+                return float(f[1]) if int(f[1]) > 0 else None
+        return None
 
     def release_profile(self) -> list[tuple[datetime, str, int]]:
         """``(end, gpu_type, gpus)`` for every running job of the partition, soonest first: when its GPUs come back
@@ -451,12 +477,14 @@ class SlurmPool:
             f"export FEDBROKER_JOB_ID={shlex.quote(req.job_id)} FEDBROKER_ATTEMPT={req.attempt}",
             'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             f"export MASTER_PORT={RENDEZVOUS_PORT} NNODES={req.nodes}",
+            'export PET_MASTER_ADDR="$MASTER_ADDR"',
         ]
         if req.nodes == 1:
-            lines.append("export NODE_RANK=0 FEDBROKER_RANK=0")
+            lines.append("export NODE_RANK=0 FEDBROKER_RANK=0 PET_NODE_RANK=0")
             lines.append(f"exec bash -c {shlex.quote(req.command)}")
         else:
-            inner = f'export NODE_RANK="$SLURM_NODEID" FEDBROKER_RANK="$SLURM_NODEID"; {req.command}'
+            inner = ('export NODE_RANK="$SLURM_NODEID" FEDBROKER_RANK="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID"; '
+                     f'{req.command}')
             lines.append(f"exec srun --kill-on-bad-exit=1 --nodes={req.nodes} --ntasks-per-node=1 "
                          f"bash -c {shlex.quote(inner)}")
         return "\n".join(lines) + "\n"

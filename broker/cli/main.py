@@ -13,6 +13,7 @@ Commands:
   cheapest and cleanest first, with $/hour, total $, kWh and kgCO2e over the run.
 * ``fedbroker cost reconcile`` — the usage ledger against a provider's bill or a pool's meter
   (:mod:`broker.cli.cost`).
+* ``fedbroker pools`` — the cluster file's pools: kind, health, free GPUs by type (:mod:`broker.cli.pools`).
 
 Bad arguments exit with status 2 and a message naming the option and value.
 """
@@ -490,6 +491,7 @@ from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
 from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
 from broker.cli.cost import register as _register_cost; _register_cost(app)
 from broker.cli.budgets import register as _register_budgets; _register_budgets(app)
+from broker.cli.pools import register as _register_pools; _register_pools(app)
 from broker.cli.signals import register as _register_signals; _register_signals(app)
 
 

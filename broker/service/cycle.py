@@ -12,7 +12,9 @@ in the transactions this module opens.
    window (:func:`broker.planner.windows.best_start`); ``deferred`` jobs whose ``not_before``
    has come are ``queued`` again; waiting jobs past their ``not_after`` fail. At most
    ``settings.intake_per_cycle`` jobs a cycle, round-robin across teams (:meth:`PlanningCycle.intake`).
-2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat), each budgeted team's remaining
+2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat; a scheduler pool's nodes, free GPUs,
+   running jobs' releases and own queue ahead from its cluster: :meth:`broker.service.schedulers.SchedulerPools.read`,
+   before the store is read), each budgeted team's remaining
    cloud budget (``cap - spent - committed``, :func:`broker.service.budgets.planner_budgets`, which also
    raises a team's soft alert once a month) as ``PlannerConfig.team_budget_usd``, queued
    jobs and the jobs holding GPUs, turned into the planner's :class:`Snapshot`
@@ -27,7 +29,9 @@ in the transactions this module opens.
    twice), nothing is applied. Each decision is a compare-and-set on the job's
    version, so a job cancelled meanwhile is left alone.
 5. **Dispatch** (after commit): ``dispatch(job_id, attempt)`` for every job sent to a cloud
-   (``provisioning``). On-prem placements need none: node agents poll the node API.
+   (``provisioning``). On-prem placements need none: node agents poll the node API. A job placed on an existing
+   scheduler's pool (``kind: slurm``) is submitted to its cluster (:meth:`broker.service.schedulers.
+   SchedulerPools.submit`).
 6. **Notes** (after commit, only if applied): decisions that hold nothing — ``wait`` (the
    pool, review time, record and reason) and the reason of a job given no decision — are
    written in batches of ``settings.intake_batch``, one bulk ``UPDATE`` each, skipping rows
@@ -92,7 +96,8 @@ class _Waiting(NamedTuple):
 @dataclass
 class CycleResult:
     """What one cycle did. ``stale``: the plan was dropped because another cycle applied first;
-    ``intake_capped``: intake took ``settings.intake_per_cycle`` jobs and left more for the next cycle."""
+    ``intake_capped``: intake took ``settings.intake_per_cycle`` jobs and left more for the next cycle;
+    ``submitted``: ``(job, attempt)`` -> what submitting it to its scheduler pool did."""
 
     applied: bool = False
     stale: bool = False
@@ -101,6 +106,7 @@ class CycleResult:
     decisions: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
     dispatched: list[tuple[str, int]] = field(default_factory=list)
+    submitted: dict[tuple[str, int], str] = field(default_factory=dict)
     plan_s: float = 0.0
     total_s: float = 0.0
 
@@ -163,11 +169,14 @@ class PlanningCycle:
         settings: :class:`broker.service.settings.BrokerSettings` (deadlines, heartbeat timeouts).
         dispatch: called after commit with ``(job_id, attempt)`` for each job sent to provisioning.
         leader: a name for this planner, recorded with the fence.
+        schedulers: the pools of existing schedulers (:class:`broker.service.schedulers.SchedulerPools`), or None.
     """
 
     def __init__(self, store: JobStore, env: LiveEnvironment, settings, dispatch: Callable[[str, int], None] | None = None,
-                 leader: str = "planner", cloud=None):
+                 leader: str = "planner", cloud=None, schedulers=None):
         self.store = store
+        self.schedulers = schedulers
+        self._views: dict = {}  # pool name -> this cycle's PoolView of a scheduler pool
         self.env = env
         self.settings = settings
         self.dispatch = dispatch
@@ -206,6 +215,8 @@ class PlanningCycle:
         res.intake_capped = self.intake_capped
         version = self.store.planner_version()
         self._bad = []
+        self._views = self.schedulers.read() if self.schedulers else {}
+        self._submit: list[tuple[str, int]] = []
         with self.store.session() as s:
             snap_parts = self._read(s, now)
         self._fail_bad(now)
@@ -234,6 +245,7 @@ class PlanningCycle:
                     raise
                 log.warning("applying %d decisions failed (%s: %s); applying them again one by one",
                             len(decisions), type(e).__name__, e)
+                self._submit = []
                 continue
             res.dispatched, res.kinds, res.applied = dispatched, kinds, True
             break
@@ -244,6 +256,12 @@ class PlanningCycle:
                 except Exception:  # the reconciler re-dispatches starting jobs
                     log.exception("dispatch of %s attempt %d failed; the reconciler will retry", job_id, attempt)
         if res.applied:
+            for job_id, attempt in self._submit:  # a failed submit is tried again by the reconciler's watch
+                try:
+                    res.submitted[(job_id, attempt)] = self.schedulers.submit(self.store, job_id, attempt)
+                except Exception:
+                    log.exception("submit of %s attempt %d to its scheduler pool failed; the reconciler retries",
+                                  job_id, attempt)
             self._write_notes(notes, now)
         res.total_s = time.perf_counter() - t0
         return res
@@ -525,7 +543,8 @@ class PlanningCycle:
     def _read(self, s, now: datetime):
         now_s = now.timestamp()
         self._now_s = now_s
-        nodes = self.live_nodes(s, now)
+        views = self._views
+        nodes = self.live_nodes(s, now) + [n for v in views.values() for n in v.nodes]
         pools = self.env.pools_for(nodes)
         remaining, states = planner_budgets(s, now)  # also with no job waiting: the soft alert is raised
         self._capped = {st.team: st for st in states if st.capped}
@@ -547,6 +566,7 @@ class PlanningCycle:
                 self._running_job(j, now_s, ctx, pools, pool_index, node_pos, used, running)
             except Exception as e:  # a job holding GPUs is not failed for this (logged once); the others go on
                 self._log_failure(j.id, "snapshot (running job)", e, failed=False)
+        self._scheduler_releases(views, pools, pool_index, live, now_s, running)
         free = []
         for p in pools:
             arr = np.zeros(len(p.nodes), dtype=np.int64)
@@ -589,8 +609,8 @@ class PlanningCycle:
             for pj in group:
                 self._pending_by_id[pj.job_id] = pj
         snap = Snapshot(now_s=now_s, pending=pending, free=free, running=running, queued=dict(queued),
-                        offer_available=avail, team_usage=usage,
-                        healthy=[None] * len(pools))
+                        queued_demand=self._queue_ahead(views, pool_index, queued), offer_available=avail,
+                        team_usage=usage, healthy=[None] * len(pools))
         nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
         return snap, ctx, jobs, nodes_by_pool, used
 
@@ -626,9 +646,70 @@ class PlanningCycle:
         self._waiting = keep
         return out
 
+    @staticmethod
+    def _scheduler_releases(views, pools, pool_index, live, now_s: float, running: list) -> None:
+        """Each scheduler pool's running jobs as :class:`RunningJob` s holding their GPUs until their time limit
+        (``PoolView.releases``), so the planner knows when the pool's GPUs come back. The scheduler does not say
+        which node a release frees by type here: each is laid on the nodes of its GPU type that have GPUs in use,
+        in node order (the pool's totals are exact; which node frees first is an approximation). Not preemptible;
+        the broker's own running jobs there are among them (their store rows add nothing: :meth:`_running_job`)."""
+        for v in views.values():
+            p = pool_index.get(v.name)
+            if p is None or not v.releases:
+                continue
+            nodes = pools[p].nodes
+            busy = [nd.gpu_count - len(live[nd.name].healthy) for nd in nodes]
+            for i, (end_s, gtype, gpus) in enumerate(sorted(v.releases)):
+                alloc = []
+                for k, nd in enumerate(nodes):
+                    if gpus <= 0:
+                        break
+                    if nd.gpu_type == gtype and busy[k] > 0:
+                        take = min(busy[k], gpus)
+                        busy[k] -= take
+                        gpus -= take
+                        alloc.append((k, take))
+                if alloc:
+                    running.append(RunningJob(job_id=f"{v.kind}:{v.name}:{i}", pool=p, allocation=alloc,
+                                              expected_end_s=max(end_s, now_s + 1.0), started_s=now_s, priority=1 << 30,
+                                              preemptible=False, team=f"{v.kind}:{v.name}"))
+
+    @staticmethod
+    def _queue_ahead(views, pool_index, queued) -> dict | None:
+        """The planner's ``queued_demand`` (pool -> ``[GPUs, GPU-seconds]``) when a scheduler pool has its own
+        queue: the committed jobs of ``queued`` (as the planner counts them) plus the cluster's pending jobs that
+        are not the broker's (``PoolView.backlog_gpus``/``backlog_gpu_s``), which compete for the same GPUs.
+        ``None`` (the planner counts ``queued`` itself) when no scheduler pool has a queue."""
+        ahead = [(pool_index[v.name], v) for v in views.values()
+                 if v.name in pool_index and (v.backlog_gpus or v.backlog_gpu_s)]
+        if not ahead:
+            return None
+        qd: dict[int, list[float]] = {}
+        for group in queued.values():
+            for pj in group:
+                if pj.committed_pool is not None:
+                    acc = qd.setdefault(pj.committed_pool, [0.0, 0.0])
+                    acc[0] += pj.gpus
+                    acc[1] += pj.gpus * pj.work_s
+        for p, v in ahead:
+            acc = qd.setdefault(p, [0.0, 0.0])
+            acc[0] += v.backlog_gpus
+            acc[1] += v.backlog_gpu_s
+        return qd
+
     def _running_job(self, j: Job, now_s: float, ctx, pools, pool_index, node_pos, used, running: list) -> None:
-        """Adds active job ``j``'s GPUs to ``used`` and, when on-prem, its :class:`RunningJob` to ``running``."""
+        """Adds active job ``j``'s GPUs to ``used`` and, when on-prem, its :class:`RunningJob` to ``running``.
+        A job on a scheduler pool holds GPUs here only while ``starting`` (submitted, maybe not yet allocated
+        by the cluster: counted against the free GPUs its cluster reports; once it runs there, the cluster's own
+        count and release profile have it)."""
         pl = j.placement or {}
+        if pl.get("pool") in self._views:
+            if j.state == S.starting.value:
+                for part in pl.get("nodes", []):
+                    held = used[part["node"]]
+                    k = len(held)
+                    held.update(range(k, k + len(part["gpus"])))
+            return
         if pl.get("kind") != "onprem":
             return
         alloc = []
@@ -763,12 +844,19 @@ class PlanningCycle:
             gtype = nodes[d.allocation[0][0]][1].gpu_type
             placement = {"kind": "onprem", "pool": d.pool, "gpu_type": gtype, "nodes": parts}
             where = ", ".join(f"{p['node']} GPUs {p['gpus']}" for p in parts)
+            view = self._views.get(d.pool)
+            if view is not None:  # an existing scheduler's pool: it picks the nodes; submitted after commit
+                placement.update(kind=view.kind, scheduler_gpu_type=view.gres[parts[0]["node"]])
+                where = (f"{len(parts)} node(s) x {len(parts[0]['gpus'])} {gtype}, submitted to its {view.kind} "
+                         f"cluster (planned on {', '.join(p['node'] for p in parts)})")
             if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value,
                             f"placed on pool {d.pool}: {where} (attempt {attempt})", now,
                             placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
                             state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
                             committed_pool=None, review_at=None):
-                planning_rows.add_onprem_attempt(s, j.id, attempt, d.pool, parts, gtype, now)
+                planning_rows.add_onprem_attempt(s, j.id, attempt, d.pool, parts, gtype, now, kind=placement["kind"])
+                if view is not None:
+                    self._submit.append((j.id, attempt))
         elif kind == DecisionKind.provision:
             offer = ctx.offers[d.offer_index]
             note = self.env.cloud_price_note(offer, self._now_s) if hasattr(self.env, "cloud_price_note") else None

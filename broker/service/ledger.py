@@ -24,6 +24,11 @@ What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules
   (:func:`~broker.planner.costs.onprem_cost` with the counter's mean power); where a GPU has no counter,
   the mean of its sampled power at the two readings (flagged), else the modelled power (flagged);
   ``line="amortised"``: GPUs x hours x the pool's amortised USD/GPU-h, its own line.
+* an existing scheduler's pool (``attempt.kind`` a pool kind: ``slurm``), one job for all its nodes: the same
+  ``energy`` and ``amortised`` lines, over the run the scheduler reports (``elapsed_s``, else the attempt's
+  start to its end), with the energy the scheduler accounted (Slurm ``sacct`` ``ConsumedEnergyRaw``, J) where it
+  has it, else the modelled power of its GPUs (flagged), x the pool's PUE; ``resource`` is ``slurm:<job id>``.
+  The adapter's figures are kept on the attempt (``attempt.meter["scheduler"]``) by the watch that ends it.
 * kgCO2e is **location-based**: the grid zone's average hourly intensity, not market-based contracts.
 * A missing hour of price or carbon inside a window is interpolated from the nearest hours within
   :data:`FILL_HOURS` (flagged); farther than that, or outside the series, the figure is ``None`` with
@@ -242,6 +247,8 @@ def meter_attempt(s, att, job, now: datetime, p: LedgerPrices) -> list[UsageReco
                 project=((job.spec or {}).get("project") if job is not None else None))
     if att.kind == "cloud":
         return _meter_cloud(s, att, end, base, p)
+    if att.kind != "onprem":
+        return _meter_scheduler(att, end, base, p)
     return _meter_onprem(s, att, end, base, p)
 
 
@@ -463,6 +470,58 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
                                billed_usd=float(c.amortised_usd), energy_kwh=0.0, carbon_kg=0.0,
                                estimated=bool(awhy), estimate_reasons=tuple(awhy)))
     return out
+
+
+def _meter_scheduler(att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
+    """The ``energy`` and ``amortised`` lines of an attempt run by an existing scheduler (the module docstring)."""
+    if att.started_at is None:  # it never left the scheduler's queue: nothing ran
+        return []
+    m = (att.meter or {}).get("scheduler") or {}
+    stop, run_s, why = _window(att.started_at, end)
+    if isinstance(m.get("elapsed_s"), (int, float)) and m["elapsed_s"] >= 0:
+        run_s = float(m["elapsed_s"])  # the scheduler's own clock of the run
+    else:
+        why.append("no elapsed time from the scheduler; metered from the attempt's start to its end")
+    gpu_type = att.gpu_type or "unknown"
+    pool = p.pools.get(att.pool or "")
+    common = dict(base, rank=0, resource=f"{att.kind}:{att.external_id or '?'}", start=att.started_at, end=stop,
+                  provider="onprem", pool=att.pool, gpu_type=gpu_type, gpu_count=int(att.gpus), run_s=run_s,
+                  billed_s=run_s)
+    if pool is None:
+        why.append(f"pool {att.pool!r} not in the cluster file: no PUE, tariff, carbon zone or $/GPU-h")
+        return [UsageRecord(**common, line=line, pricing_unit=PRICING_UNITS[line], list_unit_price_usd=None,
+                            billed_usd=None, energy_kwh=None if line == "energy" else 0.0,
+                            carbon_kg=None if line == "energy" else 0.0, estimated=True, estimate_reasons=tuple(why))
+                for line in ("energy", "amortised")]
+    joules = m.get("consumed_energy_j")
+    ewhy = list(why)
+    if isinstance(joules, (int, float)) and joules > 0 and run_s > 0:
+        it_kw = joules / run_s / 1000.0  # J / s -> W -> kW, the nodes' mean power as the scheduler accounted it
+    else:
+        try:
+            it_kw = int(att.gpus) * gpu_power_w(gpu_type) / 1000.0
+            ewhy.append(f"the scheduler accounted no energy (ConsumedEnergy); modelled {att.gpus} x {gpu_type} power")
+        except ValueError:
+            it_kw = math.nan
+            ewhy.append(f"the scheduler accounted no energy and {gpu_type!r} has no power model")
+    t0, t1 = att.started_at.timestamp(), att.started_at.timestamp() + run_s
+    tariff, twhy = window_integral(_price(p, pool.price_zone, att.started_at), t0, t1, "electricity price")
+    ci, cwhy = window_integral(_carbon(p, pool.carbon_zone, att.started_at), t0, t1, "carbon intensity")
+    c = onprem_cost(run_s, gpus=int(att.gpus), kw=it_kw * pool.pue, usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
+                    tariff_integral=tariff if tariff is not None else math.nan,
+                    carbon_integral=ci if ci is not None else math.nan)
+    ewhy += twhy + cwhy
+    known = math.isfinite(it_kw)
+    mean_tariff = (tariff / (run_s / _H) / 1000.0) if tariff is not None and run_s > 0 else None
+    return [UsageRecord(**common, line="energy", pricing_unit=PRICING_UNITS["energy"], region=pool.price_zone,
+                        list_unit_price_usd=mean_tariff,
+                        billed_usd=float(c.energy_usd) if tariff is not None and known else None,
+                        energy_kwh=float(c.energy_kwh) if known else None,
+                        carbon_kg=float(c.carbon_kg) if ci is not None and known else None,
+                        estimated=bool(ewhy), estimate_reasons=tuple(ewhy)),
+            UsageRecord(**common, line="amortised", pricing_unit=PRICING_UNITS["amortised"], region=pool.price_zone,
+                        list_unit_price_usd=pool.amortised_usd_per_gpu_hour, billed_usd=float(c.amortised_usd),
+                        energy_kwh=0.0, carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why))]
 
 
 # ----------------------------------------------------------------------------- idle on-prem GPUs

@@ -15,7 +15,10 @@ instances through :mod:`broker.service.cloud.reports`, the reconciler and the cl
 * :func:`requeue_lost` — the attempt ends without an outcome from its ranks (node lost, instance gone,
   launch failed, a deadline passed): the job goes back to the queue keeping its checkpointed work
   (:func:`checkpointed_work_s`), or fails after ``max_attempts``;
-* :func:`cancel_attempt` — the attempt is stopped by the broker for a cancel.
+* :func:`cancel_attempt` — the attempt is stopped by the broker for a cancel;
+* :func:`scheduler_ended` — an existing scheduler (a Slurm pool) says the attempt's job ended: succeeded,
+  failed (exit code, time limit, ...), cancelled (by the broker, or in the cluster by its admin: the job
+  fails with the cluster's reason), or interrupted (node failure, preemption: requeued).
 
 Every ended attempt goes through :func:`close_attempt`, which calls :func:`record_usage` once per
 attempt in the transaction that ends it: the one place the finance ledger (issue #12,
@@ -40,7 +43,7 @@ from broker.states import JobState
 
 __all__ = ["Place", "RankEnd", "STOP_REASONS", "checkpointed_work_s", "requeue_lost", "mark_running", "rank_ended",
            "end_attempt", "cancel_attempt", "close_attempt", "record_usage", "record_instance_usage",
-           "note_instance_stopped"]
+           "note_instance_stopped", "scheduler_ended"]
 
 S = JobState
 #: ``jobs.stop_reason`` values that stop an attempt for reasons not its own -> the requeue's reason. An attempt
@@ -60,11 +63,18 @@ class Place:
     cloud: bool
     where: str
     host: str = ""
+    stopped: str = ""
 
     @classmethod
     def node(cls, rank: int, node: str) -> "Place":
         """Rank ``rank`` on on-prem node ``node``."""
         return cls(False, f"rank {rank} on {node}", node)
+
+    @classmethod
+    def scheduler(cls, where: str, stopped: str) -> "Place":
+        """A job of an existing scheduler (``where``: ``"Slurm job 123 on a001"``), stopped by ``stopped``
+        (``"scancel: SIGTERM, then kill after the grace"``): like a cloud rank, the broker stops it itself."""
+        return cls(True, where, stopped=stopped)
 
     @classmethod
     def instance(cls, where: str) -> "Place":
@@ -81,7 +91,7 @@ class Place:
 
     def stopped_text(self) -> str:
         """What the broker did to stop a cancelled attempt's ranks."""
-        return "instances terminated" if self.cloud else "process stopped"
+        return self.stopped or ("instances terminated" if self.cloud else "process stopped")
 
 
 @dataclass
@@ -285,3 +295,39 @@ def cancel_attempt(s, j: Job, now: datetime, place: Place) -> bool:
     close_attempt(s, repo.attempt_row(s, j.id, j.attempt), now, "cancelled", "cancelled by user")
     return JobStore.cas(s, j.id, j.version, j.state, S.cancelled.value,
                         f"cancelled by user; {place.stopped_text()}", now, finished_at=now)
+
+
+def scheduler_ended(s, j: Job, att: Attempt, now: datetime, outcome: str, code: int | None, why: str, place: Place,
+                    *, ran: bool, max_attempts: int | None) -> tuple[bool, str]:
+    """Inside ``s``: an existing scheduler says job ``j``'s current attempt ``att`` ended (``j`` is ``starting`` or
+    ``running``). ``outcome``: the adapter's lifecycle state (``"succeeded"``, ``"failed"``, ``"cancelled"``,
+    ``"interrupted"``); ``code`` the exit code (``None`` if none); ``why`` the scheduler's reason sentence
+    (:attr:`providers.slurm.SlurmJobInfo.reason`); ``ran``: the job ran (a job that ended from the queue did not:
+    its attempt gets no start). Then:
+
+    * a cancel was requested: the attempt ends ``cancelled``, the job ``cancelled`` (:func:`cancel_attempt`);
+    * ``interrupted`` (node failure, preemption, requeued by the scheduler): requeued from its checkpoint
+      (:func:`requeue_lost`, counted against ``max_attempts``);
+    * ``cancelled`` in the cluster (its admin or the job's owner, not the broker): the job fails with the reason;
+    * ``succeeded``: the job succeeds with exit code 0 (:func:`end_attempt`);
+    * ``failed``: the job fails with the exit code and the reason (a time limit ends with code 0 and signal 15:
+      still a failure).
+
+    Returns ``(applied, outcome)`` with ``outcome`` one of ``"cancelled"``, ``"requeued"``, ``"failed"``,
+    ``"succeeded"``; ``applied`` False when a compare-and-set lost a race (read the job again)."""
+    if ran and j.state == S.starting.value:
+        if not mark_running(s, j, att, now, f"running: {place.where}"):
+            return False, "retry"
+    if j.cancel_requested:
+        return cancel_attempt(s, j, now, place), "cancelled"
+    att.reason = f"{place.where}: {why}"
+    if outcome == "interrupted":
+        close_attempt(s, att, now, "interrupted", exit_code=code, final=True)
+        return requeue_lost(s, j, now, f"{place.where}: {why}", "interrupted", max_attempts=max_attempts), "requeued"
+    if outcome == "succeeded" and j.state == S.running.value:
+        exits = {str(r): 0 for r in range(len((j.placement or {}).get("nodes", [])) or 1)}
+        att.rank_exits = exits
+        return end_attempt(s, j, att, now, 0, exits, place, max_attempts=max_attempts)
+    close_attempt(s, att, now, "cancelled" if outcome == "cancelled" else "failed", exit_code=code, final=True)
+    return JobStore.cas(s, j.id, j.version, j.state, S.failed.value, f"{why} ({place.where})", now,
+                        finished_at=now, exit_code=code), "failed"

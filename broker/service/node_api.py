@@ -117,7 +117,9 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
             from broker.cluster import load_cluster
             from broker.service.live import LIVE_CLUSTER_PATH
 
-            pools.update(p.name for p in load_cluster(getattr(settings, "cluster", None) or LIVE_CLUSTER_PATH))
+            # agent pools only: a pool of an existing scheduler (kind: slurm) gets its nodes from its cluster
+            pools.update(p.name for p in load_cluster(getattr(settings, "cluster", None) or LIVE_CLUSTER_PATH)
+                         if not p.external)
         return pools
 
     def caller(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> str:
@@ -164,7 +166,7 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
     def heartbeat(body: NodeHeartbeat, node: Node) -> dict:
         """Register or refresh the caller's node with its healthy GPUs and telemetry."""
         if body.pool not in known_pools():
-            raise HTTPException(422, f"pool={body.pool!r}: not an on-prem pool of the cluster file "
+            raise HTTPException(422, f"pool={body.pool!r}: not an agent pool of the cluster file "
                                      f"(known: {', '.join(sorted(known_pools()))})")
         store.heartbeat(node, body.pool, body.gpu_type, body.gpu_count, body.gpu_memory_gb, body.healthy_gpus,
                         body.agent_id, telemetry=body.telemetry)

@@ -12,6 +12,9 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
 3. **State deadlines**: ``starting`` past ``starting_deadline_s`` (cloud: ``cloud.start_deadline_s``)
    and ``provisioning`` past ``provisioning_deadline_s`` go back to ``queued`` with the reason;
    a ``provisioning`` job whose provision message was lost is sent again after 5 minutes.
+3a. **Scheduler pools** (when :class:`broker.service.schedulers.SchedulerPools` are given): one poll per
+   pool follows every job placed there, ends, cancels, requeues and sweeps (:meth:`SchedulerPools.watch`); their
+   ``starting`` deadline is checked there (the job must also be cancelled in its cluster), not in step 3.
 3b. **Cloud attempts** (when a :class:`broker.service.cloud.CloudBroker` is given): cancels, instances gone
    (spot reclaimed), instances of dead attempts, the orphan sweep (:meth:`CloudBroker.watch`).
 4. **Recurring runs**: every due schedule creates its job, with the idempotency key
@@ -61,8 +64,10 @@ class Reconciler:
         dispatch: ``dispatch(job_id, attempt)`` to re-send a provisioning job's message.
     """
 
-    def __init__(self, store: JobStore, settings, dispatch: Callable[[str, int], None] | None = None, cloud=None):
+    def __init__(self, store: JobStore, settings, dispatch: Callable[[str, int], None] | None = None, cloud=None,
+                 schedulers=None):
         self.store = store
+        self.schedulers = schedulers
         self.settings = settings
         self.dispatch = dispatch
         self.cloud = cloud
@@ -77,6 +82,14 @@ class Reconciler:
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0}
         self._lost_nodes(now, out)
         self._deadlines(now, out)
+        if self.schedulers:
+            try:
+                got = self.schedulers.watch(self.store, now)
+            except Exception:  # a cluster outage must not stop the rest of the pass
+                log.exception("scheduler pools' watch failed; next pass tries again")
+            else:
+                out["schedulers"] = got
+                out["requeued"] += got.get("changed", 0)
         if self.cloud is not None:
             try:
                 got = self.cloud.watch(now)
@@ -158,6 +171,8 @@ class Reconciler:
         with self.store.session() as s:
             rows = repo.jobs_in_states(s, [S.starting.value, S.provisioning.value])
             for j in rows:
+                if (j.placement or {}).get("kind") not in ("onprem", "cloud"):
+                    continue  # a scheduler pool's job: SchedulerPools.watch (its cluster must cancel it too)
                 cloud = (j.placement or {}).get("kind") == "cloud"
                 if j.state_deadline_at is not None and j.state_deadline_at < now:
                     limit = (self.settings.provisioning_deadline_s if j.state == S.provisioning.value

@@ -55,7 +55,7 @@ class Services:
     An API process only ever touches ``redis`` (to wake the planner), so it never loads the
     offer catalog and grid signals the planning environment needs."""
 
-    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud", "signal_cache")
+    _BUILDERS = ("settings", "store", "redis", "env", "cycle", "reconciler", "cloud", "signal_cache", "schedulers")
 
     def __init__(self):
         self._lock = threading.RLock()
@@ -105,12 +105,24 @@ class Services:
 
         leader = f"{socket.gethostname()}:{os.getpid()}"
         return PlanningCycle(self.store, self.env, self.settings, dispatch=send_provision, leader=leader,
-                             cloud=self.cloud)
+                             cloud=self.cloud, schedulers=self.schedulers)
 
     def _build_reconciler(self):
         from broker.service.reconciler import Reconciler
 
-        return Reconciler(self.store, self.settings, dispatch=send_provision, cloud=self.cloud)
+        return Reconciler(self.store, self.settings, dispatch=send_provision, cloud=self.cloud,
+                          schedulers=self.schedulers)
+
+    def _build_schedulers(self):
+        """The pools of existing schedulers in the cluster file (``kind: slurm``), or ``None`` when it has none.
+        Read from the cluster file itself, not the planning environment: a process that only reconciles never
+        loads the offer catalog and grid signals for it."""
+        from broker.cluster import load_cluster
+        from broker.service.live import LIVE_CLUSTER_PATH
+        from broker.service.schedulers import SchedulerPools
+
+        pools = SchedulerPools(load_cluster(self.settings.cluster or LIVE_CLUSTER_PATH), self.settings)
+        return pools if pools else None
 
     def _build_cloud(self):
         """The cloud broker (provisioning fails over in the planning environment's offers), or ``None`` when no

@@ -95,3 +95,41 @@ def test_missing_file_and_empty(tmp_path):
     with pytest.raises(ClusterError, match="pools"):
         parse_cluster({"pools": []}, "x.yaml")
     assert issubclass(ClusterError, ValueError)
+
+
+# ----------------------------------------------------------------------------- pools of an existing scheduler
+_SITE = {"name": "hpc", "carbon_zone": "CA-ON", "price_zone": "CA-ON", "pue": 1.2, "amortised_usd_per_gpu_hour": 0.4}
+
+
+def test_slurm_pool_keeps_site_parameters_and_its_section(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("pools:\n  - name: hpc\n    kind: slurm\n    carbon_zone: CA-ON\n    price_zone: CA-ON\n"
+                 "    pue: 1.2\n    amortised_usd_per_gpu_hour: 0.4\n"
+                 "    slurm: {partition: gpu, slurm_conf: /etc/slurm/slurm.conf, qos_by_class: {high: urgent}}\n"
+                 "  - name: local\n    carbon_zone: CA-ON\n    price_zone: CA-ON\n"
+                 "    nodes: [{name: n1, gpu_type: V100, gpu_count: 4}]\n")
+    hpc, local = load_cluster(f)
+    assert (hpc.kind, hpc.external, hpc.nodes, hpc.pue, hpc.amortised_usd_per_gpu_hour) == ("slurm", True, (), 1.2, 0.4)
+    assert hpc.scheduler == {"partition": "gpu", "slurm_conf": "/etc/slurm/slurm.conf", "qos_by_class": {"high": "urgent"}}
+    assert (local.kind, local.external, local.scheduler) == ("agent", False, None)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"kind": "slurm"}, "pools[0].slurm: required for a pool of kind 'slurm'"),
+    ({"kind": "pbs", "slurm": {}}, "pools[0].kind: 'pbs' is not one of agent, slurm, kubernetes"),
+    ({"kind": "slurm", "slurm": {"partiton": "gpu"}}, "pools[0].slurm: unknown key(s) ['partiton']"),
+    ({"kind": "slurm", "slurm": {"partition": "a b"}}, "pools[0].slurm: partition='a b': must be 1-64 of"),
+    ({"kind": "slurm", "slurm": {"term_grace_s": "30"}}, "pools[0].slurm.term_grace_s='30': must be a number"),
+    ({"kind": "slurm", "slurm": {"rest_url": "http://h:6820"}}, "rest_url is set: jwt_file and rest_user are required"),
+    ({"slurm": {"partition": "gpu"}}, "pools[0].slurm: a 'slurm' section on a pool of kind 'agent' (set pools[0].kind: slurm)"),
+    ({"kind": "slurm", "slurm": {}, "scheduler": {}}, "pools[0].scheduler: not a cluster-file key"),
+])
+def test_bad_scheduler_pool_names_the_field(extra, message):
+    with pytest.raises(ClusterError) as e:
+        parse_cluster([{**_SITE, **extra}], "c.yaml")
+    assert str(e.value).startswith("c.yaml: ") and message in str(e.value), str(e.value)
+
+
+def test_agent_pool_still_needs_nodes():
+    with pytest.raises(ClusterError, match=r"pools\[0\].nodes: pool 'hpc' has no nodes"):
+        parse_cluster([_SITE], "c.yaml")

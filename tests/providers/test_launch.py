@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from broker.model import JobSpec
 from providers.launch import (RENDEZVOUS_PORT, LaunchSpec, cloud_init, default_route_interface, docker_argv,
-                              job_environment, launch_spec, pin_image, process_environment)
+                              job_environment, launch_spec, pin_image, process_environment, scheduler_environment)
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = f"ghcr.io/fedbroker/nccl-train@{DIGEST}"
@@ -84,6 +84,14 @@ def test_process_environment_leaves_runtime_keys_to_the_runtime():
     assert env["CHECKPOINT_DIR"] == f"/srv/ckpt/ml/{JOB}"
     assert {k: v for k, v in env.items() if k != "CHECKPOINT_DIR"} == {
         k: v for k, v in job_environment(ls).items() if not k.startswith("FEDBROKER_") and k != "CHECKPOINT_DIR"}
+
+
+def test_scheduler_environment_leaves_per_node_keys_to_the_scheduler_s_script():
+    ls = launch_spec(spec(), JOB, 2, 0, 2, "localhost", checkpoint_root="/srv/ckpt")
+    assert scheduler_environment(ls) == {
+        "NNODES": "2", "GPUS_PER_NODE": "2", "WORLD_SIZE": "4", "MASTER_PORT": "29500",
+        "PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "29500", "PET_RDZV_ID": f"{JOB}-2",
+        "CHECKPOINT_DIR": f"/srv/ckpt/ml/{JOB}", "NCCL_DEBUG": "WARN"}
 
 
 def test_docker_argv_is_exact():

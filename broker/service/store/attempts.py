@@ -5,6 +5,7 @@ decides the transaction; job state moves themselves stay :meth:`JobStore.cas` / 
 
 * attempts — :func:`job_row`, :func:`reload`, :func:`attempt_row`, :func:`add_attempt`, :func:`bump_with_event`;
 * node work — :func:`onprem_work_rows` (what :func:`broker.service.attempts.node_work` lists);
+* scheduler pools — :func:`scheduler_attempts`, :func:`set_external_id`;
 * reconciler — :func:`jobs_in_states`, :func:`mark_silent_nodes_lost`, :func:`lost_node_names`,
   :func:`due_schedules`, :func:`pause_schedule`, :func:`advance_schedule`, :func:`purge_finished`.
 """
@@ -21,6 +22,7 @@ from broker.service.store.core import JobStore
 from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule
 
 __all__ = ["job_row", "reload", "attempt_row", "add_attempt", "bump_with_event", "onprem_work_rows", "jobs_in_states",
+           "scheduler_attempts", "set_external_id",
            "mark_silent_nodes_lost", "lost_node_names", "due_schedules", "pause_schedule", "advance_schedule",
            "purge_finished"]
 
@@ -81,6 +83,33 @@ def onprem_work_rows(s: Session, node: str, states: Sequence[str]) -> tuple[list
     ended = {(a.job_id, a.number): dict(a.rank_exits or {}) for a in s.execute(
         select(Attempt.job_id, Attempt.number, Attempt.rank_exits).where(Attempt.job_id.in_(ids))).all()}
     return mine, specs, ended
+
+
+# ---------------------------------------------------------------------- scheduler pools
+def scheduler_attempts(s: Session, kinds: Iterable[str], states: Iterable[str]) -> list[tuple[Any, str | None]]:
+    """Inside ``s``: every job in ``states`` placed on a pool of one of ``kinds`` (``placement["kind"]``), as rows of
+    (``id``, ``attempt``, ``state``, ``placement``, ``cancel_requested``, ``state_deadline_at``, ``dispatched_at``),
+    each with its current attempt's ``external_id`` (``None``: not submitted, or no attempt), ordered by job id.
+    Two narrow queries (no specs, no ORM objects): the jobs by ``jobs.state`` with the placement filter in Python,
+    then the attempts' ids of those jobs."""
+    kinds = set(kinds)
+    jobs = [j for j in s.execute(select(Job.id, Job.attempt, Job.state, Job.placement, Job.cancel_requested,
+                                        Job.state_deadline_at, Job.dispatched_at)
+                                 .where(Job.state.in_(list(states))).order_by(Job.id)).all()
+            if (j.placement or {}).get("kind") in kinds]
+    if not jobs:
+        return []
+    ext = {(a.job_id, a.number): a.external_id for a in s.execute(
+        select(Attempt.job_id, Attempt.number, Attempt.external_id).where(Attempt.job_id.in_([j.id for j in jobs])))}
+    return [(j, ext.get((j.id, j.attempt))) for j in jobs]
+
+
+def set_external_id(s: Session, job_id: str, number: int, external_id: str) -> bool:
+    """Inside ``s``: record ``external_id`` (the scheduler's job id) on attempt ``number`` of ``job_id`` unless it
+    already has one. Returns whether written."""
+    return bool(s.execute(update(Attempt).where(Attempt.job_id == job_id, Attempt.number == number,
+                                                Attempt.external_id.is_(None))
+                          .values(external_id=external_id)).rowcount)
 
 
 # ---------------------------------------------------------------------- reconciler

@@ -585,7 +585,7 @@ class JobStore:
             return [AttemptView(number=a.number, kind=a.kind, pool=a.pool, offer_id=a.offer_id, nodes=a.nodes,
                                 gpu_type=a.gpu_type, gpus=a.gpus, created_at=a.created_at, started_at=a.started_at,
                                 ended_at=a.ended_at, exit_code=a.exit_code, outcome=a.outcome, reason=a.reason,
-                                failover=a.failover or [])
+                                failover=a.failover or [], external_id=a.external_id)
                     for a in rows]
 
     def decision(self, job_id: str) -> dict | None:

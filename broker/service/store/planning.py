@@ -141,10 +141,11 @@ def flag(s: Session, j: Job, now: datetime, event_reason: str, **fields) -> bool
 
 
 def add_onprem_attempt(s: Session, job_id: str, number: int, pool: str, nodes: list[dict], gpu_type: str,
-                       now: datetime) -> None:
+                       now: datetime, kind: str = "onprem") -> None:
     """Inside ``s``: record attempt ``number`` of ``job_id`` placed on on-prem ``pool``; ``nodes`` is the
-    placement's ``[{"node", "gpus", "rank"}]`` (its GPU count is the attempt's ``gpus``); created at ``now``."""
-    s.add(Attempt(job_id=job_id, number=number, kind="onprem", pool=pool, offer_id=None, nodes=nodes,
+    placement's ``[{"node", "gpus", "rank"}]`` (its GPU count is the attempt's ``gpus``); created at ``now``.
+    ``kind``: ``"onprem"`` (node agents), or the pool kind of an existing scheduler's pool (``"slurm"``)."""
+    s.add(Attempt(job_id=job_id, number=number, kind=kind, pool=pool, offer_id=None, nodes=nodes,
                   gpu_type=gpu_type, gpus=sum(len(p["gpus"]) for p in nodes), created_at=now,
                   rank_exits={}, reason=""))
 

@@ -169,7 +169,9 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(8))  # onprem | cloud
+    kind: Mapped[str] = mapped_column(String(16))  # onprem | cloud | a pool kind (slurm, kubernetes)
+    #: the attempt's job in an existing scheduler (the Slurm job id); ``None`` until submitted, and for other kinds
+    external_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     pool: Mapped[str | None] = mapped_column(String(63))
     offer_id: Mapped[str | None] = mapped_column(String(200))
     #: [{"node": name, "gpus": [indices], "rank": r}]

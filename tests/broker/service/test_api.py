@@ -457,6 +457,7 @@ def test_openapi_lists_paths(client):
                                  "/v1/schedules/{schedule_id}/resume", "/v1/instances/report",
                                  "/v1/tokens", "/v1/tokens/{token_id}/revoke", "/v1/tokens/{token_id}/rotate",
                                  "/v1/audit", "/v1/budgets", "/v1/budgets/{team}", "/v1/usage/summary", "/v1/usage/focus",
+                                 "/v1/usage/savings",
                                  "/v1/node/config", "/v1/node/heartbeat", "/v1/node/work",
                                  *(f"/v1/node/attempts/{{job_id}}/{{attempt}}/{{rank}}/{r}"
                                    for r in ("running", "ended", "launch-failed", "gone", "logs"))}

@@ -626,3 +626,51 @@ def test_counter_readings_far_from_the_runs_edges_give_the_mean_power_over_the_r
     assert energy.energy_kwh == pytest.approx(0.24) and energy.billed_usd == pytest.approx(0.048)
     assert energy.estimated and energy.estimate_reasons == (
         "GPU 0: counter read over 5400 s of the 3600-s run; scaled to the run",)
+
+
+# ----------------------------------------------------------------------------- attempts on a Slurm pool
+def _slurm_attempt(meter: dict | None, gpus: int = 2, pool: str = "site"):
+    from types import SimpleNamespace
+
+    start = DAY0 + timedelta(hours=2)
+    return SimpleNamespace(kind="slurm", job_id="job-00000000000000aa", number=1, pool=pool, gpu_type="V100",
+                           gpus=gpus, external_id="4242", started_at=start, ended_at=start + timedelta(seconds=3700),
+                           meter={"scheduler": meter} if meter is not None else None, rank_exits={}, nodes=[])
+
+
+def test_slurm_attempt_metered_from_the_clusters_elapsed_and_consumed_energy():
+    from types import SimpleNamespace
+
+    att = _slurm_attempt({"job_id": "4242", "elapsed_s": 3600.0, "consumed_energy_j": 3.6e6})
+    amort, energy = sorted(ledger.meter_attempt(None, att, SimpleNamespace(team="vision", spec={}), att.ended_at,
+                                                ledger.prices()), key=lambda r: r.line)
+    # 3.6 MJ over Slurm's 3600 s: 1 kW of IT power x PUE 1.2 = 1.2 kWh at 50 USD/MWh and 100 gCO2e/kWh
+    assert (energy.line, energy.resource, energy.provider, energy.pool, energy.run_s, energy.gpu_count) == (
+        "energy", "slurm:4242", "onprem", "site", 3600.0, 2)
+    assert energy.energy_kwh == pytest.approx(1.2)
+    assert energy.billed_usd == pytest.approx(0.06)
+    assert energy.carbon_kg == pytest.approx(0.12)
+    assert (energy.estimated, energy.estimate_reasons) == (False, ())
+    # 2 GPUs x 1 h x 0.5 USD/GPU-h
+    assert (amort.line, amort.billed_usd, amort.energy_kwh, amort.estimated) == ("amortised", pytest.approx(1.0), 0.0,
+                                                                                 False)
+
+
+def test_slurm_attempt_without_accounting_is_modelled_and_flagged():
+    from types import SimpleNamespace
+
+    from pricing.power import gpu_power_w
+
+    att = _slurm_attempt({"job_id": "4242", "elapsed_s": None, "consumed_energy_j": None}, gpus=1)
+    amort, energy = sorted(ledger.meter_attempt(None, att, SimpleNamespace(team="vision", spec={}), att.ended_at,
+                                                ledger.prices()), key=lambda r: r.line)
+    kwh = gpu_power_w("V100") / 1000 * 1.2 * 3700 / 3600  # the attempt's own 3700 s, modelled V100 power x PUE
+    assert energy.run_s == 3700.0 and energy.energy_kwh == pytest.approx(kwh)
+    assert energy.estimate_reasons == (
+        "no elapsed time from the scheduler; metered from the attempt's start to its end",
+        "the scheduler accounted no energy (ConsumedEnergy); modelled 1 x V100 power")
+    assert amort.estimated and amort.billed_usd == pytest.approx(3700 / 3600 * 0.5)
+    unknown = _slurm_attempt({"elapsed_s": 10.0}, pool="nowhere")
+    lines = ledger.meter_attempt(None, unknown, SimpleNamespace(team="v", spec={}), unknown.ended_at, ledger.prices())
+    assert [(r.line, r.billed_usd, r.energy_kwh) for r in lines] == [("energy", None, None), ("amortised", None, 0.0)]
+    assert "pool 'nowhere' not in the cluster file" in lines[0].estimate_reasons[-1]

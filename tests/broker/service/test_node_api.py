@@ -104,7 +104,7 @@ def test_team_admin_and_missing_tokens_are_refused_by_node_routes(pg_store, rig)
 def test_bad_node_reports_are_422_naming_the_field(pg_store, rig):
     c, tok, jid, _ = rig
     r = c.post("/v1/node/heartbeat", json=hb(1, [0], pool="nowhere"), headers=tok["n2"])
-    assert r.status_code == 422 and r.json()["detail"].startswith("pool='nowhere': not an on-prem pool")
+    assert r.status_code == 422 and r.json()["detail"].startswith("pool='nowhere': not an agent pool")
     r = c.post(f"/v1/node/attempts/{jid}/1/0/ended", json={"exit_code": 1, "lost": True}, headers=tok["n2"])
     assert r.status_code == 422 and "exit_code=1, lost=True" in r.json()["detail"]
     r = c.post(f"/v1/node/attempts/{jid}/1/0/logs", json={"seq": -1, "text": ""}, headers=tok["n2"])
@@ -259,3 +259,19 @@ def test_work_long_poll_answers_a_change_at_once_and_304_when_none(pg_store, rig
     assert resp.status_code == 304 and waited >= 5.0
     r = c.get("/v1/node/work?wait_s=11", headers=tok["n2"])
     assert r.status_code == 422 and "wait_s" in r.text
+
+
+def test_an_agent_cannot_join_a_slurm_pool(pg_store, tmp_path):
+    """A pool of an existing scheduler gets its nodes from its cluster: a node agent heartbeating into it is refused."""
+    import json
+
+    f = tmp_path / "cluster.json"
+    f.write_text(json.dumps({"pools": [
+        {"name": "hpc", "kind": "slurm", "carbon_zone": "CA-ON", "price_zone": "CA-ON", "slurm": {"partition": "gpu"}},
+        {"name": "local", "carbon_zone": "CA-ON", "price_zone": "CA-ON",
+         "nodes": [{"name": "n1", "gpu_type": "V100", "gpu_count": 1}]}]}))
+    c = TestClient(create_app(pg_store, BrokerSettings(admin_token=ADMIN, cluster=f)))
+    tok = {"Authorization": f"Bearer {create_node_token(pg_store, 'n1')}"}
+    r = c.post("/v1/node/heartbeat", json=hb(1, [0], pool="hpc"), headers=tok)
+    assert (r.status_code, r.json()["detail"]) == (422, "pool='hpc': not an agent pool of the cluster file (known: local)")
+    assert c.post("/v1/node/heartbeat", json=hb(1, [0]), headers=tok).json() == {"node": "n1"}

@@ -1,0 +1,60 @@
+"""``fedbroker pools``: the pools of the cluster file, each with its kind, health and free GPUs by type.
+
+::
+
+    fedbroker pools [--config SETTINGS.yaml] [--json]
+
+Agent pools (hosts running ``fedbroker serve agent``) are read from the job store (its nodes' heartbeats);
+pools of an existing scheduler (``kind: slurm``) from their cluster, through their adapter: ``health`` is
+``reachable`` or the typed error (``SchedulerUnavailable: ...``), ``backlog`` the GPUs the cluster's own pending
+jobs ask for (:func:`broker.service.schedulers.pools_status`). Exits 2 for a bad settings or cluster file,
+1 when the job store cannot be used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from broker.cli.console import JsonOpt, current_console, echo_json, fail
+
+__all__ = ["register", "pools"]
+
+
+def _gpus(d: dict) -> str:
+    return ", ".join(f"{v} {k}" for k, v in d.items()) or "-"
+
+
+def pools(config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG)."),
+          as_json: bool = JsonOpt) -> None:
+    """List the pools of the cluster file: kind, health, free GPUs by type."""
+    from broker.cli.jobs import direct_store
+    from broker.cluster import ClusterError, load_cluster
+    from broker.service.live import LIVE_CLUSTER_PATH
+    from broker.service.schedulers import pools_status
+
+    with direct_store(config) as (settings, store):
+        try:
+            cluster = load_cluster(settings.cluster or LIVE_CLUSTER_PATH)
+        except ClusterError as e:
+            fail(str(e), 2)
+        rows = pools_status(cluster, settings, store)
+    if as_json:
+        echo_json(rows)
+        return
+    tab = Table(title=f"{len(rows)} pool(s)")
+    for col in ("pool", "kind", "health", "free GPUs", "total GPUs", "nodes", "backlog GPUs"):
+        tab.add_column(col)
+    for r in rows:
+        tab.add_row(escape(r["name"]), r["kind"], escape(r["health"]), _gpus(r["free_gpus"]), _gpus(r["total_gpus"]),
+                    str(r["nodes"]), str(r["backlog_gpus"]) if "backlog_gpus" in r else "-")
+    current_console().print(tab)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``pools`` to the ``fedbroker`` CLI."""
+    app.command("pools")(pools)

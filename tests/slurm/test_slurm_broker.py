@@ -1,0 +1,374 @@
+"""A Slurm pool of the live broker (issue #14): the planning cycle places jobs on a real local Slurm 22.05
+(tests/slurm/cluster.py), the reconciler's watch follows them, all on a real PostgreSQL store."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from broker.model import JobSpec
+from broker.service import ledger
+from broker.service.cycle import PlanningCycle
+from broker.service.live import LiveEnvironment
+from broker.service.reconciler import Reconciler
+from broker.service.schedulers import SchedulerPools
+from broker.service.settings import BrokerSettings
+from broker.service.store import usage as usage_rows
+from broker.service.store.core import JobStore
+from pricing.power import gpu_power_w, gpu_spec
+from providers.slurm import SlurmJobRequest
+from tests.conftest import PG_URL
+
+BROKER_ID = "b-live"
+
+
+@pytest.fixture(scope="module", params=["cli", "rest"])
+def cluster_file(request, slurm_cluster, tmp_path_factory):
+    """A cluster file with one Slurm pool ``hpc`` (the local cluster) in Ontario: on the CLI path, then on the
+    slurmrestd (REST + JWT) path: every test runs on both."""
+    d = tmp_path_factory.mktemp("cluster")
+    f = d / "cluster.json"
+    rest = dict(rest_url=slurm_cluster.rest_url, jwt_file=str(slurm_cluster.jwt_file), rest_user="root")
+    f.write_text(json.dumps({"pools": [{
+        "name": "hpc", "kind": "slurm", "site": "local Slurm", "carbon_zone": "CA-ON", "price_zone": "CA-ON",
+        "pue": 1.2, "amortised_usd_per_gpu_hour": 0.4,
+        "slurm": {"partition": "gpu", "broker_id": BROKER_ID, "log_dir": str(slurm_cluster.root / "jobs"),
+                  "slurm_conf": str(slurm_cluster.conf), "term_grace_s": 1.0,
+                  **(rest if request.param == "rest" else {})}}]}))
+    return f
+
+
+@pytest.fixture(scope="module")
+def env(cluster_file):
+    """The planning environment of the cluster file; the ledger prices with it (as the live wiring installs)."""
+    e = LiveEnvironment(BrokerSettings().planner, cluster_file)
+    ledger.install(ledger.LedgerPrices.from_environment(e))
+    yield e
+    ledger.install(None)
+
+
+@pytest.fixture
+def broker(env, cluster_file):
+    """``(store, cycle, reconciler, pools)`` on a fresh PostgreSQL schema; every job of this broker left in the
+    cluster is cancelled afterwards."""
+    store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+    store.migrate()
+    st = BrokerSettings(cluster=cluster_file, max_attempts=3)
+    pools = SchedulerPools(env.site_pools.values(), st)
+    cycle = PlanningCycle(store, env, st, dispatch=lambda j, a: None, schedulers=pools)
+    rec = Reconciler(store, st, schedulers=pools)
+    yield store, cycle, rec, pools
+    ad = pools.adapter("hpc")
+    for info in ad.list_managed():
+        ad.cancel(info.slurm_job_id, grace_s=0)
+    store.drop_schema()
+
+
+def _spec(command: str, **kw) -> JobSpec:
+    kw.setdefault("estimated_duration_s", 60.0)
+    kw.setdefault("gpu_types", ["A100"])
+    return JobSpec(command=["bash", "-c", command], **kw)
+
+
+def _until(store, rec, job_id, states, timeout_s=40.0):
+    """Reconciler passes until the job is in one of ``states``; returns the job."""
+    end = time.monotonic() + timeout_s
+    while True:
+        rec.run()
+        j = store.get(job_id)
+        if j.state in states or time.monotonic() > end:
+            return j
+        time.sleep(0.2)
+
+
+def _ext(store, job_id, attempt=1):
+    [a] = [a for a in store.attempts(job_id) if a.number == attempt]
+    return a.external_id
+
+
+def _row(store, job_id, attempt=1) -> dict:
+    """The attempt's stored ``meter`` and ``rank_exits``."""
+    with store.session() as s:
+        a = JobStore.attempt_row(s, job_id, attempt)
+        return {"meter": a.meter, "rank_exits": a.rank_exits}
+
+
+def test_one_gpu_job_placed_by_the_planner_runs_to_succeeded_with_its_log_and_usage(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec('sleep 2; echo "rank=$NODE_RANK nnodes=$NNODES world=$WORLD_SIZE '
+                                          'attempt=$FEDBROKER_ATTEMPT"'))
+    res = cycle.run()
+    assert res.kinds == {"start": 1}
+    [(key, what)] = res.submitted.items()
+    assert key == (job.id, 1) and what.startswith("submitted ")
+    sid = what.split()[1]
+    assert _ext(store, job.id) == sid
+    j = store.get(job.id)
+    assert (j.state, j.placement["kind"], j.placement["pool"], j.placement["scheduler_gpu_type"]) == (
+        "starting", "slurm", "hpc", "a100")
+    done = _until(store, rec, job.id, {"succeeded", "failed"})
+    assert (done.state, done.exit_code, done.reason) == ("succeeded", 0, "exit code 0")
+    assert Path(slurm_cluster.root / "jobs" / f"fedbroker-{sid}.out").read_text() == (
+        "rank=0 nnodes=1 world=1 attempt=1\n")
+    assert store.log_chunks(job.id, 1) == [(0, "rank=0 nnodes=1 world=1 attempt=1\n")]  # fedbroker logs
+    [att] = store.attempts(job.id)
+    assert (att.kind, att.outcome, att.exit_code, att.pool, att.gpu_type, att.gpus) == (
+        "slurm", "succeeded", 0, "hpc", "A100", 1)
+    meter = _row(store, job.id)["meter"]["scheduler"]
+    assert meter["job_id"] == sid and meter["consumed_energy_j"] is None
+    with store.session() as s:
+        recs = usage_rows.usage_rows(s, job.id)
+    assert [(r.line, r.resource, r.provider, r.pool, r.gpu_count) for r in recs] == [
+        ("amortised", f"slurm:{sid}", "onprem", "hpc", 1), ("energy", f"slurm:{sid}", "onprem", "hpc", 1)]
+    amort, energy = recs
+    run_s = meter["elapsed_s"]
+    assert 2.0 <= run_s <= 10.0  # Slurm's RunTime of the job (whole seconds)
+    assert amort.run_s == run_s and amort.billed_usd == pytest.approx(1 * run_s / 3600 * 0.4)
+    # no accounting in the test cluster: modelled power of one A100 x PUE 1.2, flagged
+    assert energy.energy_kwh == pytest.approx(gpu_power_w("A100") / 1000 * 1.2 * run_s / 3600)
+    assert energy.estimated and "the scheduler accounted no energy (ConsumedEnergy); modelled 1 x A100 power" in \
+        energy.estimate_reasons
+
+
+def test_two_node_gang_runs_to_succeeded_once_per_node(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec('echo "rank=$NODE_RANK of $NNODES master=$MASTER_ADDR '
+                                          'pet=$PET_NODE_RANK/$PET_NNODES"', nodes=2))
+    res = cycle.run()
+    assert res.kinds == {"start": 1}
+    sid = _ext(store, job.id)
+    assert len(store.get(job.id).placement["nodes"]) == 2
+    done = _until(store, rec, job.id, {"succeeded", "failed"})
+    assert (done.state, done.exit_code) == ("succeeded", 0)
+    lines = sorted(Path(slurm_cluster.root / "jobs" / f"fedbroker-{sid}.out").read_text().splitlines())
+    master = lines[0].split("master=")[1].split()[0]
+    assert lines == [f"rank=0 of 2 master={master} pet=0/2", f"rank=1 of 2 master={master} pet=1/2"]
+    assert master.startswith("a00")
+    assert _row(store, job.id)["rank_exits"] == {"0": 0, "1": 0}
+
+
+def test_failing_job_fails_with_its_exit_code(broker):
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec("exit 3"))
+    cycle.run()
+    sid = _ext(store, job.id)
+    done = _until(store, rec, job.id, {"succeeded", "failed"})
+    assert (done.state, done.exit_code) == ("failed", 3)
+    assert done.reason == f"exited with code 3 (Slurm job {sid} on a001)"
+
+
+def test_cancel_stops_a_running_job(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec("sleep 60"))
+    cycle.run()
+    sid = _ext(store, job.id)
+    assert _until(store, rec, job.id, {"running"}).state == "running"
+    store.request_cancel(job.id)
+    done = _until(store, rec, job.id, {"cancelled", "failed", "succeeded"})
+    assert (done.state, done.reason) == ("cancelled", "cancelled by user; scancel: SIGTERM, then kill after the grace")
+    info = pools.adapter("hpc").describe(sid)
+    assert (info.state, info.reason, info.slurm_active) == ("cancelled", "cancelled by the broker", False)
+    assert store.attempts(job.id)[0].outcome == "cancelled"
+
+
+def test_job_killed_by_the_cluster_admin_is_reported_with_the_reason(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec("sleep 60"))
+    cycle.run()
+    sid = _ext(store, job.id)
+    assert _until(store, rec, job.id, {"running"}).state == "running"
+    slurm_cluster.run("scancel", sid)
+    done = _until(store, rec, job.id, {"failed", "cancelled", "succeeded"})
+    assert done.state == "failed"
+    assert done.reason.startswith("cancelled in the cluster, not by the broker (scancel by an administrator or the "
+                                  "job's owner; signal ")
+    assert done.reason.endswith(f"(Slurm job {sid} on a001)")
+    assert store.attempts(job.id)[0].outcome == "cancelled"
+
+
+def test_node_down_mid_run_requeues_the_attempt(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec("sleep 60", gpu_types=["H100"], checkpoint_interval_s=1.0))
+    cycle.run()
+    sid = _ext(store, job.id)
+    assert _until(store, rec, job.id, {"running"}).state == "running"
+    time.sleep(1.5)
+    slurm_cluster.run("scontrol", "update", "NodeName=h001", "State=DOWN", "Reason=fedbroker-test")
+    try:
+        done = _until(store, rec, job.id, {"queued", "failed", "succeeded"})
+    finally:
+        slurm_cluster.run("scontrol", "update", "NodeName=h001", "State=RESUME", check=False)
+    assert done.state == "queued" and done.attempt == 1
+    [att] = store.attempts(job.id)
+    assert att.outcome == "interrupted"
+    if pools.adapter("hpc").settings.rest_url:  # slurmrestd v0.0.38 ignores requeue=false: Slurm requeued it
+        assert att.reason.startswith(f"Slurm job {sid} on "), att.reason
+        assert "Slurm requeued the job itself (restart 1, " in att.reason
+    else:
+        assert att.reason == (f"Slurm job {sid} on h001: NODE_FAIL on h001 (Slurm reason NodeDown): the broker "
+                              "requeues the attempt")
+    with store.session() as s:
+        assert JobStore.job_row(s, job.id).work_done_s >= 1.0  # checkpointed work kept (1-s checkpoints)
+    assert pools.adapter("hpc").describe(sid).slurm_active is False
+
+
+def test_forgotten_job_is_swept(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    ad = pools.adapter("hpc")
+    # what a broker that crashed after sbatch leaves: a job with our tags and no attempt in the store
+    info = ad.submit(SlurmJobRequest(job_id="job-00000000deadbeef", attempt=1, team="vision", command="sleep 60",
+                                     gpu_type="a100", gpus_per_node=1, estimate_s=60))
+    other = slurm_cluster.run("sbatch", "--parsable", "-p", "gpu", "-t", "5", "-o", "/dev/null",
+                              "--gpus-per-node=a100:1", "--wrap", "sleep 60").stdout.strip()  # not ours: never touched
+    try:
+        out = rec.run()["schedulers"]
+        assert out["swept"] == 1
+        assert ad.describe(info.slurm_job_id).state == "cancelled"
+        assert ad.describe(info.slurm_job_id).reason == "cancelled by the broker"
+        assert slurm_cluster.run("squeue", "-h", "-j", other, "-o", "%T").stdout.strip() in ("PENDING", "RUNNING")
+    finally:
+        slurm_cluster.run("scancel", other, check=False)
+
+
+def test_capacity_matches_sinfo_and_the_explain_record_shows_the_pool_beside_the_cloud(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    [row] = pools.status()
+    sinfo = slurm_cluster.run("sinfo", "-h", "-N", "-p", "gpu", "-O", "NodeList:|,StateLong:|,Gres:|").stdout
+    total: dict[str, int] = {}
+    for line in sinfo.splitlines():
+        node, state, gres = line.split("|")[:3]
+        typ, n = gres.strip().split(":")[1:3]
+        total[typ] = total.get(typ, 0) + int(n)
+    assert total == {"a100": 6, "h100": 4}
+    assert row == {"name": "hpc", "kind": "slurm", "health": "reachable", "free_gpus": {"a100": 6, "h100": 4},
+                   "total_gpus": {"a100": 6, "h100": 4}, "nodes": 4, "backlog_gpus": 0}
+    view = pools.read()["hpc"]
+    assert [(n.name, n.gpu_type, n.gpu_count, n.healthy) for n in view.nodes] == [
+        ("hpc/a001", "A100", 2, (0, 1)), ("hpc/a002", "A100", 2, (0, 1)), ("hpc/a003", "A100", 2, (0, 1)),
+        ("hpc/h001", "H100", 4, (0, 1, 2, 3))]
+    job, _ = store.submit("vision", _spec("true", estimated_duration_s=3600.0))
+    cycle.run()
+    rec_ = store.decision(job.id)
+    opt = rec_["option"]
+    runtime = 3600.0 / gpu_spec("A100").rel_throughput
+    kwh = gpu_power_w("A100") / 1000 * 1.2 * runtime / 3600
+    assert (opt["kind"], opt["target"], opt["wait_s"]) == ("onprem", "hpc", 0.0)
+    assert opt["runtime_s"] == pytest.approx(runtime)
+    assert opt["energy_kwh"] == pytest.approx(kwh)
+    assert opt["dollars_usd"] > runtime / 3600 * 0.4  # amortised $ plus the electricity
+    assert opt["carbon_kg"] > 0
+    clouds = [a for a in rec_["alternatives"] if a["kind"] == "cloud"]
+    assert clouds and all(a["dollars_usd"] > 0 and a["energy_kwh"] > 0 and a["carbon_kg"] is not None
+                          and a["wait_s"] >= 0 for a in clouds)
+
+
+def test_fedbroker_pools_lists_kind_health_and_free_gpus(slurm_cluster, cluster_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from broker.cli.main import app
+
+    pools = json.loads(cluster_file.read_text())["pools"]
+    down = {**pools[0], "name": "gone", "slurm": {"partition": "gpu", "slurm_conf": str(tmp_path / "none.conf"),
+                                                  "timeout_s": 5}}  # the CLI with no cluster config
+    agent = {"name": "local", "carbon_zone": "CA-ON", "price_zone": "CA-ON",
+             "nodes": [{"name": "n1", "gpu_type": "V100", "gpu_count": 4}]}
+    cf = tmp_path / "cluster.json"
+    cf.write_text(json.dumps({"pools": [pools[0], down, agent]}))
+    cfg = tmp_path / "settings.yaml"
+    cfg.write_text(f"database_url: sqlite:///{tmp_path / 'fb.db'}\ncluster: {cf}\n")
+    r = CliRunner().invoke(app, ["pools", "--config", str(cfg), "--json"])
+    assert r.exit_code == 0, r.output
+    hpc, gone, local = json.loads(r.stdout[r.stdout.index("["):])
+    assert hpc == {"name": "hpc", "kind": "slurm", "health": "reachable", "free_gpus": {"a100": 6, "h100": 4},
+                   "total_gpus": {"a100": 6, "h100": 4}, "nodes": 4, "backlog_gpus": 0}
+    assert (gone["kind"], gone["free_gpus"], gone["nodes"]) == ("slurm", {}, 0)
+    assert gone["health"].startswith("SchedulerUnavailable: sinfo: "), gone["health"]
+    assert local == {"name": "local", "kind": "agent", "health": "no node", "free_gpus": {}, "total_gpus": {},
+                     "nodes": 0}
+    table = CliRunner().invoke(app, ["pools", "--config", str(cfg)])
+    assert table.exit_code == 0 and "6 a100, 4 h100" in table.stdout and "reachable" in table.stdout
+
+
+def test_the_planner_waits_for_the_cluster_s_running_jobs_and_counts_its_queue_ahead(broker, slurm_cluster):
+    store, cycle, rec, pools = broker
+    t0 = time.time()
+    # another user's job holds all 4 H100 of h001 for its 5-min time limit
+    held = slurm_cluster.run("sbatch", "--parsable", "-p", "gpu", "-t", "5", "-o", "/dev/null",
+                             "--gpus-per-node=h100:4", "--wrap", "sleep 300").stdout.strip()
+    try:
+        end = time.monotonic() + 20
+        while slurm_cluster.run("squeue", "-h", "-j", held, "-o", "%T").stdout.strip() != "RUNNING":
+            assert time.monotonic() < end
+            time.sleep(0.2)
+        view = pools.read()["hpc"]
+        assert [n.healthy for n in view.nodes if n.gpu_type == "H100"] == [()]
+        [(end_s, typ, gpus)] = view.releases
+        assert (typ, gpus) == ("H100", 4) and abs(end_s - (t0 + 300)) <= 5
+        job, _ = store.submit("vision", _spec("true", gpu_types=["H100"], gpus_per_node=4, deferrable=False))
+        cycle.run()
+        opt = store.decision(job.id)["option"]
+        assert (store.get(job.id).state, opt["target"]) == ("queued", "hpc")
+        assert abs(opt["start_s"] - end_s) <= 3  # it starts when the running job's time limit frees the GPUs
+        # the cluster's own queue: a pending 60-min job for the same 4 GPUs competes for the pool
+        slurm_cluster.run("sbatch", "-p", "gpu", "-t", "60", "-o", "/dev/null", "--gpus-per-node=h100:4",
+                          "--wrap", "sleep 600")
+        view = pools.read()["hpc"]
+        assert (view.backlog_gpus, view.backlog_gpu_s) == (4.0, 4 * 3600.0)
+        later, _ = store.submit("vision", _spec("true", gpu_types=["H100"], gpus_per_node=4, deferrable=False,
+                                                estimated_duration_s=7200.0))  # too long to backfill
+        cycle.run()
+        opt2 = store.decision(later.id)["option"]
+        # the queue ahead (the first job's 4 x 60 GPU-s, the cluster's 4 x 3600) spread over the pool's 10 GPUs
+        assert opt2["target"] == "hpc" and opt2["wait_s"] == pytest.approx((4 * 60 + 4 * 3600) / 10, abs=3), opt2
+    finally:
+        slurm_cluster.run("scancel", "--user=root", "--partition=gpu", check=False)
+
+
+def test_job_left_pending_in_the_cluster_past_the_start_deadline_is_cancelled_there_and_requeued(broker, slurm_cluster):
+    from datetime import timedelta
+
+    from broker.service.store.tables import utcnow
+
+    store, cycle, rec, pools = broker
+    # the partition is down: sinfo still shows idle nodes (the planner places the job), Slurm keeps it PENDING
+    slurm_cluster.run("scontrol", "update", "PartitionName=gpu", "State=DOWN")
+    try:
+        job, _ = store.submit("vision", _spec("true"))
+        cycle.run()
+        sid = _ext(store, job.id)
+        info = pools.adapter("hpc").describe(sid)
+        assert (info.state, info.slurm_state) == ("starting", "PENDING")
+        assert rec.run()["schedulers"]["changed"] == 0  # within starting_deadline_s (120 s): left alone
+        out = rec.run(now=utcnow() + timedelta(seconds=121))["schedulers"]
+        assert (out["requeued"], out["changed"]) == (1, 1)
+    finally:
+        slurm_cluster.run("scontrol", "update", "PartitionName=gpu", "State=UP")
+    j = store.get(job.id)
+    assert j.state == "queued"
+    assert j.reason == f"Slurm job {sid} still pending in pool hpc after 120 s (cancelled there)"
+    assert store.attempts(job.id)[0].outcome == "timed_out"
+    assert pools.adapter("hpc").describe(sid).state == "cancelled"
+
+
+def test_gpus_the_planner_cannot_model_are_left_out_with_the_reason(slurm_cluster, tmp_path):
+    """A GRES type with no power/throughput model and a node with more GPUs than a pool node holds are left out of
+    planning (named), the other nodes are planned; on a second local cluster of that shape."""
+    from broker.model import Pool
+    from tests.slurm.cluster import LocalSlurm, NodeGroup
+
+    odd = LocalSlurm(groups=(NodeGroup("a", 1, "a100", 2), NodeGroup("q", 1, "qpu", 2), NodeGroup("b", 1, "a100", 17)),
+                     rest=False).start()
+    try:
+        pool = Pool(name="odd", kind="slurm", carbon_zone="CA-ON", price_zone="CA-ON", nodes=(),
+                    scheduler={"partition": "gpu", "slurm_conf": str(odd.conf)})
+        view = SchedulerPools([pool], BrokerSettings()).read()["odd"]
+    finally:
+        odd.cleanup()
+    assert view.error is None
+    assert [(n.name, n.gpu_type, n.gpu_count) for n in view.nodes] == [("odd/a001", "A100", 2)]
+    assert view.skipped == ["b001: 17 x a100 (a pool node holds at most 16 GPUs)",
+                            "GPU type 'qpu': no power or throughput model (pricing.power)"]
