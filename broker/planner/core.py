@@ -273,6 +273,9 @@ class Snapshot:
             GPU-seconds)`` of the committed jobs in ``queued`` (kept incrementally by the caller; the
             bucket as :func:`~broker.planner.policy_base.urgency_bucket`); read only with
             ``PlannerConfig.wait_ahead == "urgency"``, computed from ``queued`` if None.
+        foreign_demand: optional pool -> ``(GPUs, GPU-seconds)`` waiting in the pool's own scheduler queue
+            that are not the broker's (a Slurm or Kubernetes cluster's pending jobs): ahead of every broker
+            job in wait estimates, whatever ``wait_ahead`` says (the broker cannot order them).
         free: per pool, free GPUs per node (int arrays ``(n_nodes,)``).
         running: on-prem running jobs (for reservations and preemption).
         offer_available: bool array ``(n_offers,)``: offer can be provisioned now.
@@ -287,6 +290,7 @@ class Snapshot:
     queued: Mapping[tuple[int, str], Sequence[PendingJob]] | None = None
     queued_demand: Mapping[int, tuple[float, float]] | None = None
     queued_demand_by_urgency: Mapping[int, Mapping[tuple[int, float], tuple[float, float]]] | None = None
+    foreign_demand: Mapping[int, tuple[float, float]] | None = None
     offer_available: np.ndarray | None = None
     team_usage: Mapping[str, float] = field(default_factory=dict)
     healthy: Sequence[np.ndarray | None] | None = None

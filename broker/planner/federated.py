@@ -59,7 +59,7 @@ class _PoolQueueState:
     the cumulative ``cum_gpus`` / ``cum_gpu_seconds`` over them give the part a job queues behind
     (:meth:`for_jobs`)."""
 
-    __slots__ = ("gpus", "gpu_seconds", "keys", "cum_gpus", "cum_gpu_seconds", "started")
+    __slots__ = ("gpus", "gpu_seconds", "keys", "cum_gpus", "cum_gpu_seconds", "started", "foreign")
 
     def __init__(self):
         self.gpus = 0
@@ -67,6 +67,14 @@ class _PoolQueueState:
         self.keys: list[tuple[int, float]] | None = None
         self.cum_gpus = self.cum_gpu_seconds = None
         self.started = (0.0, 0.0)
+        #: the pool's own scheduler queue (``Snapshot.foreign_demand``), included in ``gpus``/``gpu_seconds``
+        self.foreign = (0.0, 0.0)
+
+    def add_foreign(self, gpus: float, gpu_seconds: float) -> None:
+        """Work in the pool's own queue that is not the broker's: ahead of every job (:meth:`for_jobs`)."""
+        self.foreign = (gpus, gpu_seconds)
+        self.gpus += gpus
+        self.gpu_seconds += gpu_seconds
 
     def set_urgency(self, demand: dict[tuple[int, float], list[float]], started: tuple[float, float]) -> None:
         """Per ``(priority, bucket)`` demand ``[GPUs, GPU-seconds]`` of the queue, and what of it started this cycle."""
@@ -79,7 +87,8 @@ class _PoolQueueState:
     def for_jobs(self, jobs: list[PendingJob], bucket_s: float) -> tuple[np.ndarray, np.ndarray]:
         """``(GPUs, GPU-seconds)`` ahead of each of ``jobs`` (arrays ``(n,)``): the whole queue, or with
         urgency keys the jobs of a higher class or of its class with an urgency bucket at most its own, less
-        what started this cycle (started jobs are the queue's head), never above the whole queue."""
+        what started this cycle (started jobs are the queue's head), plus the foreign queue, never above the
+        whole queue."""
         n = len(jobs)
         if self.keys is None:
             return np.full(n, float(self.gpus)), np.full(n, float(self.gpu_seconds))
@@ -88,8 +97,8 @@ class _PoolQueueState:
             k = bisect.bisect_right(self.keys, (-j.priority, urgency_bucket(j, bucket_s)))
             if k:
                 g[i], gs[i] = self.cum_gpus[k - 1], self.cum_gpu_seconds[k - 1]
-        return (np.clip(g - self.started[0], 0.0, self.gpus),
-                np.clip(gs - self.started[1], 0.0, self.gpu_seconds))
+        return (np.minimum(np.maximum(g - self.started[0], 0.0) + self.foreign[0], self.gpus),
+                np.minimum(np.maximum(gs - self.started[1], 0.0) + self.foreign[1], self.gpu_seconds))
 
 
 def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
@@ -160,6 +169,8 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
         st = res.started.get(p, (0.0, 0.0))
         ahead[p].gpus = max(g - st[0], 0.0)
         ahead[p].gpu_seconds = max(gs - st[1], 0.0)
+    for p, (g, gs) in (snap.foreign_demand or {}).items():
+        ahead[p].add_foreign(float(g), float(gs))
     if urg is not None:
         for p, demand in urg.items():
             st = res.started.get(p, (0.0, 0.0))
@@ -353,18 +364,20 @@ def _onprem_columns(cy: Cycle, jobs, targets, ahead, fits, free_now, work, lates
         times, cum = cy.release_arrays(p)
         opt = np.full(n, not reserved) | ends_before
         ahead_g, ahead_gs = ahead_by_pool[p]  # per job: the whole queue, or what it queues behind (wait_ahead)
-        wait_opt = _release_wait(cy, p, np.where(opt, 0.0, ahead_g) + job0.gpus - fnow, times, cum)
-        wait_opt = np.maximum(wait_opt, np.where(opt, 0.0, ahead_gs / max(ctx.pool_capacity[p], 1)))
+        # the pool's own scheduler queue (not the broker's) is ahead even of a job nobody of ours blocks
+        own_g, own_gs = ahead[p].foreign
+        wait_opt = _release_wait(cy, p, np.where(opt, own_g, ahead_g) + job0.gpus - fnow, times, cum)
+        wait_opt = np.maximum(wait_opt, np.where(opt, own_gs, ahead_gs) / max(ctx.pool_capacity[p], 1))
         backfillable = np.full(n, reserved) & ends_before
         alone = np.full(n, not reserved) & (ahead_g <= 0)
-        t_rel = _release_wait(cy, p, np.where(backfillable | alone, 0.0, ahead_g) + job0.gpus - fnow, times, cum)
+        t_rel = _release_wait(cy, p, np.where(backfillable | alone, own_g, ahead_g) + job0.gpus - fnow, times, cum)
         if (alone & ~fit).any():
             # nobody waits for this pool: a job that does not fit now is the top blocked job and
             # holds the reservation from its shadow time (node by node, not only GPU counts)
             ts, _ = shadow_time(cy.index[p], cy.releases(p), t, job0.gpus_per_node, job0.nodes, job0.min_mem_gb, now)
             if ts < INF:
                 t_rel = np.where(alone, np.maximum(t_rel, ts - now), t_rel)
-        fluid = np.where(backfillable | alone, 0.0, ahead_gs / max(ctx.pool_capacity[p], 1))
+        fluid = np.where(backfillable | alone, own_gs, ahead_gs) / max(ctx.pool_capacity[p], 1)
         expect = np.where(fit, 0.0, np.maximum(np.maximum(t_rel, fluid), 0.0))
         if reserved and cy.reservation_holder is not None:
             # the job holding the reservation (a job due for review) starts at its shadow time

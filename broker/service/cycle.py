@@ -609,7 +609,7 @@ class PlanningCycle:
             for pj in group:
                 self._pending_by_id[pj.job_id] = pj
         snap = Snapshot(now_s=now_s, pending=pending, free=free, running=running, queued=dict(queued),
-                        queued_demand=self._queue_ahead(views, pool_index, queued), offer_available=avail,
+                        foreign_demand=self._foreign_demand(views, pool_index), offer_available=avail,
                         team_usage=usage, healthy=[None] * len(pools))
         nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
         return snap, ctx, jobs, nodes_by_pool, used
@@ -675,27 +675,13 @@ class PlanningCycle:
                                               preemptible=False, team=f"{v.kind}:{v.name}"))
 
     @staticmethod
-    def _queue_ahead(views, pool_index, queued) -> dict | None:
-        """The planner's ``queued_demand`` (pool -> ``[GPUs, GPU-seconds]``) when a scheduler pool has its own
-        queue: the committed jobs of ``queued`` (as the planner counts them) plus the cluster's pending jobs that
-        are not the broker's (``PoolView.backlog_gpus``/``backlog_gpu_s``), which compete for the same GPUs.
-        ``None`` (the planner counts ``queued`` itself) when no scheduler pool has a queue."""
-        ahead = [(pool_index[v.name], v) for v in views.values()
-                 if v.name in pool_index and (v.backlog_gpus or v.backlog_gpu_s)]
-        if not ahead:
-            return None
-        qd: dict[int, list[float]] = {}
-        for group in queued.values():
-            for pj in group:
-                if pj.committed_pool is not None:
-                    acc = qd.setdefault(pj.committed_pool, [0.0, 0.0])
-                    acc[0] += pj.gpus
-                    acc[1] += pj.gpus * pj.work_s
-        for p, v in ahead:
-            acc = qd.setdefault(p, [0.0, 0.0])
-            acc[0] += v.backlog_gpus
-            acc[1] += v.backlog_gpu_s
-        return qd
+    def _foreign_demand(views, pool_index) -> dict | None:
+        """The planner's ``foreign_demand`` (pool -> ``(GPUs, GPU-seconds)``): each scheduler pool's pending jobs
+        that are not the broker's (``PoolView.backlog_gpus``/``backlog_gpu_s``), which compete for the same GPUs
+        ahead of the broker's queue. ``None`` when no scheduler pool has a queue."""
+        out = {pool_index[v.name]: (v.backlog_gpus, v.backlog_gpu_s) for v in views.values()
+               if v.name in pool_index and (v.backlog_gpus or v.backlog_gpu_s)}
+        return out or None
 
     def _running_job(self, j: Job, now_s: float, ctx, pools, pool_index, node_pos, used, running: list) -> None:
         """Adds active job ``j``'s GPUs to ``used`` and, when on-prem, its :class:`RunningJob` to ``running``.

@@ -736,3 +736,25 @@ def test_federated_leaves_cloud_only_jobs_undecided_when_no_offer_is_available()
     assert plan(make_snapshot(T0, jobs, [[4]], offer_available=[False]), ctx) == []
     (d, *_) = plan(make_snapshot(T0, jobs, [[4]], offer_available=[True]), ctx)
     assert (d.kind, d.offer_index) == (DecisionKind.provision, 0)
+
+
+def test_federated_a_pools_own_queue_is_ahead_of_every_job_whatever_wait_ahead_says():
+    """``Snapshot.foreign_demand``: a Slurm or Kubernetes pool's own pending jobs (not the broker's) compete for
+    its GPUs ahead of the broker's queue in both wait modes. The set-up of the test above with the three lax
+    jobs replaced by the cluster's own 12 GPUs x 10 h of pending work: 432,000 GPU-s over 8 GPUs = 15 h of fluid
+    wait, so the on-prem start T0+15 h misses j's deadline and j goes to the cloud under "queue" and "urgency"
+    alike (without the foreign queue, "urgency" waits for T0+2 h as above)."""
+    job = make_job("j").gpus(4).work(3 * H).deadline(T0 + 10 * H).build()
+    running = [make_running("r1").on((0, 3)).ends(T0 + 2 * H).build(),
+               make_running("r2").on((1, 4)).ends(T0 + 2 * H).build()]
+    for ahead in ("queue", "urgency"):
+        ctx = make_ctx([_roomy_pool()], [_fed_offer()], signals=FLAT, policy="federated", wait_ahead=ahead)
+        snap = make_snapshot(T0, [job], [[1, 0]], running)
+        (free_run,) = plan(snap, ctx)
+        assert (free_run.kind, free_run.option.start_s) == (DecisionKind.wait, T0 + 2 * H), ahead
+        snap = make_snapshot(T0, [job], [[1, 0]], running)
+        snap.foreign_demand = {0: (12.0, 12 * 10 * H)}
+        (d,) = plan(snap, ctx)
+        assert d.kind == DecisionKind.provision, ahead
+        (onp,) = [o for o in d.alternatives if o.kind == "onprem"]
+        assert (onp.start_s, onp.feasible, onp.note) == (T0 + 15 * H, False, "misses the deadline"), ahead
