@@ -96,9 +96,9 @@ class LedgerPrices:
             ``None`` when the zone has none) are :class:`pricing.series.HourlySeries` on real UTC instants
             around that instant (the live broker replays the bundled history: :class:`broker.service.live.
             ReplayedSignals`).
-        window_signals: ``(start POSIX s, end POSIX s) -> signals`` for metering a past window (the live
-            environment's :meth:`~broker.service.live.LiveEnvironment.billing_signals`); ``None``: ``signals_at``
-            of the start.
+        window_signals: ``(start POSIX s, end POSIX s, session or None) -> signals`` for metering a past window
+            (the live environment's :meth:`~broker.service.live.LiveEnvironment.billing_signals`; the session: the
+            metering transaction, for the cache's database reads); ``None``: ``signals_at`` of the start.
         cloud_cache: the :class:`broker.service.signal_cache.SignalCache` holding live cloud prices
             (``signals.cloud_prices`` configured), else ``None`` (instances bill at their launch price).
     """
@@ -106,13 +106,14 @@ class LedgerPrices:
     offers: Mapping[str, CloudOffer]
     pools: Mapping[str, Pool]
     signals_at: Callable[[float], Any]
-    window_signals: Callable[[float, float], Any] | None = None
+    window_signals: Callable[[float, float, Any], Any] | None = None
     cloud_cache: Any = None
 
-    def signals_for(self, start_s: float, end_s: float):
-        """The signals to meter ``[start_s, end_s]`` (POSIX s) on (see ``window_signals``)."""
+    def signals_for(self, start_s: float, end_s: float, s=None):
+        """The signals to meter ``[start_s, end_s]`` (POSIX s) on (see ``window_signals``; ``s``: the open session
+        of the metering transaction, or ``None``)."""
         if self.window_signals is not None:
-            return self.window_signals(start_s, end_s)
+            return self.window_signals(start_s, end_s, s)
         return self.signals_at(start_s)
 
     @classmethod
@@ -135,6 +136,7 @@ class LedgerPrices:
 _lock = threading.Lock()
 _installed: LedgerPrices | None = None
 _cluster: Path | None = None
+_builder: Callable[[], LedgerPrices] | None = None
 
 
 def install(p: LedgerPrices | None) -> None:
@@ -144,23 +146,35 @@ def install(p: LedgerPrices | None) -> None:
         _installed = p
 
 
-def configure(cluster: str | Path | None) -> None:
-    """The cluster file the lazily built prices read (``None``: the bundled live cluster); forgets built ones."""
-    global _cluster, _installed
+def configure(cluster: str | Path | None, build: Callable[[], LedgerPrices] | None = None) -> None:
+    """The cluster file the lazily built prices read (``None``: the bundled live cluster); forgets built ones.
+    ``build``: a zero-argument function giving the prices instead, on first use (the live wiring's:
+    :meth:`broker.service.wiring.Services.ledger_prices`, its planning environment's offers, pools, live
+    signals and cloud price cache), so every process that meters prices as the planner does."""
+    global _cluster, _installed, _builder
     with _lock:
-        if (Path(cluster) if cluster else None) != _cluster:
-            _cluster, _installed = (Path(cluster) if cluster else None), None
+        if (Path(cluster) if cluster else None) != _cluster or build != _builder:
+            _cluster, _installed, _builder = (Path(cluster) if cluster else None), None, build
 
 
 def prices() -> LedgerPrices:
     """This process's :class:`LedgerPrices` (see the module docstring)."""
     global _installed
     with _lock:
-        if _installed is None:
-            from broker.planner.core import PlannerConfig
-            from broker.service.live import LiveEnvironment
+        if _installed is not None:
+            return _installed
+        build, cluster = _builder, _cluster
+    # built outside the lock: the wiring's builder takes its own lock and installs (no lock-order deadlock)
+    if build is not None:
+        got = build()
+    else:
+        from broker.planner.core import PlannerConfig
+        from broker.service.live import LiveEnvironment
 
-            _installed = LedgerPrices.from_environment(LiveEnvironment(PlannerConfig(), _cluster))
+        got = LedgerPrices.from_environment(LiveEnvironment(PlannerConfig(), cluster))
+    with _lock:
+        if _installed is None:
+            _installed = got
         return _installed
 
 
@@ -305,13 +319,14 @@ class CloudPrice:
                            "the live price in force")
 
 
-def cloud_price(p: LedgerPrices, row, offer: CloudOffer, until_s: float) -> CloudPrice:
+def cloud_price(p: LedgerPrices, row, offer: CloudOffer, until_s: float, s=None) -> CloudPrice:
     """The :class:`CloudPrice` of instance ``row`` (a ``cloud_instances`` row of catalog offer ``offer``) from its
     create call to ``until_s`` (POSIX s): per UTC hour, spot: the live cache's hourly price of the offer for that
     hour; on-demand: the live list price cached at the create call (the latest cached hour at or before it,
     :meth:`broker.service.signal_cache.SignalCache.cloud_prices`); else the row's ``launch_usd_per_hour``
     (:data:`LAUNCH_PRICE`; a stand-in, flagged, when the offer's region has live prices configured); else the
-    bundled catalog's ``usd_per_hour`` (flagged). A live value that is not finite and > 0 counts as none."""
+    bundled catalog's ``usd_per_hour`` (flagged). A live value that is not finite and > 0 counts as none. ``s``:
+    the open session of the metering transaction (the cache's database reads run in it), or ``None``."""
     from pricing.cloud_price_sources import BUNDLED_CATALOG, live_source_for
     from pricing.offers import Market
 
@@ -323,6 +338,8 @@ def cloud_price(p: LedgerPrices, row, offer: CloudOffer, until_s: float) -> Clou
     live_est = [False] * n
     cache = p.cloud_cache
     configured = cache is not None and offer.region in cache.settings.cloud_prices.regions(offer.provider)
+    if configured and s is not None:
+        cache = cache.in_session(s)
     if configured:
         if offer.market is Market.spot:
             h = cache.hours(live_src, offer.offer_id, hours[0], n)
@@ -442,7 +459,7 @@ def _gpus(att, offer) -> tuple[str, int]:
     return gpu_type, (offer.gpu_count if offer else max(1, att.gpus // ranks))  # unknown offer: the attempt's share
 
 
-def _instance_line(att, row, line: str, start: datetime, stop: datetime, usd_of: Callable[[CloudPrice], float],
+def _instance_line(s, att, row, line: str, start: datetime, stop: datetime, usd_of: Callable[[CloudPrice], float],
                    billed: float, base: dict, p: LedgerPrices, why: list[str], billed_from_s: float = 0.0
                    ) -> UsageRecord:
     """An ``instance`` or ``idle`` line of ``row`` over ``[start, stop]``: ``billed`` seconds, the ``billed_from_s``
@@ -458,7 +475,7 @@ def _instance_line(att, row, line: str, start: datetime, stop: datetime, usd_of:
     else:
         created = row.created_at.timestamp()
         a, b = created + billed_from_s, created + billed_from_s + billed
-        sched = cloud_price(p, row, offer, b)
+        sched = cloud_price(p, row, offer, b, s)
         usd = float(usd_of(sched))
         price = sched.unit_price(a, b, usd, billed)
         source, pwhy = sched.note(a, b)
@@ -469,7 +486,7 @@ def _instance_line(att, row, line: str, start: datetime, stop: datetime, usd_of:
         why.append(f"power modelled ({offer.gpu_count} x {offer.gpu_type} {how} x PUE {offer.pue}): cloud "
                    "instances give no energy counter")
         t0, t1 = start.timestamp(), stop.timestamp()
-        sig = p.signals_for(t0, t1)
+        sig = p.signals_for(t0, t1, s)
         ci, cwhy = window_integral(_carbon(sig, offer.carbon_zone), t0, t1, "carbon intensity")
         carbon = None if ci is None else float(load_emissions_kg(kw, ci))
         why += cwhy + signal_origin(sig, offer.carbon_zone, "carbon", t0, t1, "carbon intensity")[1] + pwhy
@@ -491,7 +508,7 @@ def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Usa
         stop, run_s, why = _window(row.created_at, stop)
         why += _unreported(att, row.rank)
         billed = billed_seconds(row.provider, run_s)
-        out.append(_instance_line(att, row, "instance", row.created_at, stop, lambda cp: cp.bill(billed), billed, base,
+        out.append(_instance_line(s, att, row, "instance", row.created_at, stop, lambda cp: cp.bill(billed), billed, base,
                                   p, why))
     return out + meter_instance_ends(s, att, None, p, base)
 
@@ -540,12 +557,12 @@ def meter_instance_ends(s, att, job, p: LedgerPrices, base: dict | None = None) 
         busy_s = (busy_to - row.created_at).total_seconds()
         if not _used(att, row):
             billed = billed_seconds(row.provider, busy_s)
-            out.append(_instance_line(att, row, "idle", row.created_at, busy_to, lambda cp: cp.bill(billed), billed,
+            out.append(_instance_line(s, att, row, "idle", row.created_at, busy_to, lambda cp: cp.bill(billed), billed,
                                       base, p, why))
         elif busy_to > end:
             job_s = max(0.0, (end - row.created_at).total_seconds())
             b_all, b_job = billed_seconds(row.provider, busy_s), billed_seconds(row.provider, job_s)
-            out.append(_instance_line(att, row, "idle", max(end, row.created_at), busy_to,
+            out.append(_instance_line(s, att, row, "idle", max(end, row.created_at), busy_to,
                                       lambda cp: cp.bill(b_all) - cp.bill(b_job), b_all - b_job, base, p, why,
                                       billed_from_s=b_job))
     return out
@@ -596,7 +613,8 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
     if att.started_at is None:  # nothing ran: the held GPUs are idle time (a later line)
         return []
     pool = p.pools.get(att.pool or "")
-    sig = p.signals_for(att.started_at.timestamp(), max(end, att.started_at).timestamp()) if pool is not None else None
+    sig = (p.signals_for(att.started_at.timestamp(), max(end, att.started_at).timestamp(), s) if pool is not None
+           else None)
     out = []
     for part in att.nodes or []:
         rank, node, gpus = int(part.get("rank", 0)), part.get("node", ""), list(part.get("gpus", []))

@@ -451,18 +451,20 @@ class LiveEnvironment:
                                               now_s, self.planner.horizon_s + 8 * 86400.0))
             return self._sig[1]
 
-    def billing_signals(self, start_s: float, end_s: float) -> ReplayedSignals | LiveSignals:
+    def billing_signals(self, start_s: float, end_s: float, session=None) -> ReplayedSignals | LiveSignals:
         """The signals the usage ledger prices ``[start_s, end_s]`` (POSIX s, a past window) on: for the zones the
         ``signals:`` section configures, a :class:`LiveSignals` built at ``end_s`` whose window starts at
         ``start_s``'s hour, each hour's cached value judged fresh at that hour's end (``per_hour``): the same chain
         the planner uses (fresh, last known, forecast model, bundled replay) with the measurements fetched since;
         elsewhere the bundled replay at ``start_s``'s offset, as :meth:`signals_at`. Not memoised (one per
-        metered attempt; reads the cache once)."""
+        metered attempt; reads the cache once). ``session``: an open store session the cache's database reads run
+        in (:meth:`broker.service.signal_cache.SignalCache.in_session`)."""
         offset = self.offset_for(start_s)
         if not self._live:
             return ReplayedSignals(self.base_signals, offset)
-        return LiveSignals(self.base_signals, offset, self.signal_cache, self.signal_settings, max(end_s, start_s),
-                           3600.0, start_s=start_s, per_hour=True)
+        c = self.signal_cache if session is None else self.signal_cache.in_session(session)
+        return LiveSignals(self.base_signals, offset, c, self.signal_settings, max(end_s, start_s), 3600.0,
+                           start_s=start_s, per_hour=True)
 
     @property
     def live_cloud_prices(self):
