@@ -220,3 +220,30 @@ def test_a_zone_without_live_sources_is_priced_on_the_bundled_replay_as_before(a
     finally:
         ledger.install(None)
         drop(c)
+
+
+def test_an_api_process_meters_with_the_wirings_live_signals_and_cloud_prices(sqlite_store, monkeypatch):
+    """``build_api`` (cloud reports and node heartbeats end attempts there) makes the ledger price through the
+    wiring's planning environment: the live signal chain and the live cloud price cache, not the bundled replay."""
+    from broker.service import wiring
+    from broker.service.live import LiveSignals, ReplayedSignals
+    from tests.conftest import REDIS_URL
+
+    sg = SignalsSettings.model_validate({**_onprem_settings().model_dump(exclude_none=True),
+                                         "cloud_prices": {"aws": ["us-east-1"]}})
+    st = BrokerSettings(database_url=str(sqlite_store.engine.url), redis_url=REDIS_URL, signals=sg)
+    c = cache(sqlite_store, sg, Clock(T1))
+    svc = wiring.Services()
+    svc.__dict__.update(settings=st, store=sqlite_store, signal_cache=c)
+    monkeypatch.setattr(wiring, "services", svc)
+    try:
+        wiring.build_api(st)
+        p = ledger.prices()
+        assert p.cloud_cache is c
+        assert isinstance(p.signals_for(T0.timestamp(), T1.timestamp()), LiveSignals)
+        assert svc.__dict__["env"].signal_cache is c  # the one environment, built on first metering
+        svc.reset()  # forgets the wiring's prices too: the next ones are the bundled cluster's replay
+        assert isinstance(ledger.prices().signals_for(T0.timestamp(), T1.timestamp()), ReplayedSignals)
+    finally:
+        ledger.configure(None)
+        drop(c)
