@@ -22,7 +22,9 @@ from broker.service.store.signals import CachedHour
 from broker.service.store.tables import CloudInstance, Job
 from broker.usage import UsageRecord
 from pricing.cloud_price_sources import AWS_PRICE_LIST, AWS_SPOT
+from tests.broker.service import test_cloud as tc
 from tests.broker.service import test_ledger as tl
+from tests.broker.service.test_cloud import net, settings  # noqa: F401 (fixtures: moto EC2 and its settings)
 from tests.broker.service.signals_setup import Clock, cache, drop
 
 UTC = timezone.utc
@@ -124,20 +126,23 @@ def test_without_live_cloud_prices_the_launch_price_is_the_price_in_force(any_st
         ledger.install(None)
 
 
-def test_the_provisioner_records_the_price_it_launched_at(any_store):
-    """``record_intent`` keeps the option's USD/h (as priced now) on the intent row; a retry refreshes it."""
-    from types import SimpleNamespace
+def test_the_provisioner_records_the_price_it_launched_at(pg_store, settings):
+    """The cloud broker keeps on each intent row the USD/h the option was priced at when it launched (its
+    ``priced`` offers: the live environment's re-priced ones), not the catalog's."""
+    from sqlalchemy import select
 
-    from broker.service.store import cloud as instances
+    from broker.service.cloud import CloudBroker
 
-    jid = any_store.submit("ml", tl.spec())[0].id
-    req = SimpleNamespace(job_id=jid, attempt=1, rank=0, offer_id=tl.AWS_SPOT.offer_id, region="us-east-1",
-                          zone="use1-az6", instance_type="p3.2xlarge", market="spot", token="tok-launch-price")
-    with any_store.session() as s:
-        instances.record_intent(s, req, C0, 0.87)
-    with any_store.session() as s:
-        row = s.query(CloudInstance).filter_by(idempotency_token="tok-launch-price").one()
-        assert (row.launch_usd_per_hour, row.state) == (0.87, "intent")
+    o = tc.OFFERS[0]
+    live = [x.model_copy(update={"usd_per_hour": 0.4321}) if x.offer_id == o.offer_id else x for x in tc.OFFERS]
+    cb = CloudBroker(pg_store, settings, offers=tc.OFFERS, computes={"aws": tc.adapter(settings)},
+                     priced=lambda now_s: live)
+    jid = tc.place(pg_store, tc.spec(nodes=1), o)
+    assert cb.provision(jid, 1) == f"starting on {o.offer_id} (1 instance(s))"
+    with pg_store.session() as s:
+        [row] = s.execute(select(CloudInstance).where(CloudInstance.job_id == jid)).scalars().all()
+        assert (row.offer_id, row.launch_usd_per_hour) == (o.offer_id, 0.4321)
+    assert o.usd_per_hour != 0.4321
 
 
 # ----------------------------------------------------------------------------- on-prem
