@@ -92,7 +92,8 @@ class UsageRecord:
             ``launch-price`` (the USD/h the provisioner priced the offer at) or ``bundled-catalog``; an energy
             line's tariff origins as the live planner labels them (a source name, ``last-known:<source>``,
             ``forecast-model``, ``interpolated``, ``conservative``, ``bundled-replay``); several joined by ``+``
-            in order of first use. ``None`` where no price applies or for records written before it existed.
+            in order of first use. ``None`` on lines priced at fixed rates (a disk's list price, a pool's
+            amortised USD/GPU-h), on simulated records and on records written before the field existed.
             A price that was not the measured or live one also sets ``estimated`` with the reason.
     """
 

@@ -383,7 +383,7 @@ class UsageRow(Base):
     estimate_reasons: Mapped[list[Any]]
     source: Mapped[str] = mapped_column(String(8), default="live")
     #: where the line's price came from (:attr:`broker.usage.UsageRecord.price_source`); ``None`` before 0013
-    price_source: Mapped[str | None] = mapped_column(String(200))
+    price_source: Mapped[str | None] = mapped_column(Text)
     recorded_at: Mapped[datetime]
 
     #: a line's key; ``start`` tells apart the hourly ``idle_amortised`` lines of one node (no job, no attempt)

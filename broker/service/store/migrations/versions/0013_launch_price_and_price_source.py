@@ -19,7 +19,7 @@ def upgrade() -> None:
     with op.batch_alter_table('cloud_instances', schema=None) as batch_op:
         batch_op.add_column(sa.Column('launch_usd_per_hour', sa.Float(), nullable=True))
     with op.batch_alter_table('usage_records', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('price_source', sa.String(length=200), nullable=True))
+        batch_op.add_column(sa.Column('price_source', sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
