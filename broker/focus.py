@@ -107,6 +107,7 @@ EXTENSIONS: dict[str, tuple[str, bool]] = {
     "x_Estimated": ("Boolean", False),
     "x_EstimateReasons": ("String", True),
     "x_Source": ("String", False),                # live | sim
+    "x_PriceSource": ("String", True),            # where the price came from (UsageRecord.price_source)
 }
 
 COLUMNS: list[str] = [*MANDATORY, *OPTIONAL, *EXTENSIONS]
@@ -269,6 +270,7 @@ def focus_row(r: UsageRecord, accounts: FocusAccounts) -> dict[str, str]:
         "x_GpuCount": _num(r.gpu_count), "x_Pool": r.pool or "", "x_UsageLine": r.line, "x_JobId": r.job_id,
         "x_Attempt": _num(r.attempt), "x_Rank": _num(r.rank), "x_Estimated": "true" if r.estimated else "false",
         "x_EstimateReasons": "; ".join(r.estimate_reasons), "x_Source": r.source,
+        "x_PriceSource": r.price_source or "",
     }
     if r.line == "energy" and r.energy_kwh is None:  # priced but kWh unknown cannot happen: the cost needs the kWh
         raise ValueError(f"energy_kwh=None: {r.job_id} attempt {r.attempt} rank {r.rank} energy line has a cost "

@@ -87,6 +87,14 @@ class UsageRecord:
         carbon_kg: kgCO2e, location-based; ``None``: unknown.
         estimated: some figure is an estimate or unknown; ``estimate_reasons`` says which and why.
         source: ``"live"`` (the broker) or ``"sim"`` (a simulated run).
+        price_source: where the line's price came from (:mod:`broker.service.ledger`): a cloud line's live
+            cloud price source (``aws-spot-history``, ``aws-price-list``, ``gcp-billing-catalog``),
+            ``launch-price`` (the USD/h the provisioner priced the offer at) or ``bundled-catalog``; an energy
+            line's tariff origins as the live planner labels them (a source name, ``last-known:<source>``,
+            ``forecast-model``, ``interpolated``, ``conservative``, ``bundled-replay``); several joined by ``+``
+            in order of first use. ``None`` on lines priced at fixed rates (a disk's list price, a pool's
+            amortised USD/GPU-h), on simulated records and on records written before the field existed.
+            A price that was not the measured or live one also sets ``estimated`` with the reason.
     """
 
     job_id: str
@@ -116,6 +124,7 @@ class UsageRecord:
     estimated: bool = False
     estimate_reasons: tuple[str, ...] = field(default_factory=tuple)
     source: str = "live"
+    price_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.line not in LINES:
@@ -249,7 +258,9 @@ def summarise(records: Iterable[UsageRecord], by: str) -> tuple[list[UsageTotals
 USAGE_CSV_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(UsageRecord))
 _FLOATS = ("run_s", "billed_s", "list_unit_price_usd", "billed_usd", "energy_kwh", "carbon_kg")
 _INTS = ("attempt", "rank", "gpu_count")
-_OPTIONAL = ("project", "region", "zone", "pool", "instance_type", "market")
+_OPTIONAL = ("project", "region", "zone", "pool", "instance_type", "market", "price_source")
+#: columns a file may lack (written before the column existed): read as ``None``
+_ADDED = ("price_source",)
 
 
 _GET = attrgetter(*USAGE_CSV_COLUMNS)
@@ -293,12 +304,12 @@ def read_usage_csv(path: str | Path) -> list[UsageRecord]:
     out = []
     with _open(path, "r") as f:
         rd = csv.DictReader(f)
-        missing = [c for c in USAGE_CSV_COLUMNS if c not in (rd.fieldnames or ())]
+        missing = [c for c in USAGE_CSV_COLUMNS if c not in (rd.fieldnames or ()) and c not in _ADDED]
         if missing:
             raise UsageError(f"{path}: column {missing[0]!r} missing")
         for i, row in enumerate(rd, start=2):
             try:
-                d: dict = {k: row[k] for k in USAGE_CSV_COLUMNS}
+                d: dict = {k: row.get(k) or "" if k in _ADDED else row[k] for k in USAGE_CSV_COLUMNS}
                 for k in _FLOATS:
                     d[k] = float(d[k]) if d[k] != "" else None
                 for k in _INTS:

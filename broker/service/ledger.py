@@ -12,8 +12,16 @@ What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules
   attempt that never ran are ``idle`` lines, below): from the create call (the intent row's ``created_at``;
   boot and image pull are the job's: it asked for them) to the attempt's end (or the instance's deletion or
   stop, if earlier);
-  ``billed_s`` by :func:`pricing.billing.billed_seconds`; USD by :func:`~broker.planner.costs.cloud_bill_usd`
-  at the offer's list price. Energy: modelled power (every GPU of the instance busy, :func:`pricing.power.
+  ``billed_s`` by :func:`pricing.billing.billed_seconds`; USD: each UTC hour of the billed seconds (counted from
+  the create call) at the price that applied in it (:class:`CloudPrice`, the one home of this rule): **spot**
+  the cached hourly spot price of that offer for that hour (the live cloud price cache, ``signals.cloud_prices``:
+  AWS bills spot at the price in force, time-weighted per hour), **on-demand** the live list price cached at
+  launch; where the cache has no value, the USD/h the provisioner priced the offer at when it wrote the intent
+  (``cloud_instances.launch_usd_per_hour``: the price the planner used), else the bundled catalog price. The
+  line's ``price_source`` says which (joined by ``+`` when hours differ); a launch price standing in for a
+  missing live price, a catalog price, or a cached price the feed marked estimated flags the line. With no
+  live cloud prices configured the launch price *is* the price in force (the catalog the planner used), not
+  flagged. Energy: modelled power (every GPU of the instance busy, :func:`pricing.power.
   gpu_power_w` at its default utilisation) x the provider's PUE (flagged: cloud instances give no counter);
   kgCO2e at the region's hourly carbon intensity.
 * **on-prem**, per rank (one node's GPUs), from the attempt's start to its end: ``line="energy"``: the
@@ -21,7 +29,12 @@ What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules
   node's last heartbeat): their mean power over the attempt's window (flagged when the readings' window
   differs from the run by more than 5 %, or 1 s, whichever is more), x
   the pool's PUE, priced at the pool's price zone's hourly tariff and carbon
-  (:func:`~broker.planner.costs.onprem_cost` with the counter's mean power); where a GPU has no counter,
+  (:func:`~broker.planner.costs.onprem_cost` with the counter's mean power); the tariff and carbon hours are
+  the live planner's: for a zone the ``signals:`` section configures, the same chain
+  (:meth:`broker.service.live.LiveEnvironment.billing_signals`: fresh measured value, last known, forecast
+  model, bundled replay) with each hour's value judged at that hour; an hour whose value is not a measurement
+  from a configured source flags the line (``price_source``: the tariff hours' origins; the carbon hours'
+  origins in the reasons); other zones: the bundled replay as before (``price_source`` ``bundled-replay``); where a GPU has no counter,
   the mean of its sampled power at the two readings (flagged), else the modelled power (flagged);
   ``line="amortised"``: GPUs x hours x the pool's amortised USD/GPU-h, its own line.
 * an existing scheduler's pool (``attempt.kind`` a pool kind: ``slurm``), one job for all its nodes: the same
@@ -43,7 +56,8 @@ What each line costs (one cost model: :mod:`broker.planner.costs`; billing rules
   watch saw). Addresses: none bills (:mod:`pricing.storage` says why).
 
 Prices: :func:`prices` gives the :class:`LedgerPrices` of this process: the one :func:`install`-ed (the live
-wiring installs its planning environment's), else one built on first use from the cluster file given to
+wiring installs its planning environment's in every process that meters: the worker's planner and watch, and
+the API's instance and node reports, :mod:`broker.service.wiring`), else one built on first use from the cluster file given to
 :func:`configure` (default the bundled live cluster) and the bundled catalogs and grid signals.
 """
 
@@ -57,14 +71,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from broker.model import CloudOffer, Pool
-from broker.planner.costs import cloud_bill_usd, cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
+from broker.planner.costs import cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
 from broker.usage import GPU_HOUR_LINES, PRICING_UNITS, UsageRecord
-from pricing.billing import billed_seconds, billing_rule
+from pricing.billing import billed_seconds
 from pricing.power import DEFAULT_UTILISATION, gpu_power_w
 from pricing.storage import BOOT_DISKS, disk_bill, disk_rate
 
-__all__ = ["FILL_HOURS", "LedgerPrices", "install", "configure", "prices", "snapshot_counters", "meter_attempt",
-           "meter_instance_ends", "meter_pool_idle", "counterfactual_rates", "window_integral"]
+__all__ = ["FILL_HOURS", "LAUNCH_PRICE", "LedgerPrices", "CloudPrice", "cloud_price", "origin_note", "signal_origin",
+           "install", "configure", "prices", "snapshot_counters", "meter_attempt", "meter_instance_ends", "meter_pool_idle", "counterfactual_rates", "window_integral"]
 
 #: a missing hour of a price or carbon series is filled from a neighbouring hour at most this many hours away
 FILL_HOURS = 3
@@ -87,11 +101,25 @@ class LedgerPrices:
             ``None`` when the zone has none) are :class:`pricing.series.HourlySeries` on real UTC instants
             around that instant (the live broker replays the bundled history: :class:`broker.service.live.
             ReplayedSignals`).
+        window_signals: ``(start POSIX s, end POSIX s, session or None) -> signals`` for metering a past window
+            (the live environment's :meth:`~broker.service.live.LiveEnvironment.billing_signals`; the session: the
+            metering transaction, for the cache's database reads); ``None``: ``signals_at`` of the start.
+        cloud_cache: the :class:`broker.service.signal_cache.SignalCache` holding live cloud prices
+            (``signals.cloud_prices`` configured), else ``None`` (instances bill at their launch price).
     """
 
     offers: Mapping[str, CloudOffer]
     pools: Mapping[str, Pool]
     signals_at: Callable[[float], Any]
+    window_signals: Callable[[float, float, Any], Any] | None = None
+    cloud_cache: Any = None
+
+    def signals_for(self, start_s: float, end_s: float, s=None):
+        """The signals to meter ``[start_s, end_s]`` (POSIX s) on (see ``window_signals``; ``s``: the open session
+        of the metering transaction, or ``None``)."""
+        if self.window_signals is not None:
+            return self.window_signals(start_s, end_s, s)
+        return self.signals_at(start_s)
 
     @classmethod
     def of(cls, offers: Iterable[CloudOffer], pools: Iterable[Pool], signals: Any) -> "LedgerPrices":
@@ -100,18 +128,20 @@ class LedgerPrices:
 
     @classmethod
     def from_environment(cls, env) -> "LedgerPrices":
-        """From a :class:`broker.service.live.LiveEnvironment`: its offers, its cluster file's pools, and its
-        replayed signals (the replay offset of the window's start)."""
+        """From a :class:`broker.service.live.LiveEnvironment`: its (catalog) offers, its cluster file's pools, its
+        replayed signals (the replay offset of the window's start), its live signals for metering a window
+        (:meth:`~broker.service.live.LiveEnvironment.billing_signals`) and its live cloud price cache."""
         from broker.service.live import ReplayedSignals
 
         base, offset_for = env.base_signals, env.offset_for
         return cls({o.offer_id: o for o in env.offers}, dict(env.site_pools),
-                   lambda t: ReplayedSignals(base, offset_for(t)))
+                   lambda t: ReplayedSignals(base, offset_for(t)), env.billing_signals, env.live_cloud_prices)
 
 
 _lock = threading.Lock()
 _installed: LedgerPrices | None = None
 _cluster: Path | None = None
+_builder: Callable[[], LedgerPrices] | None = None
 
 
 def install(p: LedgerPrices | None) -> None:
@@ -121,29 +151,90 @@ def install(p: LedgerPrices | None) -> None:
         _installed = p
 
 
-def configure(cluster: str | Path | None) -> None:
-    """The cluster file the lazily built prices read (``None``: the bundled live cluster); forgets built ones."""
-    global _cluster, _installed
+def configure(cluster: str | Path | None, build: Callable[[], LedgerPrices] | None = None) -> None:
+    """The cluster file the lazily built prices read (``None``: the bundled live cluster); forgets built ones.
+    ``build``: a zero-argument function giving the prices instead, on first use (the live wiring's:
+    :meth:`broker.service.wiring.Services.ledger_prices`, its planning environment's offers, pools, live
+    signals and cloud price cache), so every process that meters prices as the planner does."""
+    global _cluster, _installed, _builder
     with _lock:
-        if (Path(cluster) if cluster else None) != _cluster:
-            _cluster, _installed = (Path(cluster) if cluster else None), None
+        if (Path(cluster) if cluster else None) != _cluster or build != _builder:
+            _cluster, _installed, _builder = (Path(cluster) if cluster else None), None, build
 
 
 def prices() -> LedgerPrices:
     """This process's :class:`LedgerPrices` (see the module docstring)."""
     global _installed
     with _lock:
-        if _installed is None:
-            from broker.planner.core import PlannerConfig
-            from broker.service.live import LiveEnvironment
+        if _installed is not None:
+            return _installed
+        build, cluster = _builder, _cluster
+    # built outside the lock: the wiring's builder takes its own lock and installs (no lock-order deadlock)
+    if build is not None:
+        got = build()
+    else:
+        from broker.planner.core import PlannerConfig
+        from broker.service.live import LiveEnvironment
 
-            _installed = LedgerPrices.from_environment(LiveEnvironment(PlannerConfig(), _cluster))
+        got = LedgerPrices.from_environment(LiveEnvironment(PlannerConfig(), cluster))
+    with _lock:
+        if _installed is None:
+            _installed = got
         return _installed
 
 
 # ----------------------------------------------------------------------------- signals
 def _hour(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:00Z")
+
+
+def _hours_of(start_s: float, end_s: float) -> list[float]:
+    """The UTC hour starts (POSIX s) of the hours ``[start_s, end_s)`` touches (the start's hour when empty)."""
+    h = math.floor(start_s / _H) * _H
+    out = [h]
+    while h + _H < end_s:
+        h += _H
+        out.append(h)
+    return out
+
+
+def origin_note(what: str, origins: list[str], good: list[bool], good_word: str) -> tuple[str, list[str]]:
+    """``(price_source label, reasons)`` of a line priced on hours of ``origins`` (one per hour; ``good[i]``:
+    hour ``i``'s value is the measured or live one): the label is the distinct origins joined by ``+`` in
+    order of first use; one reason when some hour is not ``good_word``, naming the count per origin."""
+    label = "+".join(dict.fromkeys(origins))
+    bad = [o for o, g in zip(origins, good) if not g]
+    if not bad:
+        return label, []
+    counts = {o: bad.count(o) for o in dict.fromkeys(bad)}
+    return label, [f"{what}: {len(bad)} of {len(origins)} h not {good_word} ("
+                   + ", ".join(f"{o} {c} h" for o, c in counts.items()) + ")"]
+
+
+def signal_origin(sig, zone: str, kind: str, start_s: float, end_s: float, what: str) -> tuple[str, list[str]]:
+    """Where the ``kind`` (``"carbon"``/``"price"``) hours of ``zone`` over ``[start_s, end_s]`` (POSIX s) came
+    from in ``sig`` and why they are estimates: :func:`origin_note` of the per-hour origins a
+    :class:`broker.service.live.LiveSignals` keeps (an hour is measured when its origin is one of the zone's
+    configured sources, not a forecast, not flagged estimated by the source; hours outside its window are the
+    bundled replay). A zone with no live source, or replayed signals: ``("bundled-replay", [])`` (the bundled
+    history, metered as before live signals existed)."""
+    from broker.service.live import REPLAY, LiveSignals
+
+    net = sig.network_sources(zone, kind) if isinstance(sig, LiveSignals) else []
+    if not net:
+        return REPLAY, []
+    checked, fc, _fetched = sig.checked(zone, kind)
+    origins, good = [], []
+    for t in _hours_of(start_s, end_s):
+        i = int(round((t - sig.start_s) / _H))
+        if 0 <= i < checked.series.values.size:
+            org = str(checked.origin[i]) or "missing"
+            origins.append(org)
+            good.append(org in net and not bool(fc[i]) and not bool(checked.estimated[i]))
+        else:
+            origins.append(REPLAY)
+            good.append(False)
+    return origin_note(f"{what} {zone}", origins, good, "measured")
 
 
 def window_integral(series, start_s: float, end_s: float, what: str) -> tuple[float | None, list[str]]:
@@ -178,6 +269,103 @@ def window_integral(series, start_s: float, end_s: float, what: str) -> tuple[fl
             filled.append(_hour(a))
         total += x * (b - a) / _H
     return total, [f"{what} interpolated for {', '.join(filled)} in {series.zone}"] if filled else []
+
+
+# ----------------------------------------------------------------------------- cloud prices
+#: ``price_source`` of an instance hour priced at the USD/h recorded on its row at the create call
+LAUNCH_PRICE = "launch-price"
+
+
+@dataclass(frozen=True)
+class CloudPrice:
+    """The USD/h of one cloud instance in each UTC hour from its create call: what its bill is worked from.
+
+    Attributes:
+        created_s: the create call, POSIX s (billing starts there).
+        h0: POSIX s of the first hour (``created_s``'s UTC hour).
+        usd_h: USD/h per hour from ``h0``; origins: each hour's ``price_source``; live: whether each hour's
+            price is the live one in force (else a stand-in, flagged).
+    """
+
+    created_s: float
+    h0: float
+    usd_h: tuple[float, ...]
+    origins: tuple[str, ...]
+    live: tuple[bool, ...]
+
+    def bill(self, billed_s: float) -> float:
+        """USD of ``billed_s`` billed seconds counted from the create call (:func:`pricing.billing.billed_seconds`
+        decides them: per second, 60-s minimum), each second at the price of the UTC hour it falls in. Raises
+        ``ValueError`` naming ``billed_s`` when the schedule does not reach that far."""
+        if billed_s > self.h0 + len(self.usd_h) * _H - self.created_s + 1e-6:
+            raise ValueError(f"billed_s={billed_s!r}: past the {len(self.usd_h)} priced hour(s)")
+        total = 0.0
+        for k, usd in enumerate(self.usd_h):  # seconds from the create call (exact: no large POSIX sums)
+            lo = max(0.0, self.h0 + k * _H - self.created_s)
+            hi = min(billed_s, self.h0 + (k + 1) * _H - self.created_s)
+            if hi > lo:
+                total += usd * (hi - lo) / _H
+        return total
+
+    def unit_price(self, from_s: float, to_s: float, usd: float, billed_s: float) -> float:
+        """The line's list USD/h over ``[from_s, to_s)`` (POSIX s): the hours' price when they share one, else the
+        billed-seconds-weighted mean ``usd / billed hours``."""
+        ks = {int(round((t - self.h0) / _H)) for t in _hours_of(from_s, to_s)}
+        distinct = {self.usd_h[k] for k in ks if 0 <= k < len(self.usd_h)}
+        if len(distinct) == 1 or billed_s <= 0:
+            return next(iter(distinct)) if distinct else self.usd_h[0]
+        return usd / (billed_s / _H)
+
+    def note(self, from_s: float, to_s: float) -> tuple[str, list[str]]:
+        """``(price_source, reasons)`` of the hours ``[from_s, to_s)`` (POSIX s) touch (:func:`origin_note`)."""
+        ks = [int(round((t - self.h0) / _H)) for t in _hours_of(from_s, to_s)]
+        ks = [k for k in ks if 0 <= k < len(self.usd_h)]
+        return origin_note("compute price", [self.origins[k] for k in ks], [self.live[k] for k in ks],
+                           "the live price in force")
+
+
+def cloud_price(p: LedgerPrices, row, offer: CloudOffer, until_s: float, s=None) -> CloudPrice:
+    """The :class:`CloudPrice` of instance ``row`` (a ``cloud_instances`` row of catalog offer ``offer``) from its
+    create call to ``until_s`` (POSIX s): per UTC hour, spot: the live cache's hourly price of the offer for that
+    hour; on-demand: the live list price cached at the create call (the latest cached hour at or before it,
+    :meth:`broker.service.signal_cache.SignalCache.cloud_prices`); else the row's ``launch_usd_per_hour``
+    (:data:`LAUNCH_PRICE`; a stand-in, flagged, when the offer's region has live prices configured); else the
+    bundled catalog's ``usd_per_hour`` (flagged). A live value that is not finite and > 0 counts as none. ``s``:
+    the open session of the metering transaction (the cache's database reads run in it), or ``None``."""
+    from pricing.cloud_price_sources import BUNDLED_CATALOG, live_source_for
+    from pricing.offers import Market
+
+    created = row.created_at.timestamp()
+    hours = _hours_of(created, max(until_s, created))
+    n = len(hours)
+    live_vals: list[float | None] = [None] * n
+    live_src = live_source_for(offer)
+    live_est = [False] * n
+    cache = p.cloud_cache
+    configured = cache is not None and offer.region in cache.settings.cloud_prices.regions(offer.provider)
+    if configured and s is not None:
+        cache = cache.in_session(s)
+    if configured:
+        if offer.market is Market.spot:
+            h = cache.hours(live_src, offer.offer_id, hours[0], n)
+            for k in range(n):
+                v = float(h.values[k])
+                if math.isfinite(v) and v > 0:
+                    live_vals[k], live_est[k] = v, bool(h.estimated[k])
+        else:
+            got = cache.cloud_prices([offer], created).prices.get(offer.offer_id)
+            if got is not None and math.isfinite(got[0].usd_per_hour) and got[0].usd_per_hour > 0:
+                live_vals = [got[0].usd_per_hour] * n
+                live_est = [got[1]] * n
+    usd, origins, ok = [], [], []
+    for k in range(n):
+        if live_vals[k] is not None:
+            usd.append(live_vals[k]), origins.append(live_src), ok.append(not live_est[k])
+        elif row.launch_usd_per_hour is not None:
+            usd.append(float(row.launch_usd_per_hour)), origins.append(LAUNCH_PRICE), ok.append(not configured)
+        else:
+            usd.append(offer.usd_per_hour), origins.append(BUNDLED_CATALOG), ok.append(False)
+    return CloudPrice(created, hours[0], tuple(usd), tuple(origins), tuple(ok))
 
 
 # ----------------------------------------------------------------------------- energy counters
@@ -278,34 +466,42 @@ def _gpus(att, offer) -> tuple[str, int]:
     return gpu_type, (offer.gpu_count if offer else max(1, att.gpus // ranks))  # unknown offer: the attempt's share
 
 
-def _instance_line(att, row, line: str, start: datetime, stop: datetime, usd_of: Callable[[float], float],
-                   billed: float, base: dict, p: LedgerPrices, why: list[str]) -> UsageRecord:
-    """An ``instance`` or ``idle`` line of ``row`` over ``[start, stop]``: ``billed`` seconds, ``usd_of(list USD/h)``
+def _instance_line(s, att, row, line: str, start: datetime, stop: datetime, usd_of: Callable[[CloudPrice], float],
+                   billed: float, base: dict, p: LedgerPrices, why: list[str], billed_from_s: float = 0.0
+                   ) -> UsageRecord:
+    """An ``instance`` or ``idle`` line of ``row`` over ``[start, stop]``: ``billed`` seconds, the ``billed_from_s``
+    seconds after the create call onwards (an idle line after the job's), ``usd_of(the instance's CloudPrice)``
     USD; modelled power: every GPU busy on an ``instance`` line, idle on an ``idle`` one."""
     offer = p.offers.get(row.offer_id)
     run_s = (stop - start).total_seconds()
     gpu_type, gpu_count = _gpus(att, offer)
+    source = None
     if offer is None:
         usd = energy = carbon = price = None
         why.append(f"offer {row.offer_id!r} not in the price catalog: no price, power or carbon zone")
     else:
-        price = offer.usd_per_hour
-        usd = float(usd_of(price))
+        created = row.created_at.timestamp()
+        a, b = created + billed_from_s, created + billed_from_s + billed
+        sched = cloud_price(p, row, offer, b, s)
+        usd = float(usd_of(sched))
+        price = sched.unit_price(a, b, usd, billed)
+        source, pwhy = sched.note(a, b)
         w = gpu_power_w(offer.gpu_type, 0.0 if line == "idle" else DEFAULT_UTILISATION) / 1000.0
         kw = cloud_kw(1, offer.gpu_count, offer.gpu_count, w, w, offer.pue)
         energy = float(load_energy_kwh(kw, run_s))
         how = "idle" if line == "idle" else "at the default utilisation"
         why.append(f"power modelled ({offer.gpu_count} x {offer.gpu_type} {how} x PUE {offer.pue}): cloud "
                    "instances give no energy counter")
-        ci, cwhy = window_integral(_carbon(p, offer.carbon_zone, start), start.timestamp(), stop.timestamp(),
-                                   "carbon intensity")
+        t0, t1 = start.timestamp(), stop.timestamp()
+        sig = p.signals_for(t0, t1, s)
+        ci, cwhy = window_integral(_carbon(sig, offer.carbon_zone), t0, t1, "carbon intensity")
         carbon = None if ci is None else float(load_emissions_kg(kw, ci))
-        why += cwhy
+        why += cwhy + signal_origin(sig, offer.carbon_zone, "carbon", t0, t1, "carbon intensity")[1] + pwhy
     return UsageRecord(**base, rank=row.rank, line=line, resource=row.provider_instance_id, start=start, end=stop,
                        provider=row.provider, region=row.region, zone=row.zone, instance_type=row.instance_type,
                        market=row.market, gpu_type=gpu_type, gpu_count=gpu_count, run_s=run_s, billed_s=billed,
                        list_unit_price_usd=price, billed_usd=usd, energy_kwh=energy, carbon_kg=carbon,
-                       estimated=bool(why), estimate_reasons=tuple(why))
+                       estimated=bool(why), estimate_reasons=tuple(why), price_source=source)
 
 
 def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
@@ -319,9 +515,8 @@ def _meter_cloud(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Usa
         stop, run_s, why = _window(row.created_at, stop)
         why += _unreported(att, row.rank)
         billed = billed_seconds(row.provider, run_s)
-        rule_min = billing_rule(row.provider).min_billed_s
-        out.append(_instance_line(att, row, "instance", row.created_at, stop,
-                                  lambda usd_h: cloud_bill_usd(billed, 0.0, usd_h, rule_min), billed, base, p, why))
+        out.append(_instance_line(s, att, row, "instance", row.created_at, stop, lambda cp: cp.bill(billed), billed, base,
+                                  p, why))
     return out + meter_instance_ends(s, att, None, p, base)
 
 
@@ -364,22 +559,19 @@ def meter_instance_ends(s, att, job, p: LedgerPrices, base: dict | None = None) 
             continue
         deleted, life_s, why = _window(row.created_at, deleted)
         out.append(_disk_line(att, row, deleted, life_s, base, p, list(why)))
-        rule_min = billing_rule(row.provider).min_billed_s
         stopped = _stopped_at(att, row)
         busy_to = max(row.created_at, min(deleted, stopped)) if stopped is not None else deleted
         busy_s = (busy_to - row.created_at).total_seconds()
         if not _used(att, row):
             billed = billed_seconds(row.provider, busy_s)
-            out.append(_instance_line(att, row, "idle", row.created_at, busy_to,
-                                      lambda usd_h: cloud_bill_usd(billed, 0.0, usd_h, rule_min), billed, base, p,
-                                      why))
+            out.append(_instance_line(s, att, row, "idle", row.created_at, busy_to, lambda cp: cp.bill(billed), billed,
+                                      base, p, why))
         elif busy_to > end:
             job_s = max(0.0, (end - row.created_at).total_seconds())
             b_all, b_job = billed_seconds(row.provider, busy_s), billed_seconds(row.provider, job_s)
-            out.append(_instance_line(
-                att, row, "idle", max(end, row.created_at), busy_to,
-                lambda usd_h: (cloud_bill_usd(b_all, 0.0, usd_h, rule_min) - cloud_bill_usd(b_job, 0.0, usd_h, rule_min)),
-                b_all - b_job, base, p, why))
+            out.append(_instance_line(s, att, row, "idle", max(end, row.created_at), busy_to,
+                                      lambda cp: cp.bill(b_all) - cp.bill(b_job), b_all - b_job, base, p, why,
+                                      billed_from_s=b_job))
     return out
 
 
@@ -406,16 +598,18 @@ def _disk_line(att, row, deleted: datetime, life_s: float, base: dict, p: Ledger
                        billed_usd=usd, energy_kwh=0.0, carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why))
 
 
-def _carbon(p: LedgerPrices, zone: str, at: datetime):
+def _carbon(sig, zone: str):
+    """``sig``'s carbon series of ``zone`` (gCO2e/kWh), ``None`` for a zone it does not hold."""
     try:
-        return p.signals_at(at.timestamp()).carbon(zone)
+        return sig.carbon(zone)
     except ValueError:
         return None
 
 
-def _price(p: LedgerPrices, zone: str, at: datetime):
+def _price(sig, zone: str):
+    """``sig``'s electricity price series of ``zone`` (USD/MWh), ``None`` when it has none."""
     try:
-        return p.signals_at(at.timestamp()).price(zone)
+        return sig.price(zone)
     except ValueError:
         return None
 
@@ -426,6 +620,8 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
     if att.started_at is None:  # nothing ran: the held GPUs are idle time (a later line)
         return []
     pool = p.pools.get(att.pool or "")
+    sig = (p.signals_for(att.started_at.timestamp(), max(end, att.started_at).timestamp(), s) if pool is not None
+           else None)
     out = []
     for part in att.nodes or []:
         rank, node, gpus = int(part.get("rank", 0)), part.get("node", ""), list(part.get("gpus", []))
@@ -450,9 +646,11 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
             continue
         kw = it_kw * pool.pue
         t0, t1 = att.started_at.timestamp(), stop.timestamp()
-        tariff, twhy = window_integral(_price(p, pool.price_zone, att.started_at), t0, t1,
-                                       "electricity price")
-        ci, cwhy = window_integral(_carbon(p, pool.carbon_zone, att.started_at), t0, t1, "carbon intensity")
+        tariff, twhy = window_integral(_price(sig, pool.price_zone), t0, t1, "electricity price")
+        ci, cwhy = window_integral(_carbon(sig, pool.carbon_zone), t0, t1, "carbon intensity")
+        source, owhy = signal_origin(sig, pool.price_zone, "price", t0, t1, "electricity price")
+        cwhy = cwhy + signal_origin(sig, pool.carbon_zone, "carbon", t0, t1, "carbon intensity")[1]
+        twhy = twhy + owhy
         c = onprem_cost(run_s, gpus=len(gpus), kw=kw, usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
                         tariff_integral=tariff if tariff is not None else math.nan,
                         carbon_integral=ci if ci is not None else math.nan)
@@ -462,7 +660,8 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
                                region=pool.price_zone, list_unit_price_usd=mean_tariff,
                                billed_usd=None if tariff is None else float(c.energy_usd),
                                energy_kwh=float(c.energy_kwh), carbon_kg=None if ci is None else float(c.carbon_kg),
-                               estimated=bool(ewhy), estimate_reasons=tuple(ewhy)))
+                               estimated=bool(ewhy), estimate_reasons=tuple(ewhy),
+                               price_source=source if tariff is not None else None))
         awhy = clock + _unreported(att, rank)
         out.append(UsageRecord(**common, line="amortised", pricing_unit=PRICING_UNITS["amortised"],
                                region=pool.price_zone,
@@ -617,8 +816,8 @@ def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start:
             how = f"the ledger's {len(used)} energy line(s), {gh:.2f} GPU-h"
         else:
             hours = (end - start).total_seconds() / _H
-            tariff, _why = window_integral(_price(p, pool.price_zone, start), start.timestamp(), end.timestamp(),
-                                           "electricity price")
+            tariff, _why = window_integral(_price(p.signals_for(start.timestamp(), end.timestamp()), pool.price_zone),
+                                           start.timestamp(), end.timestamp(), "electricity price")
             if tariff is None or hours <= 0:
                 notes.append(f"{t} on-prem: no energy line and no tariff for {pool.price_zone} over the period")
                 continue

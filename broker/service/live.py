@@ -206,15 +206,23 @@ class LiveSignals:
         base: the bundled ``GridSignals``; offset_s: the replay shift, seconds (whole weeks).
         cache: the :class:`broker.service.signal_cache.SignalCache`; settings: its ``signals:`` section.
         now_s: POSIX s of the build; ahead_s: seconds of hours after now to fill (the planner's horizon + 8 days).
+        start_s: POSIX s the window starts at instead of ``history_h`` before now (the usage ledger's view of a
+            past attempt, :meth:`LiveEnvironment.billing_signals`); floored to the UTC hour.
+        per_hour: judge a cached value's freshness at the end of *its* hour (or ``now_s`` if earlier) rather
+            than at ``now_s``: what the planner had for that hour plus the measurements fetched after it, so a
+            past hour's measured value is not "last known" only because the bill is written later.
     """
 
-    def __init__(self, base, offset_s: float, cache, settings, now_s: float, ahead_s: float):
+    def __init__(self, base, offset_s: float, cache, settings, now_s: float, ahead_s: float,
+                 start_s: float | None = None, per_hour: bool = False):
         self.replay = ReplayedSignals(base, offset_s)
         self.offset_s = float(offset_s)
         self.cache, self.settings = cache, settings
         self.now_s = float(now_s)
+        self.per_hour = per_hour
         self.h0 = math.floor(now_s / 3600.0) * 3600.0
-        self.start_s = self.h0 - settings.history_h * 3600.0
+        self.start_s = (self.h0 - settings.history_h * 3600.0 if start_s is None
+                        else min(self.h0, math.floor(start_s / 3600.0) * 3600.0))
         self.n = int((self.h0 + math.ceil(ahead_s / 3600.0) * 3600.0 - self.start_s) / 3600.0)
         self._built: dict[tuple, object] = {}
         self._hours: dict | None = None
@@ -285,9 +293,10 @@ class LiveSignals:
 
         layers = []
         meta: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        judged_at = (np.minimum(start + (np.arange(n) + 1) * 3600.0, self.now_s) if self.per_hour else self.now_s)
         for nm in names[:-1]:  # fresh values of each configured source, in order
             h = hours[nm]
-            fresh = ~np.isnan(h.fetched_s) & is_fresh(h.fetched_s, self.now_s, stale)
+            fresh = ~np.isnan(h.fetched_s) & is_fresh(h.fetched_s, judged_at, stale)
             layers.append(layer(nm, np.where(fresh, h.values, np.nan), h.estimated))
             meta[nm] = (h.forecast, h.fetched_s)
         for nm in names:  # then whatever each source (and the seeded files) last gave, however old
@@ -441,6 +450,27 @@ class LiveEnvironment:
                 self._sig = (key, LiveSignals(self.base_signals, offset, self.signal_cache, self.signal_settings,
                                               now_s, self.planner.horizon_s + 8 * 86400.0))
             return self._sig[1]
+
+    def billing_signals(self, start_s: float, end_s: float, session=None) -> ReplayedSignals | LiveSignals:
+        """The signals the usage ledger prices ``[start_s, end_s]`` (POSIX s, a past window) on: for the zones the
+        ``signals:`` section configures, a :class:`LiveSignals` built at ``end_s`` whose window starts at
+        ``start_s``'s hour, each hour's cached value judged fresh at that hour's end (``per_hour``): the same chain
+        the planner uses (fresh, last known, forecast model, bundled replay) with the measurements fetched since;
+        elsewhere the bundled replay at ``start_s``'s offset, as :meth:`signals_at`. Not memoised (one per
+        metered attempt; reads the cache once). ``session``: an open store session the cache's database reads run
+        in (:meth:`broker.service.signal_cache.SignalCache.in_session`)."""
+        offset = self.offset_for(start_s)
+        if not self._live:
+            return ReplayedSignals(self.base_signals, offset)
+        c = self.signal_cache if session is None else self.signal_cache.in_session(session)
+        return LiveSignals(self.base_signals, offset, c, self.signal_settings, max(end_s, start_s), 3600.0,
+                           start_s=start_s, per_hour=True)
+
+    @property
+    def live_cloud_prices(self):
+        """The :class:`broker.service.signal_cache.SignalCache` holding live cloud prices when
+        ``signals.cloud_prices`` is configured, else ``None``."""
+        return self.signal_cache if self._cloud else None
 
     def _signals_key(self, now_s: float) -> tuple:
         """What the live series and the live-priced offers depend on besides the offset: the cache's version and

@@ -40,12 +40,14 @@ clients; they never appear in an error, a log line or the database.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable
@@ -445,6 +447,14 @@ class SignalCache:
                 out.prices[oid] = (cps.LivePrice(float(h.values[i]), src, float(h.fetched_s[i])), bool(h.estimated[i]))
         return out
 
+    def in_session(self, s) -> "SignalCache":
+        """A view of this cache whose reads of the durable copy run inside the open session ``s`` (the caller's
+        transaction: the usage ledger meters inside the one that ends an attempt, and a second connection would
+        wait on SQLite's single writer). Reads only; the Redis copy is shared."""
+        view = copy.copy(self)
+        view.store = _InSession(s)
+        return view
+
     # ------------------------------------------------------------------ Redis copy
     def _mirror_many(self, pairs, start_s: float, end_s: float) -> None:
         """:meth:`_mirror` of several (source, zone) pairs in one query."""
@@ -608,6 +618,18 @@ class SignalCache:
             ent["health"] = f"stale (older than {stale:.0f} s)"
         elif ent["last_error"] and f[1] > f[0]:
             ent["health"] = "ok (last attempt failed: " + ent["last_error"] + ")"
+
+
+class _InSession:
+    """A store stand-in whose ``session()`` is an already open session (not committed or closed here)."""
+
+    def __init__(self, s):
+        self._s = s
+
+    @contextmanager
+    def session(self):
+        """The open session."""
+        yield self._s
 
 
 class _Empty(SourceError):

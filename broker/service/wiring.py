@@ -75,7 +75,9 @@ class Services:
         from broker.service import ledger
         from broker.service.store.core import JobStore
 
-        ledger.configure(self.settings.cluster)  # the usage ledger prices on-prem usage with this cluster file
+        # the usage ledger prices with this process's planning environment (built on first metering): the
+        # cluster file's pools, the offers, the live signals and cloud price cache the planner uses
+        ledger.configure(self.settings.cluster, build=self.ledger_prices)
         return JobStore.from_settings(self.settings)
 
     def _build_redis(self):
@@ -93,6 +95,14 @@ class Services:
                               signals=signals)
         ledger.install(ledger.LedgerPrices.from_environment(env))  # one load of the offers and signals
         return env
+
+    def ledger_prices(self):
+        """The usage ledger's prices (:class:`broker.service.ledger.LedgerPrices`) of this process: its planning
+        environment's (:attr:`env`; building it installs them), so the worker's watch and reconciler and the API's
+        instance and node reports meter at the live prices and signals the planner used."""
+        from broker.service import ledger
+
+        return ledger.LedgerPrices.from_environment(self.env)
 
     def _build_signal_cache(self):
         """The live signal cache (:mod:`broker.service.signal_cache`) on this process's store and Redis."""
@@ -132,10 +142,13 @@ class Services:
         return _cloud_broker(self.store, self.settings, offers=self.env.offers, priced=self.env.offers_at)
 
     def reset(self):
-        """Forget everything (tests, or after the settings changed)."""
+        """Forget everything (tests, or after the settings changed), the usage ledger's prices built from it too."""
+        from broker.service import ledger
+
         with self._lock:
             for k in self._BUILDERS:
                 self.__dict__.pop(k, None)
+        ledger.configure(None)
 
 
 services = Services()
@@ -149,8 +162,13 @@ def build_api(settings: BrokerSettings):
     from broker.service.limits import RateLimiter
     from broker.service.store.core import JobStore
 
+    from broker.service import ledger
+
     get_app(settings)
     store = JobStore.from_settings(settings)
+    # cloud reports and node heartbeats end attempts here: meter them with the wiring's planning environment
+    # (the live signal cache and cloud prices the planner uses), built on first metering
+    ledger.configure(settings.cluster, build=services.ledger_prices)
     return create_app(store, settings, on_submit=lambda job_id: kick_planner(), cloud=_cloud_broker(store, settings),
                       redis=redis_client(settings.redis_url), rate_limiter=RateLimiter.from_settings(settings))
 

@@ -126,6 +126,7 @@ class Provisioning:
                                    cooling, self.settings.cloud.max_failover_options, self.canon)
         history = FailoverHistory()
         c = self.settings.cloud
+        launch_usd = {o.offer_id: o.usd_per_hour for o in options}  # each option's USD/h as priced now
 
         def user_data(option, rank: int, master_ip: str | None) -> str:
             provider = option.provider
@@ -153,7 +154,8 @@ class Provisioning:
                                          f"(offer {job.offer_id!r} is not configured or cooling down)", history)
             option, made = provision_gang(
                 job.job_id, attempt, job.team, spec.nodes, options, self.computes, user_data,
-                c.broker_id, history, lambda req: self._record_intent(req, now), on_failed_gang=failed_gang,
+                c.broker_id, history, lambda req: self._record_intent(req, now, launch_usd.get(req.offer_id)),
+                on_failed_gang=failed_gang,
                 sleep=self.sleep)
         except ProvisioningFailed as exc:
             self._record_failures(job.job_id, attempt, history)
@@ -195,10 +197,11 @@ class Provisioning:
             return "stale"
         return f"starting on {option.offer_id} ({len(made)} instance(s))"
 
-    def _record_intent(self, req: InstanceRequest, now: datetime) -> None:
-        """The intent record of one create call (idempotent on the request's token)."""
+    def _record_intent(self, req: InstanceRequest, now: datetime, launch_usd_per_hour: float | None = None) -> None:
+        """The intent record of one create call (idempotent on the request's token), with the USD/h the option was
+        priced at now (:meth:`offers_at`: live cloud price or bundled catalog), the usage ledger's fallback."""
         with self.store.session() as s:
-            instances.record_intent(s, req, now)
+            instances.record_intent(s, req, now, launch_usd_per_hour)
 
     def _record_failures(self, job_id: str, attempt: int, history: FailoverHistory) -> None:
         """Intent rows of (option, rank) tries that failed get state ``failed`` and the error (the cooldown reads

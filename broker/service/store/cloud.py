@@ -48,16 +48,19 @@ def move(s: Session, row: CloudInstance, to_state: InstanceState | str, reason: 
 
 
 # ---------------------------------------------------------------------- intents and creates
-def record_intent(s: Session, req: Any, now: datetime) -> None:
+def record_intent(s: Session, req: Any, now: datetime, launch_usd_per_hour: float | None = None) -> None:
     """Inside ``s``: the intent record of one create call (a :class:`providers.base.InstanceRequest`),
     idempotent on the request's token: a new row in state ``intent``; a ``failed`` row of the same option
-    tried again goes back to ``intent`` (a later attempt cannot share the token)."""
+    tried again goes back to ``intent`` (a later attempt cannot share the token). ``launch_usd_per_hour``: the
+    USD/h the provisioner priced the offer at now (kept on the row, refreshed when the option is tried again; the
+    usage ledger's fallback price, :mod:`broker.service.ledger`)."""
     row = s.execute(select(CloudInstance).where(CloudInstance.idempotency_token == req.token)).scalar_one_or_none()
     if row is None:
         row = CloudInstance(job_id=req.job_id, attempt=req.attempt, rank=req.rank, offer_id=req.offer_id,
                             provider=req.offer_id.split(":", 1)[0], region=req.region, zone=req.zone,
                             instance_type=req.instance_type, market=req.market, idempotency_token=req.token,
-                            state=I.intent.value, created_at=now, updated_at=now, history=[])
+                            state=I.intent.value, created_at=now, updated_at=now, history=[],
+                            launch_usd_per_hour=launch_usd_per_hour)
         check_instance_transition(None, None, row.state)
         s.add(row)
         s.flush()  # the row's id, for its history
@@ -67,6 +70,8 @@ def record_intent(s: Session, req: Any, now: datetime) -> None:
     elif row.state == I.failed.value:
         move(s, row, I.intent, f"{req.offer_id} tried again", now)
         row.updated_at = now
+        if launch_usd_per_hour is not None:
+            row.launch_usd_per_hour = launch_usd_per_hour
 
 
 def record_failures(s: Session, job_id: str, attempt: int, failed: dict[tuple[str, int | None], Any],

@@ -263,6 +263,10 @@ class CloudInstance(Base):
     report_seq: Mapped[int | None]
     #: the provider's error when the create failed, or why the instance was terminated
     error: Mapped[str | None] = mapped_column(Text)
+    #: USD/h the provisioner priced the offer at when it wrote the intent (live cloud price or bundled catalog:
+    #: :meth:`broker.service.live.LiveEnvironment.offers_at`); the ledger's fallback where the live cloud price
+    #: cache has no value (:mod:`broker.service.ledger`); ``None`` on rows written before migration 0013
+    launch_usd_per_hour: Mapped[float | None] = mapped_column(Float)
 
 
 class CloudInstanceEvent(Base):
@@ -380,6 +384,8 @@ class UsageRow(Base):
     estimated: Mapped[bool] = mapped_column(Boolean, default=False)
     estimate_reasons: Mapped[list[Any]]
     source: Mapped[str] = mapped_column(String(8), default="live")
+    #: where the line's price came from (:attr:`broker.usage.UsageRecord.price_source`); ``None`` before 0013
+    price_source: Mapped[str | None] = mapped_column(Text)
     recorded_at: Mapped[datetime]
 
     #: a line's key; ``start`` tells apart the hourly ``idle_amortised`` lines of one node (no job, no attempt)

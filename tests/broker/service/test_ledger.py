@@ -118,7 +118,7 @@ def _to_starting_cloud(store: JobStore, jid: str, offer: CloudOffer, attempt: in
                                 region=offer.region, zone=offer.zone, instance_type=offer.instance_type,
                                 market=offer.market.value, idempotency_token=uuid.uuid4().hex, state="running",
                                 provider_instance_id=iid(jid, attempt, r), created_at=created, updated_at=created,
-                                history=[]))
+                                history=[], launch_usd_per_hour=offer.usd_per_hour))
         s.flush()
         s.refresh(j)
         assert JobStore.cas(s, jid, j.version, "provisioning", "starting", "created", created,
