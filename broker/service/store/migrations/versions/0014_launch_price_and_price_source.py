@@ -2,15 +2,15 @@
 USD/h the provisioner priced the offer at when it wrote the intent, the ledger's fallback where the live cloud
 price cache has no value) and ``usage_records.price_source`` (where a line's price came from)
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-01 23:40:00
 """
 from alembic import op
 import sqlalchemy as sa
 
-revision = '0013'
-down_revision = '0012'
+revision = '0014'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 
