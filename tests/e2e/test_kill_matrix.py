@@ -15,7 +15,11 @@ it. The steps and how each is held (the hold is what makes the step deterministi
 step          where the job is when the process dies                      held by
 ============  ==========================================================  =====================================
 submitted     in the store, before intake                                 the worker (the planner) SIGSTOPped
+placing       taken in (``queued``), the planner's apply transaction       a test transaction holding the planner
+              open and blocked before it commits the placement             fence row (``SELECT ... FOR UPDATE``)
 starting      queued and placed on the node, not yet picked up             the agent SIGSTOPped
+launched      its process runs; the agent's ``running`` report is in        a test transaction holding the job's
+              the API, blocked before it commits                          row
 running       its process runs (``started`` has its line)                  the gate file is absent
 finishing     its process exited (exit file written, ``ran`` has its       the agent SIGSTOPped before the gate
               line), the report is not stored (the store says running)     opens
@@ -42,7 +46,7 @@ from broker.model import JobSpec
 from tests.e2e.harness import LiveBroker, wait_for
 
 KINDS = {"api": "api", "worker": "worker", "beat": "beat", "agent": "agent-node-a"}
-STEPS = ("submitted", "starting", "running", "finishing")
+STEPS = ("submitted", "placing", "starting", "launched", "running", "finishing")
 #: a case that does not reach ``succeeded`` in this many seconds fails (a healthy case takes ~3-8 s)
 CASE_TIMEOUT_S = 60.0
 
@@ -95,16 +99,65 @@ def _lines(path: Path, job_id: str) -> list[str]:
     return [ln for ln in path.read_text().splitlines() if ln.split()[0] == job_id]
 
 
+class _RowLock:
+    """A transaction of the test's own holding one row (``SELECT ... FOR UPDATE``) until :meth:`release`: a broker
+    process that writes that row blocks there, inside its own transaction, not yet committed.
+
+    ``table``/``where`` name the row (``where`` is SQL with ``:id``); ``id`` its key."""
+
+    def __init__(self, b: LiveBroker, table: str, where: str, id):
+        from sqlalchemy import text
+
+        self.text = text
+        self.conn = b.store.engine.connect()
+        self.tx = self.conn.begin()
+        got = self.conn.execute(text(f"SELECT 1 FROM {table} WHERE {where} FOR UPDATE"), {"id": id}).all()
+        assert got == [(1,)], f"no row of {table} where {where} ({id!r})"
+
+    def blocked(self) -> int:
+        """How many other sessions wait on this transaction's lock (``pg_blocking_pids``; what they run is not
+        read: ``pg_stat_activity.query`` may still show the statement before)."""
+        return self.conn.execute(self.text("SELECT count(*) FROM pg_stat_activity "
+                                           "WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))")).scalar_one()
+
+    def release(self) -> None:
+        self.tx.rollback()
+        self.conn.close()
+
+
+class _Hold:
+    """What holds the job at its step: a frozen process (released by SIGCONT unless it was the one killed and
+    started again) or the fence transaction."""
+
+    def __init__(self, b: LiveBroker, what):
+        self.b, self.what = b, what
+
+    def release(self, killed: str | None = None) -> None:
+        if isinstance(self.what, _RowLock):
+            self.what.release()
+        elif self.what is not None and self.what != killed:
+            self.b.resume(self.what)
+        self.what = None
+
+
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_kill_9_at_each_step_runs_the_job_exactly_once(live, kind, step):
     b, victim = live, KINDS[kind]
     d = _case_dir(b.root, f"{kind}-{step}")
     t0 = time.monotonic()
-    hold = {"submitted": "worker", "starting": "agent-node-a", "finishing": "agent-node-a"}.get(step)
-    if step in ("submitted", "starting"):
+    hold = _Hold(b, None)
+    if step in ("submitted", "placing", "starting", "launched"):
         (d / "gate").touch()
-        b.pause(hold)
+    if step == "submitted":
+        hold = _Hold(b, "worker")
+        b.pause("worker")
+    elif step == "placing":
+        b.store.planner_version()  # the fence row exists
+        hold = _Hold(b, _RowLock(b, "planner_state", "id = :id", 1))
+    elif step in ("starting", "launched"):
+        hold = _Hold(b, "agent-node-a")
+        b.pause("agent-node-a")
     job_id = b.client.submit(_gated_spec(d)).id
     b.submitted.append(job_id)
     try:
@@ -112,30 +165,44 @@ def test_kill_9_at_each_step_runs_the_job_exactly_once(live, kind, step):
         if step == "submitted":
             time.sleep(0.3)  # a beat tick and the API's kick are queued meanwhile, for the frozen worker
             assert b.store.get(job_id).state == "submitted"
+        elif step == "placing":
+            wait_for(lambda: b.store.get(job_id).state == "queued" and hold.what.blocked() >= 1, 30,
+                     "the planner to take the job in and block in its apply (advance_fence)")
         elif step == "starting":
             wait_for(lambda: b.store.get(job_id).state == "starting", 30, "the job to be placed")
             assert _local(b, job_id) == [], "the frozen agent picked the job up"
+        elif step == "launched":
+            wait_for(lambda: b.store.get(job_id).state == "starting", 30, "the job to be placed")
+            lock = _RowLock(b, "jobs", "id = :id", job_id)  # the API's `running` report will wait on it
+            hold.release()
+            hold = _Hold(b, lock)
+            wait_for(lambda: _lines(d / "started", job_id) and lock.blocked() >= 1, 30,
+                     "the process to start and the API to block storing its `running` report")
+            assert b.store.get(job_id).state == "starting"
         else:
             wait_for(lambda: b.store.get(job_id).state == "running" and _lines(d / "started", job_id), 30,
                      "the job's process to run")
             if step == "finishing":
-                b.pause(hold)
+                hold = _Hold(b, "agent-node-a")
+                b.pause("agent-node-a")
                 (d / "gate").touch()
                 wait_for(lambda: [a.status for a in _local(b, job_id)] == ["exited"], 30, "the process to exit")
                 assert _lines(d / "ran", job_id) and b.store.get(job_id).state == "running"
         # ---- kill -9 the process kind there, start it again, let the job go on
         b.kill(victim)
         b.restart(victim)
-        if hold is not None and hold != victim:
-            b.resume(hold)
-        hold = None
+        hold.release(killed=victim)
         if step == "running":
             (d / "gate").touch()
         wait_for(lambda: b.store.get(job_id).state in ("succeeded", "failed", "cancelled"), CASE_TIMEOUT_S,
                  f"job {job_id} to end")
     except BaseException:
-        if hold is not None:
-            b.resume(hold)
+        if isinstance(hold.what, _RowLock):
+            print("blocked:", hold.what.conn.execute(hold.what.text(
+                "SELECT pid, state, wait_event_type, left(query, 200) FROM pg_stat_activity "
+                "WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))")).all())
+            print("job", b.store.get(job_id).state)
+        hold.release()
         print(b.logs())
         raise
     # ---- exactly once, by the store and by what the job did
