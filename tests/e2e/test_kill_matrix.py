@@ -25,10 +25,12 @@ finishing     its process exited (exit file written, ``ran`` has its       the a
               line), the report is not stored (the store says running)     opens
 ============  ==========================================================  =====================================
 
-No case needs an at-least-once rule: every kill here is answered by the exactly-once paths (the store is the
-truth, the planner re-reads it; the agent re-adopts its attempts from its state directory and reports the
-ones that ended meanwhile). A lost node (``node_lost_after_s``) is the at-least-once path and is kept out of
-reach: holds last a few seconds, ``node_lost_after_s`` is 60 s here.
+No case of the matrix needs an at-least-once rule: every kill there is answered by the exactly-once paths (the
+store is the truth, the planner re-reads it; the agent re-adopts its attempts from its state directory and
+reports the ones that ended meanwhile). Holds last a few seconds and ``node_lost_after_s`` is 60 s there, so the
+one at-least-once path, a node declared lost, is kept out of the matrix; the last test takes it on purpose (an
+agent down past ``node_lost_after_s``: the command starts twice, its side effect happens once, and attempt 2
+sees attempt 1's checkpoint).
 """
 
 from __future__ import annotations
@@ -220,3 +222,44 @@ def test_kill_9_at_each_step_runs_the_job_exactly_once(live, kind, step):
     wait_for(lambda: _local(b, job_id) == [], 15, "the agent to forget the reported attempt")
     assert {n: p.poll() for n, p in b.procs.items()} == {n: None for n in b.procs}
     print(f"kill -9 {victim} at {step}: succeeded once in {time.monotonic() - t0:.1f} s")
+
+
+def test_agent_gone_past_node_lost_reruns_the_job_once_more_from_its_checkpoint(tmp_path):
+    """The one at-least-once path: an agent killed while its job runs and started again only after
+    ``node_lost_after_s`` (4 s here). The reconciler declares the node lost and requeues the job (attempt 1 ends
+    ``lost``, ARCHITECTURE.md "Attempts"); the restarted agent stops attempt 1's process, which no longer is in its
+    work, and runs attempt 2 with the same ``CHECKPOINT_DIR``. So the command starts twice (attempts 1 and 2), and
+    its side effect, which attempt 1 had not reached, happens once, by attempt 2."""
+    b = LiveBroker(tmp_path / "broker", nodes={"node-a": 2}, node_lost_after_s=4.0)
+    try:
+        b.start()
+        client = Client(b.url, b.token("ml"))
+        d = _case_dir(tmp_path, "lost")
+        mark = '"$FEDBROKER_JOB_ID $FEDBROKER_ATTEMPT"'
+        script = (f"echo {mark} >> {d}/started; echo {mark} >> $CHECKPOINT_DIR/seen; "
+                  f"while [ ! -e {d}/gate ]; do sleep 0.05; done; cat $CHECKPOINT_DIR/seen >> {d}/ran")
+        job_id = client.submit(JobSpec(command=["/bin/sh", "-c", script], estimated_duration_s=60.0)).id
+        wait_for(lambda: b.store.get(job_id).state == "running" and _lines(d / "started", job_id), 30,
+                 "the job's process to run")
+        b.kill("agent-node-a")
+        wait_for(lambda: b.store.get(job_id).state in ("queued", "interrupted"), 30, "the node to be declared lost")
+        b.restart("agent-node-a")
+        wait_for(lambda: _lines(d / "started", job_id)[1:], 30, "attempt 2 to start")
+        (d / "gate").touch()
+        wait_for(lambda: b.store.get(job_id).state in ("succeeded", "failed", "cancelled"), CASE_TIMEOUT_S,
+                 "the job to end")
+        assert b.store.get(job_id).state == "succeeded"
+        assert [e.to_state for e in b.store.events(job_id)] == [
+            "submitted", "queued", "starting", "running", "interrupted", "queued", "starting", "running", "succeeded"]
+        attempts = b.store.attempts(job_id)
+        assert [(a.number, a.outcome, a.ended_at is not None) for a in attempts] == [(1, "lost", True),
+                                                                                     (2, "succeeded", True)]
+        assert _lines(d / "started", job_id) == [f"{job_id} 1", f"{job_id} 2"]
+        # once, by attempt 2, which found attempt 1's checkpoint: the rerun resumed from it
+        assert d.joinpath("ran").read_text().splitlines() == [f"{job_id} 1", f"{job_id} 2"]
+        wait_for(lambda: _local(b, job_id) == [], 15, "the agent to forget both attempts")
+    except BaseException:
+        print(b.logs())
+        raise
+    finally:
+        b.stop()
