@@ -8,7 +8,8 @@ count what the job did, whatever the store says.
 
 Each case holds the job at one step, SIGKILLs one process kind there, starts it again, lets the job go on, and
 asserts the job ended ``succeeded`` exactly once with one attempt (closed, exit code 0), the command started
-once and its side effect happened once, no other job appeared or vanished, and the agent keeps no attempt of
+once and its side effect happened once, the usage ledger metered the attempt once (one ``energy`` and one
+``amortised`` line, each over the attempt's run), no other job appeared or vanished, and the agent keeps no attempt of
 it. The steps and how each is held (the hold is what makes the step deterministic, not a sleep):
 
 ============  ==========================================================  =====================================
@@ -95,6 +96,14 @@ def _local(b: LiveBroker, job_id: str) -> list:
     from workers.runtime import ProcessRuntime
 
     return [a for a in ProcessRuntime(b.dir / "state" / "agents" / "node-a").list() if a.key.job_id == job_id]
+
+
+def _usage(b: LiveBroker, job_id: str) -> list:
+    """The usage ledger's records of ``job_id`` (by attempt, rank, line)."""
+    from broker.service.store.usage import usage_rows
+
+    with b.store.session() as s:
+        return usage_rows(s, job_id)
 
 
 def _lines(path: Path, job_id: str) -> list[str]:
@@ -212,6 +221,13 @@ def test_kill_9_at_each_step_runs_the_job_exactly_once(live, kind, step):
     assert events == ["submitted", "queued", "starting", "running", "succeeded"], events
     attempts = b.store.attempts(job_id)
     assert [(a.outcome, a.exit_code, a.ended_at is not None) for a in attempts] == [("succeeded", 0, True)]
+    # the finance ledger metered the attempt once: one energy and one amortised line over its run
+    usage = _usage(b, job_id)
+    a = attempts[0]
+    run_s = (a.ended_at - a.started_at).total_seconds()
+    assert [(u.attempt, u.rank, u.line, u.resource) for u in usage] == [(1, 0, "amortised", "node-a"),
+                                                                         (1, 0, "energy", "node-a")]
+    assert [u.run_s for u in usage] == pytest.approx([run_s, run_s], abs=1e-6)
     assert len(_lines(d / "started", job_id)) == 1, "the command started more than once"
     assert len(_lines(d / "ran", job_id)) == 1, "the side effect happened more than once"
     # no job lost or duplicated, none open, the agent keeps nothing of this one, every process is back
@@ -254,6 +270,8 @@ def test_agent_gone_past_node_lost_reruns_the_job_once_more_from_its_checkpoint(
         attempts = b.store.attempts(job_id)
         assert [(a.number, a.outcome, a.ended_at is not None) for a in attempts] == [(1, "lost", True),
                                                                                      (2, "succeeded", True)]
+        assert [(u.attempt, u.line) for u in _usage(b, job_id)] == [(1, "amortised"), (1, "energy"),
+                                                                      (2, "amortised"), (2, "energy")]
         assert _lines(d / "started", job_id) == [f"{job_id} 1", f"{job_id} 2"]
         # once, by attempt 2, which found attempt 1's checkpoint: the rerun resumed from it
         assert d.joinpath("ran").read_text().splitlines() == [f"{job_id} 1", f"{job_id} 2"]
