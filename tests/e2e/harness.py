@@ -135,6 +135,30 @@ class LiveBroker:
         p.send_signal(sig)
         p.wait(timeout=30)
 
+    def pause(self, name: str) -> None:
+        """Freeze process ``name`` (SIGSTOP): it holds its sockets and state but does nothing until :meth:`resume`
+        (or a SIGKILL). Used to hold a job at one lifecycle step."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """Let a process frozen by :meth:`pause` go on (SIGCONT)."""
+        self.procs[name].send_signal(signal.SIGCONT)
+
+    def restart(self, name: str) -> None:
+        """Start process ``name`` again (``api``, ``worker*``, ``beat*`` or ``agent-<node>``) after it died; for the
+        API, wait until ``/healthz`` answers 200 (at most 60 s, else ``AssertionError``)."""
+        if name.startswith("agent-"):
+            self.start_agent(name.removeprefix("agent-"))
+        elif name.startswith("worker"):
+            self.start_worker(name)
+        elif name.startswith("beat"):
+            self.start_beat(name)
+        elif name == "api":
+            self._spawn("api", "api")
+            wait_for(lambda: requests.get(f"{self.url}/healthz", timeout=2).status_code == 200, 60, "the API")
+        else:
+            raise ValueError(f"name={name!r}: not a process of this broker ({', '.join(sorted(self.procs))})")
+
     def start(self) -> "LiveBroker":
         from broker.service.store.core import JobStore
 
