@@ -169,6 +169,8 @@ class JobSpec(BaseModel):
         min_gpu_memory_gb: minimum memory per GPU, GB.
         priority_class: queue priority.
         team: owning team (fair share and budgets are per team).
+        project: the team's project it is charged to (optional; same pattern as a team name). The usage
+            ledger records it, and a project budget (:mod:`broker.service.budgets`) caps its cloud spend.
         deadline: latest completion instant (UTC); or give ``slack_s``.
         slack_s: seconds of slack beyond the estimated duration, counted from submission.
         earliest_start: do not start before this instant (UTC).
@@ -203,6 +205,7 @@ class JobSpec(BaseModel):
     min_gpu_memory_gb: float = Field(0.0, ge=0, le=4096)
     priority_class: PriorityClass = PriorityClass.normal
     team: str = Field("default", json_schema_extra={"minLength": 1, "maxLength": 63, "pattern": TEAM_RE.pattern})
+    project: str | None = Field(None, json_schema_extra={"minLength": 1, "maxLength": 63, "pattern": TEAM_RE.pattern})
     deadline: datetime | None = None
     slack_s: float | None = Field(None, ge=0, le=MAX_SPAN_S)
     earliest_start: datetime | None = Field(None, validation_alias=AliasChoices("earliest_start", "not_before"))
@@ -259,6 +262,13 @@ class JobSpec(BaseModel):
     def _team(cls, v: str) -> str:
         if not _NAME_RE.match(v):
             raise ValueError(f"team={v!r}: 1-63 letters, digits, '.', '_' or '-'")
+        return v
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, v: str | None) -> str | None:
+        if v is not None and not _NAME_RE.match(v):
+            raise ValueError(f"project={v!r}: 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return v
 
     @field_validator("deadline", "earliest_start", "not_after")

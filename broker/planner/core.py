@@ -117,6 +117,10 @@ class PlannerConfig(BaseModel):
             each cloud decision takes its ``dollars_usd`` off before the team's next job is decided; on-prem
             options are not limited (the capacity is paid for anyway). The live broker passes each budgeted
             team's ``cap - spent - committed`` (:mod:`broker.service.budgets`).
+        project_budget_usd: team -> project -> remaining *cloud* budget of that project, USD; absent =
+            unlimited. Same rule as ``team_budget_usd`` for the jobs whose :attr:`PendingJob.project` it names;
+            a job of a budgeted project of a budgeted team is held by whichever of the two has less left, and
+            each of its cloud decisions is charged to both.
         cloud_enabled: the federated/cheapest policies may use cloud offers.
         urgency_bucket_s: ``federated`` orders its on-prem queue least-laxity first: by the
             job's latest on-prem start (deadline - remaining reference-GPU runtime) floored
@@ -164,6 +168,7 @@ class PlannerConfig(BaseModel):
     priority_max_age_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
     priority_weight_age: float = Field(2.0, ge=0, allow_inf_nan=False)
     team_budget_usd: dict[str, float] = Field(default_factory=dict)
+    project_budget_usd: dict[str, dict[str, float]] = Field(default_factory=dict)
     cloud_enabled: bool = True
     urgency_bucket_s: float = Field(6 * 3600.0, ge=0)
     wait_ahead: Literal["queue", "urgency"] = "urgency"
@@ -204,7 +209,8 @@ class PendingJob:
     Times are POSIX seconds (UTC). ``work_s`` is the remaining runtime on the
     reference GPU (V100), seconds. ``gpu_types`` None means any type.
     ``committed_pool`` is set once the planner chose to wait for that on-prem
-    pool; ``review_s`` is when its options are looked at again.
+    pool; ``review_s`` is when its options are looked at again. ``project``: the
+    team's project the job is charged to (``None``: none), for project budgets.
     """
 
     job_id: str
@@ -228,6 +234,7 @@ class PendingJob:
     committed_pool: int | None = None
     review_s: float = 0.0
     deferred_once: bool = False
+    project: str | None = None
 
     @property
     def gpus(self) -> int:

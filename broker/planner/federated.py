@@ -5,8 +5,9 @@ cheaper/cleaner slot, or waiting in the queue) and every available cloud offer::
 
     score = dollars + carbon_price x kgCO2e + value_of_time x wait
 
-subject to the deadline (pessimistic spot finish), the team's remaining cloud budget
-(``PlannerConfig.team_budget_usd``: cloud options only; a capped team runs on-prem), price cap and
+subject to the deadline (pessimistic spot finish), the remaining cloud budgets of the job's team and project
+(``PlannerConfig.team_budget_usd``, ``project_budget_usd``: cloud options only; a capped team or project runs
+on-prem), price cap and
 gang rules, and preempts lower-priority preemptible jobs when that scores better
 (single-node jobs, hysteresis: strictly lower class, a minimum run since start).
 
@@ -19,8 +20,12 @@ How a 100k-job cycle stays near a second (measured in BENCHMARKS.md):
   release profile, exact on-prem costs, the best start slot from a per-shape slot
   table, exact costs on the shape's top-ranked cloud offers, and the choice;
 * explanations (the best rejected options) of batch decisions are built on read;
-* a team's remaining cloud budget is charged by the batch's cloud decisions in queue order; one
-  that does not fit is decided again alone against what is left.
+* a team's (and a project's) remaining cloud budget is charged by the batch's cloud decisions in queue
+  order; one that does not fit is decided again alone against what is left.
+
+The budget rule has one home here: the caps that hold a job are its team's and its project's
+(:func:`_budget_keys`); what it may still spend is the smaller of what they have left (:func:`_budget_left`,
+the team's on a tie), and a cloud decision is charged to every one of them (:func:`_spend`).
 
 Shared machinery (capacity index, queue pass, reservations) is in :mod:`broker.planner.policy_base`;
 the cost model and the score in :mod:`broker.planner.costs`.
@@ -40,13 +45,15 @@ from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
                                         never_fits_reason, run_onprem_queue, urgency_bucket, work_bucket)
 
-__all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE"]
+__all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE", "PROJECT_CAP_NOTE"]
 
 #: the top offers of a shape's ranking costed exactly for every job of the shape
 CLOUD_TOP = 16
 _NOTE_NOW = "start now"
 #: how an explanation starts when a team's cloud budget (``PlannerConfig.team_budget_usd``) kept the cloud out
 BUDGET_CAP_NOTE = "team budget cap reached"
+#: how an explanation starts when a project's cloud budget (``PlannerConfig.project_budget_usd``) kept it out
+PROJECT_CAP_NOTE = "project budget cap reached"
 #: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
 _NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
           "defer": "deferred to a cheaper/cleaner window"}
@@ -177,7 +184,7 @@ def plan_federated(snap: Snapshot, ctx: PlannerContext) -> list[Decision]:
             ahead[p].set_urgency(demand, (st[0], st[1]))
     todo = sorted(fresh + review, key=cy.urgency_key)
     cloud_ok = cfg.cloud_enabled and len(ctx.offers) > 0
-    budgets = dict(cfg.team_budget_usd)
+    budgets = _budgets(cfg)
     batches: dict[tuple, list] = {}
     tentative: list[tuple[int, list[int], int]] = []  # (pool, nodes, GPUs per node) set aside while batching
     by_shape: dict[tuple, tuple] = {}  # placement shape -> (on-prem targets, compatible offers, available offers)
@@ -272,17 +279,56 @@ def _urgency_demand(snap: Snapshot, committed: list[PendingJob], bucket_s: float
     return out
 
 
-def _cap_note(team: str, left: float, blocked=None) -> str:
-    """The start of an explanation when the team's cloud budget kept the cloud out (``blocked``: the cheapest
-    cloud option it ruled out)."""
-    return (f"{BUDGET_CAP_NOTE}: team {team} has ${max(left, 0.0):.2f} of its cloud budget left this month"
+def _budgets(cfg) -> dict:
+    """The cycle's working copy of the caps, USD left: ``team -> USD`` and ``(team, project) -> USD``."""
+    out: dict = dict(cfg.team_budget_usd)
+    for team, projects in cfg.project_budget_usd.items():
+        for project, left in projects.items():
+            out[(team, project)] = left
+    return out
+
+
+def _budget_keys(job: PendingJob, budgets: dict) -> list:
+    """The caps that hold ``job``'s cloud spend: its team's and its project's, those that have a budget."""
+    keys = [job.team] if job.team in budgets else []
+    if job.project is not None and (job.team, job.project) in budgets:
+        keys.append((job.team, job.project))
+    return keys
+
+
+def _budget_left(job: PendingJob, budgets: dict) -> tuple[float, object]:
+    """``(USD the job may still spend on the cloud, the cap that bounds it)``: the least left of its caps (the
+    team's on a tie); ``(inf, None)`` when neither its team nor its project has a budget."""
+    keys = _budget_keys(job, budgets)
+    if not keys:
+        return INF, None
+    key = min(keys, key=lambda k: budgets[k])
+    return budgets[key], key
+
+
+def _spend(job: PendingJob, budgets: dict, usd: float) -> None:
+    """Charge a cloud decision of ``usd`` to every cap of ``job`` (its later jobs see what is left)."""
+    for k in _budget_keys(job, budgets):
+        budgets[k] -= usd
+
+
+def _cap_name(key) -> str:
+    """``"team T"`` or ``"project P of team T"`` for a key of :func:`_budgets`."""
+    return f"project {key[1]} of team {key[0]}" if isinstance(key, tuple) else f"team {key}"
+
+
+def _cap_note(key, left: float, blocked=None) -> str:
+    """The start of an explanation when a cloud budget (``key``: a team or a ``(team, project)``) kept the cloud
+    out (``blocked``: the cheapest cloud option it ruled out)."""
+    head = PROJECT_CAP_NOTE if isinstance(key, tuple) else BUDGET_CAP_NOTE
+    return (f"{head}: {_cap_name(key)} has ${max(left, 0.0):.2f} of its cloud budget left this month"
             + (f" and cloud offer {blocked.target} would cost ${blocked.dollars_usd:.2f}" if blocked is not None else "")
             + "; no new cloud spend, the job waits for on-prem capacity or its deadline; ")
 
 
 def _charge_budgets(cy: Cycle, n0: int, jobs: list[PendingJob], targets, offers: np.ndarray, ahead, budgets) -> None:
     """Charge the cloud decisions of a batch (``cy.decisions[n0:]``, decided without budgets) to their teams'
-    budgets, in queue order. A decision over what is left is taken back and its job decided again, alone,
+    and projects' budgets (:func:`_spend`), in queue order. A decision over what is left is taken back and its job decided again, alone,
     against the budget (:func:`_choose`): with the offers when some budget is left (a cheaper offer may fit),
     among its on-prem options only when none is. On-prem decisions are unchanged: a budget only removes cloud
     options, and the best option of a set stays the best of any subset holding it."""
@@ -290,9 +336,9 @@ def _charge_budgets(cy: Cycle, n0: int, jobs: list[PendingJob], targets, offers:
     keep, over = [], []
     for d in cy.decisions[n0:]:
         j = by_id.get(d.job_id)
-        if d.kind is DecisionKind.provision and j is not None and j.team in budgets:
-            if d.option.dollars_usd <= budgets[j.team]:
-                budgets[j.team] -= d.option.dollars_usd
+        if d.kind is DecisionKind.provision and j is not None and _budget_keys(j, budgets):
+            if d.option.dollars_usd <= _budget_left(j, budgets)[0]:
+                _spend(j, budgets, d.option.dollars_usd)
             else:
                 over.append((j, d))
                 continue
@@ -302,7 +348,7 @@ def _charge_budgets(cy: Cycle, n0: int, jobs: list[PendingJob], targets, offers:
     del cy.decisions[n0:]
     cy.decisions.extend(keep)
     for j, d in over:
-        left = budgets[j.team]
+        left, key = _budget_left(j, budgets)
         free_now, fits = [], []
         for p, t in targets:
             f = cy.index[p].total_free.get(t, 0)
@@ -312,8 +358,8 @@ def _charge_budgets(cy: Cycle, n0: int, jobs: list[PendingJob], targets, offers:
         _decide_federated(cy, [j], targets, offers if left > 0 else NO_OFFERS, ahead, budgets, [fits], [free_now])
         if left <= 0:
             for nd in cy.decisions[n1:]:  # name the cloud option the spent budget ruled out
-                if nd.job_id == j.job_id and nd.reason.startswith(_cap_note(j.team, left)):
-                    nd.reason = _cap_note(j.team, left, d.option) + nd.reason[len(_cap_note(j.team, left)):]
+                if nd.job_id == j.job_id and nd.reason.startswith(_cap_note(key, left)):
+                    nd.reason = _cap_note(key, left, d.option) + nd.reason[len(_cap_note(key, left)):]
 
 
 #: codes of on-prem option kinds in the vectorised decision
@@ -501,7 +547,7 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
     vot_h = ctx.value_of_time(job0)
     work = np.array([j.work_s for j in jobs])
     latest_finish = np.array([j.deadline_s for j in jobs]) - cfg.deadline_margin_s
-    budget = budgets.get(job0.team, INF) if n == 1 else INF
+    budget, bkey = _budget_left(job0, budgets) if n == 1 else (INF, None)
     onprem = _onprem_columns(cy, jobs, targets, ahead, fits, free_now, work, latest_finish, vot_h)
     cloud, cloud_extra = (_cloud_columns(cy, jobs, offers, work, latest_finish, vot_h, budget)
                           if offers.size else (None, {}))
@@ -548,7 +594,9 @@ def _decide_federated(cy: Cycle, jobs: list[PendingJob], targets, offers: np.nda
                 elif now + v["finish"] > lf[i]:
                     note = "misses the deadline"
                 elif over:
-                    note = f"{BUDGET_CAP_NOTE}: costs ${v['dollars']:.2f}, ${max(budget, 0.0):.2f} of the team's cloud budget left"
+                    note = (f"{PROJECT_CAP_NOTE if isinstance(bkey, tuple) else BUDGET_CAP_NOTE}: costs "
+                            f"${v['dollars']:.2f}, ${max(budget, 0.0):.2f} of the "
+                            f"{'project' if isinstance(bkey, tuple) else 'team'}'s cloud budget left")
                 else:
                     note = "over the job's price cap or no carbon data"
                 opt = OptionEstimate("cloud", ctx.offer_ids[o], now + v["delay"], v["delay"], v["runtime"],
@@ -674,14 +722,15 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
                                          not_before=now + 3600.0, reason="no cloud offer available now"))
         return
     shown = options  # the explanation lists the options the cap ruled out too
-    if job.team in budgets:
-        # a hard cap: a cloud option over the team's remaining budget is never chosen, not even to minimise
-        # lateness below; with nothing else the job gets no decision this cycle and waits (none is dropped)
+    left, key = _budget_left(job, budgets)
+    if key is not None:
+        # a hard cap: a cloud option over what the team (or the project) has left is never chosen, not even to
+        # minimise lateness below; with nothing else the job gets no decision this cycle and waits (none dropped)
         blocked = [o for o in options if o[3].get("over_budget")]
         options = [o for o in options if not o[3].get("over_budget")]
         cap_note = ""
-        if blocked or budgets[job.team] <= 0:
-            cap_note = _cap_note(job.team, budgets[job.team],
+        if blocked or left <= 0:
+            cap_note = _cap_note(key, left,
                                  min((o[2] for o in blocked), key=lambda x: x.dollars_usd) if blocked else None)
         if not options:
             return
@@ -706,8 +755,7 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
 
     if "offer" in how:
         o = how["offer"]
-        if job.team in budgets:  # the cycle's later jobs of the team see what is left
-            budgets[job.team] -= opt.dollars_usd
+        _spend(job, budgets, opt.dollars_usd)  # the cycle's later jobs of the team and project see what is left
         cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
                                      alternatives=alts, reason="best score: cloud"))
         return

@@ -2,10 +2,15 @@
 
 ::
 
-    GET    /v1/budgets?team=        admin: every team's budget state (or ``team``'s); other tokens: their team's
-    GET    /v1/budgets/{team}       one team's state (admin, or a token of that team)
-    PUT    /v1/budgets/{team}       BudgetRequest -> BudgetState (admin only): set the monthly cloud cap
-    DELETE /v1/budgets/{team}       -> 204 (admin only): the team's cloud spend is unlimited again
+    GET    /v1/budgets?team=&project=&projects=   admin: every team's budget state (or ``team``'s); other tokens:
+                                    their team's. ``projects=true`` (or a ``project``): the project budgets instead
+    GET    /v1/budgets/{team}?project=    one team's (or that project's) state (admin, or a token of that team)
+    PUT    /v1/budgets/{team}?project=    BudgetRequest -> BudgetState: set the monthly cloud cap (a team's: admin
+                                    only; a project's: admin or a team admin of that team)
+    DELETE /v1/budgets/{team}?project=    -> 204 (same rights as PUT): its cloud spend is unlimited again (a
+                                    project's team budget, if any, still holds it)
+
+``project`` is optional everywhere, so the team-budget calls are unchanged (no new route).
 
 The state's figures (spent, committed, remaining, forecast, alert, capped) are defined in
 :mod:`broker.service.budgets`. Errors: 403 (not an admin for a change), 404 (no budget, or another team's for
@@ -29,58 +34,75 @@ _ERR = {401: {"model": ErrorBody, "description": "missing, unknown, revoked or e
         403: {"model": ErrorBody, "description": "this token may not do this (changes need an admin token)"}}
 _ONE = {**_ERR, 404: {"model": ErrorBody, "description": "no budget for this team visible to the caller"}}
 _TEAM = Path(min_length=1, max_length=63, pattern=TEAM_RE.pattern, description="The team")
+_PROJECT = Query(min_length=1, max_length=63, pattern=TEAM_RE.pattern,
+                 description="A project of the team (the job spec's ``project``): its budget rather than the team's")
 
 
 def register(app: FastAPI, store: JobStore, Caller) -> None:
     """Add the budget routes to ``app``; ``Caller`` is the API's authenticated-principal dependency."""
 
-    def not_found(team: str) -> HTTPException:
-        return HTTPException(404, f"team={team!r}: no budget (its cloud spend is unlimited)"
+    def not_found(team: str, project: str | None = None) -> HTTPException:
+        what = f"team={team!r}" if project is None else f"project={project!r} of team={team!r}"
+        return HTTPException(404, f"{what}: no budget (its cloud spend is unlimited by it)"
                                   " or not your team")
 
-    def admin_only(who, what: str) -> None:
-        if not who.admin:
-            raise HTTPException(403, f"{what} needs an admin token (yours is {who.kind} of team {who.team!r})")
+    def may_change(who, what: str, team: str, project: str | None) -> None:
+        """A team budget: admins only. A project budget: admins and the team's own team admins."""
+        if who.admin or (project is not None and who.kind == "team-admin" and who.team == team):
+            return
+        need = "an admin token" if project is None else f"an admin or a team-admin token of team {team!r}"
+        raise HTTPException(403, f"{what} needs {need} (yours is {who.kind} of team {who.team!r})")
 
     @app.get("/v1/budgets", response_model=list[BudgetState], tags=["budgets"], responses=_ERR)
     def list_budgets(who: Caller,
                      team: Annotated[str | None, Query(min_length=1, max_length=63, pattern=TEAM_RE.pattern,
-                                                       description="Only this team (admins)")] = None
+                                                       description="Only this team (admins)")] = None,
+                     project: Annotated[str | None, _PROJECT] = None,
+                     projects: Annotated[bool, Query(description="The project budgets (by team, project) instead "
+                                                                 "of the team budgets")] = False
                      ) -> list[BudgetState]:
         """Budget states by team this month (UTC): an admin or finance token sees every team's (or ``team``'s),
-        any other token its own team's only."""
+        any other token its own team's only. With ``projects=true`` or a ``project``: the project budgets, by
+        team then project."""
         if not who.all_finance:
             team = who.team
         with store.session() as s:
-            return budget_states(s, utcnow(), team)
+            return budget_states(s, utcnow(), team, project, projects=projects)
 
     @app.get("/v1/budgets/{team}", response_model=BudgetState, tags=["budgets"], responses=_ONE)
-    def get_budget(team: Annotated[str, _TEAM], who: Caller) -> BudgetState:
-        """One team's budget state this month: cap, spent, committed, remaining, forecast to month end, alert."""
+    def get_budget(team: Annotated[str, _TEAM], who: Caller,
+                   project: Annotated[str | None, _PROJECT] = None) -> BudgetState:
+        """One team's (or, with ``project``, one project's) budget state this month: cap, spent, committed,
+        remaining, forecast to month end, alert."""
         if not who.all_finance and team != who.team:
-            raise not_found(team)
+            raise not_found(team, project)
         with store.session() as s:
-            out = budget_states(s, utcnow(), team)
+            out = budget_states(s, utcnow(), team, project)
         if not out:
-            raise not_found(team)
+            raise not_found(team, project)
         return out[0]
 
     @app.put("/v1/budgets/{team}", response_model=BudgetState, tags=["budgets"],
-             responses={**_ERR, 422: {"model": ErrorBody, "description": "bad team, cap_usd or alert_fraction"}})
-    def put_budget(team: Annotated[str, _TEAM], body: BudgetRequest, who: Caller) -> BudgetState:
-        """Set a team's monthly cloud cap (USD) and soft alert fraction (admin only; audited ``budget.set``).
-        The next planning cycle applies it: no new cloud spend past the cap."""
-        admin_only(who, "setting a budget")
+             responses={**_ERR, 422: {"model": ErrorBody,
+                                      "description": "bad team, project, cap_usd or alert_fraction"}})
+    def put_budget(team: Annotated[str, _TEAM], body: BudgetRequest, who: Caller,
+                   project: Annotated[str | None, _PROJECT] = None) -> BudgetState:
+        """Set a team's (or, with ``project``, a project's) monthly cloud cap (USD) and soft alert fraction
+        (a team's: admin only; a project's: admin or that team's team admin; audited ``budget.set``). The next
+        planning cycle applies it: no new cloud spend past the cap."""
+        may_change(who, "setting a budget", team, project)
         try:
-            return set_budget(store, team, body.cap_usd, body.alert_fraction, actor=who)
+            return set_budget(store, team, body.cap_usd, body.alert_fraction, project=project, actor=who)
         except BudgetError as e:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", e.field), "input": e.value,
                                            "msg": str(e)}]) from None
 
     @app.delete("/v1/budgets/{team}", status_code=204, response_class=Response, tags=["budgets"], responses=_ONE)
-    def delete_budget(team: Annotated[str, _TEAM], who: Caller) -> Response:
-        """Remove a team's budget (admin only; audited ``budget.delete``): its cloud spend is unlimited again."""
-        admin_only(who, "removing a budget")
-        if not remove_budget(store, team, actor=who):
-            raise not_found(team)
+    def delete_budget(team: Annotated[str, _TEAM], who: Caller,
+                      project: Annotated[str | None, _PROJECT] = None) -> Response:
+        """Remove a team's (or, with ``project``, a project's) budget (same rights as setting it; audited
+        ``budget.delete``): its cloud spend is no longer capped by it."""
+        may_change(who, "removing a budget", team, project)
+        if not remove_budget(store, team, project=project, actor=who):
+            raise not_found(team, project)
         return Response(status_code=204)

@@ -1,10 +1,22 @@
-"""Team budgets (issue #12 item 4): a monthly cloud cap per team, its state, and what the planner may still spend.
+"""Team and project budgets (issue #12 item 4): a monthly cloud cap per team, optionally per (team, project), its
+state, and what the planner may still spend.
 
 **What a budget covers.** New *cloud* spend, USD, per calendar month (UTC). On-prem capacity is paid for
 whether it is busy or not, so a capped team keeps running on-prem: a hard cap only stops new cloud spend,
 and the team's jobs wait for on-prem capacity (or run late, past their deadline); none is dropped.
 
-**State** of a team's budget in a month (:class:`BudgetState`, ``GET /v1/budgets``, ``fedbroker budgets``):
+**Project budgets.** A team's project (the job spec's ``project``, :class:`broker.model.JobSpec`, which the usage
+ledger records on every line) may have its own cap (``PUT /v1/budgets/{team}?project=P``, ``fedbroker budgets
+set TEAM --project P``), with the same figures and semantics, counted over the lines and jobs of that project
+only. Jobs without a project count in their team's budget and in no project's. Both caps hold: a job of a
+budgeted project of a budgeted team may spend on the cloud only what the smaller of the two has left, and each
+cloud decision is charged to both. So a project's cap stops new cloud spend for that project's jobs only (the
+team's other projects still burst), while the team's cap still holds every project of the team. The decision's
+explanation starts with "project budget cap reached: project P of team T ..." or "team budget cap reached:
+team T ..." for the cap that held it. Setting and removing a project budget: an admin, or a team admin of
+that team; a team budget: an admin only.
+
+**State** of a team's (or project's) budget in a month (:class:`BudgetState`, ``GET /v1/budgets``, ``fedbroker budgets``):
 
 * ``spent_usd`` — billed USD of the usage ledger's cloud lines (:mod:`broker.usage`, provider not
   ``onprem``: the team's instances, their boot disks and their idle time) whose window starts in the month.
@@ -27,14 +39,16 @@ and the team's jobs wait for on-prem capacity (or run late, past their deadline)
 * ``capped`` — ``remaining_usd <= 0``: the hard cap is reached.
 
 **The hard cap in the planner.** Each cycle passes ``remaining_usd`` per budgeted team to the planner as
-:attr:`broker.planner.core.PlannerConfig.team_budget_usd` (the planner's one budget rule,
+:attr:`broker.planner.core.PlannerConfig.team_budget_usd` and per budgeted project as
+:attr:`~broker.planner.core.PlannerConfig.project_budget_usd` (the planner's one budget rule,
 :mod:`broker.planner.federated`): a cloud option is feasible only if its ``dollars_usd`` fits in what is
 left, and each cloud decision takes its cost off before the next job of the team is decided. So the
 cloud decisions of one cycle together never exceed what was left at its start, and the next cycle starts
 from ``cap - spent - committed`` with those decisions committed. Overshoot bound: committed estimates
 never take a team past its cap; the ledger can exceed the cap only by what the attempts decided before
 the cap was reached cost beyond their estimates (runs longer than estimated), never by a further
-cycle's decisions. A blocked job's explanation starts with "team budget cap reached: ...".
+cycle's decisions. The same bound holds for each project's cap. A blocked job's explanation starts with
+"team budget cap reached: ..." or "project budget cap reached: ...".
 """
 
 from __future__ import annotations
@@ -48,7 +62,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from broker.model import TEAM_RE
 
-__all__ = ["DEFAULT_ALERT_FRACTION", "BudgetError", "BudgetRequest", "BudgetState", "month_bounds",
+#: a project name: the job spec's ``project`` pattern (:class:`broker.model.JobSpec`), the team name's
+PROJECT_RE = TEAM_RE
+
+__all__ = ["DEFAULT_ALERT_FRACTION", "PROJECT_RE", "BudgetError", "BudgetRequest", "BudgetState", "month_bounds",
            "forecast_usd", "budget_states", "planner_budgets", "set_budget", "remove_budget"]
 
 log = logging.getLogger("fedbroker.budgets")
@@ -79,9 +96,11 @@ class BudgetRequest(BaseModel):
 
 
 class BudgetState(BaseModel):
-    """A team's budget in the month of ``as_of`` (module docstring for each figure). USD throughout."""
+    """A team's (or, with ``project``, a project's) budget in the month of ``as_of`` (module docstring for each
+    figure). USD throughout."""
 
     team: str
+    project: str | None = Field(None, description="the project of a project budget; null: the team's own budget")
     month: str = Field(description="YYYY-MM, UTC")
     cap_usd: float
     alert_fraction: float
@@ -117,10 +136,13 @@ def forecast_usd(spent: float, committed: float, start: datetime, end: datetime,
     return spent + committed + rate * left
 
 
-def _check_team(team: str) -> None:
+def _check_team(team: str, project: str | None = None) -> None:
     if not isinstance(team, str) or not TEAM_RE.match(team):
         raise BudgetError("team", team, "not a team name (letters, digits, _ . -; up to 63; starts with a letter "
                                         "or digit)")
+    if project is not None and (not isinstance(project, str) or not PROJECT_RE.match(project)):
+        raise BudgetError("project", project, "not a project name (letters, digits, _ . -; up to 63; starts with a "
+                                              "letter or digit)")
 
 
 def _state(row, spent: tuple[float, int], committed: tuple[float, int], now: datetime,
@@ -130,61 +152,79 @@ def _state(row, spent: tuple[float, int], committed: tuple[float, int], now: dat
     start, end = bounds
     used = s_usd + c_usd
     remaining = row.cap_usd - used
-    return BudgetState(team=row.team, month=f"{start:%Y-%m}", cap_usd=row.cap_usd, alert_fraction=row.alert_fraction,
+    return BudgetState(team=row.team, project=getattr(row, "project", None), month=f"{start:%Y-%m}", cap_usd=row.cap_usd, alert_fraction=row.alert_fraction,
                        spent_usd=s_usd, unpriced_lines=unpriced, committed_usd=c_usd, committed_attempts=n,
                        remaining_usd=remaining, forecast_usd=forecast_usd(s_usd, c_usd, start, end, now),
                        alert=used >= row.alert_fraction * row.cap_usd, capped=remaining <= 0,
                        as_of=now, updated_at=row.updated_at, updated_by=row.updated_by)
 
 
-def budget_states(s, now: datetime, team: str | None = None) -> list[BudgetState]:
-    """Inside session ``s``: the state of every budget (only ``team``'s when given) at ``now`` (UTC), by team."""
+def budget_states(s, now: datetime, team: str | None = None, project: str | None = None, *,
+                  projects: bool = False) -> list[BudgetState]:
+    """Inside session ``s``: the state at ``now`` (UTC) of every team budget, by team (only ``team``'s when given);
+    with ``projects`` (or a ``project`` given) of every project budget instead, by team then project (only
+    ``team``'s and ``project``'s when given)."""
     from broker.service.store import budgets as rows
 
     bounds = month_bounds(now)
-    budgets = rows.budget_rows(s, team)
+    by_project = projects or project is not None
+    budgets = rows.project_budget_rows(s, team, project) if by_project else rows.budget_rows(s, team)
     if not budgets:
         return []
-    teams = [b.team for b in budgets]
-    spent = rows.cloud_spent(s, bounds[0], bounds[1], teams)
-    committed = rows.cloud_committed(s, teams)
-    return [_state(b, spent.get(b.team, (0.0, 0)), committed.get(b.team, (0.0, 0)), now, bounds) for b in budgets]
+    teams = sorted({b.team for b in budgets})
+    spent = rows.cloud_spent(s, bounds[0], bounds[1], teams, by_project=by_project)
+    committed = rows.cloud_committed(s, teams, by_project=by_project)
+    keys = [(b.team, b.project) if by_project else b.team for b in budgets]
+    return [_state(b, spent.get(k, (0.0, 0)), committed.get(k, (0.0, 0)), now, bounds) for b, k in zip(budgets, keys)]
 
 
-def planner_budgets(s, now: datetime) -> tuple[dict[str, float], list[BudgetState]]:
-    """Inside session ``s`` (the planning cycle's): ``team -> remaining USD`` for
-    :attr:`PlannerConfig.team_budget_usd` and the states. Raises the month's soft alert of each team that
-    reached it (a warning in the log and one ``budget.alert`` audit event, in ``s``'s transaction)."""
-    from broker.service.store.tables import Budget
+def planner_budgets(s, now: datetime) -> tuple[dict[str, float], dict[str, dict[str, float]], list[BudgetState]]:
+    """Inside session ``s`` (the planning cycle's): ``(team -> remaining USD`` for
+    :attr:`PlannerConfig.team_budget_usd`, ``team -> project -> remaining USD`` for
+    :attr:`PlannerConfig.project_budget_usd`, the states: the teams' then the projects')``. Raises the month's
+    soft alert of each team and project that reached it (a warning in the log and one ``budget.alert`` audit
+    event, in ``s``'s transaction; a project's names it in the event's detail)."""
+    from broker.service.store.tables import Budget, ProjectBudget
     from broker.service.store.tokens import audit
 
-    states = budget_states(s, now)
+    states = budget_states(s, now) + budget_states(s, now, projects=True)
     for st in states:
         if st.alert:
-            row = s.get(Budget, st.team)
+            row = s.get(Budget, st.team) if st.project is None else s.get(ProjectBudget, (st.team, st.project))
             if row is not None and row.alerted_month != st.month:
                 row.alerted_month = st.month
-                log.warning("team %s: cloud budget alert for %s: spent %.2f + committed %.2f USD = %.0f %% of the "
-                            "%.2f USD cap (alert at %.0f %%)", st.team, st.month, st.spent_usd, st.committed_usd,
+                who = f"team {st.team}" if st.project is None else f"project {st.project} of team {st.team}"
+                log.warning("%s: cloud budget alert for %s: spent %.2f + committed %.2f USD = %.0f %% of the "
+                            "%.2f USD cap (alert at %.0f %%)", who, st.month, st.spent_usd, st.committed_usd,
                             100.0 * (st.spent_usd + st.committed_usd) / st.cap_usd if st.cap_usd else math.inf,
                             st.cap_usd, 100.0 * st.alert_fraction)
-                audit(s, None, "budget.alert", st.team,
-                      {"month": st.month, "cap_usd": st.cap_usd, "spent_usd": st.spent_usd,
-                       "committed_usd": st.committed_usd, "alert_fraction": st.alert_fraction}, now=now)
-    return {st.team: st.remaining_usd for st in states}, states
+                detail = {"month": st.month, "cap_usd": st.cap_usd, "spent_usd": st.spent_usd,
+                          "committed_usd": st.committed_usd, "alert_fraction": st.alert_fraction}
+                if st.project is not None:
+                    detail["project"] = st.project
+                audit(s, None, "budget.alert", st.team, detail, now=now)
+    teams: dict[str, float] = {}
+    projects: dict[str, dict[str, float]] = {}
+    for st in states:
+        if st.project is None:
+            teams[st.team] = st.remaining_usd
+        else:
+            projects.setdefault(st.team, {})[st.project] = st.remaining_usd
+    return teams, projects, states
 
 
 def set_budget(store, team: str, cap_usd: float, alert_fraction: float = DEFAULT_ALERT_FRACTION, *,
-               actor=None, now: datetime | None = None) -> BudgetState:
-    """Set ``team``'s monthly cloud cap (USD) and soft alert fraction, audited as ``budget.set``; returns the state.
+               project: str | None = None, actor=None, now: datetime | None = None) -> BudgetState:
+    """Set ``team``'s (with ``project``: that project's) monthly cloud cap (USD) and soft alert fraction, audited
+    as ``budget.set`` (a project's names it in the detail); returns the state.
 
-    Raises :class:`BudgetError` naming the field for a bad team, a negative or non-finite cap, or a fraction
-    outside (0, 1]."""
+    Raises :class:`BudgetError` naming the field for a bad team or project, a negative or non-finite cap, or a
+    fraction outside (0, 1]."""
     from broker.service.store import budgets as rows
     from broker.service.store.tables import utcnow
     from broker.service.store.tokens import audit
 
-    _check_team(team)
+    _check_team(team, project)
     if isinstance(cap_usd, bool) or not isinstance(cap_usd, (int, float)) or not math.isfinite(cap_usd) or cap_usd < 0:
         raise BudgetError("cap_usd", cap_usd, "must be a finite number of USD >= 0")
     if (isinstance(alert_fraction, bool) or not isinstance(alert_fraction, (int, float))
@@ -192,22 +232,26 @@ def set_budget(store, team: str, cap_usd: float, alert_fraction: float = DEFAULT
         raise BudgetError("alert_fraction", alert_fraction, "must be in (0, 1]")
     now = now or utcnow()
     with store.session() as s:
-        rows.put_budget(s, team, float(cap_usd), float(alert_fraction), now, getattr(actor, "team", "") or "database")
-        audit(s, actor, "budget.set", team, {"cap_usd": float(cap_usd), "alert_fraction": float(alert_fraction)},
-              now=now)
+        rows.put_budget(s, team, float(cap_usd), float(alert_fraction), now, getattr(actor, "team", "") or "database",
+                        project)
+        detail = {"cap_usd": float(cap_usd), "alert_fraction": float(alert_fraction)}
+        if project is not None:
+            detail["project"] = project
+        audit(s, actor, "budget.set", team, detail, now=now)
         s.flush()
-        return budget_states(s, now, team)[0]
+        return budget_states(s, now, team, project)[0]
 
 
-def remove_budget(store, team: str, *, actor=None, now: datetime | None = None) -> bool:
-    """Remove ``team``'s budget (its cloud spend is unlimited again), audited as ``budget.delete``;
-    ``False`` when it had none."""
+def remove_budget(store, team: str, *, project: str | None = None, actor=None, now: datetime | None = None) -> bool:
+    """Remove ``team``'s budget (with ``project``: that project's only; the team's own budget, if any, still
+    holds it), audited as ``budget.delete``; ``False`` when it had none. Raises :class:`BudgetError` naming the
+    field for a bad team or project."""
     from broker.service.store import budgets as rows
     from broker.service.store.tokens import audit
 
-    _check_team(team)
+    _check_team(team, project)
     with store.session() as s:
-        gone = rows.delete_budget(s, team)
+        gone = rows.delete_budget(s, team, project)
         if gone:
-            audit(s, actor, "budget.delete", team, {}, now=now)
+            audit(s, actor, "budget.delete", team, {} if project is None else {"project": project}, now=now)
         return gone

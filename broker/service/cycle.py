@@ -14,9 +14,9 @@ in the transactions this module opens.
    ``settings.intake_per_cycle`` jobs a cycle, round-robin across teams (:meth:`PlanningCycle.intake`).
 2. **Snapshot**: the planner fence version, live nodes (fresh heartbeat; a scheduler pool's nodes, free GPUs,
    running jobs' releases and own queue ahead from its cluster: :meth:`broker.service.schedulers.SchedulerPools.read`,
-   before the store is read), each budgeted team's remaining
-   cloud budget (``cap - spent - committed``, :func:`broker.service.budgets.planner_budgets`, which also
-   raises a team's soft alert once a month) as ``PlannerConfig.team_budget_usd``, queued
+   before the store is read), each budgeted team's and project's remaining cloud budget (``cap - spent -
+   committed``, :func:`broker.service.budgets.planner_budgets`, which also raises a soft alert once a month) as
+   ``PlannerConfig.team_budget_usd`` / ``project_budget_usd``, queued
    jobs and the jobs holding GPUs, turned into the planner's :class:`Snapshot`
    exactly as the simulator builds it (``pending`` = new, requeued or due for
    review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
@@ -66,7 +66,7 @@ from broker.model import DEFAULT_CHECKPOINT_INTERVAL_S, FAIR_SHARE_HALF_LIFE_S, 
 from broker.planner.core import PendingJob, RunningJob, Snapshot
 from broker.planner.costs import onprem_kw, score
 from broker.planner.fair_share import decayed_usage
-from broker.planner.federated import BUDGET_CAP_NOTE
+from broker.planner.federated import BUDGET_CAP_NOTE, PROJECT_CAP_NOTE
 from broker.service.budgets import planner_budgets
 from broker.planner.policy_base import queue_group
 from broker.planner.registry import plan
@@ -144,7 +144,7 @@ def pending_job(j: Job, pool_index: dict[str, int], canon: Callable[[str], str])
         checkpoint_interval_s=float(spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S),
         regions=frozenset(regions) if regions else None, max_usd_per_hour=spec.get("max_price_usd_per_hour"),
         deferrable=bool(spec.get("deferrable", True)) and spec.get("window", "planner") == "planner",
-        committed_pool=committed, deferred_once=bool(j.deferred_once),
+        committed_pool=committed, deferred_once=bool(j.deferred_once), project=spec.get("project"),
         review_s=_ts(j.review_at) if j.review_at is not None else (math.inf if committed is not None else 0.0))
 
 
@@ -188,7 +188,8 @@ class PlanningCycle:
         self._failed_logged: set[str] = set()  # jobs whose per-job failure was logged
         self._bad: list[tuple[Job, str, Exception]] = []  # (job, step, error) to fail after the read / plan
         self.intake_capped = False  # the last intake left due jobs for the next cycle (intake_per_cycle)
-        self._capped: dict = {}  # team -> BudgetState of the teams whose cloud budget is spent (this cycle)
+        # team or (team, project) -> BudgetState of the teams and projects whose cloud budget is spent (this cycle)
+        self._capped: dict = {}
         self._waiting: dict[str, _Waiting] = {}  # queued job id -> its row and planner view at a version
 
     # ------------------------------------------------------------------ public
@@ -546,15 +547,17 @@ class PlanningCycle:
         views = self._views
         nodes = self.live_nodes(s, now) + [n for v in views.values() for n in v.nodes]
         pools = self.env.pools_for(nodes)
-        remaining, states = planner_budgets(s, now)  # also with no job waiting: the soft alert is raised
-        self._capped = {st.team: st for st in states if st.capped}
+        remaining, by_project, states = planner_budgets(s, now)  # also with no job waiting: the alert is raised
+        self._capped = {(st.team if st.project is None else (st.team, st.project)): st for st in states if st.capped}
         waiting = self._waiting_jobs(s)
         if not waiting:
             return None
         ctx = self.env.context(pools, now_s)
-        if remaining:  # this cycle's copy of the (cached) context: only the config differs
+        if remaining or by_project:  # this cycle's copy of the (cached) context: only the config differs
             ctx = copy.copy(ctx)
-            ctx.config = ctx.config.model_copy(update={"team_budget_usd": {**ctx.config.team_budget_usd, **remaining}})
+            ctx.config = ctx.config.model_copy(update={
+                "team_budget_usd": {**ctx.config.team_budget_usd, **remaining},
+                "project_budget_usd": {**ctx.config.project_budget_usd, **by_project}})
         pool_index = {p.name: i for i, p in enumerate(pools)}
         node_pos = {(p.name, nd.name): k for p in pools for k, nd in enumerate(p.nodes)}
         live = {n.name: n for n in nodes}
@@ -872,7 +875,7 @@ class PlanningCycle:
                       if o is not None and math.isfinite(o.start_s) else "")
                    + self._passing_note(ctx, pending_by_id.get(j.id))
                    + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
-            if d.reason.startswith(BUDGET_CAP_NOTE):
+            if d.reason.startswith((BUDGET_CAP_NOTE, PROJECT_CAP_NOTE)):
                 why = f"{d.reason}; {why}"
             notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
         elif kind == DecisionKind.reject:
@@ -924,9 +927,14 @@ class PlanningCycle:
         if self.cloud is not None:
             why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
                    "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
-        cap = self._capped.get(j.team)
-        if cap is not None:
-            why = (f"{BUDGET_CAP_NOTE}: team {j.team} has ${max(cap.remaining_usd, 0.0):.2f} of its "
+        project = (j.spec or {}).get("project")
+        caps = [c for c in (self._capped.get(j.team), self._capped.get((j.team, project)) if project else None)
+                if c is not None]
+        if caps:
+            cap = min(caps, key=lambda c: c.remaining_usd)  # the team's on a tie, as the planner names it
+            head, who = ((BUDGET_CAP_NOTE, f"team {j.team}") if cap.project is None
+                         else (PROJECT_CAP_NOTE, f"project {cap.project} of team {j.team}"))
+            why = (f"{head}: {who} has ${max(cap.remaining_usd, 0.0):.2f} of its "
                    f"${cap.cap_usd:.2f} cloud budget left for {cap.month}; no new cloud spend, the job waits for "
                    f"on-prem capacity or its deadline; " + why)
         if j.reason != why:

@@ -79,6 +79,10 @@ class JobBuilder:
         self._kw["team"] = t
         return self
 
+    def project(self, p: str | None) -> "JobBuilder":
+        self._kw["project"] = p
+        return self
+
     def priority(self, p: int) -> "JobBuilder":
         self._kw["priority"] = p
         return self

@@ -46,7 +46,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 __all__ = ["UtcDateTime", "Base", "Job", "JobEvent", "Attempt", "JobLog", "Node", "CloudInstance", "CloudInstanceEvent", "Schedule",
-           "ApiToken", "AuditEvent", "UsageRow", "Budget", "SignalValue", "SignalFetch", "PlannerState", "utcnow"]
+           "ApiToken", "AuditEvent", "UsageRow", "Budget", "ProjectBudget", "SignalValue", "SignalFetch", "PlannerState", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -401,6 +401,23 @@ class Budget(Base):
     __tablename__ = "budgets"
 
     team: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cap_usd: Mapped[float] = mapped_column(Float)
+    alert_fraction: Mapped[float] = mapped_column(Float, default=0.8)
+    alerted_month: Mapped[str | None] = mapped_column(String(7))
+    updated_at: Mapped[datetime]
+    updated_by: Mapped[str] = mapped_column(String(63), default="")
+
+
+class ProjectBudget(Base):
+    """A project's monthly cloud budget inside its team (:mod:`broker.service.budgets`): the same fields as
+    :class:`Budget`, keyed by ``(team, project)``; ``project`` is the job spec's ``project``
+    (:class:`broker.model.JobSpec`) and the usage ledger's. A team's own :class:`Budget` still holds all of
+    its projects."""
+
+    __tablename__ = "project_budgets"
+
+    team: Mapped[str] = mapped_column(String(63), primary_key=True)
+    project: Mapped[str] = mapped_column(String(63), primary_key=True)
     cap_usd: Mapped[float] = mapped_column(Float)
     alert_fraction: Mapped[float] = mapped_column(Float, default=0.8)
     alerted_month: Mapped[str | None] = mapped_column(String(7))

@@ -47,3 +47,33 @@ def test_set_list_show_delete(pg_store, tmp_path):
     assert run(app, ["budgets", "delete", "ml", "--config", cfg]).exit_code == 1
     r = run(app, ["budgets", "list", "--config", cfg])
     assert r.exit_code == 0 and "no budgets" in r.output
+
+
+def test_project_budget_set_list_show_delete(pg_store, tmp_path):
+    from tests.broker.service.test_project_budgets import _place_cloud_project
+
+    cfg = _cfg(pg_store, tmp_path)
+    month0, _ = month_bounds(utcnow())
+    with pg_store.session() as s:  # 30 USD spent by project a this month, 7 by the team's project b
+        usage.add_usage(s, [_line("job-a", "ml", month0, 30.0, project="a"),
+                            _line("job-b", "ml", month0, 7.0, project="b")], month0)
+    _place_cloud_project(pg_store, "ml", "a", 5.0)  # committed to project a
+    run = CliRunner().invoke
+    r = run(app, ["budgets", "set", "ml", "--project", "a", "--cap", "50", "--config", cfg, "--json"])
+    assert r.exit_code == 0, r.output
+    b = json.loads(r.output)
+    # project a: 30 spent + 5 committed of 50: remaining 15; 35 < 0.8 x 50 = 40: no alert
+    assert (b["team"], b["project"], b["spent_usd"], b["committed_usd"], b["remaining_usd"], b["capped"],
+            b["alert"]) == ("ml", "a", 30.0, 5.0, 15.0, False, False)
+    r = run(app, ["budgets", "list", "--config", cfg])  # the team budgets: none
+    assert r.exit_code == 0 and "no budgets" in r.output, r.output
+    r = run(app, ["budgets", "list", "--projects", "--config", cfg])
+    assert r.exit_code == 0 and "project" in r.output and "15.00" in r.output, r.output
+    r = run(app, ["budgets", "show", "ml", "--project", "a", "--config", cfg, "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["remaining_usd"] == 15.0
+    r = run(app, ["budgets", "show", "ml", "--project", "b", "--config", cfg])
+    assert r.exit_code == 1 and "project 'b' of team 'ml' has no budget" in r.output
+    r = run(app, ["budgets", "set", "ml", "--project", "no spaces", "--cap", "5", "--config", cfg])
+    assert r.exit_code == 2 and "--project='no spaces'" in r.output
+    assert run(app, ["budgets", "delete", "ml", "--project", "a", "--config", cfg]).exit_code == 0
+    assert run(app, ["budgets", "delete", "ml", "--project", "a", "--config", cfg]).exit_code == 1

@@ -73,3 +73,66 @@ def test_one_cycles_cloud_decisions_never_exceed_the_budget(n, budget):
     assert sum(d.option.dollars_usd for d in cloud) <= budget + 1e-9
     assert len(cloud) == min(n, int(budget // ONE + 1e-12))  # every job that fits in the budget goes
     assert len(ds) == n  # none dropped: the others wait
+
+
+# ---------------------------------------------------------------- project budgets (PlannerConfig.project_budget_usd)
+def _pjobs(n: int, project: str, team: str = "ml"):
+    return [make_job(f"{project}{i}").team(team).project(project).gpus(4).work(H).deadline(T0 + 3 * H).build()
+            for i in range(n)]
+
+
+def test_a_project_cap_holds_its_projects_cloud_burst_while_another_project_of_the_team_bursts():
+    # project a: 15 USD left = one 10.83 USD job, then 4.17 left; project b: no project budget; team: unlimited
+    ctx = _fed_ctx(project_budget_usd={"ml": {"a": 15.0}})
+    ds = {d.job_id: d for d in plan(make_snapshot(T0, _pjobs(2, "a") + _pjobs(2, "b"), [[0]], _busy()), ctx)}
+    assert [ds[j].kind for j in ("a0", "a1", "b0", "b1")] == [DecisionKind.provision, DecisionKind.wait,
+                                                              DecisionKind.provision, DecisionKind.provision]
+    assert ds["a1"].reason.startswith(f"project budget cap reached: project a of team ml has $4.17 of its cloud "
+                                      f"budget left this month and cloud offer {ctx.offer_ids[0]} would cost $10.83; "
+                                      "no new cloud spend, the job waits for on-prem capacity or its deadline; ")
+    (cloud,) = [a for a in ds["a1"].alternatives if a.kind == "cloud"]
+    assert cloud.note == "project budget cap reached: costs $10.83, $4.17 of the project's cloud budget left"
+    assert ctx.config.project_budget_usd == {"ml": {"a": 15.0}}  # the planner spends a copy
+
+
+def test_the_team_cap_still_holds_every_project_and_names_itself():
+    # team ml: 25 USD = two jobs (21.67, 3.33 left); project a: 100 USD. Queue order a0, a1, b0, b1:
+    # a0 and a1 go (charged to the team and to a: a has 78.33 left), b0 and b1 are held by the team's cap.
+    ctx = _fed_ctx(team_budget_usd={"ml": 25.0}, project_budget_usd={"ml": {"a": 100.0}})
+    ds = {d.job_id: d for d in plan(make_snapshot(T0, _pjobs(2, "a") + _pjobs(2, "b"), [[0]], _busy()), ctx)}
+    assert [ds[j].kind for j in ("a0", "a1", "b0", "b1")] == [DecisionKind.provision, DecisionKind.provision,
+                                                              DecisionKind.wait, DecisionKind.wait]
+    for j in ("b0", "b1"):
+        assert ds[j].reason.startswith("team budget cap reached: team ml has $3.33 of its cloud budget left")
+
+
+def test_the_smaller_of_the_team_and_project_caps_binds():
+    # team 30 USD, project a 12 USD: a0 goes (team 19.17, a 1.17 left); a1 is held by the project's cap, b0 goes
+    # on the team's 19.17 (8.33 left) and b1 is held by the team's.
+    ctx = _fed_ctx(team_budget_usd={"ml": 30.0}, project_budget_usd={"ml": {"a": 12.0}})
+    ds = {d.job_id: d for d in plan(make_snapshot(T0, _pjobs(2, "a") + _pjobs(2, "b"), [[0]], _busy()), ctx)}
+    assert [ds[j].kind for j in ("a0", "a1", "b0", "b1")] == [DecisionKind.provision, DecisionKind.wait,
+                                                              DecisionKind.provision, DecisionKind.wait]
+    assert ds["a1"].reason.startswith("project budget cap reached: project a of team ml has $1.17 ")
+    assert ds["b1"].reason.startswith("team budget cap reached: team ml has $8.33 ")
+
+
+def test_a_project_budget_of_another_team_does_not_hold_a_same_named_project():
+    ctx = _fed_ctx(project_budget_usd={"cv": {"a": 0.0}})
+    (d,) = plan(make_snapshot(T0, _pjobs(1, "a"), [[0]], _busy()), ctx)
+    assert d.kind == DecisionKind.provision
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(na=st.integers(0, 6), nb=st.integers(0, 6), team=st.floats(0.0, 100.0), proj=st.floats(0.0, 100.0))
+def test_one_cycles_cloud_decisions_fit_both_the_team_and_the_project_cap(na, nb, team, proj):
+    ctx = _fed_ctx(team_budget_usd={"ml": team}, project_budget_usd={"ml": {"a": proj}})
+    ds = plan(make_snapshot(T0, _pjobs(na, "a") + _pjobs(nb, "b"), [[0]], _busy()), ctx)
+    usd = {p: sum(d.option.dollars_usd for d in ds if d.kind == DecisionKind.provision and d.job_id[0] == p)
+           for p in "ab"}
+    assert usd["a"] <= proj + 1e-9 and usd["a"] + usd["b"] <= team + 1e-9
+    # queue order a..., b...: project a takes what both caps allow, b what the team has left after a
+    n_a = min(na, int(min(team, proj) // ONE + 1e-12))
+    assert usd["a"] == pytest.approx(n_a * ONE)
+    assert usd["b"] == pytest.approx(min(nb, int((team - n_a * ONE) // ONE + 1e-12)) * ONE)
+    assert len(ds) == na + nb  # none dropped: the others wait

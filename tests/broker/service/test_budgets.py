@@ -26,9 +26,10 @@ IMAGE = "ghcr.io/fedbroker/train@sha256:" + "a" * 64
 
 
 def _line(job_id: str, team: str, start: datetime, usd: float | None, provider: str = "aws", line: str = "instance",
-          attempt: int = 1) -> UsageRecord:
+          attempt: int = 1, project: str | None = None) -> UsageRecord:
     unknown = usd is None
     return UsageRecord(job_id=job_id, attempt=attempt, rank=0, line=line, resource=f"i-{job_id}", team=team,
+                       project=project,
                        start=start, end=start + timedelta(hours=1), provider=provider, gpu_type="V100", gpu_count=1,
                        run_s=3600.0, billed_s=3600.0, list_unit_price_usd=usd, billed_usd=usd, energy_kwh=0.3,
                        carbon_kg=0.1, pricing_unit={"instance": "Hours", "energy": "kWh"}[line],
@@ -99,7 +100,7 @@ def test_the_soft_alert_is_raised_once_a_month_and_rearmed_by_a_new_cap(pg_store
 
     for _ in range(2):
         with pg_store.session() as s:
-            remaining, _states = planner_budgets(s, NOW)
+            remaining, _projects, _states = planner_budgets(s, NOW)
     assert remaining == {"ml": pytest.approx(15.0)}
     assert alerts() == [("ml", "2026-12")]
     assert "team ml: cloud budget alert for 2026-12" in caplog.text
@@ -301,6 +302,6 @@ def test_a_decision_without_a_usable_estimate_commits_0_and_planning_goes_on(pg_
     st = set_budget(pg_store, "ml", 100.0, now=NOW)
     assert (st.committed_usd, st.committed_attempts) == (20.0, 2)
     with pg_store.session() as s:
-        remaining, _ = planner_budgets(s, NOW)
+        remaining, _, _ = planner_budgets(s, NOW)
     assert remaining == {"ml": 80.0}
     assert "no finite dollars_usd" in caplog.text
