@@ -39,7 +39,7 @@ __all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throt
            "InstanceInfo", "Compute", "SupportsQuotaPreflight", "SupportsSweep", "FailoverHistory", "FailoverAttempt",
            "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG", "CANCEL_MARK", "check_outputs",
            "PoolJobRequest", "PoolJobInfo", "NodeCapacity", "POOL_TERMINAL", "USABLE_NODE_STATES",
-           "pool_time_limit_s", "settings_from_section"]
+           "pool_time_limit_s", "settings_from_section", "free_gpus_of"]
 
 #: tag/label key on every instance the broker creates; its value is the broker id
 MANAGED_TAG = "fedbroker-broker"
@@ -316,6 +316,16 @@ class NodeCapacity:
         if not self.usable:
             return 0
         return max(0, self.gpus_total.get(gpu_type, 0) - self.gpus_used.get(gpu_type, 0))
+
+
+def free_gpus_of(nodes: Iterable[NodeCapacity]) -> dict[str, int]:
+    """GPU type -> GPUs free now over the usable ones of ``nodes`` (a pool's ``capacity()``): the ``free_gpus``
+    of every scheduler pool (:class:`providers.slurm.SlurmPool`, :class:`providers.kubernetes.KubernetesPool`)."""
+    out: dict[str, int] = {}
+    for n in nodes:
+        for t in n.gpus_total:
+            out[t] = out.get(t, 0) + n.gpus_free(t)
+    return out
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from providers.base import (CANCEL_MARK, MANAGED_TAG, NodeCapacity, NoCapacity, PoolJobInfo, PoolJobRequest,
                             ProviderError, QuotaExceeded, SchedulerUnavailable, Throttled, Unsupported,
-                            pool_time_limit_s, settings_from_section)
+                            pool_time_limit_s, settings_from_section, free_gpus_of)
 from providers.launch import RENDEZVOUS_PORT
 
 __all__ = ["KubernetesSettings", "KubernetesPool", "settings_from_mapping", "job_info", "job_name", "label_value",
@@ -520,12 +520,8 @@ class KubernetesPool:
         return sorted(out, key=lambda c: c.node)
 
     def free_gpus(self) -> dict[str, int]:
-        """GPU type -> GPUs free now over the pool's usable nodes."""
-        out: dict[str, int] = {}
-        for n in self.capacity():
-            for t in n.gpus_total:
-                out[t] = out.get(t, 0) + n.gpus_free(t)
-        return out
+        """GPU type -> GPUs free now over the pool's usable nodes (:func:`providers.base.free_gpus_of`)."""
+        return free_gpus_of(self.capacity())
 
     def backlog(self) -> dict[str, int]:
         """GPU type -> GPUs asked for by pending, unscheduled pods of every namespace that are not this broker's

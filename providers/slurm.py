@@ -62,7 +62,7 @@ from typing import Callable, Iterable, Mapping
 
 from providers.base import (CANCEL_MARK, MANAGED_TAG, POOL_TERMINAL, NodeCapacity, NoCapacity, PoolJobInfo, PoolJobRequest,
                             ProviderError, QuotaExceeded, SchedulerUnavailable, Unsupported, pool_time_limit_s,
-                            settings_from_section)
+                            settings_from_section, free_gpus_of)
 from providers.launch import RENDEZVOUS_PORT
 
 __all__ = ["SlurmSettings", "SlurmJobRequest", "SlurmJobInfo", "NodeCapacity", "SlurmPool", "lifecycle_state",
@@ -385,12 +385,8 @@ class SlurmPool:
         return [nodes[k] for k in sorted(nodes)]
 
     def free_gpus(self) -> dict[str, int]:
-        """GPU type -> GPUs free now over the partition's usable nodes."""
-        out: dict[str, int] = {}
-        for n in self.capacity():
-            for t in n.gpus_total:
-                out[t] = out.get(t, 0) + n.gpus_free(t)
-        return out
+        """GPU type -> GPUs free now over the partition's usable nodes (:func:`providers.base.free_gpus_of`)."""
+        return free_gpus_of(self.capacity())
 
     def backlog(self) -> dict[str, int]:
         """GPU type -> GPUs asked for by the partition's pending jobs that are not this broker's (the cluster's own
