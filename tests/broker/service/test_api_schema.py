@@ -40,7 +40,7 @@ from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
 from broker.service.tokens import create_node_token, create_token
 
-#: examples per operation and phase (36 operations x 3 or 4 callers)
+#: examples per operation and phase (37 operations x 3 or 4 callers)
 MAX_EXAMPLES = 30
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance, negative_data_rejection]
