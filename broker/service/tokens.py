@@ -50,7 +50,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.model import TEAM_RE, WEEK_S
+from broker.model import TEAM_RE, TOKEN_ID_PATTERN, WEEK_S
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.service.store import tokens as repo
 from broker.service.store.core import JobStore, StoreError
@@ -82,7 +82,7 @@ DEFAULT_TTL_S = 90 * 86400
 #: ``last_used_at`` is written at most once per this many seconds per token
 LAST_USED_RESOLUTION_S = 60
 #: public token ids
-TOKEN_ID_RE = re.compile(r"^tok-[0-9a-f]{16}$")
+TOKEN_ID_RE = re.compile(TOKEN_ID_PATTERN)
 #: kinds a team admin may create in its own team
 CREATED_BY_TEAM_ADMIN = frozenset({"member", "read-only"})
 #: kinds of its own team's tokens a team admin may list, revoke and rotate
