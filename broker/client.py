@@ -37,14 +37,18 @@ Exceptions::
      +-- RateLimited            429 still refused after max_rate_wait_s; .retry_after (s), .limit
      +-- WaitTimeout            Client.wait() ran out of time; .job = the last JobView seen
 
-Any other 4xx raises :class:`BrokerError` itself.
+Any other 4xx raises :class:`BrokerError` itself. An id put into a URL path (``job_id``, ``schedule_id``,
+``token_id``) that is not of the server's format (broker.model's ``*_ID_PATTERN``) raises :class:`InvalidId`
+(a ``ValueError`` naming the field and value) before any request; valid ids are still percent-encoded.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
+from urllib.parse import quote
 from typing import Any, Iterable
 
 import requests
@@ -54,12 +58,12 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from broker.batch import MAX_BATCH_ITEMS, BatchItemResult
-from broker.model import JobSpec
+from broker.model import JOB_ID_PATTERN, SCHEDULE_ID_PATTERN, TOKEN_ID_PATTERN, JobSpec
 from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, LogsView, NodeView, ScheduleView,
                             TokenView, UsageSummaryView)
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
-           "WaitTimeout", "RateLimited", "BatchItemResult"]
+           "WaitTimeout", "RateLimited", "BatchItemResult", "InvalidId"]
 
 
 class BrokerError(Exception):
@@ -297,7 +301,7 @@ class Client:
 
     def get(self, job_id: str) -> JobView:
         """One job. Raises :class:`NotFound`."""
-        return JobView.model_validate(self._request("GET", f"/v1/jobs/{job_id}"))
+        return JobView.model_validate(self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}"))
 
     def list(self, team: str | None = None, state: str | Iterable[str] | None = None, limit: int = 100,
              offset: int = 0) -> list[JobView]:
@@ -311,7 +315,7 @@ class Client:
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel a job (a running job gets ``cancel_requested``). Raises :class:`Conflict` if it already finished."""
-        return JobView.model_validate(self._request("POST", f"/v1/jobs/{job_id}/cancel"))
+        return JobView.model_validate(self._request("POST", f"/v1/jobs/{_seg('job_id', job_id)}/cancel"))
 
     def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5) -> JobView:
         """Poll until the job is succeeded, failed or cancelled and return it.
@@ -337,11 +341,11 @@ class Client:
         params: dict[str, Any] = {"rank": rank}
         if attempt is not None:
             params["attempt"] = attempt
-        return LogsView.model_validate(self._request("GET", f"/v1/jobs/{job_id}/logs", params=params))
+        return LogsView.model_validate(self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/logs", params=params))
 
     def explain(self, job_id: str) -> ExplainView:
         """The planner's latest decision for the job (chosen option, alternatives), its history and attempts."""
-        return ExplainView.model_validate(self._request("GET", f"/v1/jobs/{job_id}/explain"))
+        return ExplainView.model_validate(self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/explain"))
 
     def nodes(self) -> list[NodeView]:
         """The on-prem nodes as their agents last reported them."""
@@ -377,21 +381,21 @@ class Client:
 
     def get_schedule(self, schedule_id: str) -> ScheduleView:
         """One schedule. Raises :class:`NotFound` (also for another team's)."""
-        return ScheduleView.model_validate(self._request("GET", f"/v1/schedules/{schedule_id}"))
+        return ScheduleView.model_validate(self._request("GET", f"/v1/schedules/{_seg('schedule_id', schedule_id)}"))
 
     def pause_schedule(self, schedule_id: str) -> ScheduleView:
         """Pause a schedule: no jobs until resumed (a no-op if paused). Raises :class:`NotFound`."""
-        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{schedule_id}/pause"))
+        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{_seg('schedule_id', schedule_id)}/pause"))
 
     def resume_schedule(self, schedule_id: str) -> ScheduleView:
         """Resume a paused schedule; its next fire is the first after now (fires missed while paused
         are skipped). A no-op if enabled. Raises :class:`NotFound`."""
-        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{schedule_id}/resume"))
+        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{_seg('schedule_id', schedule_id)}/resume"))
 
     def delete_schedule(self, schedule_id: str) -> None:
         """Delete a schedule; the jobs it already created stay. Raises :class:`NotFound`
         (also when a retry follows a lost answer: the first try deleted it)."""
-        self._request("DELETE", f"/v1/schedules/{schedule_id}")
+        self._request("DELETE", f"/v1/schedules/{_seg('schedule_id', schedule_id)}")
 
     # ------------------------------------------------------------------ tokens and audit
     def create_token(self, team: str | None = None, kind: str = "member", label: str = "",
@@ -421,14 +425,14 @@ class Client:
     def revoke_token(self, token_id: str) -> TokenView:
         """Revoke a token (``tok-...``): it answers 401 from now on; a no-op if already revoked.
         Raises :class:`NotFound`, :class:`AuthError`."""
-        return TokenView.model_validate(self._request("POST", f"/v1/tokens/{token_id}/revoke"))
+        return TokenView.model_validate(self._request("POST", f"/v1/tokens/{_seg('token_id', token_id)}/revoke"))
 
     def rotate_token(self, token_id: str, ttl_s: int | None = None) -> CreatedToken:
         """Replace a token: a new id and secret (``.token``, shown once) with the same kind, team and label,
         a new expiry; the old token is revoked. Not retried after the request was sent. Raises
         :class:`NotFound`, :class:`AuthError`, :class:`Conflict` (already revoked), :class:`ValidationFailed`."""
         body = {"ttl_s": ttl_s} if ttl_s is not None else None
-        return CreatedToken.model_validate(self._request("POST", f"/v1/tokens/{token_id}/rotate", json=body,
+        return CreatedToken.model_validate(self._request("POST", f"/v1/tokens/{_seg('token_id', token_id)}/rotate", json=body,
                                                          once=True))
 
     def audit(self, since: Any = None, action: str | None = None, limit: int = 100) -> list[AuditEventView]:
@@ -464,6 +468,29 @@ class Client:
 
         Raises :class:`BrokerUnavailable` if the database (or the API) is down."""
         return self._request("GET", "/healthz")
+
+
+#: the id formats the API accepts in a path (one home: broker.model), by the SDK's argument name
+_PATH_IDS = {"job_id": re.compile(JOB_ID_PATTERN), "schedule_id": re.compile(SCHEDULE_ID_PATTERN),
+             "token_id": re.compile(TOKEN_ID_PATTERN)}
+
+
+class InvalidId(ValueError):
+    """An id given to the SDK is not of the server's id format (e.g. ``../tokens/tok-.../revoke?``); raised
+    before any request is sent. ``field`` (``job_id``, ``schedule_id``, ``token_id``) and ``value`` name it."""
+
+    def __init__(self, field: str, value: Any):
+        self.field, self.value = field, value
+        super().__init__(f"{field}={value!r}: not a {field.removesuffix('_id')} id "
+                         f"(expected {_PATH_IDS[field].pattern.strip('^$')})")
+
+
+def _seg(field: str, value: Any) -> str:
+    """``value`` as one URL path segment: checked against the server's id format for ``field`` (a key of
+    :data:`_PATH_IDS`) and percent-encoded (``quote(..., safe="")``, defence in depth). Raises :class:`InvalidId`."""
+    if not isinstance(value, str) or not _PATH_IDS[field].fullmatch(value):
+        raise InvalidId(field, value)
+    return quote(value, safe="")
 
 
 def _instant(t: Any) -> str:

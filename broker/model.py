@@ -116,6 +116,10 @@ MAX_ARGS = 4096
 MAX_NODES = 1024
 #: the format of job ids (``broker.service.store.core.new_job_id``): ``job-`` and 16 hex digits
 JOB_ID_PATTERN = r"^job-[0-9a-f]{16}$"
+#: the format of schedule ids (``sch-`` and 16 hex digits; the API's path check and the SDK's)
+SCHEDULE_ID_PATTERN = r"^sch-[0-9a-f]{16}$"
+#: the format of public token ids (``broker.service.tokens.new_token_id``: ``tok-`` and 16 hex digits)
+TOKEN_ID_PATTERN = r"^tok-[0-9a-f]{16}$"
 #: attempt numbers, exit codes and ranks are stored as 32-bit integers
 INT32_MAX = 2**31 - 1
 

@@ -67,14 +67,17 @@ def client(url: str | None, token: str | None):
 
 
 def call(c, fn, *args, **kwargs):
-    """Run one SDK call; exit 1 with the broker's message on an API error or an unreachable broker
-    (:class:`broker.client.WaitTimeout` is re-raised for the caller)."""
-    from broker.client import BrokerError, BrokerUnavailable, WaitTimeout
+    """Run one SDK call; exit 1 with the broker's message on an API error or an unreachable broker, exit 2
+    with the field and value when an id is not of the server's format (:class:`broker.client.InvalidId`, no
+    request sent); :class:`broker.client.WaitTimeout` is re-raised for the caller."""
+    from broker.client import BrokerError, BrokerUnavailable, InvalidId, WaitTimeout
 
     try:
         return fn(*args, **kwargs)
     except WaitTimeout:
         raise
+    except InvalidId as e:
+        fail(str(e), 2)
     except BrokerUnavailable as e:
         if e.status is None:
             fail(f"cannot reach the broker at {c.url} (is `fedbroker serve` running?): {e}")

@@ -71,7 +71,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
-from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, TEAM_RE, JobSpec
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec
 from broker.service.node_api import node_router
 from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
@@ -93,7 +93,7 @@ log = logging.getLogger(__name__)
 #: the format of job ids in paths; anything else is answered 404 without a database query
 JOB_ID_RE = re.compile(JOB_ID_PATTERN)
 #: the format of schedule ids in paths; anything else is answered 404 without a database query
-SCHEDULE_ID_RE = re.compile(r"^sch-[0-9a-f]{16}$")
+SCHEDULE_ID_RE = re.compile(SCHEDULE_ID_PATTERN)
 #: the team of the ``settings.admin_token`` / ``admin_token_sha256`` principal
 ADMIN_TEAM = "admin"
 #: the actor token id of that principal in the audit log

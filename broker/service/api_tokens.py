@@ -99,7 +99,9 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
     def rotate_token(token_id: str, who: Caller,
                      body: Annotated[TokenRotateRequest | None, Body()] = None) -> CreatedToken:
         """Replace a token: a new id and secret (in the answer, once) with the same kind, team, label and node
-        and a new expiry (``ttl_s``, default ``token_ttl_days``); the old token is revoked at once."""
+        and a new expiry (``ttl_s``, default ``token_ttl_days``); the old token is revoked at once. Unless the
+        caller is a broker admin, the expiry is capped at the old token's and at the caller's own (the answer's
+        ``expires_at`` is the capped value); 422 (ttl_s) when under 60 s would be left."""
         ttl = body.ttl_s if body is not None and body.ttl_s is not None else default_ttl_s()
         try:
             created = rotate(store, token_id, who, ttl=ttl)

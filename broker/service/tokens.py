@@ -50,7 +50,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.model import TEAM_RE, WEEK_S
+from broker.model import TEAM_RE, TOKEN_ID_PATTERN, WEEK_S
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.service.store import tokens as repo
 from broker.service.store.core import JobStore, StoreError
@@ -82,7 +82,7 @@ DEFAULT_TTL_S = 90 * 86400
 #: ``last_used_at`` is written at most once per this many seconds per token
 LAST_USED_RESOLUTION_S = 60
 #: public token ids
-TOKEN_ID_RE = re.compile(r"^tok-[0-9a-f]{16}$")
+TOKEN_ID_RE = re.compile(TOKEN_ID_PATTERN)
 #: kinds a team admin may create in its own team
 CREATED_BY_TEAM_ADMIN = frozenset({"member", "read-only"})
 #: kinds of its own team's tokens a team admin may list, revoke and rotate
@@ -243,16 +243,27 @@ def create_token(store: JobStore, team: str, kind: str = "member", *, label: str
     return _created(secret, row, now)
 
 
-def _within_actor(actor: Principal, ttl_s: float, now: datetime) -> float:
-    """``ttl_s`` cut so that a token made by a team admin never outlives the team admin's own token (a broker
-    admin's tokens are not cut); seconds. Raises :class:`InvalidTokenRequest` (``ttl``) when the team admin's
-    own token has less than :data:`TOKEN_MIN_TTL_S` left."""
-    if actor.kind != "admin" and actor.expires_at is not None:
+def _within_actor(actor: Principal, ttl_s: float, now: datetime, not_after: datetime | None = None) -> float:
+    """The one lifetime cap (issue #9): ``ttl_s`` (seconds) cut so that a token made or rotated by a caller that
+    is not a broker admin ends at most at the caller's own token's expiry and at most at ``not_after`` (a rotated
+    token's current expiry: rotation replaces the secret, it never extends the lifetime). A broker admin's
+    (``actor.kind == "admin"``) tokens are not cut. The answer's ``expires_at`` is the cut value.
+    Returns the lifetime in seconds. Raises :class:`InvalidTokenRequest` (``ttl``) when less than
+    :data:`TOKEN_MIN_TTL_S` would be left."""
+    if actor.kind == "admin":
+        return ttl_s
+    if actor.expires_at is not None:
         left = (actor.expires_at - now).total_seconds()
         if left < TOKEN_MIN_TTL_S:
             raise InvalidTokenRequest("ttl", ttl_s, f"your own token expires in {max(left, 0):.0f} s: a token it "
                                                    f"makes would live less than {TOKEN_MIN_TTL_S} s; rotate yours first")
-        return min(ttl_s, left)
+        ttl_s = min(ttl_s, left)
+    if not_after is not None:
+        left = (not_after - now).total_seconds()
+        if left < TOKEN_MIN_TTL_S:
+            raise InvalidTokenRequest("ttl", ttl_s, f"the token expires in {max(left, 0):.0f} s and rotation does "
+                                                   f"not extend it (only a broker admin's does); create a new one")
+        ttl_s = min(ttl_s, left)
     return ttl_s
 
 
@@ -388,8 +399,11 @@ def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: 
            now: datetime | None = None) -> CreatedToken:
     """Replace a token: a new secret and id with the same kind, team, label and node and a new expiry
     (``ttl``, default :data:`DEFAULT_TTL_S`); the old token is revoked in the same transaction (audited
-    ``token.rotate`` on the old id, with the new id in the detail). An expired token may be rotated. A team
-    admin rotates its own token, or member and read-only tokens of its team (the new one never outliving its own).
+    ``token.rotate`` on the old id, with the new id in the detail). A broker admin (or ``actor=None``, direct
+    store access) may rotate an expired token and give any lifetime. A team admin rotates its own token, or
+    member and read-only tokens of its team; the new token ends at most at the old token's expiry and at its own
+    (:func:`_within_actor`; the answer's ``expires_at`` is the capped value): rotation replaces a secret, it
+    never extends a lifetime.
     Raises :class:`TokenNotFound`, :class:`TokenForbidden`, :class:`TokenConflict` (already revoked),
     :class:`InvalidTokenRequest` (ttl)."""
     now = now or utcnow()
@@ -402,9 +416,9 @@ def rotate(store: JobStore, token_id: str, actor: Principal | None = None, ttl: 
             # rotating yields a new secret: only of a kind the actor may create (a team admin rotates its own
             # token, never another team admin's)
             may_manage(actor, old.team, old.kind, create=True)
+        if actor is not None:
+            ttl_s = _within_actor(actor, ttl_s, now, not_after=old.expires_at)
         old.revoked = True
-        if actor is not None and old.public_id != actor.token_id:
-            ttl_s = _within_actor(actor, ttl_s, now)
         secret, row = _insert(s, old.team, old.kind, old.label, old.node, ttl_s, now)
         audit(s, actor, "token.rotate", old.public_id, {**_detail(row), "new_token_id": row.public_id}, now)
     return _created(secret, row, now, rotated_from=old.public_id)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -13,8 +14,8 @@ import pytest
 
 import broker
 from broker.service.api import create_app
-from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, NotFound, ValidationFailed,
-                           WaitTimeout)
+from broker.client import (AuthError, BrokerError, BrokerUnavailable, Client, Conflict, InvalidId, NotFound,
+                           ValidationFailed, WaitTimeout)
 from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
@@ -226,7 +227,7 @@ def test_typed_exceptions(team_client, server, store):
     with pytest.raises(NotFound) as e:
         c.get("job-" + "0" * 16)
     assert e.value.status == 404
-    with pytest.raises(NotFound):
+    with pytest.raises(InvalidId, match=r"^job_id='not-a-job-id': not a job id"):  # refused before a request
         c.get("not-a-job-id")
     with pytest.raises(ValidationFailed) as e:
         c.submit({"command": ["true"], "gpus_per_node": -1, "image": "busybox; rm -rf /"})
@@ -363,3 +364,69 @@ def test_token_methods_and_their_errors(store, server):
         with pytest.raises(AuthError) as e:
             gone.list()
         assert e.value.status == 401 and e.value.detail == "unknown or revoked token"
+
+
+# ----------------------------------------------------------------------------- ids in URL paths (issue #9)
+class _Recorder:
+    """A local HTTP server that answers every request 200 ``{}`` and records its method and raw path."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self):
+                seen.append((self.command, self.path))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            do_GET = do_POST = do_DELETE = _any
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+HOSTILE = [("cancel", "job_id", "../tokens/tok-0123456789abcdef/revoke?"), ("get", "job_id", "../tokens?x="),
+           ("logs", "job_id", "../../healthz?"), ("explain", "job_id", "%2e%2e"),
+           ("get", "job_id", "job-0123456789abcdef\n"), ("logs_view", "job_id", "job-0123456789abcdef/../x"),
+           ("wait", "job_id", ".."), ("get_schedule", "schedule_id", "../jobs?"),
+           ("pause_schedule", "schedule_id", "sch-0123456789abcdef/../../tokens"),
+           ("delete_schedule", "schedule_id", ""), ("revoke_token", "token_id", "../jobs/job-0123456789abcdef/cancel?"),
+           ("rotate_token", "token_id", "tok-0123456789ABCDEF"), ("cancel", "job_id", 7)]
+
+
+@pytest.mark.parametrize("method,field,value", HOSTILE)
+def test_a_hostile_id_is_refused_before_any_request(method, field, value):
+    rec = _Recorder()
+    try:
+        with Client(rec.url, "fbk_x") as c:
+            with pytest.raises(ValueError, match=rf"^{field}={re.escape(repr(value))}: not a ") as e:
+                getattr(c, method)(value)
+            assert isinstance(e.value, InvalidId) and (e.value.field, e.value.value) == (field, value)
+            assert rec.seen == []
+            c.delete_schedule("sch-0123456789abcdef")  # the recorder does see a well-formed id's request
+            assert rec.seen == [("DELETE", "/v1/schedules/sch-0123456789abcdef")]
+    finally:
+        rec.close()
+
+
+def test_a_hostile_job_id_no_longer_revokes_a_token(team_client, server, store):
+    """The reported exploit end to end: ``cancel("../tokens/<id>/revoke?")`` revoked a token."""
+    team, c = team_client()
+    victim = create_token(store, team)
+    with pytest.raises(InvalidId):
+        c.cancel(f"../tokens/{victim.id}/revoke?")
+    with Client(server.url, victim.token) as v:
+        assert v.list() == []  # the victim's token still works

@@ -300,3 +300,15 @@ def test_tokens_over_the_api(server, store):
     assert r.exit_code == 1 and "403 a member token cannot manage tokens" in r.stderr
     r = run("tokens", "create", "--team", team, token=member)
     assert r.exit_code == 1 and "403" in r.stderr
+
+
+@pytest.mark.parametrize("cmd,job_id", [("cancel", "../tokens/tok-0123456789abcdef/revoke?"), ("status", "../tokens?x="),
+                                        ("logs", "../../healthz?"), ("explain", "%2e%2e")])
+def test_a_hostile_job_id_is_a_clean_usage_error(run, store, cmd, job_id):
+    """Issue #9: the id went unescaped into the URL (``cancel ../tokens/<id>/revoke?`` revoked a token)."""
+    victim = create_token(store, run.team)
+    r = run(cmd, job_id.replace("tok-0123456789abcdef", victim.id))
+    assert r.exit_code == 2, r.output
+    shown = job_id.replace("tok-0123456789abcdef", victim.id)
+    assert r.output.strip() == f"error: job_id={shown!r}: not a job id (expected job-[0-9a-f]{{16}})"
+    assert principal_of(store, victim.token) is not None  # still valid

@@ -468,8 +468,48 @@ def test_a_team_admin_rotates_its_own_token_but_not_another_team_admins(client, 
     assert T.list_tokens(store, team=team)[1].revoked is False  # the other team admin keeps its token
     r = client.post(f"/v1/tokens/{ta_id}/rotate", json={"ttl_s": 30 * 86400}, headers=auth(ta))
     assert r.status_code == 201 and r.json()["kind"] == "team-admin"
-    made = r.json()  # its own rotation is not cut to the old token's expiry
+    made = r.json()  # 30 days is within the old token's 90: kept
     assert datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"]) == timedelta(days=30)
+
+
+def test_rotation_never_extends_a_team_admins_lifetime_issue_9(client, store):
+    """Issue #9: a 1-hour team-admin token rotated itself to 90 days (no body) and to 2036 (ttl_s 10 years), then
+    rotated a member token and minted members to 2036. Every expiry now stays <= the original 1-hour one."""
+    team = fresh_team()
+    made = client.post("/v1/tokens", json={"team": team, "kind": "team-admin", "ttl_s": 3600},
+                       headers=auth(ADMIN)).json()
+    ta, first_expiry = made["token"], datetime.fromisoformat(made["expires_at"])
+    _, member_id = mint(store, team, "member", ttl=3 * 86400)
+    r = client.post(f"/v1/tokens/{made['id']}/rotate", headers=auth(ta))  # no body: the 90-day default
+    assert r.status_code == 201, r.text
+    assert datetime.fromisoformat(r.json()["expires_at"]) == first_expiry  # capped to the old expiry
+    ta = r.json()["token"]
+    r = client.post(f"/v1/tokens/{r.json()['id']}/rotate", json={"ttl_s": 315360000}, headers=auth(ta))
+    assert r.status_code == 201 and datetime.fromisoformat(r.json()["expires_at"]) == first_expiry
+    ta = r.json()["token"]
+    r = client.post(f"/v1/tokens/{member_id}/rotate", json={"ttl_s": 315360000}, headers=auth(ta))
+    assert r.status_code == 201 and datetime.fromisoformat(r.json()["expires_at"]) == first_expiry
+    r = client.post("/v1/tokens", json={"kind": "member", "ttl_s": 315360000}, headers=auth(ta))
+    assert r.status_code == 201 and datetime.fromisoformat(r.json()["expires_at"]) == first_expiry
+    live = T.list_tokens(store, team=team)  # the team admin, the rotated member, the minted member
+    assert [t.expires_at for t in live] == [first_expiry] * 3
+    # a broker admin still rotates with a longer lifetime (here the team admin's own token, to 10 years)
+    own_id = [t.id for t in T.list_tokens(store, team=team) if t.kind == "team-admin"][0]
+    r = client.post(f"/v1/tokens/{own_id}/rotate", json={"ttl_s": 315360000}, headers=auth(ADMIN))
+    assert r.status_code == 201
+    new = r.json()
+    assert datetime.fromisoformat(new["expires_at"]) - datetime.fromisoformat(new["created_at"]) == timedelta(days=3650)
+
+
+def test_a_team_admin_cannot_rotate_an_expired_member_token(client, store):
+    team = fresh_team()
+    ta, _ = mint(store, team, "team-admin")
+    _, member_id = mint(store, team, "member", ttl=120)
+    later = datetime.now(UTC) + timedelta(seconds=150)  # the member token expired 30 s ago
+    with pytest.raises(T.InvalidTokenRequest, match=r"ttl=.*the token expires in 0 s and rotation does not extend"):
+        T.rotate(store, member_id, actor=T.principal_of(store, ta), now=later)
+    assert T.list_tokens(store, team=team)[-1].revoked is False  # refused before revoking
+    assert T.rotate(store, member_id, now=later).rotated_from == member_id  # direct store access (the admin CLI) may
 
 
 def test_a_team_admin_about_to_expire_cannot_make_tokens(client, store):
