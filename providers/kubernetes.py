@@ -57,7 +57,7 @@ State mapping (Job conditions, pod phases, container states and Warning events -
 Errors (``providers.base``; each with ``option = "kubernetes:<namespace>:<gpu_type>"`` and ``code``)::
 
     SchedulerUnavailable   no answer, HTTP 5xx, 401 (code Unauthorized), 403 without a quota (Forbidden: RBAC),
-                           no kubeconfig (NoKubeconfig)
+                           no kubeconfig, or a file that is not one (NoKubeconfig; names the file, not its text)
     QuotaExceeded          HTTP 403 "exceeded quota" (a ResourceQuota of the namespace)
     Throttled              HTTP 429 after settings.max_retries retries (each after Retry-After, at most
                            settings.max_retry_after_s; 1, 2, 4 ... s without the header)
@@ -349,6 +349,13 @@ def job_info(job: Mapping, pods: Iterable[Mapping], events: Iterable[Mapping] = 
     return out("starting", "Pending", "waiting for the Job controller to create its pods")
 
 
+def _where(e: BaseException) -> str:
+    """`` at line L, column C`` of a YAML parse error (1-based, from its mark), else ``""``: where a broken
+    kubeconfig fails, without the excerpt of the file that ``str(e)`` of a YAML error carries."""
+    mark = getattr(e, "problem_mark", None)
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
 class KubernetesPool:
     """An existing Kubernetes cluster (one namespace) as a broker pool; see the module docstring.
 
@@ -387,6 +394,13 @@ class KubernetesPool:
                     raise SchedulerUnavailable(f"kubeconfig={self.settings.kubeconfig!r} context="
                                                f"{self.settings.context!r}: {e}", self._option(),
                                                "NoKubeconfig") from None
+                except Exception as e:  # noqa: BLE001 - the client's own parse failures (TypeError, YAMLError, ...)
+                    # a file that is not a kubeconfig (plain text, a list, broken YAML): the client fails inside
+                    # its parser; name the file and the kind of failure, never its text (it may hold a token)
+                    raise SchedulerUnavailable(
+                        f"kubeconfig={self.settings.kubeconfig or '~/.kube/config'!r}: not a valid kubeconfig "
+                        f"(a YAML mapping with clusters, contexts and users; the client failed with "
+                        f"{type(e).__name__}{_where(e)})", self._option(), "NoKubeconfig") from None
                 cfg.retries = False
                 self._client = client.ApiClient(cfg)
             self._core, self._batch = client.CoreV1Api(self._client), client.BatchV1Api(self._client)

@@ -128,7 +128,10 @@ class SlurmSettings:
             raise ValueError(f"timeout_s={self.timeout_s!r}: must be > 0")
         if self.rest_url is not None:
             if not re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", self.rest_url):
-                raise ValueError(f"rest_url={self.rest_url!r}: must be an http(s) URL")
+                # a URL with user:password@ is not echoed (the error reaches stderr and logs; providers cannot use
+                # broker.service.redact); slurmrestd takes the JWT of jwt_file, never userinfo
+                shown = "<hidden: holds user:password@>" if "@" in self.rest_url else repr(self.rest_url)
+                raise ValueError(f"rest_url={shown}: must be an http(s) URL")
             if not self.jwt_file or not self.rest_user:
                 raise ValueError("rest_url is set: jwt_file and rest_user are required (the JWT and its user)")
 

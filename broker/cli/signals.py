@@ -92,7 +92,10 @@ def show_cmd(zone: str = typer.Argument(..., help="Grid zone (a pool's carbon/pr
     if kind not in ("carbon", "price", "both"):
         fail(f"--kind={kind!r}: choose carbon, price or both", code=2)
     st, cache = _cache(config)
-    env = LiveEnvironment(st.planner, st.cluster, signals=(st.signals, cache) if st.signals.enabled else None)
+    try:  # a bad cluster file (a pool zone without series, a malformed pool): one line, not a traceback
+        env = LiveEnvironment(st.planner, st.cluster, signals=(st.signals, cache) if st.signals.enabled else None)
+    except (ValueError, OSError) as e:
+        fail(f"cluster={str(st.cluster)!r}: {e}", code=2)
     now = time.time()
     sig = env.signals_at(now)
     out = {}

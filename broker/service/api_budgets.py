@@ -3,7 +3,8 @@
 ::
 
     GET    /v1/budgets?team=&project=&projects=   admin: every team's budget state (or ``team``'s); other tokens:
-                                    their team's. ``projects=true`` (or a ``project``): the project budgets instead
+                                    their team's (403 for ``team`` of another team). ``projects=true`` (or a
+                                    ``project``): the project budgets instead
     GET    /v1/budgets/{team}?project=    one team's (or that project's) state (admin, or a token of that team)
     PUT    /v1/budgets/{team}?project=    BudgetRequest -> BudgetState: set the monthly cloud cap (a team's: admin
                                     only; a project's: admin or a team admin of that team)
@@ -13,7 +14,8 @@
 ``project`` is optional everywhere, so the team-budget calls are unchanged (no new route).
 
 The state's figures (spent, committed, remaining, forecast, alert, capped) are defined in
-:mod:`broker.service.budgets`. Errors: 403 (not an admin for a change), 404 (no budget, or another team's for
+:mod:`broker.service.budgets`. Errors: 403 (not an admin for a change; a
+team token's ``GET /v1/budgets?team=`` of another team), 404 (no budget, or another team's for
 a team token), 422 naming the field.
 """
 
@@ -56,15 +58,18 @@ def register(app: FastAPI, store: JobStore, Caller) -> None:
     @app.get("/v1/budgets", response_model=list[BudgetState], tags=["budgets"], responses=_ERR)
     def list_budgets(who: Caller,
                      team: Annotated[str | None, Query(min_length=1, max_length=63, pattern=TEAM_RE.pattern,
-                                                       description="Only this team (admins)")] = None,
+                                                       description="Only this team (admins and finance: any; "
+                                                                   "other tokens: their own, 403 for another)")] = None,
                      project: Annotated[str | None, _PROJECT] = None,
                      projects: Annotated[bool, Query(description="The project budgets (by team, project) instead "
                                                                  "of the team budgets")] = False
                      ) -> list[BudgetState]:
         """Budget states by team this month (UTC): an admin or finance token sees every team's (or ``team``'s),
-        any other token its own team's only. With ``projects=true`` or a ``project``: the project budgets, by
+        any other token its own team's only (403 when its ``team`` names another team). With ``projects=true`` or a ``project``: the project budgets, by
         team then project."""
-        if not who.all_finance:
+        if not who.all_finance:  # as GET /v1/jobs?team= and the usage routes: another team's is a 403
+            if team is not None and team != who.team:
+                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
             team = who.team
         with store.session() as s:
             return budget_states(s, utcnow(), team, project, projects=projects)

@@ -28,6 +28,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import PlannerConfig
+from broker.service.redact import HIDDEN, hide_secret_values, is_secret_name, mask_userinfo
 from broker.service.signal_settings import SignalsSettings
 from providers.registry import PROVIDERS
 
@@ -693,9 +694,13 @@ _OWN_MSG = re.compile(r"^[a-z_][a-z0-9_]*(\.[A-Za-z0-9_-]+)*(: |=)")
 def validation_message(e: ValidationError, prefix: str = "setting") -> str:
     """One line for the first error of ``e``: ``setting <dotted key>=<value>: <why>``; a message of our own
     validators, which names its field, gets the dotted path of the section in front instead of the value
-    (``setting aws.regions: 'us-eest-1' is not an AWS region (did you mean 'us-east-1'?)``)."""
+    (``setting aws.regions: 'us-eest-1' is not an AWS region (did you mean 'us-east-1'?)``). The value of a
+    field whose name looks secret (:func:`broker.service.redact.is_secret_name`) is shown as ``<hidden>``, and a
+    ``user:password@`` in the line as ``user:***@``."""
     err = e.errors()[0]
     parts = [str(x) for x in err["loc"]]
+    if any(map(is_secret_name, err["loc"])):  # never echo a key, token or password, nor anything under one
+        return mask_userinfo(f"{prefix} {'.'.join(parts)}={HIDDEN}: {err['msg']}")
     loc = ".".join(parts)
     msg = str(err["msg"])
     own = msg.startswith("Value error, ")
@@ -705,8 +710,9 @@ def validation_message(e: ValidationError, prefix: str = "setting") -> str:
     if own and _OWN_MSG.match(msg):
         head = re.split(r"[.:=]", msg, maxsplit=1)[0]
         parent = parts[:-1] if head == parts[-1] else parts
-        return f"{prefix} {'.'.join(parent + [msg])}"
-    return f"{prefix} {loc}={err.get('input')!r}: {err['msg']}"
+        return mask_userinfo(f"{prefix} {'.'.join(parent + [msg])}")
+    shown = hide_secret_values(err.get("input"))
+    return mask_userinfo(f"{prefix} {loc}={shown!r}: {err['msg']}")
 
 
 def load_settings(config: str | Path | None = None, **overrides) -> BrokerSettings:

@@ -17,7 +17,7 @@ from broker.cluster import load_cluster
 from broker.model import CloudOffer, Pool
 from broker.planner.core import GpuTable
 
-__all__ = ["Scenario", "load_scenario"]
+__all__ = ["Scenario", "load_scenario", "pool_zone_problems"]
 
 
 @dataclass
@@ -43,6 +43,29 @@ class Scenario:
     user_signals: object = None
 
 
+def pool_zone_problems(pools, user=None) -> list[str]:
+    """One line per pool zone without a series: ``pool 'hpc': carbon_zone='XX-NOWHERE' has no bundled series;
+    available: ...`` (then ``price_zone``), in pool order; ``[]`` when every zone has one.
+
+    ``pools`` are :class:`broker.model.Pool`; ``user`` the :class:`pricing.user_signals.UserSignals` whose zones
+    count as covered too (``None``: the bundled series of :mod:`pricing.carbon` / :mod:`pricing.electricity`
+    only, as the live broker uses)."""
+    from pricing.carbon import available_carbon_zones
+    from pricing.electricity import available_price_zones
+
+    carbon_zones = set(available_carbon_zones()) | set(user.carbon if user else ())
+    price_zones = set(available_price_zones()) | set(user.price if user else ())
+    out = []
+    for p in pools:
+        if p.carbon_zone not in carbon_zones:
+            out.append(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no bundled series; "
+                       f"available: {', '.join(sorted(carbon_zones))}")
+        if p.price_zone not in price_zones:
+            out.append(f"pool {p.name!r}: price_zone={p.price_zone!r} has no bundled series; "
+                       f"available: {', '.join(sorted(price_zones))}")
+    return out
+
+
 def load_scenario(cluster: str | Path | None = None, with_pools: bool = True,
                   signals_dir: str | Path | None = None) -> Scenario:
     """Load the default (or ``cluster``) on-prem pools and all bundled offers and signals.
@@ -52,9 +75,7 @@ def load_scenario(cluster: str | Path | None = None, with_pools: bool = True,
     Raises ``broker.cluster.ClusterError`` for a bad cluster file and ``ValueError``
     when a pool names a zone without bundled or user data (or a user file is malformed).
     """
-    from pricing.carbon import available_carbon_zones
     from pricing.catalog import load_offers
-    from pricing.electricity import available_price_zones
     from pricing.signals import load_grid_signals
     from pricing.spot import load_spot_traces
     from pricing.user_signals import grid_signals_with, load_user_signals
@@ -74,15 +95,9 @@ def load_scenario(cluster: str | Path | None = None, with_pools: bool = True,
         canon.append(p.model_copy(update={"nodes": tuple(nodes)}))
     pools = canon
     user = load_user_signals(signals_dir) if signals_dir is not None else None
-    carbon_zones = set(available_carbon_zones()) | set(user.carbon if user else ())
-    price_zones = set(available_price_zones()) | set(user.price if user else ())
-    for p in pools:
-        if p.carbon_zone not in carbon_zones:
-            raise ValueError(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no bundled series; "
-                             f"available: {', '.join(sorted(carbon_zones))}")
-        if p.price_zone not in price_zones:
-            raise ValueError(f"pool {p.name!r}: price_zone={p.price_zone!r} has no bundled series; "
-                             f"available: {', '.join(sorted(price_zones))}")
+    problems = pool_zone_problems(pools, user)
+    if problems:
+        raise ValueError(problems[0])
     cat = load_offers()
     zones = {p.carbon_zone for p in pools} | {p.price_zone for p in pools} | {o.carbon_zone for o in cat.offers}
     signals = grid_signals_with(sorted(zones), user) if user else load_grid_signals(sorted(zones))

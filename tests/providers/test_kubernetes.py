@@ -377,6 +377,17 @@ def test_403_rbac_and_401_and_down_are_scheduler_unavailable(pool, fake, tmp_pat
     with pytest.raises(SchedulerUnavailable) as e:
         missing.capacity()
     assert e.value.code == "NoKubeconfig"
+    # a new user's report: a plain-text file as kubeconfig gave "TypeError: 'str' object does not support item
+    # assignment"; now the file is named with what is wrong, and its text (a token, maybe) is not echoed
+    for name, text, why in [("plain", "SECRETTEXT not a kubeconfig\n", "TypeError"),
+                            ("broken", "clusters: [SECRETTEXT\n", "ParserError at line 2, column 1")]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SchedulerUnavailable) as e:
+            KubernetesPool(KubernetesSettings(kubeconfig=str(tmp_path / name), context="fake")).capacity()
+        assert e.value.code == "NoKubeconfig"
+        assert str(e.value).startswith(f"kubeconfig={str(tmp_path / name)!r}: not a valid kubeconfig (a YAML mapping "
+                                       f"with clusters, contexts and users; the client failed with {why})"), str(e.value)
+        assert "SECRETTEXT" not in str(e.value)
     host = fake.host
     fake.stop()
     down = KubernetesPool(KubernetesSettings(kubeconfig=str(tmp_path / "good"), context="fake"))

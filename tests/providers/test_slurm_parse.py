@@ -155,3 +155,7 @@ def test_settings_from_mapping():
         settings_from_mapping({"rest_url": "http://head:6820"})
     with pytest.raises(ValueError, match="rest_url='head:6820': must be an http"):
         settings_from_mapping({"rest_url": "head:6820", "jwt_file": "/j", "rest_user": "u"})
+    # a bad URL with a password in it: the error names the field, never the password
+    with pytest.raises(ValueError) as e:
+        settings_from_mapping({"rest_url": "ftp://user:pa55w0rd@[::1", "jwt_file": "/j", "rest_user": "u"})
+    assert str(e.value) == "slurm: rest_url=<hidden: holds user:password@>: must be an http(s) URL"

@@ -485,3 +485,30 @@ def test_simulate_bad_signals_folder_exits_2(run, tmp_path):
     (sig / "c.csv").write_text("zone,hour_utc,value,unit,quality\nCA-ON,2030-09-02T09:30Z,1,gCO2e/kWh,measured\n")
     r = run("simulate", "--jobs", "5", "--signals", str(sig), "--out", str(tmp_path / "o"))
     assert r.exit_code == 2 and "c.csv:2: hour_utc='2030-09-02T09:30Z': not on the hour" in r.output
+
+
+def test_every_command_the_readme_names_exists():
+    # a new user's report: README "Live signals" sent them to `fedbroker jobs explain` (the command is `fedbroker
+    # explain`); each `fedbroker a b` in backquotes must resolve, word by word, to a command of the CLI
+    import re
+    from pathlib import Path
+
+    import typer
+
+    from broker.cli.main import app
+
+    root = typer.main.get_command(app)
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    named = {m.group(0) for m in re.finditer(r"`fedbroker((?: [a-z][a-z0-9-]*)+)", text)}
+    assert "`fedbroker explain" in named  # the pattern does find the README's commands
+    unknown = []
+    for ref in sorted(named):
+        cmd = root
+        for word in ref.split()[1:]:
+            if not hasattr(cmd, "get_command"):  # a command, not a group (typer 0.29 vendors its own click)
+                break  # the rest are arguments
+            cmd = cmd.get_command(None, word)
+            if cmd is None:
+                unknown.append(ref)
+                break
+    assert unknown == []

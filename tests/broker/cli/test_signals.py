@@ -113,6 +113,27 @@ def test_show_bad_input_and_an_unknown_zone(sqlite_store, tmp_path, redis_clean)
     assert r.exit_code == 2 and "ZONE='XX-NOPE': not a zone of the cluster's pools or cloud offers" in r.output
 
 
+def test_a_pool_zone_without_a_series_is_a_one_line_error(sqlite_store, tmp_path, redis_clean):
+    # a new user's report: `fedbroker pools` accepted the file, `signals show` then printed a traceback
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("pools:\n- {name: hpc, carbon_zone: XX-NOWHERE, price_zone: YY, "
+                       "node_groups: [{count: 1, gpu_type: A100, gpus_per_node: 8}]}\n")
+    cfg = tmp_path / "s_badzone.yaml"
+    cfg.write_text(yaml.safe_dump({"database_url": sqlite_store.url, "redis_url": REDIS_URL, "cluster": str(cluster)}))
+    run = CliRunner().invoke
+    r = run(app, ["signals", "show", "DE-LU", "--config", str(cfg)])
+    assert r.exit_code == 2, r.output
+    line = " ".join(r.output.split())
+    assert "Traceback" not in r.output
+    assert line.startswith(f"error: cluster={str(cluster)!r}: pool 'hpc': carbon_zone='XX-NOWHERE' has no bundled "
+                           "series; available: "), line
+    r = run(app, ["pools", "--config", str(cfg)])
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert line.startswith(f"error: {cluster}: pool 'hpc': carbon_zone='XX-NOWHERE' has no bundled series; "), line
+    assert "; pool 'hpc': price_zone='YY' has no bundled series; available: " in line
+
+
 def test_seed_writes_csv_hours_the_planner_uses_as_last_known(sqlite_store, tmp_path, redis_clean):
     cfg = _cfg(sqlite_store, tmp_path)
     h0 = math.floor(time.time() / H) * H

@@ -274,7 +274,12 @@ def test_budget_routes_admin_sets_team_reads_its_own(pg_store):
             assert [x["team"] for x in c.get("/v1/budgets", headers=auth(tok)).json()] == ["ml"]
         assert c.get("/v1/budgets/ml", headers=auth(other)).status_code == 404  # another team's: not shown
         assert c.get("/v1/budgets", headers=auth(other)).json() == []
-        assert c.get("/v1/budgets?team=ml", headers=auth(other)).json() == []  # a team token sees its own only
+        # a new user's report: vision's token asking for ml's budgets got 200 with vision's own; now a 403 as
+        # /v1/jobs?team= and the usage routes answer, and its own team by name is still a 200
+        r = c.get("/v1/budgets?team=ml", headers=auth(other))
+        assert (r.status_code, r.json()) == (403, {"detail": "team='ml': your token belongs to team 'vision'"})
+        assert c.get("/v1/budgets?team=vision", headers=auth(other)).json() == []
+        assert [x["team"] for x in c.get("/v1/budgets?team=ml", headers=auth(viewer)).json()] == ["ml"]
         assert c.put("/v1/budgets/vision", json={"cap_usd": 5.0}, headers=auth(viewer)).status_code == 403
         r = c.put("/v1/budgets/ml", json={"cap_usd": -1.0}, headers=auth(admin))
         assert r.status_code == 422 and "cap_usd" in r.text

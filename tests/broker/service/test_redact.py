@@ -157,3 +157,25 @@ def test_serve_api_and_worker_never_log_secrets(tmp_path):
     assert f"database postgresql+psycopg://postgres:***@" in api_log  # the URL is logged, masked
     assert "settings.admin_token is deprecated" in api_log
     assert "transport:   redis://:**@" in worker_log and "[queues]" in worker_log  # Celery's banner, masked
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("api_key", True), ("electricitymaps_api_key", True), ("admin_token", True), ("password", True),
+    ("sslpassword", True), ("passwd", True), ("client_secret", True), ("jwt", True), ("credentials", True),
+    ("jwt_file", False), ("secrets_file", False), ("api_key_env", False), ("region", False), ("rest_url", False),
+    (0, False), (None, False),
+])
+def test_one_rule_for_a_secret_name(name, secret):
+    from broker.service.redact import is_secret_name
+
+    assert is_secret_name(name) is secret
+
+
+def test_hide_secret_values_and_mask_userinfo():
+    from broker.service.redact import hide_secret_values, mask_userinfo
+
+    assert hide_secret_values({"a": 1, "api_key": "K", "x": [{"token": "T", "u": "ftp://u:p@h"}]}) == \
+        {"a": 1, "api_key": "<hidden>", "x": [{"token": "<hidden>", "u": "ftp://u:***@h"}]}
+    assert hide_secret_values("K", "api_key") == "<hidden>"
+    assert mask_userinfo("rest_url='ftp://user:pa55w0rd@[::1': bad; http://h/a@b, https://ann@h") == \
+        "rest_url='ftp://user:***@[::1': bad; http://h/a@b, https://ann@h"

@@ -166,3 +166,32 @@ def test_yaml_aliases_that_expand_beyond_the_limit_are_refused_fast():
         load_yaml("\n".join(levels) + "\ncommand: *h\n")  # refused before it is expanded (it took minutes)
     # a few aliases are fine: 9 + 81 + 1 values
     assert len(load_yaml("\n".join(levels[:2]) + "\nx: *b\n")["x"]) == 9
+
+
+@pytest.mark.parametrize("text, line", [
+    ("signals: {sources: {electricitymaps: {api_key: SUPERSECRETKEY123}}}",
+     "setting signals.sources.electricitymaps.api_key=<hidden>: Extra inputs are not permitted"),
+    ("signals: {electricitymaps_api_key: SUPERSECRETKEY123}",
+     "setting signals.electricitymaps_api_key=<hidden>: Extra inputs are not permitted"),
+    # a whole section of the wrong type: the key under it is hidden in the echoed mapping
+    ("signals: {sources: {electricitymaps: [{api_key: SUPERSECRETKEY123}]}}",
+     "setting signals.sources.electricitymaps=[{'api_key': '<hidden>'}]: "
+     "Input should be a valid dictionary or instance of SourceSettings"),
+])
+def test_a_secret_in_a_bad_setting_is_never_echoed(tmp_path, text, line):
+    # a new user's report: the API key written in the settings file came back on stderr
+    p = tmp_path / "broker.yaml"
+    p.write_text(text + "\n")
+    with pytest.raises(SettingsError) as e:
+        load_settings(p)
+    assert str(e.value) == line
+    assert "SUPERSECRETKEY123" not in str(e.value)
+
+
+def test_a_url_password_in_a_bad_setting_is_masked(tmp_path):
+    p = tmp_path / "broker.yaml"
+    p.write_text('cloud: {report_url: "ftp://user:pa55w0rd@[::1"}\n')
+    with pytest.raises(SettingsError) as e:
+        load_settings(p)
+    assert "pa55w0rd" not in str(e.value)
+    assert str(e.value).startswith("setting cloud.report_url='ftp://user:***@[::1': "), str(e.value)
