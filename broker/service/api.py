@@ -83,7 +83,7 @@ from broker.service.settings import BrokerSettings
 from broker.states import JobState
 from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
                           ScheduleConflict, ScheduleNotFound, hash_token)
-from broker.service.tokens import InvalidToken, TokenExpired, finance_route
+from broker.service.tokens import InvalidToken, TokenExpired, finance_route, readable_team
 from broker.service.tokens import authenticate as authenticate_token
 
 __all__ = ["create_app", "JOB_ID_RE", "SCHEDULE_ID_RE", "ADMIN_TEAM"]
@@ -560,10 +560,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         for s in state or ():
             if s not in known:
                 raise _unprocessable("state", s, f"not a job state (one of {', '.join(known)})", where="query")
-        if not who.admin:
-            if team is not None and team != who.team:
-                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
-            team = who.team
+        team = readable_team(who, team, who.admin)
         return store.list_jobs(team=team, states=state or None, limit=limit, offset=offset)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_ERRORS)
@@ -722,10 +719,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def list_schedules(who: Caller, team: Annotated[str | None, Query(
             description="Only this team (default: yours; admins: all)", **_TEAM_QUERY)] = None) -> list[ScheduleView]:
         """Schedules by team, then name. A team token may only ask for its own team (403 otherwise)."""
-        if not who.admin:
-            if team is not None and team != who.team:
-                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
-            team = who.team
+        team = readable_team(who, team, who.admin)
         return store.schedules(team)
 
     @app.get("/v1/schedules/{schedule_id}", response_model=ScheduleView, tags=["schedules"],

@@ -29,6 +29,7 @@ from broker.schemas import ErrorBody
 from broker.service.budgets import BudgetError, BudgetRequest, BudgetState, budget_states, remove_budget, set_budget
 from broker.service.store.core import JobStore
 from broker.service.store.tables import utcnow
+from broker.service.tokens import readable_team
 
 __all__ = ["register"]
 
@@ -67,10 +68,7 @@ def register(app: FastAPI, store: JobStore, Caller) -> None:
         """Budget states by team this month (UTC): an admin or finance token sees every team's (or ``team``'s),
         any other token its own team's only (403 when its ``team`` names another team). With ``projects=true`` or a ``project``: the project budgets, by
         team then project."""
-        if not who.all_finance:  # as GET /v1/jobs?team= and the usage routes: another team's is a 403
-            if team is not None and team != who.team:
-                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
-            team = who.team
+        team = readable_team(who, team, who.all_finance)  # as GET /v1/jobs?team= and the usage routes
         with store.session() as s:
             return budget_states(s, utcnow(), team, project, projects=projects)
 

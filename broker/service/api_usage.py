@@ -21,7 +21,7 @@ import io
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
-from fastapi import FastAPI, HTTPException, Query, Response
+from fastapi import FastAPI, Query, Response
 from fastapi.exceptions import RequestValidationError
 
 from broker.focus import FocusAccounts, write_focus_csv
@@ -31,6 +31,7 @@ from broker.service import ledger
 from broker.service.settings import BrokerSettings
 from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
+from broker.service.tokens import readable_team
 from broker.usage import SUMMARY_DIMENSIONS, savings, total_of
 
 __all__ = ["register", "scope_period", "SKIPPED_HEADER"]
@@ -82,10 +83,7 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         """The team the caller may read (403 for another team's; admin and finance tokens: any) and the checked UTC
         period."""
         start, end = scope_period(start, end)
-        if not who.all_finance:
-            if team is not None and team != who.team:
-                raise HTTPException(403, f"team={team!r}: your token belongs to team {who.team!r}")
-            team = who.team
+        team = readable_team(who, team, who.all_finance)
         return team, start, end
 
     def records(team: str | None, start: datetime, end: datetime):

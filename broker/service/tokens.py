@@ -57,7 +57,7 @@ from broker.service.store.core import JobStore, StoreError
 from broker.service.store.tables import ApiToken, utcnow
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 
-__all__ = ["TOKEN_KINDS", "FINANCE_ROUTES", "finance_route", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
+__all__ = ["readable_team", "TOKEN_KINDS", "FINANCE_ROUTES", "finance_route", "NODE_TEAM", "revoke_node_tokens", "TOKEN_MAX_TTL_S", "TOKEN_MIN_TTL_S", "DEFAULT_TTL_S", "LAST_USED_RESOLUTION_S",
            "TOKEN_ID_RE", "TokenError", "InvalidToken", "TokenExpired", "TokenNotFound", "TokenForbidden",
            "TokenConflict", "BootstrapRefused", "InvalidTokenRequest", "parse_ttl", "new_token_id", "audit",
            "audit_row", "create_token", "create_node_token", "bootstrap", "authenticate", "principal_of",
@@ -165,6 +165,18 @@ def _view(r: ApiToken, now: datetime) -> TokenView:
     return TokenView(id=r.public_id, team=r.team, kind=r.kind, label=r.label, node=r.node, created_at=r.created_at,
                      expires_at=r.expires_at, last_used_at=r.last_used_at, revoked=bool(r.revoked),
                      expired=r.expires_at <= now)
+
+
+def readable_team(who: Principal, team: str | None, sees_all: bool) -> str | None:
+    """The team a read by ``who`` covers: ``team`` as asked (``None`` = every team) when ``sees_all`` (a broker
+    admin; a finance token on the finance routes), else the caller's own team. Raises :class:`TokenForbidden`
+    (403) when a caller who does not see all names another ``team``: the one rule of ``?team=`` on jobs,
+    schedules, budgets and usage."""
+    if sees_all:
+        return team
+    if team is not None and team != who.team:
+        raise TokenForbidden(f"team={team!r}: your token belongs to team {who.team!r}")
+    return who.team
 
 
 def may_manage(actor: Principal, team: str, kind: str, *, create: bool = False) -> None:
