@@ -436,7 +436,7 @@ def meter_attempt(s, att, job, now: datetime, p: LedgerPrices) -> list[UsageReco
     if att.kind == "cloud":
         return _meter_cloud(s, att, end, base, p)
     if att.kind != "onprem":
-        return _meter_scheduler(att, end, base, p)
+        return _meter_scheduler(s, att, end, base, p)
     return _meter_onprem(s, att, end, base, p)
 
 
@@ -671,7 +671,7 @@ def _meter_onprem(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
     return out
 
 
-def _meter_scheduler(att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
+def _meter_scheduler(s, att, end: datetime, base: dict, p: LedgerPrices) -> list[UsageRecord]:
     """The ``energy`` and ``amortised`` lines of an attempt run by an existing scheduler (the module docstring)."""
     if att.started_at is None:  # it never left the scheduler's queue: nothing ran
         return []
@@ -704,8 +704,12 @@ def _meter_scheduler(att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
             it_kw = math.nan
             ewhy.append(f"the scheduler accounted no energy and {gpu_type!r} has no power model")
     t0, t1 = att.started_at.timestamp(), att.started_at.timestamp() + run_s
-    tariff, twhy = window_integral(_price(p, pool.price_zone, att.started_at), t0, t1, "electricity price")
-    ci, cwhy = window_integral(_carbon(p, pool.carbon_zone, att.started_at), t0, t1, "carbon intensity")
+    sig = p.signals_for(t0, t1, s)  # the signals the live planner used (as for agent attempts)
+    tariff, twhy = window_integral(_price(sig, pool.price_zone), t0, t1, "electricity price")
+    ci, cwhy = window_integral(_carbon(sig, pool.carbon_zone), t0, t1, "carbon intensity")
+    source, owhy = signal_origin(sig, pool.price_zone, "price", t0, t1, "electricity price")
+    twhy = twhy + owhy
+    cwhy = cwhy + signal_origin(sig, pool.carbon_zone, "carbon", t0, t1, "carbon intensity")[1]
     c = onprem_cost(run_s, gpus=int(att.gpus), kw=it_kw * pool.pue, usd_per_gpu_hour=pool.amortised_usd_per_gpu_hour,
                     tariff_integral=tariff if tariff is not None else math.nan,
                     carbon_integral=ci if ci is not None else math.nan)
@@ -717,7 +721,8 @@ def _meter_scheduler(att, end: datetime, base: dict, p: LedgerPrices) -> list[Us
                         billed_usd=float(c.energy_usd) if tariff is not None and known else None,
                         energy_kwh=float(c.energy_kwh) if known else None,
                         carbon_kg=float(c.carbon_kg) if ci is not None and known else None,
-                        estimated=bool(ewhy), estimate_reasons=tuple(ewhy)),
+                        estimated=bool(ewhy), estimate_reasons=tuple(ewhy),
+                        price_source=source if tariff is not None else None),
             UsageRecord(**common, line="amortised", pricing_unit=PRICING_UNITS["amortised"], region=pool.price_zone,
                         list_unit_price_usd=pool.amortised_usd_per_gpu_hour, billed_usd=float(c.amortised_usd),
                         energy_kwh=0.0, carbon_kg=0.0, estimated=bool(why), estimate_reasons=tuple(why))]
