@@ -73,6 +73,7 @@ from pydantic import ValidationError
 from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec
 from broker.service.node_api import node_router
+from broker.service.group_commit import GroupCommit
 from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
@@ -82,7 +83,7 @@ from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView,
 from broker.service.settings import BrokerSettings
 from broker.states import JobState
 from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
-                          ScheduleConflict, ScheduleNotFound, hash_token)
+                          ScheduleConflict, ScheduleNotFound, SubmitItem, hash_token)
 from broker.service.tokens import InvalidToken, TokenExpired, finance_route, readable_team
 from broker.service.tokens import authenticate as authenticate_token
 
@@ -281,8 +282,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                     "bootstrap a stored admin token (`fedbroker tokens create --team ops --admin`)")
 
     # ------------------------------------------------------------------ dependencies
-    def principal(request: Request,
-                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    async def principal(request: Request,
+                        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
         """The caller, from ``Authorization: Bearer <token>``; 401 if missing, unknown, revoked or expired;
         403 when the token's kind may not use this route (read-only: GET only; node: no job or schedule route;
         finance: GET of the finance routes only, :func:`broker.service.tokens.finance_route`)."""
@@ -301,8 +302,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             tokens.discard(key)
             who = None
         if who is None:
-            try:
-                who = authenticate_token(store, token)
+            try:  # the database lookup (a cache miss) off the event loop
+                who = await run_in_threadpool(authenticate_token, store, token)
             except InvalidToken as e:
                 raise HTTPException(401, "token expired" if isinstance(e, TokenExpired) else "unknown or revoked token",
                                     headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}) from None
@@ -344,6 +345,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         if spec.team not in ("default", who.team):
             raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
         return who.team
+
+    submits = GroupCommit(store, on_created=on_submit)  # POST /v1/jobs (on_submit: per new job, after its commit)
 
     app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.service.node_api)
 
@@ -410,7 +413,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                          403: {"model": ErrorBody, "description": "spec.team is another team"},
                          409: {"model": ErrorBody, "description": "idempotency key used with another spec"},
                          **_LIMITED})
-    def submit(body: SubmitRequest, response: Response, who: Caller,
+    async def submit(body: SubmitRequest, response: Response, who: Caller,
                idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, pattern=r"^[\x21-\x7e]+$",
                                                                     max_length=200)] = None) -> JobView:
         """Store a job in state ``submitted`` for the planner.
@@ -437,20 +440,18 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             late = _unprocessable("spec.not_after", spec.not_after, f"is in the past (now {now.isoformat(timespec='seconds')})")
         if late is not None:
             # a retry of a submit that was stored before its deadline passed answers the first job
-            existing = store.find_idempotent(team, key, spec) if key is not None else None
+            existing = await run_in_threadpool(store.find_idempotent, team, key, spec) if key is not None else None
             if existing is None:
                 raise late
             response.status_code = 200
             return existing
-        charge(team, 1, (lambda: store.find_idempotent(team, key, spec) is not None) if key is not None else None)
-        job, created = store.submit(team, spec, idempotency_key=key, now=now, not_after=spec.not_after,
-                                    actor=who, max_unfinished=quota_of(team),
-                                    quota_retry_after_s=settings.quotas.quota_retry_after_s)
-        if created and on_submit is not None:
-            try:
-                on_submit(job.id)
-            except Exception:
-                log.exception("on_submit(%s) failed; the job is stored and the next planner tick sees it", job.id)
+        if rate_limiter is not None and rate_limiter.limits(team).submits_per_s is not None:  # Redis: off the loop
+            await run_in_threadpool(
+                charge, team, 1, (lambda: store.find_idempotent(team, key, spec) is not None) if key is not None else None)
+        # stored with the other submits in flight in this process, one transaction for all (group_commit)
+        job, created = await submits.submit(SubmitItem(
+            team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who,
+            max_unfinished=quota_of(team), quota_retry_after_s=settings.quotas.quota_retry_after_s))
         # the view was built from the validated spec: serialise it directly (FastAPI would dump,
         # re-validate and dump it again, a third of a submit's CPU)
         return _json(job, 201 if created else 200, {"Location": f"/v1/jobs/{job.id}"} if created else None)

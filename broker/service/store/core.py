@@ -30,7 +30,7 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from pydantic import ValidationError
 from sqlalchemy import JSON, create_engine, delete, event, func, insert, select, text, update
@@ -48,7 +48,7 @@ from broker.states import UNFINISHED_STATES, JobState, check_transition
 
 __all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "ScheduleNotFound",
            "ScheduleConflict", "InvalidSchedule", "Principal", "new_job_id", "new_schedule_id", "hash_token",
-           "default_deadline", "check_schedule"]
+           "default_deadline", "check_schedule", "SubmitItem", "SubmitWriter"]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 #: the states a team's queued-jobs quota counts, as stored
@@ -230,6 +230,34 @@ def _schedule_view(r: Schedule) -> ScheduleView:
                         last_fire_at=r.last_fire_at, created_at=r.created_at, last_error=r.last_error)
 
 
+def _new_job_row(team: str, spec: JobSpec, idempotency_key: str | None, now: datetime,
+                 not_after: datetime | None, schedule_id: str | None) -> tuple[dict, JobSpec]:
+    """The ``jobs`` row of a new submitted job of ``team`` (a new id; ``spec.team`` replaced by ``team``;
+    the deadline defaulted by :func:`default_deadline`) and the spec as stored."""
+    spec = spec.model_copy(update={"team": team})
+    dumped = spec.model_dump(mode="json")
+    row = dict(id=new_job_id(), team=team, name=spec.name, spec=dumped,
+               state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
+               idempotency_key=idempotency_key, spec_hash=_hash_dumped(dumped), created_at=now, updated_at=now,
+               not_before=spec.earliest_start, not_after=not_after or spec.not_after,
+               deadline=spec.deadline or default_deadline(now, spec), reason="submitted",
+               deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
+    return row, spec
+
+
+class SubmitItem(NamedTuple):
+    """One single submit for :meth:`JobStore.submit_group`: the arguments of :meth:`JobStore.submit`."""
+
+    team: str
+    spec: JobSpec
+    idempotency_key: str | None = None
+    now: datetime | None = None
+    not_after: datetime | None = None
+    actor: Principal | None = None
+    max_unfinished: int | None = None
+    quota_retry_after_s: int = 30
+
+
 class JobStore:
     """Operations on the job store.
 
@@ -343,16 +371,8 @@ class JobStore:
         :class:`broker.service.store.quota.QuotaExceeded` (a replay of an existing job is still answered).
         """
         now = now or utcnow()
-        spec = spec.model_copy(update={"team": team})
-        dumped = spec.model_dump(mode="json")
-        h = _hash_dumped(dumped)
-        job_id = new_job_id()
-        deadline = spec.deadline or default_deadline(now, spec)
-        row = dict(id=job_id, team=team, name=spec.name, spec=dumped,
-                   state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
-                   idempotency_key=idempotency_key, spec_hash=h, created_at=now, updated_at=now,
-                   not_before=spec.earliest_start, not_after=not_after or spec.not_after, deadline=deadline, reason="submitted",
-                   deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=schedule_id)
+        row, spec = _new_job_row(team, spec, idempotency_key, now, not_after, schedule_id)
+        job_id, h = row["id"], row["spec_hash"]
         # One transaction, no read before the insert: the unique (team, idempotency_key) constraint
         # detects a repeat (also a concurrent one), and the view is built from the row written.
         # With a quota the team's unfinished jobs are counted after the insert (the new one included).
@@ -417,6 +437,31 @@ class JobStore:
                 raw.rollback()
                 raise
         return held
+
+    def submit_group(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool] | Exception]:
+        """Many independent single submits stored together where that changes no answer
+        (:meth:`SubmitWriter.submit_group`, on a connection of its own for this call)."""
+        writer = SubmitWriter(self)
+        try:
+            return writer.submit_group(items)
+        finally:
+            writer.close()
+
+    def submit_writer(self) -> "SubmitWriter":
+        """A :class:`SubmitWriter` for one thread that submits many groups (the API's group commit)."""
+        return SubmitWriter(self)
+
+    def _submit_each(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool] | Exception]:
+        """:meth:`submit` per item, each error kept as that item's result."""
+        out: list[tuple[JobView, bool] | Exception] = []
+        for it in items:
+            try:
+                out.append(self.submit(it.team, it.spec, idempotency_key=it.idempotency_key, now=it.now,
+                                       not_after=it.not_after, actor=it.actor, max_unfinished=it.max_unfinished,
+                                       quota_retry_after_s=it.quota_retry_after_s))
+            except Exception as e:  # the item's own answer; the others go on
+                out.append(e)
+        return out
 
     def _unfinished_after_insert(self, s: Session, team: str) -> int:
         """Inside a submit transaction ``s`` that has just inserted jobs of ``team``: how many unfinished
@@ -488,13 +533,8 @@ class JobStore:
                         f"idempotency_key={key!r}: already used by job {view.id} (earlier in this batch) "
                         f"with a different spec"))
                     continue
-                job_id = new_job_id()
-                row = dict(id=job_id, team=team, name=spec.name, spec=spec.model_dump(mode="json"),
-                           state=JobState.submitted.value, version=1, priority=spec.priority_class.rank,
-                           idempotency_key=key, spec_hash=h, created_at=now, updated_at=now,
-                           not_before=spec.earliest_start, not_after=not_after or spec.not_after,
-                           deadline=spec.deadline or default_deadline(now, spec), reason="submitted",
-                           deferred_once=False, attempt=0, cancel_requested=False, work_done_s=0.0, schedule_id=None)
+                row, _ = _new_job_row(team, spec, key, now, not_after, None)
+                job_id = row["id"]
                 new_rows.append(row)
                 events.append(dict(job_id=job_id, at=now, from_state=None, to_state=JobState.submitted.value,
                                    version=1, reason="submitted"))
@@ -873,3 +913,131 @@ class JobStore:
             if deleted and actor is not None:
                 audit(s, actor, "schedule.delete", schedule_id, {"team": owner})
             return deleted
+
+
+class SubmitWriter:
+    """Stores groups of single submits for one thread (the API's group-commit writer,
+    :mod:`broker.service.group_commit`) on a database connection it keeps between groups.
+
+    Not thread-safe: one writer per thread. :meth:`close` gives the connection back to the pool.
+    """
+
+    def __init__(self, store: JobStore):
+        self.store = store
+        self._conn = None  # the held SQLAlchemy Connection (PostgreSQL), checked out with a pre-ping
+
+    def submit_group(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool] | Exception]:
+        """Many independent single submits (concurrent ``POST /v1/jobs``), stored together where that
+        changes no answer: one result per item, in order, each what :meth:`JobStore.submit` would return
+        (``(job, created)``) or raise (:class:`IdempotencyConflict`, ``QuotaExceeded``,
+        ``IntegrityError``, a driver error), as a value.
+
+        PostgreSQL: one transaction for all of them (:meth:`_write`: one commit and at most two round
+        trips for the group, where :meth:`JobStore.submit` takes four per job). If any item would fail
+        there (a used idempotency key, a team over its queued-jobs quota, a deadlock) that transaction
+        is rolled back and every item is submitted on its own with :meth:`JobStore.submit`, so each gets
+        exactly its single-submit answer. SQLite: :meth:`JobStore.submit` per item.
+
+        Raises a driver error (``psycopg.OperationalError``) only for the whole group: the database
+        could not be reached, or the connection broke while the commit was on its way (whether it was
+        stored is then unknown, as for a single submit).
+        """
+        if not items:
+            return []
+        if self.store.engine.dialect.name != "postgresql":
+            return self.store._submit_each(items)
+        prepared = []
+        for it in items:
+            now = it.now or utcnow()
+            row, spec = _new_job_row(it.team, it.spec, it.idempotency_key, now, it.not_after, None)
+            event = None if it.actor is None else audit_row(
+                it.actor, "job.submit", row["id"], {"team": it.team, "name": spec.name}, now)
+            prepared.append((row, spec, event, it.max_unfinished))
+        if self._write([(row, event, quota) for row, _, event, quota in prepared]):
+            return [(_new_job_view(row, spec), True) for row, spec, _, _ in prepared]
+        return self.store._submit_each(items)
+
+    def _write(self, rows: list[tuple[dict, dict | None, int | None]]) -> bool:
+        """Store ``(job row, audit event or None, the team's max_unfinished or None)`` rows in one
+        transaction, each as :meth:`JobStore._submit_pg` would, pipelined: the inserts, the quota check
+        and the commit in one round trip (two with a quota). Returns ``False``, with nothing stored,
+        when one of them would not be stored on its own: a unique key taken (an idempotency key or,
+        rarely, a job id), a team over its quota after all of its rows, or a deadlock. The rows are
+        written in team order so that two groups lock the ``team_usage`` counters in the same order.
+
+        A held connection that turns out broken before the commit is sent (the database restarted
+        while it was idle) is replaced and the group written once more: nothing of it was stored."""
+        import psycopg
+        from psycopg.types.json import Json
+
+        limits: dict[str, int] = {}
+        for row, _, quota in rows:
+            if quota:
+                limits[row["team"]] = min(quota, limits.get(row["team"], quota))
+        shapes: dict[tuple[tuple[str, ...], bool], list[dict]] = {}
+        for row, event, _ in sorted(rows, key=lambda r: r[0]["team"]):
+            params = {**row, "spec": Json(row["spec"])}
+            if event is not None:
+                params.update({f"a_{c}": event[c] for c in _AUDIT_COLS})
+                params["a_detail"] = Json(event["detail"])
+            shapes.setdefault((tuple(row), event is not None), []).append(params)
+        for tries in (1, 2):
+            if self._conn is None:
+                self._conn = self.store.engine.connect()  # the pool's pre-ping checks it
+            raw = self._conn.connection.driver_connection
+            committing = False
+            try:
+                with raw.cursor() as cur:
+                    with raw.pipeline():
+                        for (cols, audited), params_list in shapes.items():
+                            cur.executemany(_submit_sql(cols, audited), params_list)
+                        if limits:
+                            cur.execute("SELECT team, unfinished FROM team_usage WHERE team = ANY(%s)",
+                                        (list(limits),))
+                        else:
+                            committing = True
+                            raw.commit()
+                    if limits:
+                        held = {t: int(n) for t, n in cur.fetchall()}
+                        if any(held.get(t, 0) > m for t, m in limits.items()):
+                            raw.rollback()
+                            return False
+                        committing = True
+                        raw.commit()
+                return True
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected):
+                raw.rollback()
+                return False
+            except psycopg.OperationalError:
+                broken = raw.broken or raw.closed
+                if broken:
+                    self._drop()
+                else:
+                    raw.rollback()
+                if committing or not broken or tries == 2:
+                    raise
+            except BaseException:
+                try:
+                    raw.rollback()
+                except Exception:
+                    self._drop()
+                raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drop(self) -> None:
+        """Forget the held connection (invalidated: the pool does not hand it out again)."""
+        if self._conn is not None:
+            try:
+                self._conn.invalidate()
+                self._conn.close()
+            except Exception:  # already unusable
+                pass
+            self._conn = None
+
+    def close(self) -> None:
+        """Give the held connection back to the pool."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None

@@ -482,8 +482,9 @@ def test_sqlite_store_round_trip(tmp_path):
     with TestClient(create_app(st)) as c:
         assert c.get("/healthz").json() == {"status": "ok", "database": "ok"}
         h = {**auth(tok), "Idempotency-Key": "once"}
-        r1 = c.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
-        r2 = c.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 2, "deadline": future(10).isoformat()}}, headers=h)
+        spec = {"command": ["true"], "gpus_per_node": 2, "deadline": future(10).isoformat()}  # one instant for both
+        r1 = c.post("/v1/jobs", json={"spec": spec}, headers=h)
+        r2 = c.post("/v1/jobs", json={"spec": spec}, headers=h)
         assert (r1.status_code, r2.status_code) == (201, 200) and r1.json()["id"] == r2.json()["id"]
         assert r1.json()["team"] == "solo" and r1.json()["state"] == "submitted"
         assert [j["id"] for j in c.get("/v1/jobs", headers=auth(tok)).json()] == [r1.json()["id"]]
