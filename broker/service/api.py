@@ -348,7 +348,6 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     submits = GroupCommit(store, on_created=on_submit)  # POST /v1/jobs (on_submit: per new job, after its commit)
 
-    app.include_router(node_router(store, settings, on_change=on_submit))  # /v1/node: agents (broker.service.node_api)
 
     def charge(team: str, n: int, replays: Callable[[], bool] | None = None) -> None:
         """Take ``n`` submits from ``team``'s rate limit; 429 (:class:`RateLimitExceeded`) when refused,
@@ -413,7 +412,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                          403: {"model": ErrorBody, "description": "spec.team is another team"},
                          409: {"model": ErrorBody, "description": "idempotency key used with another spec"},
                          **_LIMITED})
-    async def submit(body: SubmitRequest, response: Response, who: Caller,
+    async def submit(body: SubmitRequest, who: Caller,
                idempotency_key_header: Annotated[str | None, Header(alias="Idempotency-Key", min_length=1, pattern=r"^[\x21-\x7e]+$",
                                                                     max_length=200)] = None) -> JobView:
         """Store a job in state ``submitted`` for the planner.
@@ -443,8 +442,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             existing = await run_in_threadpool(store.find_idempotent, team, key, spec) if key is not None else None
             if existing is None:
                 raise late
-            response.status_code = 200
-            return existing
+            return _json(existing, 200)
         if rate_limiter is not None and rate_limiter.limits(team).submits_per_s is not None:  # Redis: off the loop
             await run_in_threadpool(
                 charge, team, 1, (lambda: store.find_idempotent(team, key, spec) is not None) if key is not None else None)
@@ -768,6 +766,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     from broker.service.api_finance import register as register_finance_page
 
     register_finance_page(app)  # GET /finance: the page; its script reads /v1/usage/summary and /v1/budgets
+    # /v1/node: agents (broker.service.node_api); last, so that the routes above are matched without it
+    app.include_router(node_router(store, settings, on_change=on_submit))
     return app
 
 
