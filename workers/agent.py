@@ -107,7 +107,8 @@ class NodeAgent:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)  # every attempt's control files and logs
-        self.runtime = runtime or ProcessRuntime(self.state_dir / "agents" / name)
+        # a spare shim kept started: a launch does not wait for a Python interpreter to boot (workers.runtime)
+        self.runtime = runtime or ProcessRuntime(self.state_dir / "agents" / name, spare_shim=True)
         self.lease_root = Path(lease_root)  # the uid leases: host-wide by default (every agent of the host)
         self.jobs: JobsPolicy | None = None
         self.jobs_root: Path | None = None
@@ -441,3 +442,4 @@ class NodeAgent:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.runtime.close()  # the spare shim exits

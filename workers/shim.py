@@ -222,12 +222,20 @@ def _run(attempt_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m workers.shim <attempt_dir>``.
+    """Entry point: ``python -m workers.shim <attempt_dir>``, or ``python -m workers.shim --stdin`` (a spare
+    shim started ahead: it reads its attempt directory as one line from stdin, and exits 0 at once on EOF).
 
     Returns (in the launching process, which exits at once after forking the
     detached shim) 0, or 2 if the argument is missing or not a directory.
     """
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--stdin"]:  # a spare shim (ProcessRuntime(spare_shim=True)): wait for its attempt directory
+        import ctypes.util  # noqa: F401 - what _run's no_new_privileges() imports, loaded while idle
+
+        line = sys.stdin.readline()
+        if not line:
+            return 0  # closed unused: the runtime is done
+        args = [line.rstrip("\n")]
     if len(args) != 1 or not os.path.isdir(args[0]):
         print(f"usage: python -m workers.shim <attempt_dir> (got {args!r})", file=sys.stderr)
         return 2

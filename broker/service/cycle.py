@@ -86,11 +86,24 @@ S = JobState
 class _Waiting(NamedTuple):
     """A queued job kept between cycles (:meth:`PlanningCycle._waiting_jobs`): its ``version``, its detached
     ``row`` and its planner ``view`` (``(PendingJob field values, cloud offers left out)``, or the exception
-    building it raised), valid while the job stays at ``version``."""
+    building it raised), and the row's fields a cycle reads (:class:`_Fields`), valid while the job stays at
+    ``version`` (every change of a job's row bumps it)."""
 
     version: int
     row: Job
     view: tuple | Exception
+    fields: "_Fields"
+
+
+class _Fields(NamedTuple):
+    """The columns of a queued job's row that every cycle reads, as plain values (an ORM attribute read
+    costs a microsecond; a cycle over 10,000 queued jobs made 80,000 of them)."""
+
+    committed_pool: str | None
+    review_at: datetime | None
+    team: str
+    project: str | None
+    reason: str | None
 
 
 @dataclass
@@ -472,7 +485,8 @@ class PlanningCycle:
                 if k != "decision":  # not read by the cycle; the stored record is the one to read
                     setattr(j, k, v)
             j.version = ent.version + 1
-            known[j.id] = ent._replace(version=j.version)
+            known[j.id] = ent._replace(version=j.version, fields=ent.fields._replace(
+                **{k: v for k, v in fields_.items() if k in _Fields._fields}))
 
     # ------------------------------------------------------------------ planning, isolated per job
     def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
@@ -580,18 +594,21 @@ class PlanningCycle:
         queued: dict[tuple, list[PendingJob]] = defaultdict(list)
         jobs: dict[str, Job] = {}
         self._tag_only = tag_only = set()
-        for j, view in waiting:
+        self._fields = fields_of = {}
+        for _, j, view, f in waiting:
             if isinstance(view, Exception):  # a stored spec the planner cannot read fails this job only
                 self._bad.append((j, "planning", view))
                 continue
             args, tag = view
             pj = PendingJob(*args)  # as pending_job(j, pool_index, ...) would build it
-            pj.committed_pool = committed = pool_index.get(j.committed_pool) if j.committed_pool else None
-            pj.review_s = (j.review_at.timestamp() if j.review_at is not None
+            pj.committed_pool = committed = pool_index.get(f.committed_pool) if f.committed_pool else None
+            pj.review_s = (f.review_at.timestamp() if f.review_at is not None
                            else (math.inf if committed is not None else 0.0))
+            jid = pj.job_id
             if tag:
-                tag_only.add(j.id)
-            jobs[j.id] = j
+                tag_only.add(jid)
+            jobs[jid] = j
+            fields_of[jid] = f
             if pj.committed_pool is not None and pj.review_s > now_s:
                 queued[queue_group(pj, ctx.config)].append(pj)
             else:  # new, or due for review: a reviewed job keeps its pool
@@ -617,10 +634,10 @@ class PlanningCycle:
         nodes_by_pool = {p.name: [(nd.name, live[nd.name]) for nd in p.nodes] for p in pools}
         return snap, ctx, jobs, nodes_by_pool, used
 
-    def _waiting_jobs(self, s) -> list[tuple[Job, tuple | Exception]]:
+    def _waiting_jobs(self, s) -> list[_Waiting]:
         """The ``queued`` jobs in planning order (priority, then age), each with its planner view:
         ``(PendingJob field values without the committed pool, cloud offers left out for an unpinned
-        image)``, or the exception that building it raised.
+        image)``, or the exception that building it raised, and its row's plain fields.
 
         One narrow query of ``(id, version)`` per cycle; the rows and views of jobs whose version this
         cycle already knows are reused (``self._waiting``, detached rows), only new or changed jobs are
@@ -629,7 +646,11 @@ class PlanningCycle:
         :func:`pending_job`); a job's row and view change only with its version."""
         order = planning_rows.queued_order(s)
         known = self._waiting
-        miss = [r.id for r in order if r.id not in known or known[r.id].version != r.version]
+        miss = []
+        for jid, version in order:
+            ent = known.get(jid)
+            if ent is None or ent.version != version:
+                miss.append(jid)
         for j in planning_rows.queued_rows(s, miss):
             try:
                 pj = pending_job(j, {}, self.canon)
@@ -639,13 +660,14 @@ class PlanningCycle:
                 view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
             except Exception as e:  # noqa: BLE001 - failed by the caller, with the reason
                 view = e
-            known[j.id] = _Waiting(j.version, j, view)
+            known[j.id] = _Waiting(j.version, j, view, _Fields(j.committed_pool, j.review_at, j.team,
+                                                               (j.spec or {}).get("project"), j.reason))
         out, keep = [], {}
-        for r in order:
-            ent = known.get(r.id)
-            if ent is not None and ent.version == r.version:
-                keep[r.id] = ent
-                out.append((ent.row, ent.view))
+        for jid, version in order:
+            ent = known.get(jid)
+            if ent is not None and ent.version == version:
+                keep[jid] = ent
+                out.append(ent)
         self._waiting = keep
         return out
 
@@ -778,15 +800,18 @@ class PlanningCycle:
                 self._fail_in(s, j, "apply", e, now)
         # jobs the planner left without a decision (nothing can hold them now): say why
         decided = {d.job_id for d in decisions}
+        fields_of = getattr(self, "_fields", {})
+        whys: dict[tuple, str] = {}  # one note per (team, project, image not pinned) this cycle
         for jid, j in jobs.items():
-            if jid in decided or j.committed_pool is not None:
+            f = fields_of.get(jid)
+            if jid in decided or (f.committed_pool if f is not None else j.committed_pool) is not None:
                 continue
             if not isolate:
-                self._explain_undecided(j, notes)
+                self._explain_undecided(j, notes, f, whys)
                 continue
             try:
                 with s.begin_nested():
-                    self._explain_undecided(j, notes)
+                    self._explain_undecided(j, notes, f, whys)
             except Exception as e:
                 self._fail_in(s, j, "apply", e, now)
         return dispatched
@@ -919,23 +944,36 @@ class PlanningCycle:
         until = _dt(pj.submit_s + cfg.priority_max_age_s / cfg.priority_weight_age)
         return f"; jobs of lighter teams submitted before {until.isoformat(timespec='seconds')} may go first (fair share)"
 
-    def _explain_undecided(self, j: Job, notes: list) -> None:
-        """A job the planner gave no decision (nothing can hold it now): note why (for :meth:`_write_notes`)."""
+    def _explain_undecided(self, j: Job, notes: list, f: _Fields | None = None, whys: dict | None = None) -> None:
+        """A job the planner gave no decision (nothing can hold it now): note why (for :meth:`_write_notes`).
+        ``f``: the row's fields as this cycle read them; ``whys``: this cycle's notes by
+        ``(team, project, image not pinned)`` (the note depends on nothing else)."""
         jid = j.id
+        if f is None:
+            f = _Fields(j.committed_pool, j.review_at, j.team, (j.spec or {}).get("project"), j.reason)
+        key = (f.team, f.project, jid in getattr(self, "_tag_only", ()))
+        why = whys.get(key) if whys is not None else None
+        if why is None:
+            why = self._undecided_note(jid, f.team, f.project)
+            if whys is not None:
+                whys[key] = why
+        if f.reason != why:
+            notes.append((j, {"reason": why}))
+
+    def _undecided_note(self, jid: str, team: str, project: str | None) -> str:
+        """Why a job of ``team`` (and ``project``) got no decision this cycle (:meth:`_explain_undecided`)."""
         why = ("no live pool can hold it now and no cloud provider is configured; "
                "waiting for a node that fits (gpus_per_node, nodes, gpu_types, min_gpu_memory_gb)")
         if self.cloud is not None:
             why = ("no live pool can hold it now and no cloud offer is available (cooling down after a failure, "
                    "or none fits); waiting for a node or an offer that fits" + self._tag_note(jid))
-        project = (j.spec or {}).get("project")
-        caps = [c for c in (self._capped.get(j.team), self._capped.get((j.team, project)) if project else None)
+        caps = [c for c in (self._capped.get(team), self._capped.get((team, project)) if project else None)
                 if c is not None]
         if caps:
             cap = min(caps, key=lambda c: c.remaining_usd)  # the team's on a tie, as the planner names it
-            head, who = ((BUDGET_CAP_NOTE, f"team {j.team}") if cap.project is None
-                         else (PROJECT_CAP_NOTE, f"project {cap.project} of team {j.team}"))
+            head, who = ((BUDGET_CAP_NOTE, f"team {team}") if cap.project is None
+                         else (PROJECT_CAP_NOTE, f"project {cap.project} of team {team}"))
             why = (f"{head}: {who} has ${max(cap.remaining_usd, 0.0):.2f} of its "
                    f"${cap.cap_usd:.2f} cloud budget left for {cap.month}; no new cloud spend, the job waits for "
                    f"on-prem capacity or its deadline; " + why)
-        if j.reason != why:
-            notes.append((j, {"reason": why}))
+        return why

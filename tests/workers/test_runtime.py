@@ -51,16 +51,63 @@ def dead(pid: int) -> bool:
     return st is None or st[0] in ("Z", "X")
 
 
-@pytest.fixture
-def rt(tmp_path):
-    runtime = ProcessRuntime(tmp_path / "state")
+@pytest.fixture(params=[False, True], ids=["fresh-shim", "spare-shim"])
+def rt(tmp_path, request):
+    """A runtime that starts a shim per launch, and one that hands each launch a spare shim started ahead."""
+    runtime = ProcessRuntime(tmp_path / "state", spare_shim=request.param)
     yield runtime
+    runtime.close()
     for a in runtime.list():  # never leave processes behind
         if a.pid is not None and not dead(a.pid):
             try:
                 os.killpg(a.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+# ----------------------------------------------------------------------------- the spare shim
+def test_a_launch_takes_the_spare_shim_and_starts_the_next(tmp_path):
+    rt = ProcessRuntime(tmp_path / "state", spare_shim=True)
+    try:
+        first = rt._spare
+        assert first is not None and first.poll() is None
+        key = AttemptKey("job-00000000000000a1", 1, 0)
+        rt.launch(key, ["/bin/sh", "-c", "exit 7"], workdir=tmp_path)
+        assert first.wait(5) == 0  # the spare was the launcher: it forked the shim and left
+        assert rt._spare is not None and rt._spare is not first and rt._spare.poll() is None
+        assert wait_exit(rt, key).exit_code == 7
+    finally:
+        rt.close()
+    assert rt._spare is None and first.returncode == 0
+
+
+def test_after_close_or_with_a_dead_spare_a_launch_starts_its_own_shim(tmp_path):
+    rt = ProcessRuntime(tmp_path / "state", spare_shim=True)
+    spare = rt._spare
+    spare.kill()
+    spare.wait(5)
+    k1 = AttemptKey("job-00000000000000b1", 1, 0)
+    rt.launch(k1, ["/bin/true"], workdir=tmp_path)
+    assert wait_exit(rt, k1).exit_code == 0
+    rt.close()
+    assert rt._spare is None
+    k2 = AttemptKey("job-00000000000000b2", 1, 0)
+    rt.launch(k2, ["/bin/sh", "-c", "exit 3"], workdir=tmp_path)
+    assert wait_exit(rt, k2).exit_code == 3 and rt._spare is None
+
+
+def test_the_spare_shim_exits_when_its_runtime_process_is_killed(tmp_path):
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        from workers.runtime import ProcessRuntime
+        rt = ProcessRuntime({str(tmp_path / "state")!r}, spare_shim=True)
+        print(rt._spare.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                         cwd=Path(__file__).resolve().parents[2])
+    pid = int(out.stdout.split()[0])
+    wait_for(lambda: dead(pid), 10)
 
 
 def test_exit_codes_are_exact(rt):

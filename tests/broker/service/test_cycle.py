@@ -447,7 +447,9 @@ def test_waiting_jobs_are_not_rewritten_each_cycle_and_their_kept_rows_stay_curr
     for k in (2, 3):
         assert cyc.run(now + timedelta(seconds=k)).decisions == 0
         assert {i: (store.get(i).version, store.get(i).reason) for i in (a, b)} == first
-    assert {jid: v for jid, (v, _, _) in cyc._waiting.items()} == {a: 3, b: 3}
+    assert {jid: w.version for jid, w in cyc._waiting.items()} == {a: 3, b: 3}
+    # the plain fields kept with the row are the written ones (else the reason would be rewritten each cycle)
+    assert {jid: w.fields.reason for jid, w in cyc._waiting.items()} == {i: r for i, (_, r) in first.items()}
     assert store.request_cancel(b, "ml").state == "cancelled"
     store.heartbeat("n1", "local", "V100", 2, 16.0, [0, 1], "agent-1")
     res = cyc.run(now + timedelta(seconds=4))
@@ -614,11 +616,11 @@ def test_a_wait_decision_the_store_rejects_fails_that_job_only(pg_store, env, mo
     poison, ordinary = store.submit("mallory", _spec(), now=now)[0].id, store.submit("ml", _spec(), now=now)[0].id
     real = PlanningCycle._explain_undecided
 
-    def explain(self, j, notes):
+    def explain(self, j, notes, *rest):
         if j.id == poison:
             notes.append((j, {"reason": "bad\x00reason"}))
         else:
-            real(self, j, notes)
+            real(self, j, notes, *rest)
 
     monkeypatch.setattr(PlanningCycle, "_explain_undecided", explain)
     cyc, _, _ = _cycle(store, env)
