@@ -321,18 +321,34 @@ class PlanningCycle:
                 self._log_failure(j.id, "intake", e)
         try:
             with self.store.session() as s:
-                return self._apply_moves(s, moves, now, isolate=False)
+                written = self._apply_moves(s, moves, now, isolate=False)
         except Exception as e:
             log.warning("intake batch of %d jobs failed (%s: %s); applying it again job by job",
                         len(moves), type(e).__name__, e)
+        else:
+            self._queued_now(written, now)
+            return len(written)
         with self.store.session() as s:
             return self._apply_moves(s, moves, now, isolate=True)
 
-    def _apply_moves(self, s, moves, now: datetime, isolate: bool) -> int:
+    def _queued_now(self, written: Sequence[tuple[Job, str, str, dict]], now: datetime) -> None:
+        """After an intake batch committed ``written``: the rows of the jobs it queued take the fields and
+        version written (as the store now holds them) and join the snapshot's kept rows
+        (:meth:`_waiting_jobs`), so this cycle's snapshot does not read them again."""
+        for j, to_state, why, fields in written:
+            if to_state != S.queued.value:
+                continue
+            j.state, j.version, j.updated_at, j.reason = to_state, j.version + 1, now, why
+            j.not_before = fields.get("not_before", j.not_before)
+            j.finished_at = fields.get("finished_at")
+            self._remember(j)
+
+    def _apply_moves(self, s, moves, now: datetime, isolate: bool):
         """Apply intake ``moves`` inside session ``s``: lock the rows not held by another writer, keep the
         moves whose job still has the version read, and write them with one bulk ``UPDATE`` (by primary
-        key, under the locks) and one bulk event ``INSERT``. With ``isolate``, job by job instead, each
-        a compare-and-set in a savepoint; a job whose move raises is failed. Returns the moves applied."""
+        key, under the locks) and one bulk event ``INSERT``; returns the moves written. With ``isolate``,
+        job by job instead, each a compare-and-set in a savepoint; a job whose move raises is failed;
+        returns how many moves were applied."""
         held = planning_rows.lock_free_rows(s, [j.id for j, *_ in moves])
         if not isolate:
             todo = []
@@ -342,7 +358,8 @@ class PlanningCycle:
                 if r is not None and (r.version, r.state) == (j.version, j.state):
                     check_transition(j.id, j.state, to_state)
                     todo.append(move)
-            return planning_rows.write_moves(s, todo, now)
+            planning_rows.write_moves(s, todo, now)
+            return todo
         n = 0
         for j, to_state, why, fields in moves:
             if j.id not in held:  # a cancel (or another writer) holds it: next cycle
@@ -652,16 +669,7 @@ class PlanningCycle:
             if ent is None or ent.version != version:
                 miss.append(jid)
         for j in planning_rows.queued_rows(s, miss):
-            try:
-                pj = pending_job(j, {}, self.canon)
-                tag = self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", "")))
-                if tag:
-                    pj.regions = frozenset()  # cloud launches need the image pinned by digest: no offer fits
-                view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
-            except Exception as e:  # noqa: BLE001 - failed by the caller, with the reason
-                view = e
-            known[j.id] = _Waiting(j.version, j, view, _Fields(j.committed_pool, j.review_at, j.team,
-                                                               (j.spec or {}).get("project"), j.reason))
+            self._remember(j)
         out, keep = [], {}
         for jid, version in order:
             ent = known.get(jid)
@@ -670,6 +678,19 @@ class PlanningCycle:
                 out.append(ent)
         self._waiting = keep
         return out
+
+    def _remember(self, j: Job) -> None:
+        """Keep the queued row ``j`` (as stored at ``j.version``) with its planner view for the snapshots."""
+        try:
+            pj = pending_job(j, {}, self.canon)
+            tag = self.cloud is not None and not _DIGEST_RE.search(str(j.spec.get("image", "")))
+            if tag:
+                pj.regions = frozenset()  # cloud launches need the image pinned by digest: no offer fits
+            view = (tuple(getattr(pj, f) for f in _PJ_FIELDS), tag)
+        except Exception as e:  # noqa: BLE001 - failed by the snapshot's caller, with the reason
+            view = e
+        self._waiting[j.id] = _Waiting(j.version, j, view, _Fields(j.committed_pool, j.review_at, j.team,
+                                                                   (j.spec or {}).get("project"), j.reason))
 
     @staticmethod
     def _scheduler_releases(views, pools, pool_index, live, now_s: float, running: list) -> None:

@@ -64,8 +64,8 @@ def test_lock_free_rows_skips_rows_another_transaction_holds(pg_store):
         assert set(planning.lock_free_rows(s, [j1, j2])) == {j1, j2}
 
 
-def test_write_moves_sets_state_version_fields_and_events(pg_store):
-    st = pg_store
+def test_write_moves_sets_state_version_fields_and_events(any_store):
+    st = any_store
     j1, j2 = _submit(st, "a", T0), _submit(st, "a", T0 + SEC)
     r1, r2 = _row(st, j1), _row(st, j2)
     now, start = T0 + timedelta(minutes=1), T0 + timedelta(hours=2)
@@ -80,23 +80,25 @@ def test_write_moves_sets_state_version_fields_and_events(pg_store):
         (None, "submitted", 1, "submitted", T0 + SEC), ("submitted", "deferred", 2, "cheaper at 11:00", now)]
 
 
-def test_write_notes_skip_jobs_changed_since_read_and_group_by_fields(pg_store):
-    st = pg_store
-    j1, j2, j3 = (_submit(st, "a", T0 + k * SEC) for k in range(3))
-    rows = {j: _row(st, j) for j in (j1, j2, j3)}
+def test_write_notes_skip_jobs_changed_since_read_and_group_by_fields(any_store):
+    st = any_store
+    j1, j2, j3, j4 = (_submit(st, "a", T0 + k * SEC) for k in range(4))
+    rows = {j: _row(st, j) for j in (j1, j2, j3, j4)}
     st.transition(j3, "queued", "accepted")  # changed after the read: its note must not be written
     now, review = T0 + timedelta(minutes=1), T0 + timedelta(minutes=30)
     notes = [(rows[j1], {"reason": "r1"}), (rows[j2], {"reason": "r2", "review_at": review}),
-             (rows[j3], {"reason": "r3"})]
+             (rows[j3], {"reason": "r3"}), (rows[j4], {"reason": "r4", "decision": {"chosen": {"pool": "p"}}})]
     with st.session() as s:
         written, held = planning.write_notes(s, notes, now)
-    assert (written, held) == (2, {j1: 1, j2: 1, j3: 2})
-    v1, v2, v3 = st.get(j1), st.get(j2), st.get(j3)
+    assert (written, held) == (3, {j1: 1, j2: 1, j3: 2, j4: 1})
+    v1, v2, v3, v4 = st.get(j1), st.get(j2), st.get(j3), st.get(j4)
     assert (v1.state, v1.version, v1.reason, v1.updated_at) == ("submitted", 2, "r1", now)
     assert (v2.version, v2.reason) == (2, "r2")
     with st.session() as s:
         assert s.get(Job, j2).review_at == review
+        assert (s.get(Job, j1).review_at, s.get(Job, j4).decision) == (None, {"chosen": {"pool": "p"}})
     assert (v3.version, v3.reason) == (2, "accepted")
+    assert (v4.version, v4.reason) == (2, "r4")
 
 
 def test_flag_records_a_same_state_event_only_when_it_applies(pg_store):
@@ -125,7 +127,7 @@ def test_queued_order_is_priority_then_age_and_queued_rows_only_queued(pg_store)
     for j in (old_low, normal, high, normal2):
         st.transition(j, "queued", "accepted")
     with st.session() as s:
-        assert [(r.id, r.version) for r in planning.queued_order(s)] == [
+        assert planning.queued_order(s) == [
             (high, 2), (normal, 2), (normal2, 2), (old_low, 2)]
         assert sorted(j.id for j in planning.queued_rows(s, [high, waiting, old_low])) == sorted([high, old_low])
 
