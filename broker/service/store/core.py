@@ -961,13 +961,13 @@ class SubmitWriter:
         """Store ``(job row, audit event or None, the team's max_unfinished or None)`` rows in one
         transaction, each as :meth:`JobStore._submit_pg` would, pipelined: the inserts, the quota check
         and the commit in one round trip (two with a quota). Returns ``False``, with nothing stored,
-        when one of them would not be stored on its own: a unique key taken (an idempotency key or,
-        rarely, a job id), a team over its quota after all of its rows, or a deadlock. The rows are
+        when one of them might not be stored on its own: a unique key taken (an idempotency key or,
+        rarely, a job id), a team over its quota after all of its rows, a deadlock, any other refusal
+        of the database (a value it cannot hold, a timeout) or of the driver. The rows are
         written in team order so that two groups lock the ``team_usage`` counters in the same order.
 
         A held connection that turns out broken before the commit is sent (the database restarted
         while it was idle) is replaced and the group written once more: nothing of it was stored."""
-        import psycopg
         from psycopg.types.json import Json
 
         limits: dict[str, int] = {}
@@ -1005,22 +1005,17 @@ class SubmitWriter:
                         committing = True
                         raw.commit()
                 return True
-            except (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected):
-                raw.rollback()
-                return False
-            except psycopg.OperationalError:
-                broken = raw.broken or raw.closed
-                if broken:
-                    self._drop()
-                else:
+            except Exception:
+                if not (raw.broken or raw.closed):
+                    # a key taken, a deadlock, a value the database refuses, a timeout: nothing is stored,
+                    # and each item gets its own answer alone (one team's bad item never fails another's)
                     raw.rollback()
-                if committing or not broken or tries == 2:
+                    return False
+                self._drop()
+                if committing or tries == 2:  # the commit may have landed: unknown, as for a single submit
                     raise
             except BaseException:
-                try:
-                    raw.rollback()
-                except Exception:
-                    self._drop()
+                self._drop()
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
 

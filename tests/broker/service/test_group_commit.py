@@ -67,6 +67,16 @@ def test_a_group_over_a_quota_stores_the_jobs_that_fit_in_order(pg_store):
     assert dict(_rows(pg_store, "SELECT team, count(*) FROM jobs GROUP BY team")) == {"vision": 3, "nlp": 1}
 
 
+def test_an_item_the_database_refuses_fails_alone_and_the_group_is_stored(pg_store):
+    """A spec value PostgreSQL cannot hold (a NUL in text; the API's model refuses it, the store must not rely
+    on that): the others of its group are stored, and it gets the error a submit of its own gets."""
+    bad = JobSpec.model_construct(**{**SPEC.model_dump(), "name": "bad\x00name"})
+    out = pg_store.submit_group([SubmitItem("vision", SPEC), SubmitItem("mallory", bad), SubmitItem("nlp", OTHER)])
+    assert out[0][1] is True and out[2][1] is True
+    assert isinstance(out[1], Exception) and "NUL" in str(out[1])
+    assert dict(_rows(pg_store, "SELECT team, count(*) FROM jobs GROUP BY team")) == {"vision": 1, "nlp": 1}
+
+
 def test_a_held_connection_killed_while_idle_is_replaced_and_the_group_stored_once(pg_store):
     w = pg_store.submit_writer()
     try:
