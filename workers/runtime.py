@@ -71,6 +71,16 @@ _SHIM_ENV = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the ``workers`` package
 
 
+def _popen_shim(arg: str, stdin) -> subprocess.Popen:
+    """``python -m workers.shim <arg>`` (an attempt directory, or ``--stdin``) in a session of its own, with
+    only :data:`_SHIM_ENV`, from the package's directory. Raises ``OSError``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.shim", arg],
+        stdin=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True, cwd=_PACKAGE_ROOT, env=_SHIM_ENV,
+    )
+
+
 class ProcessRuntimeError(Exception):
     """Base of every error the process runtime raises on purpose (besides argument ``ValueError``)."""
 
@@ -241,11 +251,7 @@ class ProcessRuntime:
     def _start_spare(self) -> None:
         """Start the next spare shim (no error: a launch without one starts its shim itself)."""
         try:
-            self._spare = subprocess.Popen(
-                [sys.executable, "-m", "workers.shim", "--stdin"],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, close_fds=True, cwd=_PACKAGE_ROOT, env=_SHIM_ENV,
-            )
+            self._spare = _popen_shim("--stdin", subprocess.PIPE)
         except OSError:
             self._spare = None
 
@@ -265,11 +271,7 @@ class ProcessRuntime:
                 self._start_spare()
         if spare is not None:
             return spare
-        return subprocess.Popen(
-            [sys.executable, "-m", "workers.shim", str(adir)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, cwd=_PACKAGE_ROOT, env=_SHIM_ENV,
-        )
+        return _popen_shim(str(adir), subprocess.DEVNULL)
 
     def close(self) -> None:
         """Let the spare shim (if any) exit: its stdin is closed. Launches after this start their own shims."""
