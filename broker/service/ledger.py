@@ -74,6 +74,7 @@ from broker.model import CloudOffer, Pool
 from broker.planner.costs import cloud_kw, load_emissions_kg, load_energy_kwh, onprem_cost
 from broker.usage import GPU_HOUR_LINES, PRICING_UNITS, UsageRecord
 from pricing.billing import billed_seconds
+from pricing.errors import UnknownGpuTypeError
 from pricing.power import DEFAULT_UTILISATION, gpu_power_w
 from pricing.storage import BOOT_DISKS, disk_bill, disk_rate
 
@@ -826,8 +827,13 @@ def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start:
             if tariff is None or hours <= 0:
                 notes.append(f"{t} on-prem: no energy line and no tariff for {pool.price_zone} over the period")
                 continue
-            energy = gpu_power_w(t) / 1000.0 * pool.pue * tariff / hours / 1000.0
-            how = f"modelled {gpu_power_w(t):.0f} W x PUE {pool.pue} x {pool.price_zone}'s mean tariff"
+            try:
+                watts = gpu_power_w(t)
+            except UnknownGpuTypeError:  # no power figure: no rate (its work is left out and counted), never a 500
+                notes.append(f"{t} on-prem: no energy line and no power figure for this GPU type")
+                continue
+            energy = watts / 1000.0 * pool.pue * tariff / hours / 1000.0
+            how = f"modelled {watts:.0f} W x PUE {pool.pue} x {pool.price_zone}'s mean tariff"
         onprem[t] = pool.amortised_usd_per_gpu_hour + energy
         notes.append(f"{t} on-prem: {onprem[t]:.4f} USD/GPU-h = pool {pool.name} amortised "
                      f"{pool.amortised_usd_per_gpu_hour} + energy {energy:.4f} ({how})")

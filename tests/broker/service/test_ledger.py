@@ -674,3 +674,27 @@ def test_slurm_attempt_without_accounting_is_modelled_and_flagged():
     lines = ledger.meter_attempt(None, unknown, SimpleNamespace(team="v", spec={}), unknown.ended_at, ledger.prices())
     assert [(r.line, r.billed_usd, r.energy_kwh) for r in lines] == [("energy", None, None), ("amortised", None, 0.0)]
     assert "pool 'nowhere' not in the cluster file" in lines[0].estimate_reasons[-1]
+
+
+def test_savings_rates_of_a_gpu_type_without_a_power_figure_leave_its_work_out_not_fail():
+    """An energy line of unknown cost on a GPU type the power table does not know ("X9", in a pool): no on-prem
+    rate for X9 (its work is counted as not compared; this was a 500 for every team), and V100 is still priced
+    from its modelled power: 0.5 amortised + W/1000 x PUE 1.2 x the site's mean tariff over hours 14-16 of
+    DAY0 ((100 + 300) / 2 = 200 USD/MWh, per kWh / 1000)."""
+    from broker.usage import savings
+    from pricing.power import gpu_power_w
+
+    x9 = Pool(name="x9lab", carbon_zone="SITE", price_zone="SITE", pue=1.2, amortised_usd_per_gpu_hour=0.4,
+              nodes=(PoolNode(name="x9-1", gpu_type="X9", gpu_count=2),))
+    install(pools=(POOL, x9))
+    base = dict(attempt=1, rank=0, line="energy", pricing_unit="kWh", resource="n", team="ml", provider="onprem",
+                gpu_count=1,
+                run_s=3600.0, billed_s=3600.0, list_unit_price_usd=None, billed_usd=None, energy_kwh=None,
+                carbon_kg=None, estimated=True, estimate_reasons=("no power reading",),
+                start=DAY0 + timedelta(hours=14), end=DAY0 + timedelta(hours=15))
+    recs = [UsageRecord(**base, job_id="j", gpu_type="X9"), UsageRecord(**base, job_id="k", gpu_type="V100")]
+    cloud, onprem, notes = ledger.counterfactual_rates(ledger.prices(), recs, DAY0 + timedelta(hours=14),
+                                                      DAY0 + timedelta(hours=16))
+    assert "X9" not in onprem and "X9 on-prem: no energy line and no power figure for this GPU type" in notes
+    assert onprem == {"V100": pytest.approx(0.5 + gpu_power_w("V100") / 1000 * 1.2 * 200 / 1000)}
+    assert savings(recs, cloud, onprem).not_compared_units == 2  # both lines' cost is unknown
