@@ -260,12 +260,15 @@ class ProcessRuntime:
         with self._spare_lock:
             spare, self._spare = self._spare, None
             if spare is not None:
+                path = os.fsencode(adir)  # any bytes the file system allows but a newline (the line's end)
                 try:
-                    if spare.poll() is not None or "\n" in str(adir):
-                        raise OSError("the spare shim is gone")
-                    spare.stdin.write(f"{adir}\n".encode())
+                    if spare.poll() is not None or b"\n" in path:
+                        raise OSError("the spare shim is gone, or the path holds a newline")
+                    spare.stdin.write(path + b"\n")
                     spare.stdin.close()
-                except OSError:
+                except Exception:  # noqa: BLE001 - this launch starts its own shim; the spare must not linger
+                    spare.kill()
+                    spare.wait()
                     spare = None
             if self.spare_shim:
                 self._start_spare()

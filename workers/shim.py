@@ -232,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["--stdin"]:  # a spare shim (ProcessRuntime(spare_shim=True)): wait for its attempt directory
         import ctypes.util  # noqa: F401 - what _run's no_new_privileges() imports, loaded while idle
 
-        line = sys.stdin.readline()
+        line = sys.stdin.buffer.readline()
         if not line:
             return 0  # closed unused: the runtime is done
-        args = [line.rstrip("\n")]
+        args = [os.fsdecode(line.rstrip(b"\n"))]
     if len(args) != 1 or not os.path.isdir(args[0]):
         print(f"usage: python -m workers.shim <attempt_dir> (got {args!r})", file=sys.stderr)
         return 2

@@ -56,6 +56,7 @@ list ``{"detail": [{"loc": [...], "msg": ..., "type": ..., "input": ...}]}`` whe
 stored when a request is rejected.
 """
 
+import contextlib
 import logging
 import math
 import re
@@ -250,7 +251,14 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             ``None`` = no rate limit. The queued-jobs quota (``settings.quotas``) is enforced either way.
     """
     settings = settings or BrokerSettings.model_construct()
-    app = FastAPI(title="fedbroker", version="1",
+    submits = GroupCommit(store, on_created=on_submit)  # POST /v1/jobs (on_submit: per new job, once stored)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await run_in_threadpool(submits.close)  # the writer answers what is queued and gives its connection back
+
+    app = FastAPI(title="fedbroker", version="1", lifespan=lifespan,
                   description="Submit GPU training jobs and see where, when and why they run.")
     app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
@@ -345,8 +353,6 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         if spec.team not in ("default", who.team):
             raise HTTPException(403, f"spec.team={spec.team!r}: your token belongs to team {who.team!r}")
         return who.team
-
-    submits = GroupCommit(store, on_created=on_submit)  # POST /v1/jobs (on_submit: per new job, after its commit)
 
 
     def charge(team: str, n: int, replays: Callable[[], bool] | None = None) -> None:

@@ -169,7 +169,7 @@ def build_api(settings: BrokerSettings):
     # cloud reports and node heartbeats end attempts here: meter them with the wiring's planning environment
     # (the live signal cache and cloud prices the planner uses), built on first metering
     ledger.configure(settings.cluster, build=services.ledger_prices)
-    return create_app(store, settings, on_submit=lambda job_id: kick_planner(), cloud=_cloud_broker(store, settings),
+    return create_app(store, settings, on_submit=PlannerWake(), cloud=_cloud_broker(store, settings),
                       redis=redis_client(settings.redis_url), rate_limiter=RateLimiter.from_settings(settings))
 
 
@@ -184,6 +184,36 @@ def app_from_settings():
     settings = load_settings()
     JobStore.from_settings(settings).migrate()
     return build_api(settings)
+
+
+class PlannerWake:
+    """The API's ``on_submit``: wakes the planner (:func:`kick_planner`) from a thread of its own, so that a
+    submit never waits on Redis (a Redis that accepts connections and never answers held each kick for its
+    5 s socket timeout). Calls while a kick is under way are folded into one more kick after it."""
+
+    def __init__(self) -> None:
+        self._due = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+
+    def __call__(self, job_id: str | None = None) -> None:
+        self._due.set()
+        if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                    self._pid = os.getpid()
+                    self._thread = threading.Thread(target=self._run, name="fedbroker-planner-wake", daemon=True)
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            try:
+                kick_planner()
+            except Exception:  # noqa: BLE001 - beat plans anyway within plan_interval_s
+                log.exception("waking the planner failed; beat will run a cycle")
 
 
 def kick_planner(debounce_ms: int = 200) -> bool:

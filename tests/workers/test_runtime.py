@@ -96,6 +96,18 @@ def test_after_close_or_with_a_dead_spare_a_launch_starts_its_own_shim(tmp_path)
     assert wait_exit(rt, k2).exit_code == 3 and rt._spare is None
 
 
+def test_a_spare_shim_takes_a_state_directory_whose_name_is_not_utf8(tmp_path):
+    rt = ProcessRuntime(tmp_path / os.fsdecode(b"st\xffate"), spare_shim=True)
+    try:
+        spare = rt._spare
+        key = AttemptKey("job-00000000000000c1", 1, 0)
+        rt.launch(key, ["/bin/sh", "-c", "exit 5"], workdir=tmp_path)
+        assert spare.wait(5) == 0  # the spare took it (no fall-back)
+        assert wait_exit(rt, key).exit_code == 5
+    finally:
+        rt.close()
+
+
 def test_the_spare_shim_exits_when_its_runtime_process_is_killed(tmp_path):
     code = textwrap.dedent(f"""
         import os, signal, sys

@@ -93,6 +93,10 @@ class InvalidSchedule(StoreError):
         self.errors = errors
 
 
+#: how long a group of single submits waits for a row lock (a team's ``team_usage`` counter, held by that team's
+#: bulk submit until it commits) before it is given up and its submits are stored one by one, side by side
+GROUP_LOCK_TIMEOUT_MS = 100
+
 #: the columns of an audit event row (the keys of :func:`broker.service.store.tokens.audit_row`)
 _AUDIT_COLS = ("at", "actor_token_id", "actor_team", "actor_kind", "action", "target", "detail")
 
@@ -927,25 +931,26 @@ class SubmitWriter:
         self._conn = None  # the held SQLAlchemy Connection (PostgreSQL), checked out with a pre-ping
 
     def submit_group(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool] | Exception]:
-        """Many independent single submits (concurrent ``POST /v1/jobs``), stored together where that
-        changes no answer: one result per item, in order, each what :meth:`JobStore.submit` would return
-        (``(job, created)``) or raise (:class:`IdempotencyConflict`, ``QuotaExceeded``,
-        ``IntegrityError``, a driver error), as a value.
+        """Many independent single submits, one result per item, in order: :meth:`try_group`, or where that
+        stored nothing :meth:`JobStore.submit` per item, each error kept as that item's result (one team's
+        item never fails another's). Raises only what :meth:`try_group` raises."""
+        done = self.try_group(items)
+        return done if done is not None else self.store._submit_each(items)
 
-        PostgreSQL: one transaction for all of them (:meth:`_write`: one commit and at most two round
-        trips for the group, where :meth:`JobStore.submit` takes four per job). If any item would fail
-        there (a used idempotency key, a team over its queued-jobs quota, a deadlock) that transaction
-        is rolled back and every item is submitted on its own with :meth:`JobStore.submit`, so each gets
-        exactly its single-submit answer. SQLite: :meth:`JobStore.submit` per item.
+    def try_group(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool]] | None:
+        """Store many independent single submits (concurrent ``POST /v1/jobs``) in one transaction where that
+        changes no answer: ``[(job, True)]`` per item, in order; ``None`` when nothing was stored and each
+        item must be submitted alone (:meth:`JobStore.submit`) to get its own answer: SQLite, or the group
+        could not be stored as a whole (a used idempotency key, a team over its queued-jobs quota, a
+        deadlock, a row lock not free within :data:`GROUP_LOCK_TIMEOUT_MS`, a value the database refuses).
 
-        Raises a driver error (``psycopg.OperationalError``) only for the whole group: the database
-        could not be reached, or the connection broke while the commit was on its way (whether it was
-        stored is then unknown, as for a single submit).
+        PostgreSQL: :meth:`_write`, two round trips and one commit for the group, where
+        :meth:`JobStore.submit` takes four per job. Raises a driver error (``psycopg.OperationalError``) only
+        when the connection broke twice before the commit, or while the commit was on its way (whether it
+        was stored is then unknown, as for a single submit).
         """
-        if not items:
-            return []
-        if self.store.engine.dialect.name != "postgresql":
-            return self.store._submit_each(items)
+        if not items or self.store.engine.dialect.name != "postgresql":
+            return [] if not items else None
         prepared = []
         for it in items:
             now = it.now or utcnow()
@@ -955,15 +960,16 @@ class SubmitWriter:
             prepared.append((row, spec, event, it.max_unfinished))
         if self._write([(row, event, quota) for row, _, event, quota in prepared]):
             return [(_new_job_view(row, spec), True) for row, spec, _, _ in prepared]
-        return self.store._submit_each(items)
+        return None
 
     def _write(self, rows: list[tuple[dict, dict | None, int | None]]) -> bool:
         """Store ``(job row, audit event or None, the team's max_unfinished or None)`` rows in one
-        transaction, each as :meth:`JobStore._submit_pg` would, pipelined: the inserts, the quota check
-        and the commit in one round trip (two with a quota). Returns ``False``, with nothing stored,
+        transaction, each as :meth:`JobStore._submit_pg` would: the inserts and the quota check pipelined in
+        one round trip, the commit in a second. Returns ``False``, with nothing stored,
         when one of them might not be stored on its own: a unique key taken (an idempotency key or,
-        rarely, a job id), a team over its quota after all of its rows, a deadlock, any other refusal
-        of the database (a value it cannot hold, a timeout) or of the driver. The rows are
+        rarely, a job id), a team over its quota after all of its rows, a deadlock, a row lock not free
+        within :data:`GROUP_LOCK_TIMEOUT_MS`, any other refusal of the database (a value it cannot hold)
+        or of the driver. The rows are
         written in team order so that two groups lock the ``team_usage`` counters in the same order.
 
         A held connection that turns out broken before the commit is sent (the database restarted
@@ -985,38 +991,44 @@ class SubmitWriter:
             if self._conn is None:
                 self._conn = self.store.engine.connect()  # the pool's pre-ping checks it
             raw = self._conn.connection.driver_connection
-            committing = False
             try:
                 with raw.cursor() as cur:
                     with raw.pipeline():
+                        # a row lock another transaction holds (a team's bulk submit) is not waited for
+                        # here: the group is given up and its items submitted alone, side by side
+                        cur.execute(f"SET LOCAL lock_timeout = '{GROUP_LOCK_TIMEOUT_MS}ms'")
                         for (cols, audited), params_list in shapes.items():
                             cur.executemany(_submit_sql(cols, audited), params_list)
                         if limits:
                             cur.execute("SELECT team, unfinished FROM team_usage WHERE team = ANY(%s)",
                                         (list(limits),))
-                        else:
-                            committing = True
-                            raw.commit()
                     if limits:
                         held = {t: int(n) for t, n in cur.fetchall()}
                         if any(held.get(t, 0) > m for t, m in limits.items()):
                             raw.rollback()
                             return False
-                        committing = True
-                        raw.commit()
-                return True
             except Exception:
                 if not (raw.broken or raw.closed):
-                    # a key taken, a deadlock, a value the database refuses, a timeout: nothing is stored,
-                    # and each item gets its own answer alone (one team's bad item never fails another's)
-                    raw.rollback()
+                    # a key taken, a deadlock, a lock not free, a value the database refuses: nothing is
+                    # stored, and each item gets its own answer alone (one team's item never fails another's)
+                    try:
+                        raw.rollback()
+                    except Exception:  # noqa: BLE001 - the connection is unusable after all
+                        self._drop()
                     return False
                 self._drop()
-                if committing or tries == 2:  # the commit may have landed: unknown, as for a single submit
+                if tries == 2:
                     raise
+                continue  # broken before any commit was sent: nothing stored; once more on a new connection
             except BaseException:
                 self._drop()
                 raise
+            try:
+                raw.commit()  # returned: stored, whatever happens to the connection afterwards
+            except BaseException:
+                self._drop()  # the commit may have landed: unknown, as for a single submit
+                raise
+            return True
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _drop(self) -> None:

@@ -132,6 +132,10 @@ def _submit_kicks(app, database_url: str, monkeypatch) -> list[str]:
     with TestClient(app) as c:
         r = c.post("/v1/jobs", json={"spec": {"command": ["true"], "estimated_duration_s": 600}}, headers=auth(token))
     assert r.status_code == 201, r.text
+    deadline = time.monotonic() + 5  # the kick comes from the API's wake-up thread (wiring.PlannerWake)
+    while not kicks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # and no second one follows
     return kicks
 
 

@@ -15,10 +15,12 @@ from broker.service.group_commit import GroupCommit
 from broker.service.store.core import IdempotencyConflict, SubmitItem
 from broker.service.store.quota import QuotaExceeded
 from broker.service.store.tokens import Principal
+from tests.conftest import PG_URL
 
 SPEC = JobSpec.model_validate({"command": ["/bin/true"], "gpus_per_node": 1, "estimated_duration_s": 60})
 OTHER = SPEC.model_copy(update={"gpus_per_node": 2})
 ACTOR = Principal("vision", kind="member", token_id="tok-1")
+PG_DSN = PG_URL.replace("postgresql+psycopg://", "postgresql://")
 
 
 def _rows(store, sql: str, **params) -> list:
@@ -106,21 +108,36 @@ class _Writer:
         self.answer = answer
         self.hold = hold
         self.entered = threading.Event()
+        self.closed = 0
 
-    def submit_group(self, items):
+    def try_group(self, items):
         self.groups.append([it.idempotency_key for it in items])
         self.entered.set()
         if self.hold is not None and len(self.groups) == 1:
             self.hold.wait(10)
         return self.answer(items)
 
+    def close(self):
+        self.closed += 1
+
 
 class _Store:
-    def __init__(self, writer):
+    """The writer above; a submit alone answers from ``alone`` (``key -> (view, created)`` or an exception)."""
+
+    def __init__(self, writer, alone=None):
         self.writer = writer
+        self.alone = alone or {}
+        self.alone_calls: list[str] = []
 
     def submit_writer(self):
         return self.writer
+
+    def submit(self, team, spec, idempotency_key=None, **kw):
+        self.alone_calls.append(idempotency_key)
+        r = self.alone[idempotency_key]
+        if isinstance(r, Exception):
+            raise r
+        return r
 
 
 class _View:
@@ -129,20 +146,22 @@ class _View:
 
 
 def _answers(items):
-    out = []
-    for it in items:
-        if it.idempotency_key.startswith("bad"):
-            out.append(QuotaExceeded(f"over: {it.idempotency_key}", "quotas.max_queued_jobs", 5))
-        else:
-            out.append((_View("job-" + it.idempotency_key), not it.idempotency_key.startswith("old")))
-    return out
+    """A group with a key starting "bad" or "old" is not stored as a whole: each of its items goes alone."""
+    if any(it.idempotency_key.startswith(("bad", "old")) for it in items):
+        return None
+    return [(_View("job-" + it.idempotency_key), True) for it in items]
+
+
+ALONE = {"b": (_View("job-b"), True), "old-c": (_View("job-old-c"), False), "e": (_View("job-e"), True),
+         "bad-d": QuotaExceeded("over: bad-d", "quotas.max_queued_jobs", 5)}
 
 
 def test_submits_waiting_while_a_group_is_stored_form_the_next_group_and_each_gets_its_answer():
     release = threading.Event()
     writer = _Writer(_answers, hold=release)
     created: list[str] = []
-    gc = GroupCommit(_Store(writer), on_created=created.append)
+    store = _Store(writer, ALONE)
+    gc = GroupCommit(store, on_created=created.append)
 
     async def run():
         first = asyncio.ensure_future(gc.submit(SubmitItem("t", SPEC, idempotency_key="a")))
@@ -154,10 +173,12 @@ def test_submits_waiting_while_a_group_is_stored_form_the_next_group_and_each_ge
         return await asyncio.gather(first, *rest, return_exceptions=True)
 
     a, b, c, d, e = asyncio.run(run())
+    # the second group could not be stored whole: each of its submits went alone, with its own answer
     assert writer.groups == [["a"], ["b", "old-c", "bad-d", "e"]]
+    assert sorted(store.alone_calls) == ["b", "bad-d", "e", "old-c"]
     assert (a[0].id, a[1], b[0].id, c[0].id, c[1], e[0].id) == ("job-a", True, "job-b", "job-old-c", False, "job-e")
     assert isinstance(d, QuotaExceeded) and str(d) == "over: bad-d"
-    assert created == ["job-a", "job-b", "job-e"]  # new jobs only, in order
+    assert sorted(created) == ["job-a", "job-b", "job-e"]  # new jobs only
 
 
 def test_max_group_caps_a_group():
@@ -191,7 +212,8 @@ def test_a_failing_group_fails_each_request_and_the_writer_goes_on(caplog):
     def boom(job_id):
         raise RuntimeError("kick failed")
 
-    gc = GroupCommit(_Store(_Writer(answer)), on_created=boom)
+    writer = _Writer(answer)
+    gc = GroupCommit(_Store(writer), on_created=boom)
 
     async def run():
         with pytest.raises(ConnectionError, match="database unreachable"):
@@ -202,6 +224,8 @@ def test_a_failing_group_fails_each_request_and_the_writer_goes_on(caplog):
         job, created = asyncio.run(run())
     assert (job.id, created) == ("job-b", True)  # an on_created error changes no answer
     assert any("on_submit(job-b) failed" in r.getMessage() for r in caplog.records)
+    gc.close()  # the writer stops and gives its connection back
+    assert writer.closed >= 1 and gc._thread is None
 
 
 def test_concurrent_submits_through_postgresql_are_all_stored_once(pg_store):
@@ -216,3 +240,94 @@ def test_concurrent_submits_through_postgresql_are_all_stored_once(pg_store):
     assert sorted(j.idempotency_key for j, _ in out) == sorted(f"k{i}" for i in range(40))
     assert _rows(pg_store, "SELECT count(*), count(DISTINCT idempotency_key) FROM jobs")[0] == (40, 40)
     assert _rows(pg_store, "SELECT count(*) FROM audit_events WHERE action = 'job.submit'")[0][0] == 40
+
+
+def test_a_group_whose_commit_returned_is_stored_even_if_the_connection_dies_right_after(pg_store, monkeypatch):
+    """The commit returned: the group is answered as stored (it is), however the connection fares next; the
+    following group gets a new connection. (Committing inside the pipeline answered 500 for stored jobs.)"""
+    import psycopg
+
+    real = psycopg.Connection.commit
+
+    def commit_then_die(self):
+        real(self)
+        killer = psycopg.connect(PG_DSN, autocommit=True)
+        killer.execute("SELECT pg_terminate_backend(%s)", (self.info.backend_pid,))
+        killer.close()
+
+    w = pg_store.submit_writer()
+    try:
+        w.try_group([SubmitItem("vision", SPEC)])  # the held connection
+        monkeypatch.setattr(psycopg.Connection, "commit", commit_then_die)
+        out = w.try_group([SubmitItem("vision", SPEC), SubmitItem("nlp", OTHER)])
+        monkeypatch.setattr(psycopg.Connection, "commit", real)
+        assert [created for _, created in out] == [True, True]
+        assert [created for _, created in w.try_group([SubmitItem("vision", OTHER)])] == [True]
+    finally:
+        w.close()
+    assert _rows(pg_store, "SELECT count(*) FROM jobs")[0][0] == 4
+
+
+def test_a_team_row_lock_held_elsewhere_gives_the_group_up_and_the_other_team_is_not_held(pg_store):
+    """Team vision's usage counter is locked by another transaction (as a bulk submit of vision's holds it) for
+    2 s: the group gives up within GROUP_LOCK_TIMEOUT_MS, each submit goes alone, nlp's is answered at once and
+    vision's when the lock is released."""
+    import time
+
+    from broker.service.store.core import GROUP_LOCK_TIMEOUT_MS
+
+    pg_store.submit("vision", SPEC)  # vision's team_usage row exists
+    locked, release = threading.Event(), threading.Event()
+
+    def hold():
+        with pg_store.engine.begin() as c:
+            c.execute(text("SELECT unfinished FROM team_usage WHERE team = 'vision' FOR UPDATE"))
+            locked.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    w = pg_store.submit_writer()
+    try:
+        t0 = time.monotonic()
+        assert w.try_group([SubmitItem("vision", SPEC), SubmitItem("nlp", SPEC)]) is None
+        assert time.monotonic() - t0 < GROUP_LOCK_TIMEOUT_MS / 1000 + 1.0
+    finally:
+        w.close()
+    gc = GroupCommit(pg_store)
+    done: dict[str, float] = {}
+
+    async def one(team):
+        await gc.submit(SubmitItem(team, SPEC))
+        done[team] = time.monotonic() - t0
+
+    async def run():
+        asyncio.get_running_loop().call_later(1.5, release.set)
+        await asyncio.gather(one("vision"), one("nlp"))
+
+    t0 = time.monotonic()
+    asyncio.run(run())
+    holder.join(10)
+    gc.close()
+    assert done["nlp"] < 1.0 <= 1.4 < done["vision"]
+    assert dict(_rows(pg_store, "SELECT team, count(*) FROM jobs GROUP BY team")) == {"vision": 2, "nlp": 1}
+
+
+def test_an_idle_writer_gives_its_connection_back_and_close_stops_it(pg_store, monkeypatch):
+    from broker.service import group_commit
+
+    monkeypatch.setattr(group_commit, "IDLE_RELEASE_S", 0.2)
+    gc = GroupCommit(pg_store)
+    asyncio.run(gc.submit(SubmitItem("vision", SPEC)))
+    pool = pg_store.engine.pool
+    import time
+
+    deadline = time.monotonic() + 5
+    while pool.checkedout() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.checkedout() == 0
+    gc.close()
+    assert gc._thread is None
+    assert asyncio.run(gc.submit(SubmitItem("vision", SPEC)))[1] is True  # a new writer on demand
+    gc.close()

@@ -69,3 +69,35 @@ def test_a_kick_suppressed_by_another_process_is_retried_after_the_window(kick):
     assert sent.calls == []
     _wait_for_calls(sent, 1)
     assert sent.calls == [("fedbroker.plan", "planning")]
+
+
+def test_the_apis_planner_wake_never_waits_on_redis(monkeypatch):
+    """``wiring.PlannerWake`` (the API's on_submit) returns at once while a kick hangs (a Redis that never
+    answers held each kick for its socket timeout); calls during a kick fold into one more kick after it."""
+    import threading
+    import time
+
+    from broker.service import wiring
+
+    started, release, kicks = threading.Event(), threading.Event(), []
+
+    def slow_kick(debounce_ms=200):
+        kicks.append(time.monotonic())
+        started.set()
+        release.wait(5)
+        return True
+
+    monkeypatch.setattr(wiring, "kick_planner", slow_kick)
+    wake = wiring.PlannerWake()
+    t0 = time.monotonic()
+    wake("job-1")
+    assert started.wait(5)
+    for i in range(20):
+        wake(f"job-{i}")
+    assert time.monotonic() - t0 < 0.5  # 21 calls, none waited for the hanging kick
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(kicks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(kicks) == 2
