@@ -74,9 +74,7 @@ class GroupCommit:
         return done
 
     def _alone(self, it: SubmitItem) -> tuple[JobView, bool]:
-        job, created = self.store.submit(it.team, it.spec, idempotency_key=it.idempotency_key, now=it.now,
-                                         not_after=it.not_after, actor=it.actor, max_unfinished=it.max_unfinished,
-                                         quota_retry_after_s=it.quota_retry_after_s)
+        job, created = self.store.submit_item(it)
         if created:
             self._created(job.id)
         return job, created

@@ -455,14 +455,18 @@ class JobStore:
         """A :class:`SubmitWriter` for one thread that submits many groups (the API's group commit)."""
         return SubmitWriter(self)
 
+    def submit_item(self, it: SubmitItem) -> tuple[JobView, bool]:
+        """:meth:`submit` with the arguments ``it`` holds."""
+        return self.submit(it.team, it.spec, idempotency_key=it.idempotency_key, now=it.now, not_after=it.not_after,
+                           actor=it.actor, max_unfinished=it.max_unfinished,
+                           quota_retry_after_s=it.quota_retry_after_s)
+
     def _submit_each(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool] | Exception]:
-        """:meth:`submit` per item, each error kept as that item's result."""
+        """:meth:`submit_item` per item, each error kept as that item's result."""
         out: list[tuple[JobView, bool] | Exception] = []
         for it in items:
             try:
-                out.append(self.submit(it.team, it.spec, idempotency_key=it.idempotency_key, now=it.now,
-                                       not_after=it.not_after, actor=it.actor, max_unfinished=it.max_unfinished,
-                                       quota_retry_after_s=it.quota_retry_after_s))
+                out.append(self.submit_item(it))
             except Exception as e:  # the item's own answer; the others go on
                 out.append(e)
         return out

@@ -132,9 +132,9 @@ class _Store:
     def submit_writer(self):
         return self.writer
 
-    def submit(self, team, spec, idempotency_key=None, **kw):
-        self.alone_calls.append(idempotency_key)
-        r = self.alone[idempotency_key]
+    def submit_item(self, it):
+        self.alone_calls.append(it.idempotency_key)
+        r = self.alone[it.idempotency_key]
         if isinstance(r, Exception):
             raise r
         return r
