@@ -978,6 +978,7 @@ class SubmitWriter:
 
         A held connection that turns out broken before the commit is sent (the database restarted
         while it was idle) is replaced and the group written once more: nothing of it was stored."""
+        import psycopg
         from psycopg.types.json import Json
 
         limits: dict[str, int] = {}
@@ -997,15 +998,23 @@ class SubmitWriter:
             raw = self._conn.connection.driver_connection
             try:
                 with raw.cursor() as cur:
+                    failed = None
                     with raw.pipeline():
-                        # a row lock another transaction holds (a team's bulk submit) is not waited for
-                        # here: the group is given up and its items submitted alone, side by side
-                        cur.execute(f"SET LOCAL lock_timeout = '{GROUP_LOCK_TIMEOUT_MS}ms'")
-                        for (cols, audited), params_list in shapes.items():
-                            cur.executemany(_submit_sql(cols, audited), params_list)
-                        if limits:
-                            cur.execute("SELECT team, unfinished FROM team_usage WHERE team = ANY(%s)",
-                                        (list(limits),))
+                        try:
+                            # a row lock another transaction holds (a team's bulk submit) is not waited for
+                            # here: the group is given up and its items submitted alone, side by side
+                            cur.execute(f"SET LOCAL lock_timeout = '{GROUP_LOCK_TIMEOUT_MS}ms'")
+                            for (cols, audited), params_list in shapes.items():
+                                cur.executemany(_submit_sql(cols, audited), params_list)
+                            if limits:
+                                cur.execute("SELECT team, unfinished FROM team_usage WHERE team = ANY(%s)",
+                                            (list(limits),))
+                        except psycopg.Error as e:
+                            # leave the pipeline without an error in flight: its exit then raises the
+                            # abort itself instead of logging "error ignored terminating Pipeline"
+                            failed = e
+                    if failed is not None:
+                        raise failed
                     if limits:
                         held = {t: int(n) for t, n in cur.fetchall()}
                         if any(held.get(t, 0) > m for t, m in limits.items()):

@@ -59,6 +59,22 @@ def test_a_used_idempotency_key_makes_every_item_answer_as_if_alone(pg_store):
     assert _rows(pg_store, "SELECT count(*) FROM jobs")[0][0] == 3
 
 
+def test_a_group_given_up_leaves_no_driver_warning_in_the_log(pg_store, caplog):
+    """A used key in a group with a quota check (the error surfaces inside the pipeline): nothing is stored and
+    psycopg logs nothing (it logged "error ignored terminating Pipeline ... pipeline aborted" per group)."""
+    first, _ = pg_store.submit("vision", SPEC, idempotency_key="k")
+    w = pg_store.submit_writer()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            assert w.try_group([SubmitItem("vision", SPEC, idempotency_key="k", max_unfinished=50),
+                                SubmitItem("vision", SPEC, max_unfinished=50),
+                                SubmitItem("nlp", SPEC, max_unfinished=50)]) is None
+    finally:
+        w.close()
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert _rows(pg_store, "SELECT id FROM jobs") == [(first.id,)]
+
+
 def test_a_group_over_a_quota_stores_the_jobs_that_fit_in_order(pg_store):
     pg_store.submit("vision", SPEC)
     out = pg_store.submit_group([SubmitItem("vision", SPEC, max_unfinished=3, quota_retry_after_s=7)] * 4
