@@ -56,7 +56,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import DATA_DIR
-from broker.model import Pool, PoolNode
+from broker.model import Pool, PoolNode, PriorityClass
 from providers.registry import AGENT_KIND, POOL_KINDS, pool_settings
 
 __all__ = ["ClusterError", "NodeGroup", "load_cluster", "parse_cluster", "DEFAULT_CLUSTER_PATH"]
@@ -130,6 +130,13 @@ def _scheduler_section(raw: dict, where: str, at: str) -> str:
         pool_settings(kind, section, f"{at}.{kind}")
     except ValueError as e:
         raise ClusterError(f"{where}: {e}") from None
+    classes = [c.value for c in PriorityClass]
+    for key, mapping in section.items():  # qos_by_class, priority_class_by_class: keyed by the job's class
+        if str(key).endswith("_by_class") and isinstance(mapping, dict):
+            for cls in mapping:
+                if cls not in classes:
+                    raise ClusterError(f"{where}: {at}.{kind}.{key}: {cls!r} is not a priority class "
+                                       f"({', '.join(classes)})")
     raw["scheduler"] = dict(section)
     return kind
 

@@ -123,6 +123,10 @@ def test_slurm_pool_keeps_site_parameters_and_its_section(tmp_path):
     ({"kind": "slurm", "slurm": {"rest_url": "http://h:6820"}}, "rest_url is set: jwt_file and rest_user are required"),
     ({"slurm": {"partition": "gpu"}}, "pools[0].slurm: a 'slurm' section on a pool of kind 'agent' (set pools[0].kind: slurm)"),
     ({"kind": "slurm", "slurm": {}, "scheduler": {}}, "pools[0].scheduler: not a cluster-file key"),
+    ({"kind": "slurm", "slurm": {"qos_by_class": {"hgh": "urgent"}}},
+     "pools[0].slurm.qos_by_class: 'hgh' is not a priority class (low, normal, high, critical)"),
+    ({"kind": "kubernetes", "kubernetes": {"namespace": "ml", "priority_class_by_class": {"urgent": "p"}}},
+     "pools[0].kubernetes.priority_class_by_class: 'urgent' is not a priority class"),
 ])
 def test_bad_scheduler_pool_names_the_field(extra, message):
     with pytest.raises(ClusterError) as e:
