@@ -126,15 +126,19 @@ INT32_MAX = 2**31 - 1
 
 #: text without NUL (what :func:`_text` checks), as a JSON-schema pattern
 _NO_NUL = r"^[^\x00]*$"
+#: one line of text a terminal shows as it is (what :func:`_line` checks): no C0 or C1 control character
+#: (ESC, BEL, NUL, newline, ...), as a JSON-schema pattern
+NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+CONTROL_CHAR_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: the schema of a GPU type or region name in a spec
-_SHORT_NAME = {"type": "string", "maxLength": 64, "pattern": _NO_NUL}
+_SHORT_NAME = {"type": "string", "maxLength": 64, "pattern": NO_CONTROL_PATTERN}
 
 
-def _no_nul(schema: dict) -> None:
-    """State "no NUL" on the string variant of an optional text field's schema."""
+def _no_control(schema: dict) -> None:
+    """State "no control character" on the string variant of an optional text field's schema."""
     for variant in schema.get("anyOf", [schema]):
         if variant.get("type") == "string":
-            variant["pattern"] = _NO_NUL
+            variant["pattern"] = NO_CONTROL_PATTERN
 
 
 def _utc(v: datetime | None, field: str) -> datetime | None:
@@ -142,7 +146,10 @@ def _utc(v: datetime | None, field: str) -> datetime | None:
         return None
     if v.tzinfo is None:
         raise ValueError(f"{field}={v.isoformat()!r}: needs a time zone (UTC recommended)")
-    v = v.astimezone(timezone.utc)
+    try:
+        v = v.astimezone(timezone.utc)
+    except OverflowError:  # year 1 or 9999 with an offset: UTC cannot hold it
+        raise ValueError(f"{field}={v.isoformat()!r}: outside {EARLIEST_INSTANT.year}-{LATEST_INSTANT.year - 1}") from None
     if not (EARLIEST_INSTANT <= v < LATEST_INSTANT):
         raise ValueError(f"{field}={v.isoformat()!r}: outside {EARLIEST_INSTANT.year}-{LATEST_INSTANT.year - 1}")
     return v
@@ -158,6 +165,16 @@ def _text(v: str, field: str, max_len: int) -> str:
         raise ValueError(f"{field}={v[:40]!r}: contains a NUL character")
     if len(v) > max_len:
         raise ValueError(f"{field}: {len(v)} characters, at most {max_len}")
+    return v
+
+
+def _line(v: str, field: str, max_len: int) -> str:
+    """``v`` if it is :func:`_text` and holds no control character (a name shown in a terminal: an ESC
+    sequence in it would drive the reader's terminal), else ``ValueError`` naming ``field``."""
+    _text(v, field, max_len)
+    m = CONTROL_CHAR_RE.search(v)
+    if m:
+        raise ValueError(f"{field}={v[:40]!r}: contains the control character {m.group()!r}")
     return v
 
 
@@ -196,7 +213,7 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    name: str | None = Field(None, max_length=200, json_schema_extra=lambda s: _no_nul(s))
+    name: str | None = Field(None, max_length=200, json_schema_extra=lambda s: _no_control(s))
     image: str = Field("ghcr.io/fedbroker/nccl-train:latest", max_length=512,
                        json_schema_extra={"pattern": _IMAGE_RE.pattern})
     # the schema states the rules; the validators below enforce them with messages naming the field
@@ -252,13 +269,13 @@ class JobSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        return None if v is None else _text(v, "name", 200)
+        return None if v is None else _line(v, "name", 200)
 
     @field_validator("gpu_types", "allowed_regions")
     @classmethod
     def _short_names(cls, v: tuple[str, ...], info) -> tuple[str, ...]:
         for i, x in enumerate(v):
-            _text(x, f"{info.field_name}[{i}]", 64)
+            _line(x, f"{info.field_name}[{i}]", 64)
         return v
 
     @field_validator("team")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from broker.model import JobSpec
+from broker.model import NO_CONTROL_PATTERN, JobSpec
 
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
            "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE", "TOKEN_KINDS", "TOKEN_MAX_TTL_S",
@@ -237,7 +237,7 @@ class TokenCreateRequest(BaseModel):
 
     team: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     kind: TokenKind = "member"
-    label: str = Field("", max_length=200)
+    label: str = Field("", max_length=200, pattern=NO_CONTROL_PATTERN)
     ttl_s: int | None = Field(None, ge=60, le=TOKEN_MAX_TTL_S)
     node: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 

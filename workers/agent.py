@@ -298,7 +298,9 @@ class NodeAgent:
 
     def _supervise(self) -> None:
         cfg = self.config
-        if self._last_hb == 0.0:  # register before asking for work
+        # register before asking for work, and heartbeat before any report: a report the API keeps failing
+        # (a 500 on one attempt) must not keep the node from heartbeating and have it declared lost
+        if self._last_hb == 0.0 or time.monotonic() - self._last_hb >= cfg["heartbeat_interval_s"]:
             self.heartbeat()
         grace = cfg["cancel_grace_s"]
         # Ask for the work BEFORE listing local attempts: a rank the API shows running here was
@@ -354,8 +356,6 @@ class NodeAgent:
         for key, w in work.items():
             if w["state"] == "running" and key not in local and w["nnodes"] == 1:
                 self._tell(self.api.gone, *key)
-        if time.monotonic() - self._last_hb >= cfg["heartbeat_interval_s"]:
-            self.heartbeat()
 
     def _ship_logs(self, a, final: bool = False) -> None:
         """Ship the attempt's new log bytes to the API in chunks (resumable; duplicates ignored)."""

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 
 from broker.schemas import (AuditEventView, CreatedToken, ErrorBody, TokenCreateRequest, TokenRotateRequest,
                             TokenView)
+from broker.service.api_usage import utc_param
 from broker.service.settings import BrokerSettings
 from broker.service.store.core import JobStore
 from broker.service.tokens import (InvalidTokenRequest, TokenConflict, TokenForbidden, TokenNotFound, audit_events,
@@ -124,4 +125,5 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         if since is not None and since.tzinfo is None:
             raise RequestValidationError([{"type": "value_error", "loc": ("query", "since"), "input": str(since),
                                            "msg": f"since={since.isoformat()!r}: give an offset (e.g. Z or +00:00)"}])
-        return audit_events(store, since=since, limit=limit, action=action)
+        return audit_events(store, since=None if since is None else utc_param(since, "since"), limit=limit,
+                            action=action)

@@ -53,7 +53,7 @@ def _unprocessable(field: str, value: str, why: str) -> RequestValidationError:
                                     "msg": f"{field}={value!r}: {why}"}])
 
 
-def _utc(t: datetime, field: str) -> datetime:
+def utc_param(t: datetime, field: str) -> datetime:
     """``t`` as aware UTC (naive: taken as UTC); 422 naming ``field`` when UTC cannot hold it (year 1 or 9999
     with an offset)."""
     try:
@@ -65,7 +65,7 @@ def _utc(t: datetime, field: str) -> datetime:
 def scope_period(start: datetime, end: datetime) -> tuple[datetime, datetime]:
     """The period ``[start, end)`` as aware UTC (naive: taken as UTC); 422 naming ``to`` when it is not after
     ``from`` (also used by the finance page, :mod:`broker.service.api_finance`)."""
-    start, end = _utc(start, "from"), _utc(end, "to")
+    start, end = utc_param(start, "from"), utc_param(end, "to")
     if end <= start:
         raise _unprocessable("to", end.isoformat(), f"not after from={start.isoformat()!r} (the period is "
                                                     f"[from, to))")

@@ -31,11 +31,11 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from broker.service import attempts
-from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES
-from broker.service.store.core import JobStore
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, NO_CONTROL_PATTERN
+from broker.service.store.core import JobStore, storable_text
 from broker.service.tokens import node_of_token
 from broker.service.work_watch import MAX_WAIT_S, WorkWatch, work_etag
 
@@ -67,13 +67,24 @@ class NodeHeartbeat(BaseModel):
     """A node's inventory and telemetry, as its agent read them from NVML."""
 
     model_config = ConfigDict(extra="forbid")
-    pool: str = Field(min_length=1, max_length=63, description="on-prem pool of the node (in the cluster file)")
-    gpu_type: str = Field(min_length=1, max_length=32)
+    pool: str = Field(min_length=1, max_length=63, pattern=NO_CONTROL_PATTERN,
+                      description="on-prem pool of the node (in the cluster file)")
+    gpu_type: str = Field(min_length=1, max_length=32, pattern=NO_CONTROL_PATTERN)
     gpu_count: int = Field(ge=0, le=64)
     gpu_memory_gb: float = Field(ge=0, le=10000)
-    healthy_gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(max_length=64)
-    agent_id: str = Field(min_length=1, max_length=200)
+    healthy_gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
+        max_length=64, description="indexes of the healthy GPUs: distinct, each below gpu_count")
+    agent_id: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL_PATTERN)
     telemetry: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _healthy_within_count(self) -> "NodeHeartbeat":
+        if len(set(self.healthy_gpus)) != len(self.healthy_gpus):
+            raise ValueError(f"healthy_gpus={self.healthy_gpus!r}: an index appears twice")
+        over = [g for g in self.healthy_gpus if g >= self.gpu_count]
+        if over:
+            raise ValueError(f"healthy_gpus={self.healthy_gpus!r}: {over} not below gpu_count={self.gpu_count}")
+        return self
 
 
 class NodeEnded(BaseModel):
@@ -89,6 +100,11 @@ class NodeReason(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(min_length=1, max_length=2000)
+
+    @field_validator("reason")
+    @classmethod
+    def _storable(cls, v: str) -> str:  # an OS error's text can hold a job's bytes
+        return storable_text(v)
 
 
 class NodeLogChunk(BaseModel):

@@ -19,7 +19,7 @@ from broker.service.reconciler import Reconciler
 from providers.nvml import FakeNvmlBackend
 from tests.workers.rig import sh
 from workers.agent import RENDEZVOUS_PORT, NodeAgent
-from workers.node_client import NodeClient
+from workers.node_client import NodeApiUnavailable, NodeClient
 from workers.runtime import ProcessRuntime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -228,6 +228,38 @@ def test_agent_survives_an_api_outage_and_reports_after(pg_store, rig, tmp_path)
     assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "before\nafter\n"
     assert [a.outcome for a in pg_store.attempts(jid)] == ["succeeded"]
     assert agent.runtime.list() == []
+
+
+def test_a_job_that_prints_a_nul_byte_succeeds_and_its_node_stays_up(pg_store, rig, tmp_path):
+    """Found by a hostile review: the log upload of ``printf 'a\\000b'`` answered 500 forever (PostgreSQL text
+    holds no NUL), the agent retried it every step without heartbeating, and its node was declared lost."""
+    rig = rig({"n1": 1})
+    jid = pg_store.submit("ml", sh(r"printf 'a\000b\n'"))[0].id
+    rig.until(lambda: rig.state(jid) == "succeeded", what="success")
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "a\ufffdb\n"
+
+
+def test_a_report_the_api_keeps_failing_does_not_stop_heartbeats(pg_store, rig, tmp_path, monkeypatch):
+    rig = rig({"n1": 1})
+    jid = pg_store.submit("ml", sh("echo hi"))[0].id
+    agent = rig.agents["n1"]
+
+    def fail(*_a):
+        raise NodeApiUnavailable("node API: 500 Internal Server Error", 500)
+
+    monkeypatch.setattr(agent.api, "log", fail)
+    rig.until(lambda: rig.state(jid) == "running" and not agent.runtime.list()[0].status == "running",
+              what="the job to end")
+    seen = pg_store.nodes()[0].last_heartbeat_at
+    end = time.monotonic() + 3.0  # the back-off after each failed step: 0.5, 1, 2 s
+    while time.monotonic() < end:
+        rig.step()
+        time.sleep(0.05)
+    assert pg_store.nodes()[0].last_heartbeat_at > seen  # the failing log upload is retried, the node heartbeats
+    assert rig.state(jid) == "running"  # its end waits for its log (nothing lost)
+    monkeypatch.undo()
+    rig.until(lambda: rig.state(jid) == "succeeded", timeout=30, what="the end to be reported")
+    assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "hi\n"
 
 
 def test_workers_import_nothing_that_holds_broker_secrets():

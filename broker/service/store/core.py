@@ -730,10 +730,11 @@ class JobStore:
 
     # ------------------------------------------------------------------ logs
     def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str) -> bool:
-        """Store one log chunk; a chunk already stored (same job, attempt, rank, seq) is ignored. Returns whether stored."""
+        """Store one log chunk; a chunk already stored (same job, attempt, rank, seq) is ignored. Returns whether stored.
+        Each NUL of ``data`` is stored as U+FFFD (:func:`storable_text`): a job's output is whatever it printed."""
         try:
             with self.session() as s:
-                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=data))
+                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=storable_text(data)))
             return True
         except IntegrityError:
             return False
@@ -921,6 +922,13 @@ class JobStore:
             if deleted and actor is not None:
                 audit(s, actor, "schedule.delete", schedule_id, {"team": owner})
             return deleted
+
+
+def storable_text(text: str) -> str:
+    """``text`` as a PostgreSQL ``text`` column holds it: each NUL (U+0000), which PostgreSQL refuses ("text fields
+    cannot contain NUL"), becomes U+FFFD. For text the broker does not control (a job's log, a node's reason);
+    the same on SQLite, so both stores give back the same text."""
+    return text.replace("\x00", "\ufffd")
 
 
 class SubmitWriter:

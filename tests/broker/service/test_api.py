@@ -520,6 +520,14 @@ def test_sqlite_validation_stores_nothing(tmp_path):
     (b'{"spec": {"command": ["true"], "not_before": "9999-12-31T23:00:00Z"}}', ["body", "spec", "not_before"],
      "spec.earliest_start='9999-12-31T23:00:00+00:00': outside 2000-2199"),
     (b'{"spec": {"name": "no-command"}}', ["body", "spec", "command"], "spec.command: Field required"),
+    # year 1 with an offset: UTC cannot hold it (an OverflowError, once a 500)
+    (b'{"spec": {"command": ["true"], "deadline": "0001-01-01T00:00:00+01:00"}}', ["body", "spec", "deadline"],
+     "spec.deadline='0001-01-01T00:00:00+01:00': outside 2000-2199"),
+    (b'{"spec": {"command": ["true"], "not_after": "9999-12-31T23:59:59-14:00"}}', ["body", "spec", "not_after"],
+     "spec.not_after='9999-12-31T23:59:59-14:00': outside 2000-2199"),
+    # a name is shown in terminals (fedbroker list): an ESC sequence would drive the reader's terminal
+    (b'{"spec": {"command": ["true"], "name": "\\u001b]0;PWNED\\u0007\\u001b[2J"}}', ["body", "spec", "name"],
+     "spec.name='\\x1b]0;PWNED\\x07\\x1b[2J': contains the control character '\\x1b'"),
 ])
 def test_submit_rejects_non_finite_huge_or_unencodable_values(client, make_team, store, raw, loc, start):
     """Found by a fresh user: these once gave 500s, or were stored and broke every later list."""

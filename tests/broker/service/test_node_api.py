@@ -112,6 +112,31 @@ def test_bad_node_reports_are_422_naming_the_field(pg_store, rig):
     assert pg_store.get(jid).state == "starting"
 
 
+def test_a_log_or_reason_with_a_nul_byte_is_stored_with_u_fffd(pg_store, rig):
+    """A job that prints a NUL: PostgreSQL's text refuses it, and the upload answered 500 forever (the agent retried
+    it every step and stopped heartbeating: its node was declared lost for every team)."""
+    c, tok, jid, _ = rig
+    base = f"/v1/node/attempts/{jid}/1/0"
+    assert c.post(f"{base}/logs", json={"seq": 0, "text": "a\x00b\n"}, headers=tok["n2"]).json() == {"stored": True}
+    assert pg_store.log_chunks(jid, 1) == [(0, "a\ufffdb\n")]
+    r = c.post(f"{base}/launch-failed", json={"reason": "cannot execute '/x\x00'"}, headers=tok["n2"])
+    assert r.json() == {"changed": True}
+    assert pg_store.get(jid).reason == "could not start on n2: cannot execute '/x\ufffd'"
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"healthy_gpus": [0, 1, 2, 40]}, "healthy_gpus=[0, 1, 2, 40]: [2, 40] not below gpu_count=2"),
+    ({"healthy_gpus": [0, 0]}, "healthy_gpus=[0, 0]: an index appears twice"),
+    ({"gpu_type": "V1\x0000"}, "gpu_type"),
+    ({"agent_id": "a\x1b[2J"}, "agent_id"),
+])
+def test_a_heartbeat_that_cannot_be_true_is_422(pg_store, rig, change, field):
+    c, tok, _, _ = rig
+    r = c.post("/v1/node/heartbeat", json={**hb(2, [0, 1]), **change}, headers=tok["n2"])
+    assert r.status_code == 422 and field in r.text, r.text
+    assert pg_store.nodes()[1].healthy_gpus == [0]  # n2 as its last good heartbeat said
+
+
 def test_launch_failed_and_lost_requeue_the_job(pg_store, rig):
     c, tok, jid, changed = rig
     base = f"/v1/node/attempts/{jid}/1/0"

@@ -163,6 +163,13 @@ def test_admin_creates_any_kind_and_validation_names_the_field(client, store):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "ttl_s"]
     r = client.post("/v1/tokens", json={"team": team, "kind": "root"}, headers=auth(ADMIN))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "kind"]
+    r = client.post("/v1/tokens", json={"team": team, "label": "ci\x1b[2J"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "label"]  # shown by tokens list
+    with pytest.raises(T.InvalidTokenRequest, match=r"label='ci\\x07': contains a control character"):
+        T.create_token(store, team, label="ci\x07")
+    # an instant UTC cannot hold (year 1 with an offset): 422 naming it, once a 500
+    r = client.get("/v1/audit", params={"since": "0001-01-01T00:00:00+01:00"}, headers=auth(ADMIN))
+    assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("since='0001-01-01T00:00:00+01:00'")
     # the default lifetime is the setting (90 days)
     made = client.post("/v1/tokens", json={"team": team, "kind": "admin"}, headers=auth(ADMIN)).json()
     life = datetime.fromisoformat(made["expires_at"]) - datetime.fromisoformat(made["created_at"])
