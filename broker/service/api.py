@@ -355,17 +355,28 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return who.team
 
 
-    def charge(team: str, n: int, replays: Callable[[], bool] | None = None) -> None:
-        """Take ``n`` submits from ``team``'s rate limit; 429 (:class:`RateLimitExceeded`) when refused,
-        unless ``replays()`` says the request only repeats existing jobs (never refused)."""
+    def charge(team: str, n: int, replayed: Callable[[], int] | None = None) -> None:
+        """Take ``n`` submits from ``team``'s rate limit; 429 (:class:`RateLimitExceeded`) when refused. When
+        refused, ``replayed()`` counts the request's jobs that already exist (idempotent replays, never
+        refused): only the others are charged, and a request of replays only is let through."""
         if rate_limiter is None:
             return
         try:
             rate_limiter.charge(team, n)
         except LimitExceeded:
-            if replays is not None and replays():
-                return
-            raise
+            old = replayed() if replayed is not None else 0
+            if old == 0:
+                raise
+            if n > old:
+                rate_limiter.charge(team, n - old)
+
+    def exists(team: str, key: str, spec: JobSpec) -> bool:
+        """Whether ``team`` already has the job of idempotency ``key`` with ``spec`` (a key used for another
+        spec is not a replay: its 409 comes from the submit)."""
+        try:
+            return store.find_idempotent(team, key, spec) is not None
+        except IdempotencyConflict:
+            return False
 
     def quota_of(team: str) -> int | None:
         """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
@@ -451,7 +462,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             return _json(existing, 200)
         if rate_limiter is not None and rate_limiter.limits(team).submits_per_s is not None:  # Redis: off the loop
             await run_in_threadpool(
-                charge, team, 1, (lambda: store.find_idempotent(team, key, spec) is not None) if key is not None else None)
+                charge, team, 1, (lambda: int(exists(team, key, spec))) if key is not None else None)
         # stored with the other submits in flight in this process, one transaction for all (group_commit)
         job, created = await submits.submit(SubmitItem(
             team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who,
@@ -521,11 +532,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             assert team is not None
             keyed = [(sp, k) for _, sp, k in accepted if k is not None]
 
-            def only_replays() -> bool:
-                return len(keyed) == len(accepted) and all(
-                    store.find_idempotent(team, k, sp) is not None for sp, k in keyed)
-
-            charge(team, len(accepted), only_replays)
+            charge(team, len(accepted), lambda: sum(exists(team, k, sp) for sp, k in keyed))
             out = store.submit_many(team, [(sp, k, sp.not_after) for _, sp, k in accepted], now=now,
                                     actor=who, max_unfinished=quota_of(team),
                                     quota_retry_after_s=settings.quotas.quota_retry_after_s)

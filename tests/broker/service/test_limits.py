@@ -271,6 +271,25 @@ def test_batch_replay_is_idempotent_and_not_limited(store):
     assert _count(store, team) == 5
 
 
+def test_a_batch_of_replays_and_new_jobs_is_charged_its_new_jobs_only(store):
+    """README: "a batch costs one per new job". Found by a hostile review: 5 replays and 1 new job with 1 token left
+    were refused whole (429 "a request of 6 jobs"), the replays unanswered."""
+    team, h = _team(store)
+    items = [{"spec": {**SPEC, "name": f"j{i}"}, "idempotency_key": f"k{i}"} for i in range(5)]
+    quotas = QuotaSettings(submits_per_s=0.001, burst=6, max_queued_jobs=10)
+    with _client(store, quotas, _limiter(quotas)) as c:
+        assert c.post("/v1/jobs:batch", json={"items": items}, headers=h).json()["created"] == 5  # 1 token left
+        r = c.post("/v1/jobs:batch", json={"items": items + [{"spec": SPEC, "idempotency_key": "new"}]}, headers=h)
+        assert r.status_code == 200, r.text
+        assert [x["status"] for x in r.json()["results"]] == [200] * 5 + [201]
+        # the bucket is empty now: the next new job is refused, and a replay of it is not
+        r = c.post("/v1/jobs:batch", json={"items": [{"spec": SPEC, "idempotency_key": "newer"}]}, headers=h)
+        assert r.status_code == 429 and r.json()["limit"] == "quotas.submits_per_s"
+        r = c.post("/v1/jobs", json={"spec": SPEC}, headers={**h, "Idempotency-Key": "new"})
+        assert r.status_code == 200
+    assert _count(store, team) == 6
+
+
 def test_batch_over_quota_stores_nothing_and_charges_items(store):
     team, h = _team(store)
     quotas = QuotaSettings(submits_per_s=1, burst=10, max_queued_jobs=4)
