@@ -67,12 +67,13 @@ def _settings(config: Optional[Path]) -> BrokerSettings:
 
 
 def _logging(level: str) -> None:
-    """Log at ``level`` (``--log-level``); Celery's and kombu's loggers at WARNING unless ``level`` is ``debug``:
-    at INFO they wrote two lines every ``plan_interval_s`` (beat sending ``fedbroker.plan``, the worker's
-    ``Task ... succeeded``), 630 KB in 15 minutes of an idle broker."""
+    """Log at ``level`` (``--log-level``); Celery's, kombu's and Alembic's loggers at WARNING unless ``level`` is
+    ``debug``: at INFO Celery and kombu wrote two lines every ``plan_interval_s`` (beat sending ``fedbroker.plan``,
+    the worker's ``Task ... succeeded``), 630 KB in 15 minutes of an idle broker, and Alembic seven lines per
+    process at each start."""
     lvl = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=lvl, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("celery", "kombu"):
+    for name in ("celery", "kombu", "alembic"):
         logging.getLogger(name).setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
     # the Celery worker sets the ROOT logger to its own (WARNING) level: keep ours at ``level``
     logging.getLogger("fedbroker").setLevel(lvl)

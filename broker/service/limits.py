@@ -35,6 +35,7 @@ import time
 
 from pydantic import BaseModel
 
+from broker.service.log_throttle import LogThrottle
 from broker.service.settings import QuotaSettings, TeamLimits
 from broker.service.store.quota import LimitExceeded, QuotaExceeded, quota_exceeded
 
@@ -103,7 +104,7 @@ class RateLimiter:
         self._script = self.redis.register_script(TOKEN_BUCKET_LUA)
         self._retry_down_s = retry_down_s
         self._down_until = 0.0
-        self._warned_at = -math.inf
+        self._warn = LogThrottle(60.0)
         self._lock = threading.Lock()
 
     @classmethod
@@ -154,10 +155,7 @@ class RateLimiter:
         now = time.monotonic()
         with self._lock:
             self._down_until = now + self._retry_down_s
-            warn = now - self._warned_at >= 60.0
-            if warn:
-                self._warned_at = now
-        if warn:
+        if self._warn.due():
             log.warning("rate limit: Redis unreachable (%s: %s); submits are let through without a rate limit "
                         "until it answers (the queued-jobs quota still holds)", type(e).__name__, e)
 

@@ -26,6 +26,7 @@ from functools import partial
 import redis
 
 from broker.service.celery_app import get_app
+from broker.service.log_throttle import LogThrottle
 from broker.service.settings import BrokerSettings
 
 __all__ = ["Services", "services", "build_api", "app_from_settings", "kick_planner", "send_provision",
@@ -236,8 +237,14 @@ def kick_planner(debounce_ms: int = 200) -> bool:
         get_app().send_task("fedbroker.plan", queue="planning")
         return True
     except (redis.RedisError, OSError) as e:  # beat plans anyway within plan_interval_s
-        log.warning("could not request a planning cycle (%s); beat will run one", e)
+        if _kick_failed_log.due():  # every submit kicks: one line a minute while Redis is down
+            log.warning("could not request a planning cycle (%s); beat will run one (logged at most once a "
+                        "minute)", e)
         return False
+
+
+#: the kick's "could not request" warning: at most once a minute
+_kick_failed_log = LogThrottle(60.0)
 
 
 _trailing_lock = threading.Lock()

@@ -28,10 +28,11 @@ def test_celery_logs_at_warning_unless_debug():
         _logging("info")
         assert logging.getLogger("celery.app.trace").getEffectiveLevel() == logging.WARNING
         assert logging.getLogger("celery.beat").getEffectiveLevel() == logging.WARNING
+        assert logging.getLogger("alembic.runtime.migration").getEffectiveLevel() == logging.WARNING  # 7 lines a start
         _logging("debug")
         assert logging.getLogger("celery.beat").getEffectiveLevel() == logging.DEBUG
     finally:
-        for name in ("celery", "kombu"):
+        for name in ("celery", "kombu", "alembic"):
             logging.getLogger(name).setLevel(logging.NOTSET)
 
 

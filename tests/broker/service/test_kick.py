@@ -101,3 +101,35 @@ def test_the_apis_planner_wake_never_waits_on_redis(monkeypatch):
         time.sleep(0.01)
     time.sleep(0.2)
     assert len(kicks) == 2
+
+
+def test_a_redis_that_cannot_be_reached_is_logged_once_a_minute_not_per_kick(monkeypatch, caplog):
+    """Found by a hostile review: with Redis down, 200 submits logged "could not request a planning cycle" 14 times
+    in 1.5 s."""
+    import logging
+
+    from broker.service.log_throttle import LogThrottle
+
+    class Down:  # what redis-py raises for a Redis that refuses connections (after its own retries)
+        def set(self, *a, **kw):
+            raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setitem(wiring.services.__dict__, "redis", Down())
+    monkeypatch.setattr(wiring, "_kick_failed_log", LogThrottle(60.0))
+    with caplog.at_level(logging.WARNING, logger=wiring.log.name):
+        for _ in range(5):
+            monkeypatch.setattr(wiring, "_last_kick", -1e9)  # past the debounce window each time
+            assert wiring.kick_planner() is False
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["could not request a planning cycle"]
+
+
+def test_log_throttle_is_due_once_per_interval():
+    from broker.service.log_throttle import LogThrottle
+
+    clock = [100.0]
+    t = LogThrottle(60.0, clock=lambda: clock[0])
+    seen = []
+    for at in (100.0, 100.5, 159.9, 160.0, 200.0, 220.0):
+        clock[0] = at
+        seen.append(t.due())
+    assert seen == [True, False, False, True, False, True]
