@@ -53,10 +53,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import DATA_DIR
 from broker.model import Pool, PoolNode, PriorityClass
+from broker.unique_keys import DuplicateJsonKey, load_yaml, loads_strict
 from providers.registry import AGENT_KIND, POOL_KINDS, pool_settings
 
 __all__ = ["ClusterError", "NodeGroup", "load_cluster", "parse_cluster", "DEFAULT_CLUSTER_PATH"]
@@ -211,16 +213,12 @@ def load_cluster(path: str | Path | None = None) -> list[Pool]:
         raise ClusterError(f"{p}: cannot read cluster file: {e}") from e
     if p.suffix.lower() == ".json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
+            data = loads_strict(text)
+        except (json.JSONDecodeError, DuplicateJsonKey) as e:
             raise ClusterError(f"{p}: not valid JSON: {e}") from e
         return parse_cluster(data, str(p))
     try:
-        import yaml  # PyYAML; imported lazily so JSON cluster files work without it
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ClusterError(f"{p}: reading YAML needs PyYAML (pip install pyyaml), or give a .json file") from e
-    try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)  # a key given twice is refused (plain safe_load keeps the last silently)
     except yaml.YAMLError as e:
         raise ClusterError(f"{p}: not valid YAML: {e}") from e
     return parse_cluster(data, str(p))

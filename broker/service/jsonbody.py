@@ -4,47 +4,22 @@ Plain ``json.loads`` keeps the last of two equal keys (``{"gpus_per_node": 1, "g
 made a 4-GPU job) and FastAPI answers a body that is not UTF-8 with a bare 400. This module is the one
 home of the rule for the API (:class:`StrictJsonBody`, an ASGI middleware) and the CLI's ``*.json`` job
 files (:func:`unique_json_object` as ``object_pairs_hook``); YAML files use
-:class:`broker.service.settings.UniqueKeyLoader`.
+:class:`broker.unique_keys.UniqueKeyLoader`.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from starlette.responses import JSONResponse
+
+from broker.unique_keys import DuplicateJsonKey, loads_strict, unique_json_object
 
 __all__ = ["DuplicateJsonKey", "unique_json_object", "loads_strict", "utf8_error", "StrictJsonBody", "BodyLimit",
            "MAX_BODY_BYTES"]
 
 #: largest request body accepted, bytes (a job spec's argv may hold up to 1 MiB)
 MAX_BODY_BYTES = 2 * 1024 * 1024
-
-
-class DuplicateJsonKey(ValueError):
-    """A JSON object holds the same key twice (``key``: that key)."""
-
-    def __init__(self, key: str):
-        self.key = key
-        super().__init__(f"key {key!r} appears twice in one object (refused: the last would silently win)")
-
-
-def unique_json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook`` for :func:`json.loads`: the object as a dict; :class:`DuplicateJsonKey`
-    if a key appears twice."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise DuplicateJsonKey(k)
-        out[k] = v
-    return out
-
-
-def loads_strict(raw: bytes | str) -> Any:
-    """``json.loads`` refusing duplicate keys. Raises :class:`DuplicateJsonKey`, :class:`UnicodeDecodeError`
-    (bytes that are not UTF-8) or :class:`json.JSONDecodeError`."""
-    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-    return json.loads(text, object_pairs_hook=unique_json_object)
 
 
 def utf8_error(body: bytes, e: UnicodeDecodeError) -> str:

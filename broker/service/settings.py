@@ -28,6 +28,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import PlannerConfig
+from broker.unique_keys import DuplicateKeyError, UniqueKeyLoader, load_yaml
 from broker.service.redact import HIDDEN, hide_secret_values, is_secret_name, mask_userinfo
 from broker.service.signal_settings import SignalsSettings
 from providers.registry import PROVIDERS
@@ -591,75 +592,6 @@ class BrokerSettings(BaseSettings):
     def effective_report_url(self) -> str:
         """Where cloud instances report: ``cloud.report_url`` or the API's ``/v1/instances/report``."""
         return self.cloud.report_url or f"{self.effective_api_url.rstrip('/')}/v1/instances/report"
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    """A YAML mapping holds the same key twice (``path``: the keys of the mappings above it)."""
-
-    def __init__(self, key: Any, first_line: int, second_line: int, path: tuple = ()):
-        self.key, self.first_line, self.second_line, self.path = key, first_line, second_line, path
-        where = f" under {'.'.join(map(str, path))!r}" if path else ""
-        super().__init__(f"key {key!r}{where} appears twice (lines {first_line} and {second_line})")
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that raises :class:`DuplicateKeyError` on a mapping key given twice (plain
-    ``safe_load`` keeps the last one silently: two pasted ``settings-from-terraform`` outputs would drop a
-    provider). Merge keys (``<<: *anchor``) may still be overridden, as YAML intends. A document whose aliases
-    expand it beyond :attr:`MAX_EXPANDED_NODES` values raises ``yaml.YAMLError``."""
-
-    #: most nodes a document may expand to with its aliases (a "billion laughs" document of nine nested
-    #: lists of nine aliases expands to 10^9 and took minutes to validate)
-    MAX_EXPANDED_NODES = 100_000
-
-    def construct_document(self, node):
-        if self._expanded_size(node, {}) > self.MAX_EXPANDED_NODES:
-            raise yaml.YAMLError(f"the document expands to more than {self.MAX_EXPANDED_NODES} values through "
-                                 "its aliases (*name); write them out")
-        self._check_unique(node, (), set())
-        return super().construct_document(node)
-
-    def _expanded_size(self, node, sizes: dict) -> int:
-        """How many nodes ``node`` stands for with every alias expanded (memoised per node: linear time)."""
-        if id(node) in sizes:
-            return sizes[id(node)]
-        sizes[id(node)] = 1  # a cycle (a recursive alias) counts once
-        n = 1
-        if isinstance(node, yaml.MappingNode):
-            n += sum(self._expanded_size(k, sizes) + self._expanded_size(v, sizes) for k, v in node.value)
-        elif isinstance(node, yaml.SequenceNode):
-            n += sum(self._expanded_size(v, sizes) for v in node.value)
-        sizes[id(node)] = n
-        return n
-
-    def _check_unique(self, node, path: tuple, seen_nodes: set) -> None:
-        if id(node) in seen_nodes:  # an alias: checked where the anchor is
-            return
-        seen_nodes.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            first: dict = {}
-            for key_node, value_node in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    self._check_unique(value_node, path, seen_nodes)
-                    continue
-                line = key_node.start_mark.line + 1
-                if isinstance(key_node, yaml.ScalarNode):
-                    key = self.construct_object(key_node)
-                    if key in first:
-                        raise DuplicateKeyError(key, first[key], line, path)
-                    first[key] = line
-                else:  # a complex key (a list or mapping): only its own contents are checked
-                    key = "?"
-                    self._check_unique(key_node, path + (key,), seen_nodes)
-                self._check_unique(value_node, path + (key,), seen_nodes)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                self._check_unique(item, path + (i,), seen_nodes)
-
-
-def load_yaml(text: str) -> Any:
-    """``yaml.safe_load`` that raises :class:`DuplicateKeyError` on a key given twice in one mapping."""
-    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -78,6 +78,10 @@ def test_json_and_bare_list(tmp_path):
     ("pools:\n  - {name: p, carbon_zone: GB, price_zone: GB, node_groups: [{count: 1, gpu_type: V, gpus_per_node: 1, name_prefix: x}, {count: 1, gpu_type: V, gpus_per_node: 1, name_prefix: x}]}",
      "duplicate node name 'x0'"),
     ("pools: [", "not valid YAML"),
+    # a key given twice: refused, as in settings and job files (the last one silently won)
+    ("pools:\n  - name: p\n    carbon_zone: GB\n    price_zone: GB\n    pue: 1.3\n    pue: 2.5\n"
+     "    nodes: [{name: a, gpu_type: V100, gpu_count: 1}]\n",
+     "key 'pue' under 'pools.0' appears twice (lines 5 and 6)"),
 ])
 def test_bad_cluster_names_file_and_field(tmp_path, body, field):
     f = tmp_path / "bad.yaml"
@@ -137,3 +141,11 @@ def test_bad_scheduler_pool_names_the_field(extra, message):
 def test_agent_pool_still_needs_nodes():
     with pytest.raises(ClusterError, match=r"pools\[0\].nodes: pool 'hpc' has no nodes"):
         parse_cluster([_SITE], "c.yaml")
+
+
+def test_a_json_cluster_file_with_a_key_twice_is_refused(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text('{"pools": [{"name": "p", "name": "q", "carbon_zone": "GB", "price_zone": "GB", '
+                 '"nodes": [{"name": "a", "gpu_type": "V100", "gpu_count": 1}]}]}')
+    with pytest.raises(ClusterError, match=r"c\.json: not valid JSON: key 'name' appears twice in one object"):
+        load_cluster(f)

@@ -71,8 +71,9 @@ def test_the_schema_states_the_rules_the_server_enforces(client):
     no_nul = {"pattern": r"^[^\x00]*$"}
     assert spec["command"]["prefixItems"] == [{"type": "string", "minLength": 1, **no_nul}]
     assert spec["command"]["items"] == {"type": "string", **no_nul}
-    assert spec["gpu_types"]["items"] == {"type": "string", "maxLength": 64, **no_nul}
-    assert spec["name"]["anyOf"][0] == {"type": "string", "maxLength": 200, **no_nul}
+    one_line = {"pattern": r"^[^\x00-\x1f\x7f-\x9f]*$"}  # names are shown in terminals: no control character
+    assert spec["gpu_types"]["items"] == {"type": "string", "maxLength": 64, **one_line}
+    assert spec["name"]["anyOf"][0] == {"type": "string", "maxLength": 200, **one_line}
     assert spec["image"]["pattern"].startswith("^[a-z0-9]+")
     assert (spec["team"]["minLength"], spec["team"]["maxLength"]) == (1, 63)
     sched = comp["ScheduleRequest"]["properties"]
@@ -84,6 +85,7 @@ def test_the_schema_states_the_rules_the_server_enforces(client):
     assert "submitted" in states and "" not in states
     logs = {p["name"]: p["schema"] for p in doc["paths"]["/v1/jobs/{job_id}/logs"]["get"]["parameters"]}
     assert logs["rank"]["maximum"] == 1023
+    assert comp["TokenCreateRequest"]["properties"]["label"]["pattern"] == one_line["pattern"]
 
 
 def test_a_chunked_body_over_the_limit_is_413(client, make_team):
