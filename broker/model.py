@@ -141,6 +141,13 @@ def _no_control(schema: dict) -> None:
             variant["pattern"] = NO_CONTROL_PATTERN
 
 
+def short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (a value from a request can be any
+    length: a 5,000-character job id in a URL was echoed whole); a datetime is shown in ISO 8601."""
+    r = repr(value.isoformat() if isinstance(value, datetime) else value)
+    return r if len(r) <= limit else r[:limit] + "...'"
+
+
 def _utc(v: datetime | None, field: str) -> datetime | None:
     if v is None:
         return None
@@ -240,6 +247,16 @@ class JobSpec(BaseModel):
     deferrable: bool = True
     not_after: datetime | None = None
     window: Literal["planner", "cheapest", "cleanest"] = "planner"
+
+    @field_validator("gpus_per_node", "nodes", "min_gpu_memory_gb", "slack_s", "estimated_duration_s",
+                     "checkpoint_interval_s", "max_price_usd_per_hour", mode="before")
+    @classmethod
+    def _not_a_boolean(cls, v: Any, info) -> Any:
+        # pydantic takes true as 1 (``gpus_per_node: true`` made a 1-GPU job); the schema's integer/number
+        # excludes booleans
+        if isinstance(v, bool):
+            raise ValueError(f"{info.field_name}={v!r}: a number, not a boolean")
+        return v
 
     @field_validator("image")
     @classmethod

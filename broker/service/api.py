@@ -72,7 +72,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
 from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
-from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec, short_repr
 from broker.service.node_api import node_router
 from broker.service.group_commit import GroupCommit
 from broker.service.auth_cache import TokenCache
@@ -122,13 +122,8 @@ def _unprocessable(field: str, value: Any, msg: str, where: str = "body") -> Req
     """A 422 in FastAPI's shape for a check done in the endpoint (``field`` dotted, under ``where``).
     ``msg`` is prefixed with ``field=value: `` unless it already starts with ``field=``."""
     loc = (where, *field.split("."))
-    full = msg if msg.startswith(f"{field}=") else f"{field}={_short(value)}: {msg}"
+    full = msg if msg.startswith(f"{field}=") else f"{field}={short_repr(value)}: {msg}"
     return RequestValidationError([{"type": "value_error", "loc": loc, "input": value, "msg": full}])
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    r = repr(value.isoformat() if isinstance(value, datetime) else value)
-    return r if len(r) <= limit else r[:limit] + "...'"
 
 
 #: the integer form fields of an instance report, digits only (``int()`` would also take " 2", "+2", "2_0");
@@ -186,7 +181,7 @@ def _describe(err: dict) -> dict:
     elif kind == "missing":
         msg = f"{field}: {msg}"
     elif isinstance(inp, (str, int, float, bool)) or inp is None:
-        msg = f"{field}={_short(inp)}: {msg}"
+        msg = f"{field}={short_repr(inp)}: {msg}"
     else:
         msg = f"{field}: {msg}"
     out = {"loc": list(loc), "msg": msg, "type": kind}
@@ -331,7 +326,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def visible_job(job_id: str, who: Caller) -> JobView:
         """The job ``job_id`` if the caller may see it; 404 otherwise (also for a malformed id)."""
         if not JOB_ID_RE.match(job_id):
-            raise HTTPException(404, f"job_id={job_id!r}: no such job (ids look like job-0123456789abcdef)")
+            raise HTTPException(404, f"job_id={short_repr(job_id)}: no such job (ids look like job-0123456789abcdef)")
         return store.get(job_id, None if who.admin else who.team)
 
     Job = Annotated[JobView, Depends(visible_job)]
@@ -339,7 +334,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def visible_schedule(schedule_id: str, who: Caller) -> ScheduleView:
         """The schedule ``schedule_id`` if the caller may see it; 404 otherwise (also for a malformed id)."""
         if not SCHEDULE_ID_RE.match(schedule_id):
-            raise HTTPException(404, f"schedule_id={schedule_id!r}: no such schedule "
+            raise HTTPException(404, f"schedule_id={short_repr(schedule_id)}: no such schedule "
                                      f"(ids look like sch-0123456789abcdef)")
         return store.get_schedule(schedule_id, None if who.admin else who.team)
 
@@ -525,7 +520,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                     f, v, why = late
                     results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
                         "type": "value_error", "loc": ("body", "items", i, "spec", f), "input": v,
-                        "msg": f"items.{i}.spec.{f}={_short(v)}: {why}"})])
+                        "msg": f"items.{i}.spec.{f}={short_repr(v)}: {why}"})])
                 continue
             accepted.append((i, spec, item.idempotency_key))
         if accepted:

@@ -50,7 +50,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.model import CONTROL_CHAR_RE, TEAM_RE, TOKEN_ID_PATTERN, WEEK_S
+from broker.model import CONTROL_CHAR_RE, TEAM_RE, TOKEN_ID_PATTERN, WEEK_S, short_repr
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.service.store import tokens as repo
 from broker.service.store.core import JobStore, StoreError
@@ -370,7 +370,7 @@ def list_tokens(store: JobStore, actor: Principal | None = None, team: str | Non
 def _visible_row(s, token_id: str, actor: Principal | None) -> ApiToken:
     """The token row ``token_id`` for update, if ``actor`` may manage it; else :class:`TokenNotFound` (another
     team's token looks missing) or :class:`TokenForbidden` (own team, kind not allowed)."""
-    missing = TokenNotFound(f"token_id={token_id!r}: no such token"
+    missing = TokenNotFound(f"token_id={short_repr(token_id)}: no such token"
                             + ("" if actor is None or actor.kind == "admin" else f" for team {actor.team!r}"))
     if not isinstance(token_id, str) or not TOKEN_ID_RE.match(token_id):
         raise missing

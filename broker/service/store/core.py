@@ -42,7 +42,7 @@ from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEven
                                         utcnow)
 from broker.service.store.quota import quota_exceeded
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
-from broker.model import JobSpec, default_slack_s
+from broker.model import JobSpec, default_slack_s, short_repr
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
 from broker.states import UNFINISHED_STATES, JobState, check_transition
 
@@ -605,7 +605,7 @@ class JobStore:
         with self.session() as s:
             j = s.get(Job, job_id)
             if j is None or (team is not None and j.team != team):
-                raise JobNotFound(f"job_id={job_id!r}: no such job" + (f" for team {team!r}" if team else ""))
+                raise JobNotFound(f"job_id={short_repr(job_id)}: no such job" + (f" for team {team!r}" if team else ""))
             return _job_view(j)
 
     def list_jobs(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
@@ -688,7 +688,7 @@ class JobStore:
         with self.session() as s:
             j = s.get(Job, job_id)
             if j is None:
-                raise JobNotFound(f"job_id={job_id!r}: no such job")
+                raise JobNotFound(f"job_id={short_repr(job_id)}: no such job")
             if expect_version is not None and j.version != expect_version:
                 return False
             if expect_state is not None and j.state != expect_state:

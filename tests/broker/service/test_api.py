@@ -525,6 +525,8 @@ def test_sqlite_validation_stores_nothing(tmp_path):
      "spec.deadline='0001-01-01T00:00:00+01:00': outside 2000-2199"),
     (b'{"spec": {"command": ["true"], "not_after": "9999-12-31T23:59:59-14:00"}}', ["body", "spec", "not_after"],
      "spec.not_after='9999-12-31T23:59:59-14:00': outside 2000-2199"),
+    (b'{"spec": {"command": ["true"], "gpus_per_node": true}}', ["body", "spec", "gpus_per_node"],
+     "spec.gpus_per_node=True: a number, not a boolean"),
     # a name is shown in terminals (fedbroker list): an ESC sequence would drive the reader's terminal
     (b'{"spec": {"command": ["true"], "name": "\\u001b]0;PWNED\\u0007\\u001b[2J"}}', ["body", "spec", "name"],
      "spec.name='\\x1b]0;PWNED\\x07\\x1b[2J': contains the control character '\\x1b'"),

@@ -175,3 +175,11 @@ def test_healthz_503_names_redis_when_it_is_down(store):
     assert r.status_code == 503
     assert r.json() == {"status": "degraded", "database": "ok", "redis": "unavailable",
                         "detail": "redis unavailable: ConnectionError"}
+
+
+def test_an_id_of_any_length_is_echoed_cut_in_the_404(client, make_team):
+    """Found by a hostile review: a 5,000-character job id in the URL came back whole in the error."""
+    _, h = make_team()
+    r = client.get("/v1/jobs/" + "j" * 5000, headers=h)
+    assert r.status_code == 404 and len(r.text) < 400
+    assert r.json()["detail"].startswith("job_id='" + "j" * 199 + "...': no such job")
