@@ -57,7 +57,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import DATA_DIR
-from broker.model import Pool, PoolNode, PriorityClass
+from broker.model import Pool, PoolNode, PriorityClass, short_repr
 from broker.unique_keys import DuplicateJsonKey, load_yaml, loads_strict
 from providers.registry import AGENT_KIND, POOL_KINDS, pool_settings
 
@@ -105,7 +105,7 @@ def _wrap(where: str, prefix: str, err: ValidationError) -> ClusterError:
     for e in err.errors():
         field = _loc(prefix, tuple(e.get("loc", ())))
         val = e.get("input")
-        vs = "" if isinstance(val, (dict, list)) else f" (got {val!r})"
+        vs = "" if isinstance(val, dict) else f" (got {short_repr(val, 80)})"  # a mapping: its fields are named
         msgs.append(f"{field}: {e.get('msg')}{vs}")
     return ClusterError(f"{where}: " + "; ".join(msgs))
 

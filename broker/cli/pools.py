@@ -8,7 +8,7 @@ Agent pools (hosts running ``fedbroker serve agent``) are read from the job stor
 pools of an existing scheduler (``kind: slurm``) from their cluster, through their adapter: ``health`` is
 ``reachable`` or the typed error (``SchedulerUnavailable: ...``), ``backlog`` the GPUs the cluster's own pending
 jobs ask for (:func:`broker.service.schedulers.pools_status`). Exits 2 for a bad settings or cluster file
-(also a pool ``carbon_zone``/``price_zone`` without a series: :func:`broker.sim.scenario.pool_zone_problems`), 1 when the job store cannot be used.
+(also a node GPU type or a pool ``carbon_zone``/``price_zone`` the planner cannot use: :func:`broker.sim.scenario.pool_problems`), 1 when the job store cannot be used.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ def pools(config: Optional[Path] = typer.Option(None, help="Settings YAML (defau
     from broker.cluster import ClusterError, load_cluster
     from broker.service.live import LIVE_CLUSTER_PATH
     from broker.service.schedulers import pools_status
-    from broker.sim.scenario import pool_zone_problems
+    from broker.sim.scenario import pool_problems
 
     with direct_store(config) as (settings, store):
         try:
             cluster = load_cluster(settings.cluster or LIVE_CLUSTER_PATH)
         except ClusterError as e:
             fail(str(e), 2)
-        problems = pool_zone_problems(cluster)  # the live broker would refuse the file (no series to plan with)
+        problems = pool_problems(cluster)  # the live broker would refuse the file (nothing to plan with)
         if problems:
             fail(f"{settings.cluster or LIVE_CLUSTER_PATH}: " + "; ".join(problems), 2)
         rows = pools_status(cluster, settings, store)

@@ -17,7 +17,7 @@ from broker.cluster import load_cluster
 from broker.model import CloudOffer, Pool
 from broker.planner.core import GpuTable
 
-__all__ = ["Scenario", "load_scenario", "pool_zone_problems"]
+__all__ = ["Scenario", "load_scenario", "pool_problems"]
 
 
 @dataclass
@@ -43,9 +43,11 @@ class Scenario:
     user_signals: object = None
 
 
-def pool_zone_problems(pools, user=None) -> list[str]:
-    """One line per pool zone without a series: ``pool 'hpc': carbon_zone='XX-NOWHERE' has no bundled series;
-    available: ...`` (then ``price_zone``), in pool order; ``[]`` when every zone has one.
+def pool_problems(pools, user=None) -> list[str]:
+    """One line per node GPU type the power/throughput table does not know (``pool 'p', node 'a':
+    gpu_type='Z9000': unknown GPU type; known: ...``) and per pool zone without a series (``pool 'hpc':
+    carbon_zone='XX-NOWHERE' has no bundled series; available: ...``, then ``price_zone``), in pool order;
+    ``[]`` when there is none: what the planner and the live broker would refuse the cluster file for.
 
     ``pools`` are :class:`broker.model.Pool`; ``user`` the :class:`pricing.user_signals.UserSignals` whose zones
     count as covered too (``None``: the bundled series of :mod:`pricing.carbon` / :mod:`pricing.electricity`
@@ -55,8 +57,15 @@ def pool_zone_problems(pools, user=None) -> list[str]:
 
     carbon_zones = set(available_carbon_zones()) | set(user.carbon if user else ())
     price_zones = set(available_price_zones()) | set(user.price if user else ())
+    from pricing.power import UnknownGpuTypeError, canonical_gpu_type
+
     out = []
     for p in pools:
+        for nd in p.nodes:
+            try:
+                canonical_gpu_type(nd.gpu_type)
+            except UnknownGpuTypeError as e:
+                out.append(f"pool {p.name!r}, node {nd.name!r}: {e}")
         if p.carbon_zone not in carbon_zones:
             out.append(f"pool {p.name!r}: carbon_zone={p.carbon_zone!r} has no bundled series; "
                        f"available: {', '.join(sorted(carbon_zones))}")
@@ -95,7 +104,7 @@ def load_scenario(cluster: str | Path | None = None, with_pools: bool = True,
         canon.append(p.model_copy(update={"nodes": tuple(nodes)}))
     pools = canon
     user = load_user_signals(signals_dir) if signals_dir is not None else None
-    problems = pool_zone_problems(pools, user)
+    problems = pool_problems(pools, user)
     if problems:
         raise ValueError(problems[0])
     cat = load_offers()

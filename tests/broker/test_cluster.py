@@ -78,6 +78,8 @@ def test_json_and_bare_list(tmp_path):
     ("pools:\n  - {name: p, carbon_zone: GB, price_zone: GB, node_groups: [{count: 1, gpu_type: V, gpus_per_node: 1, name_prefix: x}, {count: 1, gpu_type: V, gpus_per_node: 1, name_prefix: x}]}",
      "duplicate node name 'x0'"),
     ("pools: [", "not valid YAML"),
+    ("pools:\n  - {name: p, carbon_zone: GB, price_zone: [1, 2], nodes: [{name: a, gpu_type: V100, gpu_count: 1}]}",
+     "pools[0].price_zone: Input should be a valid string (got [1, 2])"),
     # a key given twice: refused, as in settings and job files (the last one silently won)
     ("pools:\n  - name: p\n    carbon_zone: GB\n    price_zone: GB\n    pue: 1.3\n    pue: 2.5\n"
      "    nodes: [{name: a, gpu_type: V100, gpu_count: 1}]\n",

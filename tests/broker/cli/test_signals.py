@@ -132,6 +132,13 @@ def test_a_pool_zone_without_a_series_is_a_one_line_error(sqlite_store, tmp_path
     assert r.exit_code == 2, r.output
     assert line.startswith(f"error: {cluster}: pool 'hpc': carbon_zone='XX-NOWHERE' has no bundled series; "), line
     assert "; pool 'hpc': price_zone='YY' has no bundled series; available: " in line
+    # a GPU type the planner does not know: `pools` said nothing of it (found by a hostile review)
+    cluster.write_text("pools:\n- {name: hpc, carbon_zone: GB, price_zone: GB, "
+                       "nodes: [{name: a, gpu_type: Z9000, gpu_count: 1}]}\n")
+    r = run(app, ["pools", "--config", str(cfg)])
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert line.startswith(f"error: {cluster}: pool 'hpc', node 'a': gpu_type='Z9000': unknown GPU type; known: "), line
 
 
 def test_seed_writes_csv_hours_the_planner_uses_as_last_known(sqlite_store, tmp_path, redis_clean):
