@@ -52,8 +52,8 @@ from pathlib import Path
 
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
-from workers.dynamic_users import LEASE_ROOT, allocate_uid, dynamic_user, hand_over, reclaim, release_uid
-from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, resolve_job_user
+from workers.dynamic_users import LEASE_ROOT, allocate_uid, dynamic_user, hand_over, keep_leased, reclaim, release_uid
+from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, remove_tree, resolve_job_user
 from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
 __all__ = ["NodeAgent", "RENDEZVOUS_PORT", "SUPERVISE_S", "WORK_WAIT_S", "MAX_BACKOFF_S"]
@@ -211,11 +211,17 @@ class NodeAgent:
         (:data:`workers.dynamic_users.STALE_LEASE_S`)."""
         reclaimed = self._reclaim_checkpoints(key.job_id)
         self._remove_workdir(key)
-        if reclaimed and not self._workdir(key).exists():
+        wd = self._workdir(key)
+        if reclaimed and not wd.exists():
             release_uid(uid, self.lease_root)
-        else:
-            log.error("uid %d of %s kept leased: its checkpoint or working directory could not be closed", uid,
-                      key.dirname)
+            return
+        log.error("uid %d of %s kept leased: its checkpoint or working directory could not be closed", uid,
+                  key.dirname)
+        if wd.exists():
+            try:  # held while its files are there (the runtime's attempt directory, the lease's holder, is gone)
+                keep_leased(uid, self.lease_root, wd)
+            except OSError as e:
+                log.error("could not keep uid %d leased to %s: %s", uid, wd, e)
 
     def _reclaim_checkpoints(self, job_id: str) -> bool:
         """Take the job's checkpoint directory back to root (:func:`workers.dynamic_users.reclaim`) unless another
@@ -238,10 +244,11 @@ class NodeAgent:
 
     def _remove_workdir(self, key) -> None:
         """Delete the attempt's working directory (its end was reported; checkpoints stay)."""
-        import shutil
-
         wd = self._workdir(key)
-        shutil.rmtree(wd, ignore_errors=True)  # fd-based on Linux: never follows the job's symlinks
+        try:
+            remove_tree(wd)  # never follows the job's symlinks, at any depth
+        except OSError as e:
+            log.error("could not delete the working directory %s: %s", wd, e)
         try:
             wd.parent.rmdir()
         except OSError:

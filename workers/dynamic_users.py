@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from workers.isolation import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, JobUser, check_uid_range
+from workers.isolation import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, JobUser, check_uid_range, remove_tree
 
 __all__ = ["NAME_PREFIX", "STALE_LEASE_S", "UidRangeExhausted",
            "dynamic_user", "processes_of_uid", "uids_of_processes", "kill_uid", "allocate_uid",
@@ -233,7 +233,7 @@ def remove_leftovers(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[st
                 if st.st_uid != uid:
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(p)  # fd-based on Linux: never follows the job's symlinks
+                    remove_tree(p)  # never follows the job's symlinks, at any depth
                 else:
                     os.unlink(p)
             except OSError:
@@ -253,6 +253,17 @@ def remove_leftovers(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[st
                                   check=False).returncode == 0:
                     removed.append(f"sysv:{kind}:{f[id_col]}")
     return removed
+
+
+def keep_leased(uid: int, lease_root: Path, holder: Path) -> None:
+    """Keep ``uid``'s lease live for as long as the directory ``holder`` exists (what its attempt left and could
+    not be removed: the uid must not go to another job while its files are there). Raises ``OSError``."""
+    path = _lease_dir(lease_root) / str(uid)
+    tmp = path.with_name(f".{uid}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"attempt_dir": str(holder)}, f)
+    os.replace(tmp, path)
 
 
 def release_uid(uid: int, lease_root: Path) -> None:

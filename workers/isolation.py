@@ -32,6 +32,7 @@ Errors: ``ValueError`` naming the setting (``jobs.user``, ``jobs.team_users['vis
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import stat
@@ -222,3 +223,58 @@ def private_dir(path: Path, user: JobUser) -> Path:
         os.chown(path, user.uid, user.gid, follow_symlinks=False)
     os.chmod(path, 0o700)
     return path
+
+
+def remove_tree(path: str | Path) -> None:
+    """Delete the directory ``path`` and everything in it, at any depth, never following a symlink.
+
+    Each directory met is emptied with its subdirectories first moved up into ``path`` itself (``renameat`` by
+    directory file descriptor), so at most two directories are open at once and nothing recurses: Python
+    3.11's ``shutil.rmtree`` recurses, and a job's tree 2,000 directories deep raised ``RecursionError`` and
+    stayed behind for the next holder of its uid. A ``path`` that is a symlink or a file is unlinked; a
+    missing one is nothing to do. Run it once the tree's owner has no process left. Raises ``OSError``."""
+    path = os.fspath(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        top = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        os.unlink(path)
+        return
+    moved = 0
+    try:
+        while True:
+            with os.scandir(top) as it:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+            if not entries:
+                break
+            for name, is_dir in entries:
+                if not is_dir:
+                    os.unlink(name, dir_fd=top)
+                    continue
+                sub = os.open(name, flags, dir_fd=top)
+                try:
+                    with os.scandir(sub) as it:
+                        inner = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                    for iname, idir in inner:
+                        if not idir:
+                            os.unlink(iname, dir_fd=sub)
+                            continue
+                        while True:  # up into ``path`` under a name no entry there has
+                            moved += 1
+                            try:
+                                os.rename(iname, f".removing-{moved}", src_dir_fd=sub, dst_dir_fd=top)
+                                break
+                            except OSError as e:
+                                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                                    raise
+                finally:
+                    os.close(sub)
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
+

@@ -333,3 +333,56 @@ def test_a_finished_jobs_checkpoint_goes_back_to_root_before_its_uid_is_given_ag
     rig.until(lambda: rig.state(other) == "succeeded", what="the other job")
     out = _log(pg_store, other)
     assert out.startswith(f"{LO}\n") and out.endswith("denied\n") and "secret" not in out
+
+
+def test_remove_tree_deletes_any_depth_and_never_follows_a_symlink(tmp_path):
+    """Found by a hostile review: a job that made its working directory 2,019 directories deep made
+    ``shutil.rmtree`` (recursive in Python 3.11) raise ``RecursionError``; the directory stayed behind."""
+    from workers.isolation import remove_tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    top = tmp_path / "wd"
+    top.mkdir()
+    root_fd = cur = os.open(top, os.O_RDONLY)
+    for i in range(3000):  # deeper than the interpreter's recursion limit
+        os.mkdir("d", dir_fd=cur)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=cur)
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=nxt))
+        if i == 10:
+            os.symlink(str(outside), "link", dir_fd=nxt)
+        if cur != root_fd:
+            os.close(cur)
+        cur = nxt
+    os.close(cur)
+    os.close(root_fd)
+    (top / ".removing-1").mkdir()  # the names it moves directories up to, taken already
+    (top / ".removing-2").mkdir()
+    (top / ".removing-2" / "x").write_text("y")
+    remove_tree(top)
+    assert not top.exists()
+    assert (outside / "keep").read_text() == "x"  # not followed
+    remove_tree(top)  # missing: nothing to do
+    link = tmp_path / "link"
+    link.symlink_to(outside)
+    remove_tree(link)  # a symlink is unlinked, its target left alone
+    assert not link.exists() and (outside / "keep").exists()
+
+
+@root_only
+def test_a_uid_whose_working_directory_stays_behind_is_kept_leased(tmp_path):
+    from workers.dynamic_users import _lease_live, allocate_uid, keep_leased
+
+    leases, holder, left = tmp_path / "leases", tmp_path / "attempt", tmp_path / "leftover"
+    holder.mkdir()
+    left.mkdir()
+    uid = allocate_uid((61184, 65519), leases, holder)
+    keep_leased(uid, leases, left)
+    holder.rmdir()  # the runtime forgot the attempt
+    lease = leases / "uids" / str(uid)
+    assert _lease_live(lease)
+    assert allocate_uid((61184, 65519), leases, tmp_path) != uid
+    left.rmdir()
+    os.utime(lease, (0, 0))  # old, and its holder gone: stale
+    assert not _lease_live(lease)
