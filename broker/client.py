@@ -36,6 +36,7 @@ Exceptions::
      +-- BrokerUnavailable      cannot connect (after retries), timeouts, 5xx
      +-- RateLimited            429 still refused after max_rate_wait_s; .retry_after (s), .limit
      +-- WaitTimeout            Client.wait() ran out of time; .job = the last JobView seen
+     +-- UnexpectedAnswer       an answer a fedbroker API does not send (not JSON): the URL points elsewhere
 
 Any other 4xx raises :class:`BrokerError` itself. An id put into a URL path (``job_id``, ``schedule_id``,
 ``token_id``) that is not of the server's format (broker.model's ``*_ID_PATTERN``) raises :class:`InvalidId`
@@ -63,7 +64,7 @@ from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, 
                             TokenView, UsageSummaryView)
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
-           "WaitTimeout", "RateLimited", "BatchItemResult", "InvalidId"]
+           "WaitTimeout", "RateLimited", "UnexpectedAnswer", "BatchItemResult", "InvalidId"]
 
 
 class BrokerError(Exception):
@@ -119,6 +120,11 @@ class RateLimited(BrokerError):
         super().__init__(message, status, detail)
         self.retry_after = retry_after
         self.limit = limit
+
+
+class UnexpectedAnswer(BrokerError):
+    """The server answered with something a fedbroker API does not send (not JSON, or JSON of another shape):
+    ``FEDBROKER_API_URL`` (or ``url``) points at something else."""
 
 
 class WaitTimeout(BrokerError):
@@ -231,7 +237,13 @@ class Client:
             time.sleep(after)
             waited += after
         if r.status_code < 400:
-            return r.json() if r.status_code != 204 and r.content else None
+            if r.status_code == 204 or not r.content:
+                return None
+            try:
+                return r.json()
+            except ValueError:
+                raise UnexpectedAnswer(f"{method} {self.url}{path}: answered {r.status_code} with a body that is not "
+                                       f"JSON ({_short_body(r)}): is this a fedbroker API?", r.status_code) from None
         raise _error_for(r)
 
     def _send(self, method: str, path: str, params: Any, json: Any, headers: dict | None,
@@ -264,7 +276,7 @@ class Client:
         """
         key = idempotency_key or str(uuid.uuid4())
         data = self._request("POST", "/v1/jobs", json={"spec": _spec_body(spec), "idempotency_key": key})
-        return JobView.model_validate(data)
+        return _parse(JobView, data)
 
     def submit_many(self, specs: Iterable[JobSpec | dict], keys: Iterable[str] | None = None,
                     chunk: int = MAX_BATCH_ITEMS) -> list[BatchItemResult]:
@@ -294,14 +306,14 @@ class Client:
             items = [{"spec": b, "idempotency_key": k}
                      for b, k in zip(bodies[start:start + chunk], key_list[start:start + chunk])]
             data = self._request("POST", "/v1/jobs:batch", json={"items": items})
-            for r in data["results"]:
-                res = BatchItemResult.model_validate(r)
+            results = data.get("results") if isinstance(data, dict) else None
+            for res in _parse_list(BatchItemResult, results):
                 out.append(res.model_copy(update={"index": res.index + start}))
         return out
 
     def get(self, job_id: str) -> JobView:
         """One job. Raises :class:`NotFound`."""
-        return JobView.model_validate(self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}"))
+        return _parse(JobView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}"))
 
     def list(self, team: str | None = None, state: str | Iterable[str] | None = None, limit: int = 100,
              offset: int = 0) -> list[JobView]:
@@ -311,11 +323,11 @@ class Client:
             params.append(("team", team))
         if state is not None:
             params += [("state", s) for s in ([state] if isinstance(state, str) else state)]
-        return [JobView.model_validate(j) for j in self._request("GET", "/v1/jobs", params=params)]
+        return _parse_list(JobView, self._request("GET", "/v1/jobs", params=params))
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel a job (a running job gets ``cancel_requested``). Raises :class:`Conflict` if it already finished."""
-        return JobView.model_validate(self._request("POST", f"/v1/jobs/{_seg('job_id', job_id)}/cancel"))
+        return _parse(JobView, self._request("POST", f"/v1/jobs/{_seg('job_id', job_id)}/cancel"))
 
     def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5) -> JobView:
         """Poll until the job is succeeded, failed or cancelled and return it.
@@ -341,15 +353,15 @@ class Client:
         params: dict[str, Any] = {"rank": rank}
         if attempt is not None:
             params["attempt"] = attempt
-        return LogsView.model_validate(self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/logs", params=params))
+        return _parse(LogsView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/logs", params=params))
 
     def explain(self, job_id: str) -> ExplainView:
         """The planner's latest decision for the job (chosen option, alternatives), its history and attempts."""
-        return ExplainView.model_validate(self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/explain"))
+        return _parse(ExplainView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/explain"))
 
     def nodes(self) -> list[NodeView]:
         """The on-prem nodes as their agents last reported them."""
-        return [NodeView.model_validate(n) for n in self._request("GET", "/v1/nodes")]
+        return _parse_list(NodeView, self._request("GET", "/v1/nodes"))
 
     # ------------------------------------------------------------------ schedules
     def create_schedule(self, name: str, cron: str, spec: JobSpec | dict, timezone: str = "UTC") -> ScheduleView:
@@ -372,25 +384,25 @@ class Client:
             also when a retry follows a lost answer), :class:`AuthError`, :class:`BrokerUnavailable`.
         """
         body = {"name": name, "cron": cron, "timezone": timezone, "spec": _spec_body(spec)}
-        return ScheduleView.model_validate(self._request("POST", "/v1/schedules", json=body))
+        return _parse(ScheduleView, self._request("POST", "/v1/schedules", json=body))
 
     def schedules(self, team: str | None = None) -> list[ScheduleView]:
         """Your team's schedules (an admin: every team's, or ``team``'s), by team then name."""
         params = {"team": team} if team is not None else None
-        return [ScheduleView.model_validate(x) for x in self._request("GET", "/v1/schedules", params=params)]
+        return _parse_list(ScheduleView, self._request("GET", "/v1/schedules", params=params))
 
     def get_schedule(self, schedule_id: str) -> ScheduleView:
         """One schedule. Raises :class:`NotFound` (also for another team's)."""
-        return ScheduleView.model_validate(self._request("GET", f"/v1/schedules/{_seg('schedule_id', schedule_id)}"))
+        return _parse(ScheduleView, self._request("GET", f"/v1/schedules/{_seg('schedule_id', schedule_id)}"))
 
     def pause_schedule(self, schedule_id: str) -> ScheduleView:
         """Pause a schedule: no jobs until resumed (a no-op if paused). Raises :class:`NotFound`."""
-        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{_seg('schedule_id', schedule_id)}/pause"))
+        return _parse(ScheduleView, self._request("POST", f"/v1/schedules/{_seg('schedule_id', schedule_id)}/pause"))
 
     def resume_schedule(self, schedule_id: str) -> ScheduleView:
         """Resume a paused schedule; its next fire is the first after now (fires missed while paused
         are skipped). A no-op if enabled. Raises :class:`NotFound`."""
-        return ScheduleView.model_validate(self._request("POST", f"/v1/schedules/{_seg('schedule_id', schedule_id)}/resume"))
+        return _parse(ScheduleView, self._request("POST", f"/v1/schedules/{_seg('schedule_id', schedule_id)}/resume"))
 
     def delete_schedule(self, schedule_id: str) -> None:
         """Delete a schedule; the jobs it already created stay. Raises :class:`NotFound`
@@ -412,7 +424,7 @@ class Client:
         for k, v in (("team", team), ("ttl_s", ttl_s), ("node", node)):
             if v is not None:
                 body[k] = v
-        return CreatedToken.model_validate(self._request("POST", "/v1/tokens", json=body, once=True))
+        return _parse(CreatedToken, self._request("POST", "/v1/tokens", json=body, once=True))
 
     def tokens(self, team: str | None = None, include_revoked: bool = False) -> list[TokenView]:
         """Tokens (never their secrets): an admin sees every team's (or ``team``'s), a team admin its own
@@ -420,19 +432,19 @@ class Client:
         params: dict[str, Any] = {"include_revoked": str(include_revoked).lower()}
         if team is not None:
             params["team"] = team
-        return [TokenView.model_validate(t) for t in self._request("GET", "/v1/tokens", params=params)]
+        return _parse_list(TokenView, self._request("GET", "/v1/tokens", params=params))
 
     def revoke_token(self, token_id: str) -> TokenView:
         """Revoke a token (``tok-...``): it answers 401 from now on; a no-op if already revoked.
         Raises :class:`NotFound`, :class:`AuthError`."""
-        return TokenView.model_validate(self._request("POST", f"/v1/tokens/{_seg('token_id', token_id)}/revoke"))
+        return _parse(TokenView, self._request("POST", f"/v1/tokens/{_seg('token_id', token_id)}/revoke"))
 
     def rotate_token(self, token_id: str, ttl_s: int | None = None) -> CreatedToken:
         """Replace a token: a new id and secret (``.token``, shown once) with the same kind, team and label,
         a new expiry; the old token is revoked. Not retried after the request was sent. Raises
         :class:`NotFound`, :class:`AuthError`, :class:`Conflict` (already revoked), :class:`ValidationFailed`."""
         body = {"ttl_s": ttl_s} if ttl_s is not None else None
-        return CreatedToken.model_validate(self._request("POST", f"/v1/tokens/{_seg('token_id', token_id)}/rotate", json=body,
+        return _parse(CreatedToken, self._request("POST", f"/v1/tokens/{_seg('token_id', token_id)}/rotate", json=body,
                                                          once=True))
 
     def audit(self, since: Any = None, action: str | None = None, limit: int = 100) -> list[AuditEventView]:
@@ -443,7 +455,7 @@ class Client:
             params["since"] = since.isoformat() if hasattr(since, "isoformat") else since
         if action is not None:
             params["action"] = action
-        return [AuditEventView.model_validate(e) for e in self._request("GET", "/v1/audit", params=params)]
+        return _parse_list(AuditEventView, self._request("GET", "/v1/audit", params=params))
 
     # ------------------------------------------------------------------ usage ledger (issue #12)
     def usage_summary(self, start: Any, end: Any, by: str = "team", team: str | None = None) -> UsageSummaryView:
@@ -452,7 +464,7 @@ class Client:
         region, pool or day; ``team``: one team (team tokens: their own only). Raises :class:`ValidationFailed`
         (422 naming ``by``, ``from`` or ``to``), :class:`AuthError` (401/403)."""
         params = {"from": _instant(start), "to": _instant(end), "by": by, **({"team": team} if team else {})}
-        return UsageSummaryView.model_validate(self._request("GET", "/v1/usage/summary", params=params))
+        return _parse(UsageSummaryView, self._request("GET", "/v1/usage/summary", params=params))
 
     def usage_focus(self, start: Any, end: Any, team: str | None = None) -> tuple[str, int]:
         """``GET /v1/usage/focus``: the ledger lines that start in ``[start, end)`` as a FOCUS 1.2 CSV; returns
@@ -505,22 +517,27 @@ def _spec_body(spec: JobSpec | dict) -> dict:
     return to_jsonable_python(dict(spec))
 
 
+#: the shortest wait on a 429 answer, seconds: a ``Retry-After`` of 0, below 0, NaN or a past date would resend at
+#: once, in a loop (2,490 requests in 3 s against a server answering ``Retry-After: -5``)
+MIN_RETRY_AFTER_S = 1.0
+
+
 def _retry_after(r: requests.Response) -> float | None:
-    """The ``Retry-After`` of an answer in seconds (delta-seconds form; an HTTP date is read too), or ``None``."""
+    """The ``Retry-After`` of an answer in seconds, at least :data:`MIN_RETRY_AFTER_S` (delta-seconds form; an
+    HTTP date is read too), or ``None``."""
     raw = r.headers.get("Retry-After")
     if raw is None:
         return None
     try:
-        return max(0.0, float(raw))
+        wait = float(raw)
     except ValueError:
-        pass
-    from email.utils import parsedate_to_datetime
+        from email.utils import parsedate_to_datetime
 
-    try:
-        when = parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+        try:
+            wait = parsedate_to_datetime(raw).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    return wait if wait >= MIN_RETRY_AFTER_S else MIN_RETRY_AFTER_S  # NaN too
 
 
 def _root_cause(e: BaseException) -> str:
@@ -536,12 +553,38 @@ def _root_cause(e: BaseException) -> str:
     return str(cause) or type(cause).__name__
 
 
+def _parse(model, data: Any):
+    """``model.model_validate(data)`` of an answer; :class:`UnexpectedAnswer` when it is not of that shape."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        loc = ".".join(map(str, e.errors()[0].get("loc", ()))) or "the body"
+        raise UnexpectedAnswer(f"an answer that is not a {model.__name__} ({e.error_count()} field(s) not as "
+                               f"expected, e.g. {loc!r}): is this a fedbroker API of this version?") from None
+
+
+def _parse_list(model, data: Any) -> list:
+    """:func:`_parse` of each item of a list answer."""
+    if not isinstance(data, list):
+        raise UnexpectedAnswer(f"an answer that is not a list of {model.__name__}: is this a fedbroker API?")
+    return [_parse(model, x) for x in data]
+
+
+def _short_body(r: requests.Response, limit: int = 200) -> str:
+    """An answer's text for a message, whitespace folded and cut to ``limit`` characters (an HTML error page is
+    kilobytes)."""
+    text = " ".join(r.text.split()) or str(r.reason)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _error_for(r: requests.Response) -> BrokerError:
     """The typed exception of an error response."""
     try:
         detail = r.json().get("detail")
     except (ValueError, AttributeError):
-        detail = r.text.strip() or r.reason
+        detail = _short_body(r)
     if isinstance(detail, list):
         message = "; ".join(str(e.get("msg", e)) if isinstance(e, dict) else str(e) for e in detail)
     else:
