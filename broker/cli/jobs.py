@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -268,15 +270,23 @@ def register(app: typer.Typer) -> None:
     def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
              attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
              rank: int = typer.Option(0, help="Node rank of a multi-node job."),
+             raw: bool = typer.Option(False, "--raw", help="Print the log byte for byte, terminal control "
+                                      "sequences included (only for logs you trust)."),
              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-        """Print the captured stdout+stderr of a job's attempt."""
+        """Print the captured stdout+stderr of a job's attempt. Control characters other than newline and tab
+        are shown escaped (``\\x1b``), and a carriage return starts a new line, unless ``--raw``: a job's
+        output is whatever it printed, and an escape sequence would drive the reader's terminal."""
         if attempt is not None and attempt < 1:
             fail(f"--attempt={attempt}: must be >= 1", 2)
         if rank < 0:
             fail(f"--rank={rank}: must be >= 0", 2)
         c = client(url, token)
         view = call(c, c.logs_view, job_id, attempt, rank)
-        typer.echo(view.text, nl=not view.text.endswith("\n") and bool(view.text))
+        text = view.text if raw else terminal_safe(view.text)
+        if text and not text.endswith("\n"):
+            text += "\n"
+        sys.stdout.write(text)  # as it is (typer.echo strips ANSI sequences only when not on a terminal)
+        sys.stdout.flush()
         if view.attempt == 0:
             stderr.print(f"{job_id}: no attempt yet (no logs)")
         elif view.truncated:
@@ -518,6 +528,18 @@ def register(app: typer.Typer) -> None:
                                         f"{json.dumps(e.detail, sort_keys=True)}"), highlight=False)
 
         show(rows, as_json, human)
+
+
+#: the control characters a log shows escaped: C0 but tab and newline, DEL, C1
+_LOG_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` as a terminal may show it: CRLF and a lone CR (a progress bar's redraw) become newlines, every
+    other control character but tab is shown as ``\\xNN`` (ESC, BEL, the OSC that sets the window title or the
+    clipboard ...)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _LOG_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 @contextmanager

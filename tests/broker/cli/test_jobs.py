@@ -200,6 +200,12 @@ def test_explain_and_logs(run, store):
     assert r.exit_code == 0 and r.stdout == "step 1\nstep 2\n"
     r = run("logs", j.id, "--rank", "1")  # a rank with nothing yet says so, on stderr
     assert r.exit_code == 0 and r.stdout == "" and f"{j.id}: attempt 1 rank 1 has no log yet" in r.stderr
+    # a job's escape sequences never reach the reader's terminal unless --raw (found by a hostile review: the
+    # OSC that sets the window title and a clear-screen went through to an admin's terminal)
+    store.append_log(j.id, 1, 0, 2, "\x1b]0;PWNED\x07\x1b[2J10%\r20%\tok\r\n")
+    r = run("logs", j.id)
+    assert r.stdout == "step 1\nstep 2\n\\x1b]0;PWNED\\x07\\x1b[2J10%\n20%\tok\n"
+    assert run("logs", j.id, "--raw").stdout_bytes == b"step 1\nstep 2\n\x1b]0;PWNED\x07\x1b[2J10%\r20%\tok\r\n"
 
 
 def test_tokens_create(tmp_path):
