@@ -74,6 +74,19 @@ ENDED_MEMORY = 10_000
 _REFUSED = (404, 409, 422)
 
 
+def _utf8_prefix(data: bytes) -> int:
+    """How many leading bytes of ``data`` end on a UTF-8 character boundary: ``len(data)`` unless it ends inside a
+    multi-byte character, whose bytes are then left out (a 64 KiB chunk cut in the middle of a "€" came back as
+    three U+FFFD, each chunk being decoded on its own). Invalid UTF-8 is left as it is (replaced when decoded)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b & 0xC0 == 0x80:  # a continuation byte: look further back for its lead byte
+            continue
+        need = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+        return len(data) - back if back < need else len(data)
+    return len(data)
+
+
 class NodeAgent:
     """Runs and supervises the jobs placed on one host, through the node API.
 
@@ -386,6 +399,11 @@ class NodeAgent:
                 data, new_off = data[:cut], state["offset"] + cut
             elif not final and len(data) < chunk:
                 break
+            keep = _utf8_prefix(data)  # never split a character between two chunks (each is decoded alone)
+            if keep < len(data) and (keep or not final):
+                if not keep:
+                    break  # only part of one character so far: wait for the rest
+                data, new_off = data[:keep], state["offset"] + keep
             self._tell(self.api.log, a.key.job_id, a.key.attempt, a.key.rank, state["seq"],
                        data.decode("utf-8", errors="replace"))
             state["offset"], state["seq"] = new_off, state["seq"] + 1

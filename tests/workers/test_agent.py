@@ -239,6 +239,16 @@ def test_a_job_that_prints_a_nul_byte_succeeds_and_its_node_stays_up(pg_store, r
     assert "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "a\ufffdb\n"
 
 
+def test_a_log_cut_into_chunks_keeps_every_character(pg_store, rig, tmp_path):
+    """40,000 "€" (3 bytes each) without a newline: 64 KiB chunks cut characters in half, and each chunk was
+    decoded alone (three U+FFFD in the log; found by a hostile review)."""
+    rig = rig({"n1": 1})
+    jid = pg_store.submit("ml", sh("python3 -c \"import sys; sys.stdout.write('\u20ac' * 40000)\""))[0].id
+    rig.until(lambda: rig.state(jid) == "succeeded", what="success")
+    chunks = pg_store.log_chunks(jid, 1)
+    assert len(chunks) >= 2 and "".join(t for _, t in chunks) == "\u20ac" * 40000
+
+
 def test_a_report_the_api_keeps_failing_does_not_stop_heartbeats(pg_store, rig, tmp_path, monkeypatch):
     rig = rig({"n1": 1})
     jid = pg_store.submit("ml", sh("echo hi"))[0].id
