@@ -197,7 +197,8 @@ class NodeAgent:
             if user.dynamic:  # what earlier attempts (other uids) wrote there becomes this attempt's
                 hand_over(Path(ls.checkpoint_dir), user, self.jobs.uid_range)
             workdir = private_dir(self._workdir(key), user)
-            self.runtime.launch(key, list(ls.command), env=env, gpus=w["gpus"], workdir=workdir, user=user)
+            self.runtime.launch(key, list(ls.command), env=env, gpus=w["gpus"], workdir=workdir, user=user,
+                                log_max_bytes=int(self.config["log_max_bytes"]))
         except AlreadyLaunched:
             self._tell(self.api.running, key.job_id, key.attempt, key.rank)
             return "duplicate"

@@ -303,6 +303,7 @@ class ProcessRuntime:
         gpus: Sequence[int] = (),
         workdir: Path | None = None,
         user: "JobUser | None" = None,
+        log_max_bytes: int | None = None,
     ) -> LocalAttempt:
         """Start ``argv`` (no shell) as attempt ``key`` under a detached shim; return it ``"running"``
         (or already ``"exited"`` if it could not be executed: exit code 127, message in the log).
@@ -323,6 +324,8 @@ class ProcessRuntime:
         The attempt directory (control files and log) is mode 0700 and owned by the
         caller, so the job can neither read nor rewrite it; it writes its log only
         through its stdout and stderr.
+        ``log_max_bytes``: the log file stops growing at that many bytes (the job writes to a pipe the shim
+        copies, dropping what is over); ``None``: the job's stdout is the log file itself, unbounded.
         Returns once the job's pid is on disk.
 
         The attempt directory is claimed with ``os.mkdir`` before anything starts,
@@ -341,6 +344,7 @@ class ProcessRuntime:
         argv = self._check_argv(argv)
         env = self._check_env(env)
         gpu_t = self._check_gpus(gpus)
+        cap = None if log_max_bytes is None else _check_int("log_max_bytes", log_max_bytes, 1)
         if workdir is None:
             workdir = Path.cwd()
         if not Path(workdir).is_dir():
@@ -384,6 +388,7 @@ class ProcessRuntime:
             "job_id": key.job_id, "attempt": key.attempt, "rank": key.rank, "argv": argv,
             "env": overrides, "gpus": list(gpu_t), "workdir": str(Path(workdir).resolve()),
             "user": user_d, "started_at": started_at,
+            **({} if cap is None else {"log_max_bytes": cap}),
         }, mode=0o600)
         os.close(os.open(adir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
 

@@ -14,7 +14,9 @@ temporary file + ``os.replace``, or ``os.link`` where it must not already exist)
                 (the job's whole environment), "gpus": [int], "workdir": str,
                 "user": {"name", "uid", "gid", "dynamic"} or null, "started_at": POSIX s}``; mode 0600.
 ``log``         the job's stdout and stderr, appended (``O_APPEND``) in order written;
-                the shim itself writes only the one line explaining a failed exec.
+                the shim itself writes only the one line explaining a failed exec. With
+                ``meta.json["log_max_bytes"]`` (the node agent always sets it) the job writes to a pipe
+                the shim copies into ``log`` up to that many bytes, dropping the rest.
 ``shim.json``   ``{"pid", "start_ticks"}`` of the shim process (``start_ticks``:
                 field 22 of ``/proc/<pid>/stat``, clock ticks after boot; ``None``
                 without ``/proc``); identifies the shim even if its pid is reused.
@@ -45,7 +47,8 @@ process group (the shim keeps waiting); SIGINT and SIGHUP are ignored.
 
 If the shim itself is killed with SIGKILL, ``exit.json`` is never written and the
 runtime reports the attempt ``"lost"``; the job process may keep running (it is
-reparented to init, its output still goes to ``log``).
+reparented to init; its output goes to ``log`` when written there directly, and through
+a pipe its next write gets SIGPIPE).
 
 Errors: none escape; a failure before the job is spawned is recorded as exit
 code 127 with its message in ``log``.
@@ -151,6 +154,41 @@ def _append_log(log_fd: int, text: str) -> None:
     os.write(log_fd, text.encode("utf-8", "replace"))
 
 
+#: seconds the shim keeps draining the job's output pipe after the job exited (a process that escaped the job's
+#: group may hold it open for ever)
+DRAIN_AFTER_EXIT_S = 1.0
+
+
+def _copy_capped(read_fd: int, log_fd: int, cap: int, pid: int) -> None:
+    """Copy the job's output from ``read_fd`` to ``log_fd`` until the file holds ``cap`` bytes, then read and drop
+    the rest (the job is never blocked on a full pipe); returns at end of file, or :data:`DRAIN_AFTER_EXIT_S`
+    after job ``pid`` exited (not reaped), and closes ``read_fd``. A job writing at GB/s once filled the node's
+    disk: its stdout was the log file itself, and the cap only bounded what the agent shipped."""
+    import select
+
+    size = os.fstat(log_fd).st_size
+    stop_at = None
+    try:
+        while True:
+            if stop_at is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                stop_at = time.monotonic() + DRAIN_AFTER_EXIT_S
+            timeout = 0.1 if stop_at is None else stop_at - time.monotonic()
+            if timeout < 0:
+                return
+            ready, _, _ = select.select([read_fd], [], [], timeout)
+            if not ready:
+                continue
+            data = os.read(read_fd, 65536)
+            if not data:
+                return  # every writer closed it
+            view = memoryview(data)[:max(cap - size, 0)]
+            while view:
+                n = os.write(log_fd, view)
+                size, view = size + n, view[n:]
+    finally:
+        os.close(read_fd)
+
+
 def _run(attempt_dir: Path) -> None:
     write_json_atomic(attempt_dir / SHIM, {"pid": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())})
     log_fd = os.open(attempt_dir / LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -182,11 +220,19 @@ def _run(attempt_dir: Path) -> None:
         user = meta.get("user")
         if user is not None and os.geteuid() == 0:
             drop = {"user": int(user["uid"]), "group": int(user["gid"]), "extra_groups": []}
+        cap = meta.get("log_max_bytes")
+        out = log_fd
+        if cap is not None:  # through a pipe the shim copies, so the file stops growing at the cap
+            read_fd, out = os.pipe()
         no_new_privileges()  # inherited by the job: setuid files it meets give it nothing
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env,
-            cwd=meta.get("workdir"), start_new_session=True, close_fds=True, umask=0o077, **drop,
-        )
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                cwd=meta.get("workdir"), start_new_session=True, close_fds=True, umask=0o077, **drop,
+            )
+        finally:
+            if out != log_fd:
+                os.close(out)
     except Exception as exc:  # noqa: BLE001 - anything before the spawn is "cannot execute"
         _append_log(log_fd, f"fedbroker-shim: cannot execute {argv[0]!r}: {exc}\n")
         write_json_atomic(attempt_dir / EXIT, {"exit_code": EXEC_FAILED, "ended_at": time.time()})
@@ -202,6 +248,8 @@ def _run(attempt_dir: Path) -> None:
         except (ProcessLookupError, PermissionError):
             pass
 
+    if cap is not None:
+        _copy_capped(read_fd, log_fd, int(cap), pid)
     # Wait without reaping, so the process group id cannot be reused while we clean it up.
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
     try:

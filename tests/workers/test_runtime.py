@@ -148,6 +148,46 @@ def test_log_holds_stdout_and_stderr_in_order(rt):
     assert a.log_path.read_bytes() == b"out line\nerr line\nout again\n"
 
 
+def test_the_log_file_stops_at_log_max_bytes_and_the_job_is_not_blocked(rt):
+    """Found by a hostile review: a job writing 1.5 GB made a 1.5 GB log file on the node (the cap only bounded what
+    the agent shipped): one job could fill the node's disk for every team."""
+    k = AttemptKey("big", 1)
+    rt.launch(k, py("""
+        import os, sys
+        print("first", flush=True)
+        block = b"x" * (1 << 20)
+        for _ in range(64):  # 64 MiB, far over the cap; never blocked on a full pipe
+            os.write(1, block)
+        print("done", file=sys.stderr, flush=True)
+    """), log_max_bytes=4096)
+    a = wait_exit(rt, k, timeout=30)
+    assert a.exit_code == 0
+    data = a.log_path.read_bytes()
+    assert len(data) == 4096 and data.startswith(b"first\nxxx")
+
+
+def test_a_job_that_exits_while_an_escaped_child_holds_its_output_still_ends(rt):
+    """The shim drains the pipe for DRAIN_AFTER_EXIT_S after the job exits, then stops (a child in its own session
+    may hold the pipe open for ever)."""
+    k = AttemptKey("escape", 1)
+    rt.launch(k, py("""
+        import os, subprocess, sys
+        subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: print('x', flush=True); time.sleep(0.05)"],
+                         start_new_session=True)
+        print("parent done", flush=True)
+    """), log_max_bytes=1 << 20)
+    a = wait_exit(rt, k, timeout=10)
+    assert a.exit_code == 0 and a.log_path.read_bytes().startswith(b"parent done\n")
+    rt.forget(k)
+
+
+def test_a_bad_log_max_bytes_claims_nothing(rt):
+    k = AttemptKey("badcap", 1)
+    with pytest.raises(ValueError, match="log_max_bytes must be an int >= 1, got 0"):
+        rt.launch(k, py("pass"), log_max_bytes=0)
+    assert not rt.attempt_dir(k).exists()
+
+
 def test_child_sees_gpus_ids_env_and_workdir(rt, tmp_path):
     out = tmp_path / "env.json"
     code = f"""
