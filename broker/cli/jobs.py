@@ -72,12 +72,16 @@ def load_job_file(path: Path):
     import yaml
     from pydantic import ValidationError
 
-    from broker.service.jsonbody import DuplicateJsonKey, unique_json_object
     from broker.model import JobSpec
-    from broker.service.settings import DuplicateKeyError, load_yaml
+    from broker.service.jsonbody import MAX_BODY_BYTES
+    from broker.unique_keys import DuplicateJsonKey, DuplicateKeyError, load_yaml, unique_json_object
 
     try:
-        raw = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:  # at most what the API takes: /dev/zero once grew to 1.6 GB in 4 s
+            data = f.read(MAX_BODY_BYTES + 1)
+        if len(data) > MAX_BODY_BYTES:
+            raise JobFileError(f"{path}: larger than {MAX_BODY_BYTES} bytes (the API's request limit)")
+        raw = data.decode("utf-8")
     except OSError as e:
         raise JobFileError(f"{path}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

@@ -66,6 +66,10 @@ def _parse_time(value: str, option: str) -> datetime:
         t = datetime.fromisoformat(value)
     except ValueError:
         _fail(f"{option}={value!r}: not an ISO 8601 date/time (e.g. 2023-09-04 or 2023-09-04T12:00:00+00:00)")
+    try:
+        (t if t.tzinfo is None else t.astimezone(timezone.utc)).replace(tzinfo=timezone.utc).timestamp()
+    except (OverflowError, ValueError):  # year 1 with an offset: UTC cannot hold it (a traceback, once)
+        _fail(f"{option}={value!r}: outside the years 1-9999 in UTC")
     return t
 
 

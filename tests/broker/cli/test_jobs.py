@@ -237,6 +237,7 @@ def test_bad_url_or_token_exits_2_with_a_message(args, env, message):
 @pytest.mark.parametrize("content, message", [
     (b"name: \xff\ncommand: [echo]\n", "not UTF-8 text (byte 0xff at offset 6)"),
     (b"command: [echo]\nestimated_duration_s: .inf\n", "estimated_duration_s=inf: Input should be a finite number"),
+    (b"#" * (2 * 1024 * 1024 + 1), "larger than 2097152 bytes (the API's request limit)"),  # /dev/zero grew for ever
 ])
 def test_unreadable_or_non_finite_job_file_exits_2(tmp_path, content, message):
     f = tmp_path / "job.yaml"

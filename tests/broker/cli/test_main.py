@@ -286,7 +286,9 @@ def test_simulate_csv_rejects_absurd_duration_and_time(run, tmp_path):
 
 def test_offers_outside_data_or_bad_numbers_exit_2(run):
     for args, needle in ((("--start", "2019-01-01"), "outside the bundled"), (("--hours", "nan"), "--hours=nan"),
-                         (("--carbon-price", "-1"), "--carbon-price=-1")):
+                         (("--carbon-price", "-1"), "--carbon-price=-1"),
+                         # UTC cannot hold it: was a traceback ("year 0 is out of range")
+                         (("--start", "0001-01-01T00:00+01:00"), "--start='0001-01-01T00:00+01:00': outside the years")):
         r = run("offers", *args)
         assert r.exit_code == 2 and needle in r.output, (args, r.output)
 
