@@ -50,7 +50,9 @@ proportional to their length.
 
 **Bad rows** are skipped, never fatal. Each skipped row is counted under the
 first failing reason, in this order: ``malformed_row`` (wrong number of
-fields), ``duplicate_job_id``, ``bad_submit_time`` (also a year outside 1970-2100 or a
+fields), ``duplicate_job_id``, ``bad_job_id`` (starting with ``=``, ``+``, ``-`` or ``@``, which a
+spreadsheet opening the output CSVs would run, or holding a control character), ``bad_submit_time``
+(also a year outside 1970-2100 or a
 relative time beyond two years), ``bad_duration`` (longer than a year, missing,
 non-numeric, NaN, infinite, <= 0), ``bad_num_gpus`` (missing, non-integer,
 <= 0), ``gang_too_large``, ``unknown_gpu_type`` (checked with
@@ -109,7 +111,7 @@ import numpy as np
 import pandas as pd
 
 from broker import DATA_DIR
-from broker.model import (DEFAULT_MIN_SLACK_S, DEFAULT_SLACK_FACTOR, MAX_NODES, TEAM_RE, WEEK_S, PriorityClass,
+from broker.model import (CONTROL_CHAR_RE, DEFAULT_MIN_SLACK_S, DEFAULT_SLACK_FACTOR, MAX_NODES, TEAM_RE, WEEK_S, PriorityClass,
                           default_slack_s)
 
 __all__ = [
@@ -639,6 +641,10 @@ def load_generic_csv(path: str | Path, *, start: datetime | None = None, limit: 
             dup[i] = True
         seen.add(j)
     chk.flag(dup, "duplicate_job_id", "job_id")
+    # an id a spreadsheet would run (a cell starting with = + - @: CSV injection) or a terminal would act on
+    # reaches jobs-*.csv, the usage files and the report as it is
+    chk.flag(np.array([j[:1] in ("=", "+", "-", "@") or CONTROL_CHAR_RE.search(j) is not None for j in ids],
+                      dtype=bool), "bad_job_id", "job_id")
 
     kind = np.zeros(n, dtype=np.int8)
     val = np.full(n, np.nan)

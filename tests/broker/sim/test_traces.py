@@ -117,6 +117,15 @@ def test_generic_malformed_and_duplicate_rows(tmp_path, no_power):
     assert tr.skipped == {"malformed_row": 2, "duplicate_job_id": 1}
 
 
+def test_a_job_id_a_spreadsheet_would_run_is_skipped(tmp_path, no_power):
+    """Found by a hostile review: ``=HYPERLINK(...)`` as a job id reached jobs-*.csv and the usage file as it was."""
+    p = _write(tmp_path, 'job_id,submit_time,duration_s,num_gpus\n"=HYPERLINK(""http://x"")",0,1,1\n'
+                         "+cmd|calc,1,1,1\n-2,2,1,1\n@SUM(A1),3,1,1\nok-1,4,1,1\n")
+    tr = load_generic_csv(p)
+    assert [j.job_id for j in tr.jobs] == ["ok-1"]
+    assert tr.skipped == {"bad_job_id": 4}
+
+
 def test_gpu_type_checked_with_pricing_power(tmp_path, monkeypatch):
     fake = types.ModuleType("pricing.power")
 
