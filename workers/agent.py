@@ -395,8 +395,10 @@ class NodeAgent:
                 break
             if not data:
                 break
-            if not final and len(data) < chunk and b"\n" in data:  # ship whole lines while running
-                cut = data.rfind(b"\n") + 1
+            # ship whole lines while running; a carriage return ends a line too (a progress bar redrawn with
+            # \r, tqdm's way, showed "no log yet" until 64 KiB had built up)
+            cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+            if not final and len(data) < chunk and cut:
                 data, new_off = data[:cut], state["offset"] + cut
             elif not final and len(data) < chunk:
                 break

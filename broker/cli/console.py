@@ -80,7 +80,7 @@ def call(c, fn, *args, **kwargs):
         fail(str(e), 2)
     except BrokerUnavailable as e:
         if e.status is None:
-            fail(f"cannot reach the broker at {c.url} (is `fedbroker serve` running?): {e}")
+            fail(f"{e}; is `fedbroker serve` running there?")  # the SDK's message names the URL and the cause
         fail(str(e))
     except BrokerError as e:
         fail(str(e))

@@ -249,6 +249,15 @@ def test_a_log_cut_into_chunks_keeps_every_character(pg_store, rig, tmp_path):
     assert len(chunks) >= 2 and "".join(t for _, t in chunks) == "\u20ac" * 40000
 
 
+def test_a_progress_bar_redrawn_with_carriage_returns_is_shipped_while_it_runs(pg_store, rig, tmp_path):
+    rig = rig({"n1": 1})
+    jid = pg_store.submit("ml", sh(r"printf '10%%\r20%%\r'; sleep 30"))[0].id
+    rig.until(lambda: "".join(t for _, t in pg_store.log_chunks(jid, 1)) == "10%\r20%\r", what="the progress")
+    assert rig.state(jid) == "running"
+    pg_store.request_cancel(jid, "ml")
+    rig.until(lambda: rig.state(jid) == "cancelled", what="the cancel")  # leaves no process behind
+
+
 def test_a_report_the_api_keeps_failing_does_not_stop_heartbeats(pg_store, rig, tmp_path, monkeypatch):
     rig = rig({"n1": 1})
     jid = pg_store.submit("ml", sh("echo hi"))[0].id
