@@ -101,6 +101,7 @@ import csv
 import gzip
 import io
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -111,8 +112,12 @@ import numpy as np
 import pandas as pd
 
 from broker import DATA_DIR
-from broker.model import (CONTROL_CHAR_RE, DEFAULT_MIN_SLACK_S, DEFAULT_SLACK_FACTOR, MAX_NODES, TEAM_RE, WEEK_S, PriorityClass,
+from broker.model import (DEFAULT_MIN_SLACK_S, DEFAULT_SLACK_FACTOR, MAX_NODES, TEAM_RE, WEEK_S, PriorityClass,
                           default_slack_s)
+
+#: a job id a spreadsheet would run (a cell starting with = + - @) or holding a control character (the C0/C1
+#: ranges of :data:`broker.model.CONTROL_CHAR_RE`): skipped as ``bad_job_id``
+_UNSAFE_ID = re.compile(r"^[=+\-@]|[\x00-\x1f\x7f-\x9f]")
 
 __all__ = [
     "TraceError",
@@ -643,8 +648,8 @@ def load_generic_csv(path: str | Path, *, start: datetime | None = None, limit: 
     chk.flag(dup, "duplicate_job_id", "job_id")
     # an id a spreadsheet would run (a cell starting with = + - @: CSV injection) or a terminal would act on
     # reaches jobs-*.csv, the usage files and the report as it is
-    chk.flag(np.array([j[:1] in ("=", "+", "-", "@") or CONTROL_CHAR_RE.search(j) is not None for j in ids],
-                      dtype=bool), "bad_job_id", "job_id")
+    unsafe = _UNSAFE_ID.search
+    chk.flag(np.fromiter((unsafe(j) is not None for j in ids), dtype=bool, count=n), "bad_job_id", "job_id")
 
     kind = np.zeros(n, dtype=np.int8)
     val = np.full(n, np.nan)
