@@ -13,7 +13,8 @@ from the specification's repository (FinOps-Open-Cost-and-Usage-Spec/FOCUS_Spec,
   energy (kWh), emissions (kgCO2e, location-based), estimate flags and the attempt the line meters.
 
 Values follow the attributes: date/times ``YYYY-MM-DDTHH:mm:ssZ`` (UTC; a charge period's start is rounded
-down and its end up to the second), numbers plain decimals (no exponent, no ``+``, no thousands separator),
+down and its end up to the second), numbers plain decimals (no exponent, no ``+``, no thousands separator)
+rounded to 1e-10 (:func:`broker.money.exact_text`: no float noise, ``BilledCost=0.0003168785``, never ``-0``),
 currency ISO 4217 (``USD``: the ledger's one currency), a null an empty field, Tags a JSON object.
 
 Per line (:data:`broker.usage.LINES`): ChargeCategory ``Usage``; ChargeClass null (no corrections);
@@ -43,6 +44,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import IO, Iterable, Mapping
 
+from broker.money import exact, exact_text
 from broker.usage import UsageRecord
 
 __all__ = ["FOCUS_VERSION", "MANDATORY", "OPTIONAL", "EXTENSIONS", "COLUMNS", "ALLOWED_VALUES", "DATETIME_FORMAT",
@@ -170,14 +172,9 @@ def _dt(t: datetime, up: bool = False) -> str:
 
 
 def _num(v: float | int | None) -> str:
-    """FOCUS Numeric Format: a plain decimal (no exponent, no ``+``), ``""`` (null) for ``None``."""
-    if v is None:
-        return ""
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"{v!r}: not a finite number")
-    d = Decimal(repr(float(v))) if isinstance(v, float) else Decimal(v)
-    text = format(d.normalize() if d == d.to_integral_value() else d, "f")
-    return "0" if text in ("-0", "0.0", "-0.0") else text
+    """FOCUS Numeric Format: a plain decimal (no exponent, no ``+``), ``""`` (null) for ``None``; a float at
+    :data:`broker.money.QUANTUM` (1e-10), so no binary noise (:func:`broker.money.exact_text`)."""
+    return exact_text(v)
 
 
 def _month(t: datetime) -> tuple[datetime, datetime]:
@@ -248,7 +245,11 @@ def focus_row(r: UsageRecord, accounts: FocusAccounts) -> dict[str, str]:
         resource_type = "GPU Server"
     qty = _pricing_quantity(r)
     unit_price = r.list_unit_price_usd
-    list_cost = unit_price * qty if unit_price is not None else r.billed_usd
+    # ListCost = ListUnitPrice x PricingQuantity in decimal (the float product would carry binary noise)
+    if unit_price is None:
+        list_cost = r.billed_usd
+    else:  # nan (an unknown quantity) stays nan: _num refuses it
+        list_cost = exact(Decimal(repr(unit_price)) * Decimal(repr(qty))) if math.isfinite(qty) else math.nan
     consumed = _consumed_quantity(r)
     period = _month(r.start)
     row = {
