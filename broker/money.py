@@ -9,6 +9,11 @@ leaves the broker goes through here:
   plain decimal (no exponent, no trailing zeros, never ``-0``). Why ``1e-10``: the smallest line the ledger
   writes is about a second of the cheapest GPU (~0.1 USD/h, i.e. ~3e-5 USD), which keeps at least 5
   significant digits, while a float's noise on figures below 1e5 USD is under ~1e-11 (2**-52 relative).
+* **Exact quantities** (FOCUS's PricingQuantity, ConsumedQuantity, kWh, kgCO2e, GPU-hours): a quantity such
+  as 60 s = 1/60 h has no finite decimal, so it keeps :data:`QUANTITY_DIGITS` (15) significant digits
+  (:func:`exact_quantity`, :func:`exact_quantity_text`): a float's 15 digits read back exactly (C's
+  ``DBL_DIG``), the 16th and 17th are its binary noise (``0.30000000000000004`` kWh is ``0.3``). So
+  ``ListUnitPrice x PricingQuantity`` (36 USD/h x 0.0166666666666667 h) gives the ListCost 0.6 at 1e-10.
 * **Shown figures** (``fedbroker cost report``, ``budgets``, the finance page): every figure of one column
   with the same number of decimals (so a column's visible rows add up to its visible total, to within one
   unit of the last digit), chosen by :func:`decimals_for` so that the column's smallest non-zero figure
@@ -24,11 +29,13 @@ import math
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Context, Decimal, InvalidOperation
 from typing import Iterable
 
-__all__ = ["QUANTUM", "SIGNIFICANT", "LEAST_DECIMALS", "MOST_DECIMALS", "exact", "exact_float", "exact_text",
+__all__ = ["QUANTUM", "QUANTITY_DIGITS", "exact_quantity", "exact_quantity_text", "SIGNIFICANT", "LEAST_DECIMALS", "MOST_DECIMALS", "exact", "exact_float", "exact_text",
            "decimals_for", "figure_text"]
 
 #: the resolution of an exact figure: 1e-10 USD (kWh, kgCO2e, hours); the module docstring says why
 QUANTUM = Decimal("1E-10")
+#: significant digits of an exact quantity (C's ``DBL_DIG``: every 15-digit decimal survives a float round trip)
+QUANTITY_DIGITS = 15
 #: significant digits a shown column keeps for its smallest non-zero figure
 SIGNIFICANT = 2
 #: the arithmetic of :func:`exact`: 60 digits hold any figure below 1e49 at :data:`QUANTUM` (a larger one is refused)
@@ -71,6 +78,33 @@ def exact_text(v: float | int | Decimal | None) -> str:
     """:func:`exact` as a plain decimal: ``"0.0003168785"``, ``"12.5"``, ``"100"``, ``"0"``, ``"-0.25"`` (no
     exponent, no ``+``, no trailing zeros, never ``-0``); ``""`` for ``None`` (FOCUS's null)."""
     d = exact(v)
+    if d is None:
+        return ""
+    return "0" if not d else format(d.normalize(), "f")
+
+
+def exact_quantity(v: float | int | Decimal | None) -> Decimal | None:
+    """``v`` rounded to :data:`QUANTITY_DIGITS` significant digits (half to even) as a ``Decimal`` (``-0``: ``0``);
+    ``None`` for ``None``. Raises ``ValueError`` naming the value when it is not a finite number."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, Decimal)):
+        raise ValueError(f"{v!r}: not a number")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"{v!r}: not a finite number")
+    d = Decimal(repr(v)) if isinstance(v, float) else Decimal(v)
+    if not d.is_finite():
+        raise ValueError(f"{v!r}: not a finite number")
+    if not d:
+        return abs(d)
+    return d.quantize(Decimal(1).scaleb(d.adjusted() - QUANTITY_DIGITS + 1), rounding=ROUND_HALF_EVEN,
+                      context=_CONTEXT)
+
+
+def exact_quantity_text(v: float | int | Decimal | None) -> str:
+    """:func:`exact_quantity` as a plain decimal (``"0.0166666666666667"``, ``"0.3"``, ``"3"``; never ``-0``);
+    ``""`` for ``None``. Raises ``ValueError`` as :func:`exact_quantity`."""
+    d = exact_quantity(v)
     if d is None:
         return ""
     return "0" if not d else format(d.normalize(), "f")

@@ -67,7 +67,7 @@ def test_a_rows_money_columns_are_exact_decimals():
     money = {c: row[c] for c in ("BilledCost", "EffectiveCost", "ListCost", "ContractedCost", "ListUnitPrice",
                                  "PricingQuantity", "x_EnergyKilowattHours")}
     assert money == {"BilledCost": "0.0003168785", "EffectiveCost": "0.0003168785", "ListCost": "0.0003168785",
-                     "ContractedCost": "0.0003168785", "ListUnitPrice": "1.1407627", "PricingQuantity": "0.0002777778",
+                     "ContractedCost": "0.0003168785", "ListUnitPrice": "1.1407627", "PricingQuantity": "0.000277777777777778",
                      "x_EnergyKilowattHours": "0.3"}
 
 

@@ -36,3 +36,11 @@ def test_a_column_keeps_two_significant_digits_of_its_smallest_figure():
 def test_a_shown_figure_is_never_minus_zero_and_unknown_is_a_dash():
     assert figure_text(-0.001, 2) == "0.00" and figure_text(-0.0) == "0.00"
     assert figure_text(None) == "-"
+
+
+def test_an_exact_quantity_keeps_15_significant_digits():
+    from broker.money import exact_quantity_text
+
+    assert exact_quantity_text(60 / 3600) == "0.0166666666666667"
+    assert exact_quantity_text(0.1 + 0.2) == "0.3" and exact_quantity_text(1234.5 + 0.1) == "1234.6"
+    assert exact_quantity_text(-0.0) == "0" and exact_quantity_text(None) == "" and exact_quantity_text(3) == "3"
