@@ -1,4 +1,5 @@
-"""The HTTP API of the live broker (FastAPI); OpenAPI at ``/openapi.json``, docs at ``/docs``.
+"""The HTTP API of the live broker (FastAPI); OpenAPI at ``/openapi.json``, docs at ``/docs`` (served from the
+package, :mod:`broker.service.api_docs`).
 
 Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <token>``)::
 
@@ -254,7 +255,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         await run_in_threadpool(submits.close)  # the writer answers what is queued and gives its connection back
 
     app = FastAPI(title="fedbroker", version="1", lifespan=lifespan,
-                  description="Submit GPU training jobs and see where, when and why they run.")
+                  description="Submit GPU training jobs and see where, when and why they run.",
+                  docs_url=None, redoc_url=None)  # /docs from the package, not a CDN (broker.service.api_docs)
     app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     tokens: TokenCache[Principal] = TokenCache(settings.api_token_cache_s)
@@ -774,6 +776,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     from broker.service.api_finance import register as register_finance_page
 
     register_finance_page(app)  # GET /finance: the page; its script reads /v1/usage/summary and /v1/budgets
+    from broker.service.api_docs import register as register_docs_page
+
+    register_docs_page(app)  # GET /docs: Swagger UI served from the package, under a strict CSP
     # /v1/node: agents (broker.service.node_api); last, so that the routes above are matched without it
     app.include_router(node_router(store, settings, on_change=on_submit))
     return app
