@@ -18,12 +18,21 @@ its script (React), which the policy allows; inline ``<style>`` and ``style=`` m
 from __future__ import annotations
 
 import html
+import logging
 from importlib import resources
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse
 
-__all__ = ["register", "DOCS_HEADERS", "SWAGGER_ASSETS"]
+__all__ = ["register", "DOCS_HEADERS", "SWAGGER_ASSETS", "MISSING_PAGE"]
+
+log = logging.getLogger("fedbroker.api")
+
+#: ``/docs`` when ``swagger-ui-py`` is not installed: says so and where the OpenAPI document is (no script)
+MISSING_PAGE = ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>fedbroker API</title></head><body>"
+                "<p>The API docs need the <code>swagger-ui-py</code> package (a dependency of fedbroker: "
+                "<code>pip install swagger-ui-py</code>). The OpenAPI document is at "
+                "<a href=\"{{openapi}}\">{{openapi}}</a>.</p></body></html>")
 
 #: the docs page's and its assets' response headers
 DOCS_HEADERS = {
@@ -39,15 +48,25 @@ DOCS_HEADERS = {
 SWAGGER_ASSETS = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8"}
 
 
+def _swagger_dist():
+    """The ``swagger_ui`` package's ``static`` directory (Swagger UI's dist). Raises ``ModuleNotFoundError``."""
+    return resources.files("swagger_ui").joinpath("static")
+
+
 def register(app: FastAPI) -> None:
     """Add ``/docs`` and its assets to ``app`` (not in the OpenAPI schema); create ``app`` with ``docs_url=None``
-    and ``redoc_url=None`` so FastAPI's CDN pages are not there. Raises ``ModuleNotFoundError`` when the
-    ``swagger-ui-py`` distribution (a dependency in pyproject.toml) is not installed."""
-    dist = resources.files("swagger_ui").joinpath("static")
+    and ``redoc_url=None`` so FastAPI's CDN pages are not there. When the ``swagger-ui-py`` distribution (a dependency in pyproject.toml) is missing: then ``/docs`` is
+    :data:`MISSING_PAGE` (a warning in the log; the API itself is unaffected)."""
     own = resources.files("broker.service").joinpath("static")
-    page = own.joinpath("docs.html").read_text(encoding="utf-8")
-    assets = {name: (dist.joinpath(name).read_bytes(), media) for name, media in SWAGGER_ASSETS.items()}
-    assets["docs.js"] = (own.joinpath("docs.js").read_bytes(), "text/javascript; charset=utf-8")
+    try:
+        dist = _swagger_dist()
+        page = own.joinpath("docs.html").read_text(encoding="utf-8")
+        assets = {name: (dist.joinpath(name).read_bytes(), media) for name, media in SWAGGER_ASSETS.items()}
+        assets["docs.js"] = (own.joinpath("docs.js").read_bytes(), "text/javascript; charset=utf-8")
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        log.warning("/docs: Swagger UI is not installed (%s): pip install swagger-ui-py; serving a page that "
+                    "links /openapi.json", e)
+        page, assets = MISSING_PAGE, {}
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
     def docs_page(request: Request) -> HTMLResponse:

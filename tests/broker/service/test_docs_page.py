@@ -46,6 +46,22 @@ def test_docs_reference_no_external_host_and_carry_a_strict_csp(app):
         assert c.get("/docs/oauth2-redirect").status_code == 404
 
 
+def test_without_swagger_ui_installed_docs_say_so_and_the_api_still_starts(pg_store, monkeypatch, caplog):
+    from broker.service import api_docs
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'swagger_ui'")
+
+    monkeypatch.setattr(api_docs, "_swagger_dist", missing)
+    with TestClient(create_app(pg_store, BrokerSettings(admin_token="admin-docs"))) as c:
+        r = c.get("/docs")
+        assert r.status_code == 200 and r.headers["content-security-policy"] == CSP
+        assert "need the <code>swagger-ui-py</code> package" in r.text and 'href="/openapi.json"' in r.text
+        assert c.get("/docs/swagger-ui-bundle.js").status_code == 404
+        assert c.get("/healthz").status_code == 200
+    assert "/docs: Swagger UI is not installed" in caplog.text
+
+
 @browser_needed
 def test_docs_render_every_operation_in_chromium_with_no_request_off_the_origin(app, browser):  # noqa: F811
     with ServerThread(app) as srv:
