@@ -62,6 +62,7 @@ from broker.batch import MAX_BATCH_ITEMS, BatchItemResult
 from broker.model import JOB_ID_PATTERN, SCHEDULE_ID_PATTERN, TOKEN_ID_PATTERN, JobSpec
 from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, LogsView, NodeView, ScheduleView,
                             TokenView, UsageSummaryView)
+from broker.schemas import NodeCapacityView
 
 __all__ = ["Client", "BrokerError", "AuthError", "NotFound", "ValidationFailed", "Conflict", "BrokerUnavailable",
            "WaitTimeout", "RateLimited", "UnexpectedAnswer", "BatchItemResult", "InvalidId"]
@@ -359,9 +360,12 @@ class Client:
         """The planner's latest decision for the job (chosen option, alternatives), its history and attempts."""
         return _parse(ExplainView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/explain"))
 
-    def nodes(self) -> list[NodeView]:
-        """The on-prem nodes as their agents last reported them."""
-        return _parse_list(NodeView, self._request("GET", "/v1/nodes"))
+    def nodes(self) -> list[NodeView] | list[NodeCapacityView]:
+        """An admin token: the on-prem nodes as their agents last reported them (:class:`NodeView`); any other: the
+        free capacity per pool and GPU type only (:class:`NodeCapacityView`)."""
+        data = self._request("GET", "/v1/nodes")
+        detail = isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "name" in data[0]
+        return _parse_list(NodeView if detail else NodeCapacityView, data)
 
     # ------------------------------------------------------------------ schedules
     def create_schedule(self, name: str, cron: str, spec: JobSpec | dict, timezone: str = "UTC") -> ScheduleView:

@@ -13,7 +13,9 @@ from the specification's repository (FinOps-Open-Cost-and-Usage-Spec/FOCUS_Spec,
   energy (kWh), emissions (kgCO2e, location-based), estimate flags and the attempt the line meters.
 
 Values follow the attributes: date/times ``YYYY-MM-DDTHH:mm:ssZ`` (UTC; a charge period's start is rounded
-down and its end up to the second), numbers plain decimals (no exponent, no ``+``, no thousands separator),
+down and its end up to the second), numbers plain decimals (no exponent, no ``+``, no thousands separator)
+without float noise (:mod:`broker.money`: money at 1e-10 USD, ``BilledCost=0.0003168785``; quantities to 15
+significant digits; never ``-0``),
 currency ISO 4217 (``USD``: the ledger's one currency), a null an empty field, Tags a JSON object.
 
 Per line (:data:`broker.usage.LINES`): ChargeCategory ``Usage``; ChargeClass null (no corrections);
@@ -43,6 +45,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import IO, Iterable, Mapping
 
+from broker.money import exact, exact_quantity, exact_quantity_text, exact_text
 from broker.usage import UsageRecord
 
 __all__ = ["FOCUS_VERSION", "MANDATORY", "OPTIONAL", "EXTENSIONS", "COLUMNS", "ALLOWED_VALUES", "DATETIME_FORMAT",
@@ -170,14 +173,15 @@ def _dt(t: datetime, up: bool = False) -> str:
 
 
 def _num(v: float | int | None) -> str:
-    """FOCUS Numeric Format: a plain decimal (no exponent, no ``+``), ``""`` (null) for ``None``."""
-    if v is None:
-        return ""
-    if isinstance(v, float) and not math.isfinite(v):
-        raise ValueError(f"{v!r}: not a finite number")
-    d = Decimal(repr(float(v))) if isinstance(v, float) else Decimal(v)
-    text = format(d.normalize() if d == d.to_integral_value() else d, "f")
-    return "0" if text in ("-0", "0.0", "-0.0") else text
+    """FOCUS Numeric Format of money: a plain decimal (no exponent, no ``+``), ``""`` (null) for ``None``; at
+    :data:`broker.money.QUANTUM` (1e-10 USD), so no binary noise (:func:`broker.money.exact_text`)."""
+    return exact_text(v)
+
+
+def _qty(v: float | int | None) -> str:
+    """FOCUS Numeric Format of a quantity (hours, kWh, kgCO2e, GPU-hours): 15 significant digits, no binary
+    noise (:func:`broker.money.exact_quantity_text`); ``""`` (null) for ``None``."""
+    return exact_quantity_text(v)
 
 
 def _month(t: datetime) -> tuple[datetime, datetime]:
@@ -248,7 +252,11 @@ def focus_row(r: UsageRecord, accounts: FocusAccounts) -> dict[str, str]:
         resource_type = "GPU Server"
     qty = _pricing_quantity(r)
     unit_price = r.list_unit_price_usd
-    list_cost = unit_price * qty if unit_price is not None else r.billed_usd
+    # ListCost = ListUnitPrice x PricingQuantity in decimal (the float product would carry binary noise)
+    if unit_price is None:
+        list_cost = r.billed_usd
+    else:  # nan (an unknown quantity) stays nan: _num refuses it
+        list_cost = exact(Decimal(repr(unit_price)) * exact_quantity(qty)) if math.isfinite(qty) else math.nan
     consumed = _consumed_quantity(r)
     period = _month(r.start)
     row = {
@@ -257,16 +265,16 @@ def focus_row(r: UsageRecord, accounts: FocusAccounts) -> dict[str, str]:
         "ChargeCategory": "Usage", "ChargeClass": "", "ChargeDescription": desc,
         "ChargePeriodEnd": _dt(r.end, up=True), "ChargePeriodStart": _dt(r.start),
         "ContractedCost": _num(list_cost), "EffectiveCost": _num(r.billed_usd), "InvoiceIssuerName": who,
-        "ListCost": _num(list_cost), "PricingQuantity": _num(qty), "PricingUnit": r.pricing_unit,
+        "ListCost": _num(list_cost), "PricingQuantity": _qty(qty), "PricingUnit": r.pricing_unit,
         "ProviderName": who, "PublisherName": who,
         "ServiceCategory": "Storage" if r.line == "disk" else "Compute", "ServiceName": service,
         "AvailabilityZone": r.zone or "", "ChargeFrequency": "Usage-Based",
-        "ConsumedQuantity": _num(consumed), "ConsumedUnit": "" if consumed is None else r.pricing_unit,
+        "ConsumedQuantity": _qty(consumed), "ConsumedUnit": "" if consumed is None else r.pricing_unit,
         "ContractedUnitPrice": _num(unit_price), "ListUnitPrice": _num(unit_price), "PricingCategory": category,
         "RegionId": r.region or "", "ResourceId": r.resource, "ResourceType": resource_type, "SkuId": sku,
         "Tags": json.dumps({"team": r.team, "project": r.project, "job": r.job_id}, separators=(",", ":")),
-        "x_EnergyKilowattHours": _num(r.energy_kwh), "x_CarbonKilogramsCo2e": _num(r.carbon_kg),
-        "x_CarbonMethod": "location-based", "x_GpuHours": _num(r.gpu_hours), "x_GpuType": r.gpu_type,
+        "x_EnergyKilowattHours": _qty(r.energy_kwh), "x_CarbonKilogramsCo2e": _qty(r.carbon_kg),
+        "x_CarbonMethod": "location-based", "x_GpuHours": _qty(r.gpu_hours), "x_GpuType": r.gpu_type,
         "x_GpuCount": _num(r.gpu_count), "x_Pool": r.pool or "", "x_UsageLine": r.line, "x_JobId": r.job_id,
         "x_Attempt": _num(r.attempt), "x_Rank": _num(r.rank), "x_Estimated": "true" if r.estimated else "false",
         "x_EstimateReasons": "; ".join(r.estimate_reasons), "x_Source": r.source,

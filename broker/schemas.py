@@ -141,6 +141,21 @@ class NodeView(BaseModel):
     telemetry: dict[str, Any] | None = None
 
 
+class NodeCapacityView(BaseModel):
+    """What a team token sees of the on-prem nodes (``GET /v1/nodes``): the agent nodes' GPUs of one pool and GPU
+    type in aggregate, no node names and no per-GPU use, memory or power (those stay admin-only in
+    :class:`NodeView`). Counts of GPUs; a node is *up* when its state is ``up`` and it heartbeated within
+    ``node_lost_after_s`` (the planner's live nodes)."""
+
+    pool: str
+    gpu_type: str
+    nodes: int = Field(description="registered nodes of this pool and GPU type")
+    nodes_up: int = Field(description="of them, up (state up, heartbeat within node_lost_after_s)")
+    gpus: int = Field(description="their GPUs, as registered")
+    healthy_gpus: int = Field(description="healthy GPUs of the nodes up")
+    free_gpus: int = Field(description="healthy GPUs of the nodes up that no active on-prem job holds")
+
+
 class ScheduleRequest(BaseModel):
     """Body of ``POST /v1/schedules``: a recurring run.
 

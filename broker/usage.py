@@ -30,6 +30,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from broker.money import exact
+
 __all__ = ["LINES", "UNALLOCATED_LINES", "GPU_HOUR_LINES", "PRICING_UNITS", "SUMMARY_DIMENSIONS", "UsageError", "UsageRecord", "UsageTotals", "summarise",
            "total_of", "USAGE_CSV_COLUMNS", "write_usage_csv", "read_usage_csv", "CHARGEBACK_COLUMNS", "chargeback",
            "Savings", "savings"]
@@ -370,6 +372,10 @@ class Savings:
         actual_usd: what those units cost where they ran: their job lines (instance, disk, energy, amortised).
         cheapest_cloud_usd: the same GPU-hours at the cheapest cloud USD per GPU-hour of their GPU type.
         onprem_only_usd: the same GPU-hours at the on-prem USD per GPU-hour of their GPU type.
+        saved_vs_cheapest_cloud_usd, saved_vs_onprem_only_usd: ``cheapest_cloud_usd - actual_usd`` and
+            ``onprem_only_usd - actual_usd`` (positive when the actual placements cost less).
+        The money figures are summed exactly at :data:`broker.money.QUANTUM` (1e-10 USD): no float noise, so
+        equal costs save exactly 0.
         units, not_compared_units, not_compared_gpu_hours: units (one attempt rank's lines on one resource)
             compared, and left out: a unit with a line of unknown cost, or whose GPU type has no rate on one
             side (``reasons`` says which).
@@ -384,19 +390,12 @@ class Savings:
     units: int = 0
     not_compared_units: int = 0
     not_compared_gpu_hours: float = 0.0
+    saved_vs_cheapest_cloud_usd: float = 0.0
+    saved_vs_onprem_only_usd: float = 0.0
     cloud_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
     onprem_usd_per_gpu_hour: dict[str, float] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
 
-    @property
-    def saved_vs_cheapest_cloud_usd(self) -> float:
-        """``cheapest_cloud_usd - actual_usd``: positive when the actual placements cost less."""
-        return self.cheapest_cloud_usd - self.actual_usd
-
-    @property
-    def saved_vs_onprem_only_usd(self) -> float:
-        """``onprem_only_usd - actual_usd``: positive when the actual placements cost less."""
-        return self.onprem_only_usd - self.actual_usd
 
 
 def savings(records: Iterable[UsageRecord], cloud_usd_per_gpu_hour: Mapping[str, float],
@@ -420,8 +419,9 @@ def savings(records: Iterable[UsageRecord], cloud_usd_per_gpu_hour: Mapping[str,
         if r.line in UNALLOCATED_LINES:
             continue
         units.setdefault((r.job_id, r.attempt, r.rank, r.resource), []).append(r)
-    out = dict(gpu_hours=0.0, actual_usd=0.0, cheapest_cloud_usd=0.0, onprem_only_usd=0.0, units=0,
-               not_compared_units=0, not_compared_gpu_hours=0.0)
+    out = dict(gpu_hours=0.0, units=0, not_compared_units=0, not_compared_gpu_hours=0.0)
+    # the money sums in decimal at broker.money's resolution: a saving that is 0 is 0, not 2.2e-16
+    actual = cheapest = onprem = exact(0)
     why: dict[str, int] = {}
     for lines in units.values():
         gh = sum(r.gpu_hours for r in lines if r.line in GPU_HOUR_LINES)
@@ -441,9 +441,11 @@ def savings(records: Iterable[UsageRecord], cloud_usd_per_gpu_hour: Mapping[str,
             continue
         out["units"] += 1
         out["gpu_hours"] += gh
-        out["actual_usd"] += math.fsum(r.billed_usd for r in lines)
-        out["cheapest_cloud_usd"] += gh * cloud_usd_per_gpu_hour[gpu_type]
-        out["onprem_only_usd"] += gh * onprem_usd_per_gpu_hour[gpu_type]
+        actual += sum((exact(r.billed_usd) for r in lines), exact(0))
+        cheapest += exact(gh * cloud_usd_per_gpu_hour[gpu_type])
+        onprem += exact(gh * onprem_usd_per_gpu_hour[gpu_type])
+    out.update(actual_usd=float(actual), cheapest_cloud_usd=float(cheapest), onprem_only_usd=float(onprem),
+               saved_vs_cheapest_cloud_usd=float(cheapest - actual), saved_vs_onprem_only_usd=float(onprem - actual))
     return Savings(**out, cloud_usd_per_gpu_hour=dict(cloud_usd_per_gpu_hour),
                    onprem_usd_per_gpu_hour=dict(onprem_usd_per_gpu_hour),
                    reasons=tuple(f"{n} unit(s) left out: {c}" for c, n in sorted(why.items())))

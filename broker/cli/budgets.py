@@ -1,8 +1,9 @@
 """``fedbroker budgets``: teams' (and projects') monthly cloud budgets (issue #12 item 4), on the broker's database.
 
-* ``fedbroker budgets set TEAM --cap USD [--alert 0.8] [--project P]`` — set the hard cap (USD per calendar month,
-  UTC) and the soft alert fraction of the team, or of its project ``P`` (audited ``budget.set``; the next planning
-  cycle applies it);
+* ``fedbroker budgets set TEAM --cap USD [--alert 0.8] [--project P] [--new-team]`` — set the hard cap (USD per
+  calendar month, UTC: 0 for no cloud at all, else 0.01 to 1e12) and the soft alert fraction of the team, or of
+  its project ``P`` (audited ``budget.set``; the next planning cycle applies it). A team the broker does not know
+  (no token, job or budget of it: a typo) is refused unless ``--new-team``;
 * ``fedbroker budgets list [--projects]`` — every team's (``--projects``: every project's) state this month: cap,
   spent, committed, remaining, forecast, alert;
 * ``fedbroker budgets show TEAM [--project P]`` — one team's (or project's) state;
@@ -25,6 +26,7 @@ from rich.table import Table
 
 from broker.cli.cloud import ConfigOpt, _database, _settings
 from broker.cli.console import JsonOpt, current_console, echo_json, fail
+from broker.money import decimals_for, figure_text
 
 __all__ = ["budgets_app", "register"]
 
@@ -53,13 +55,16 @@ def _table(states) -> Table:
     for col in ("team", *(("project",) if projects else ()), "cap", "spent", "committed", "remaining", "forecast",
                 "alert at", "state"):
         tab.add_column(col, justify="left" if col in ("team", "project", "state") else "right")
-    for b in states:
+    money = ("cap_usd", "spent_usd", "committed_usd", "remaining_usd", "forecast_usd")
+    places = decimals_for(getattr(b, f) for b in states for f in money)  # one number of decimals (broker.money)
+    cap, spent, committed, remaining, forecast = ([figure_text(getattr(b, f), places) for b in states] for f in money)
+    for i, b in enumerate(states):
         state = "CAPPED: no new cloud spend" if b.capped else ("alert" if b.alert else "ok")
         if b.unpriced_lines:
             state += f" ({b.unpriced_lines} unpriced line(s))"
-        tab.add_row(escape(b.team), *((escape(b.project or "-"),) if projects else ()), f"{b.cap_usd:,.2f}", f"{b.spent_usd:,.2f}",
-                    f"{b.committed_usd:,.2f} ({b.committed_attempts})", f"{b.remaining_usd:,.2f}",
-                    f"{b.forecast_usd:,.2f}", f"{100 * b.alert_fraction:.0f} %", state)
+        tab.add_row(escape(b.team), *((escape(b.project or "-"),) if projects else ()), cap[i], spent[i],
+                    f"{committed[i]} ({b.committed_attempts})", remaining[i], forecast[i],
+                    f"{100 * b.alert_fraction:.0f} %", state)
     return tab
 
 
@@ -68,17 +73,20 @@ def set_cmd(team: str = typer.Argument(..., help="The team."),
             cap: float = typer.Option(..., "--cap", help="Hard cap on the team's cloud spend per month (UTC), USD."),
             alert: float = typer.Option(0.8, "--alert", help="Soft alert at this fraction of the cap, (0, 1]."),
             project: Optional[str] = _ProjectOpt,
+            new_team: bool = typer.Option(False, "--new-team", help="Budget a team the broker does not know yet "
+                                                                    "(no token, job or budget of it)."),
             config: Optional[Path] = ConfigOpt, as_json: bool = JsonOpt) -> None:
-    """Set TEAM's (or its PROJECT's) monthly cloud cap and soft alert; prints the budget's state."""
+    """Set TEAM's (or its PROJECT's) monthly cloud cap (0: no cloud; else 0.01 to 1e12 USD) and soft alert; prints
+    the budget's state. A team with no token, job or budget is refused (a typo) unless --new-team."""
     from broker.service.budgets import BudgetError, set_budget
 
     st, store = _store(config)
     try:
         with _database(st):
-            b = set_budget(store, team, cap, alert, project=project)
+            b = set_budget(store, team, cap, alert, project=project, require_known_team=not new_team)
     except BudgetError as e:
         fail(str(e).replace("cap_usd=", "--cap=").replace("alert_fraction=", "--alert=")
-             .replace("project=", "--project="), code=2)
+             .replace("project=", "--project=").replace("new_team=true, ", ""), code=2)
     if as_json:
         echo_json(b)
     else:

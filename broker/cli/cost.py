@@ -5,9 +5,12 @@
   the provider total, what job lines carry (allocated) and the rest (unallocated), with every resource whose
   figures differ. ``--pool P --metered-kwh X`` does the same for an on-prem pool's energy against its meter.
   Exit 1 when a resource differs or the ledger has lines the bill does not; 2 for bad input.
-* ``fedbroker cost report --from 2024-03-01 --to 2024-04-01 --by team|project|provider|region|pool|line|day [--team T]``
-  — USD, GPU-hours, kWh and kgCO2e per group as a table (``--json``: the API's answer).
-* ``fedbroker cost export --focus FILE --from ... --to ... [--team T]`` — the ledger lines as a FOCUS 1.2 CSV.
+* ``fedbroker cost report [--from 2024-03-01 --to 2024-04-01] --by team|project|provider|region|pool|line|day
+  [--team T]`` — USD, GPU-hours, kWh and kgCO2e per group as a table (``--json``: the API's answer); each
+  column with the decimals its smallest figure needs for 2 significant digits (:mod:`broker.money`).
+* ``fedbroker cost export --focus FILE [--from ... --to ...] [--team T]`` — the ledger lines as a FOCUS 1.2 CSV.
+
+``report`` and ``export`` default to this calendar month (UTC), as the finance page; ``reconcile`` needs both.
 
 ``reconcile`` reads the job store directly (the settings' database: an operator's check against the
 provider's bill, every team's lines); ``report`` and ``export`` go through the HTTP API with ``--url`` and
@@ -27,6 +30,7 @@ from rich.table import Table
 
 from broker.cli.cloud import ConfigOpt, _database, _settings
 from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, stderr
+from broker.money import decimals_for, figure_text
 from broker.usage import SUMMARY_DIMENSIONS
 
 __all__ = ["cost_app", "register", "parse_day"]
@@ -119,23 +123,35 @@ def reconcile_cmd(start: str = typer.Option(..., "--from", help="Period start, U
         raise typer.Exit(1)
 
 
-def _period(start: str, end: str) -> tuple[datetime, datetime]:
-    t0, t1 = parse_day(start, "--from"), parse_day(end, "--to")
+def _period(start: Optional[str], end: Optional[str]) -> tuple[datetime, datetime]:
+    """``[--from, --to)`` as aware UTC; either left out defaults to this calendar month's (UTC) edge, as the finance
+    page (:func:`broker.service.budgets.month_bounds`). Exit 2 naming the option for a bad one."""
+    from broker.service.budgets import month_bounds
+
+    month = month_bounds(datetime.now(timezone.utc))
+    t0 = parse_day(start, "--from") if start is not None else month[0]
+    t1 = parse_day(end, "--to") if end is not None else month[1]
     if t1 <= t0:
-        fail(f"--to={end!r}: not after --from={start!r}", code=2)
+        fail(f"--to={end or t1.isoformat()!r}: not after --from={start or t0.isoformat()!r}", code=2)
     return t0, t1
 
 
 _BY = SUMMARY_DIMENSIONS  # team, project, provider, region, pool, line (the unallocated lines apart), day
 
 
+_FROM_HELP = "Period start, UTC (YYYY-MM-DD or ISO instant); default: this month's first day (UTC)."
+_TO_HELP = "Period end (exclusive), UTC; default: next month's first day (UTC)."
+
+
 @cost_app.command("report")
-def report_cmd(start: str = typer.Option(..., "--from", help="Period start, UTC (YYYY-MM-DD or ISO instant)."),
-               end: str = typer.Option(..., "--to", help="Period end (exclusive), UTC."),
+def report_cmd(start: Optional[str] = typer.Option(None, "--from", help=_FROM_HELP),
+               end: Optional[str] = typer.Option(None, "--to", help=_TO_HELP),
                by: str = typer.Option("team", "--by", help="Group by: " + " | ".join(_BY) + "."),
                team: Optional[str] = typer.Option(None, "--team", help="Only this team (default: yours; admins: all)."),
                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-    """USD, GPU-hours, kWh and kgCO2e of the ledger lines that start in [--from, --to), grouped --by."""
+    """USD, GPU-hours, kWh and kgCO2e of the ledger lines that start in [--from, --to) (default: this month, UTC),
+    grouped --by. Each column shows its figures with the same decimals, enough for its smallest one to keep 2
+    significant digits (broker.money)."""
     if by not in _BY:
         fail(f"--by={by!r}: not one of {', '.join(_BY)}", code=2)
     t0, t1 = _period(start, end)
@@ -149,9 +165,13 @@ def report_cmd(start: str = typer.Option(..., "--from", help="Period start, UTC 
     for col in (by, "cost USD", "GPU-hours", "kWh", "kgCO2e", "lines", "estimated", "unpriced"):
         tab.add_column(col, justify="left" if col == by else "right")
 
+    figures = ("cost_usd", "gpu_hours", "energy_kwh", "carbon_kg")
+    every = [*out.groups, out.total]
+    places = {f: decimals_for(getattr(g, f) for g in every) for f in figures}  # one number of decimals a column
+
     def row(key: str, g) -> None:
-        tab.add_row(escape(key), f"{g.cost_usd:,.2f}", f"{g.gpu_hours:,.2f}", f"{g.energy_kwh:,.2f}",
-                    f"{g.carbon_kg:,.2f}", str(g.lines), str(g.estimated_lines), str(g.unpriced_lines))
+        tab.add_row(escape(key), *(figure_text(getattr(g, f), places[f]) for f in figures), str(g.lines),
+                    str(g.estimated_lines), str(g.unpriced_lines))
 
     for g in out.groups:
         row(g.key if g.key is not None else "-", g)
@@ -166,11 +186,11 @@ def report_cmd(start: str = typer.Option(..., "--from", help="Period start, UTC 
 
 @cost_app.command("export")
 def export_cmd(focus: Path = typer.Option(..., "--focus", help="Write a FOCUS 1.2 CSV to this file."),
-               start: str = typer.Option(..., "--from", help="Period start, UTC (YYYY-MM-DD or ISO instant)."),
-               end: str = typer.Option(..., "--to", help="Period end (exclusive), UTC."),
+               start: Optional[str] = typer.Option(None, "--from", help=_FROM_HELP),
+               end: Optional[str] = typer.Option(None, "--to", help=_TO_HELP),
                team: Optional[str] = typer.Option(None, "--team", help="Only this team (default: yours; admins: all)."),
                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-    """The ledger lines that start in [--from, --to) as a FOCUS 1.2 CSV (broker.focus)."""
+    """The ledger lines that start in [--from, --to) (default: this month, UTC) as a FOCUS 1.2 CSV (broker.focus)."""
     t0, t1 = _period(start, end)
     if focus.is_dir():
         fail(f"--focus={str(focus)!r}: is a directory", code=2)

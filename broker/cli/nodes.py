@@ -39,6 +39,15 @@ def _list(url: Optional[str], token: Optional[str], as_json: bool) -> None:
     if as_json:
         echo_json(ns)
         return
+    if ns and not hasattr(ns[0], "name"):  # a team token: the free capacity per pool and GPU type only
+        cap = Table(title="on-prem capacity by pool and GPU type (admin tokens see each node)")
+        for col in ("pool", "GPU type", "nodes up", "GPUs", "healthy", "free"):
+            cap.add_column(col, justify="left" if col in ("pool", "GPU type") else "right")
+        for c in ns:
+            cap.add_row(escape(c.pool), escape(c.gpu_type), f"{c.nodes_up}/{c.nodes}", str(c.gpus),
+                        str(c.healthy_gpus), str(c.free_gpus))
+        current_console().print(cap)
+        return
     tab = Table(title=f"{len(ns)} node(s)")
     for col in ("name", "pool", "gpus", "healthy", "state", "last heartbeat"):
         tab.add_column(col)

@@ -1,4 +1,5 @@
-"""The HTTP API of the live broker (FastAPI); OpenAPI at ``/openapi.json``, docs at ``/docs``.
+"""The HTTP API of the live broker (FastAPI); OpenAPI at ``/openapi.json``, docs at ``/docs`` (served from the
+package, :mod:`broker.service.api_docs`).
 
 Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <token>``)::
 
@@ -10,7 +11,7 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     POST /v1/jobs/{job_id}/cancel      -> JobView
     GET  /v1/jobs/{job_id}/logs?attempt=&rank=  -> LogsView
     GET  /v1/jobs/{job_id}/explain     -> ExplainView
-    GET  /v1/nodes                     -> list[NodeView]
+    GET  /v1/nodes                     -> list[NodeView] (admin), else list[NodeCapacityView] (per pool, GPU type)
     POST   /v1/schedules               ScheduleRequest -> 201 ScheduleView (409: name taken)
     GET    /v1/schedules?team=         -> list[ScheduleView], by team then name
     GET    /v1/schedules/{schedule_id} -> ScheduleView
@@ -79,8 +80,8 @@ from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
 from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
-from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
-                            SubmitRequest)
+from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeCapacityView, NodeView, ScheduleRequest,
+                            ScheduleView, SubmitRequest)
 from broker.service.settings import BrokerSettings
 from broker.states import JobState
 from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
@@ -254,7 +255,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         await run_in_threadpool(submits.close)  # the writer answers what is queued and gives its connection back
 
     app = FastAPI(title="fedbroker", version="1", lifespan=lifespan,
-                  description="Submit GPU training jobs and see where, when and why they run.")
+                  description="Submit GPU training jobs and see where, when and why they run.",
+                  docs_url=None, redoc_url=None)  # /docs from the package, not a CDN (broker.service.api_docs)
     app.add_middleware(StrictJsonBody)  # under BodyLimit: reads the body whole, refuses duplicate keys and non-UTF-8
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     tokens: TokenCache[Principal] = TokenCache(settings.api_token_cache_s)
@@ -608,10 +610,22 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                            attempts=store.attempts(job.id))
 
     # ------------------------------------------------------------------ nodes
-    @app.get("/v1/nodes", response_model=list[NodeView], tags=["nodes"], responses={401: _ERRORS[401]})
-    def list_nodes(who: Caller) -> list[NodeView]:
-        """Every on-prem node as its agent last reported it (any valid token)."""
-        return store.nodes()
+    @app.get("/v1/nodes", response_model=list[NodeView] | list[NodeCapacityView], tags=["nodes"],
+             responses={401: _ERRORS[401]})
+    def list_nodes(who: Caller) -> list[NodeView] | list[NodeCapacityView]:
+        """Admin tokens: every on-prem node as its agent last reported it (:class:`NodeView`: per-GPU health,
+        utilisation, memory, power). Other tokens: the free capacity only, per pool and GPU type
+        (:class:`NodeCapacityView`: nodes, GPUs, healthy and free GPUs; no node names, no per-GPU use, since the
+        nodes run other teams' jobs)."""
+        if who.admin:
+            return store.nodes()
+        from datetime import timedelta
+
+        from broker.service.store import nodes as node_rows
+
+        heard = datetime.now(timezone.utc) - timedelta(seconds=settings.node_lost_after_s)
+        with store.session() as s:
+            return [NodeCapacityView(**c._asdict()) for c in node_rows.node_capacity(s, heard)]
 
     # ------------------------------------------------------------------ cloud instances
     from broker.service.cloud import REPORT_EVENTS
@@ -774,6 +788,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     from broker.service.api_finance import register as register_finance_page
 
     register_finance_page(app)  # GET /finance: the page; its script reads /v1/usage/summary and /v1/budgets
+    from broker.service.api_docs import register as register_docs_page
+
+    register_docs_page(app)  # GET /docs: Swagger UI served from the package, under a strict CSP
     # /v1/node: agents (broker.service.node_api); last, so that the routes above are matched without it
     app.include_router(node_router(store, settings, on_change=on_submit))
     return app

@@ -6,8 +6,10 @@
                                     their team's (403 for ``team`` of another team). ``projects=true`` (or a
                                     ``project``): the project budgets instead
     GET    /v1/budgets/{team}?project=    one team's (or that project's) state (admin, or a token of that team)
-    PUT    /v1/budgets/{team}?project=    BudgetRequest -> BudgetState: set the monthly cloud cap (a team's: admin
-                                    only; a project's: admin or a team admin of that team)
+    PUT    /v1/budgets/{team}?project=&new_team=    BudgetRequest -> BudgetState: set the monthly cloud cap (a
+                                    team's: admin only; a project's: admin or a team admin of that team). The cap
+                                    is 0 (no cloud) or 0.01 to 1e12 USD; a team without a token, job or budget is
+                                    refused (422 naming team: a typo) unless ``new_team=true``
     DELETE /v1/budgets/{team}?project=    -> 204 (same rights as PUT): its cloud spend is unlimited again (a
                                     project's team budget, if any, still holds it)
 
@@ -89,15 +91,21 @@ def register(app: FastAPI, store: JobStore, Caller) -> None:
              responses={**_ERR, 422: {"model": ErrorBody,
                                       "description": "bad team, project, cap_usd or alert_fraction"}})
     def put_budget(team: Annotated[str, _TEAM], body: BudgetRequest, who: Caller,
-                   project: Annotated[str | None, _PROJECT] = None) -> BudgetState:
+                   project: Annotated[str | None, _PROJECT] = None,
+                   new_team: Annotated[bool, Query(description="Budget a team the broker does not know yet (no "
+                                                               "token, job or budget of it); without it such a "
+                                                               "team is refused (422 naming team): a typo")] = False
+                   ) -> BudgetState:
         """Set a team's (or, with ``project``, a project's) monthly cloud cap (USD) and soft alert fraction
         (a team's: admin only; a project's: admin or that team's team admin; audited ``budget.set``). The next
         planning cycle applies it: no new cloud spend past the cap."""
         may_change(who, "setting a budget", team, project)
         try:
-            return set_budget(store, team, body.cap_usd, body.alert_fraction, project=project, actor=who)
+            return set_budget(store, team, body.cap_usd, body.alert_fraction, project=project, actor=who,
+                              require_known_team=not new_team)
         except BudgetError as e:
-            raise RequestValidationError([{"type": "value_error", "loc": ("body", e.field), "input": e.value,
+            where = "path" if e.field == "team" else "query" if e.field == "project" else "body"
+            raise RequestValidationError([{"type": "value_error", "loc": (where, e.field), "input": e.value,
                                            "msg": str(e)}]) from None
 
     @app.delete("/v1/budgets/{team}", status_code=204, response_class=Response, tags=["budgets"], responses=_ONE)

@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 
 from broker.focus import FocusAccounts, write_focus_csv
 from broker.model import TEAM_RE
+from broker.money import exact_float
 from broker.schemas import ErrorBody, SavingsView, UsageSummaryView, UsageTotalsView
 from broker.service import ledger
 from broker.service.settings import BrokerSettings
@@ -106,8 +107,9 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         total = total_of(groups)
 
         def view(g) -> UsageTotalsView:
-            return UsageTotalsView(key=g.key, cost_usd=g.cost_usd, gpu_hours=g.gpu_hours, energy_kwh=g.energy_kwh,
-                                   carbon_kg=g.carbon_kg, lines=g.lines, estimated_lines=g.estimated_lines,
+            # the SQL sums at broker.money's resolution (no float noise in the JSON)
+            return UsageTotalsView(key=g.key, cost_usd=exact_float(g.cost_usd), gpu_hours=exact_float(g.gpu_hours),
+                                   energy_kwh=exact_float(g.energy_kwh), carbon_kg=exact_float(g.carbon_kg), lines=g.lines, estimated_lines=g.estimated_lines,
                                    unpriced_lines=g.unpriced_lines, unknown_energy_lines=g.unknown_energy_lines,
                                    unknown_carbon_lines=g.unknown_carbon_lines)
 
@@ -122,14 +124,17 @@ def register(app: FastAPI, store: JobStore, settings: BrokerSettings, Caller) ->
         the ledger's own energy USD/GPU-h), priced from the ledger and the broker's price catalog and signals.
         Unallocated (idle) lines are no job's and are left out. Team tokens: their own team only."""
         team, start, end = scope(who, team, start, end)
-        every = records(None, start, end)  # the rates are the whole ledger's, whoever asks
-        cloud, onprem, notes = ledger.counterfactual_rates(ledger.prices(), every, start, end)
+        with store.session() as s:  # the rates are the whole ledger's, whoever asks
+            every = usage_repo.usage_rows(s, start=start, end=end, team=None)
+            live = [(pool, gpu_type) for _n, pool, gpu_type, _g, _r in usage_repo.registered_nodes(s, end)]
+        cloud, onprem, notes = ledger.counterfactual_rates(ledger.prices(), every, start, end, live)
         sv = savings([r for r in every if team is None or r.team == team], cloud, onprem)
-        return SavingsView(start=start, end=end, team=team, gpu_hours=sv.gpu_hours, actual_usd=sv.actual_usd,
+        return SavingsView(start=start, end=end, team=team, gpu_hours=exact_float(sv.gpu_hours),
+                           actual_usd=sv.actual_usd,
                            cheapest_cloud_usd=sv.cheapest_cloud_usd, onprem_only_usd=sv.onprem_only_usd,
                            saved_vs_cheapest_cloud_usd=sv.saved_vs_cheapest_cloud_usd,
                            saved_vs_onprem_only_usd=sv.saved_vs_onprem_only_usd, units=sv.units,
-                           not_compared_units=sv.not_compared_units, not_compared_gpu_hours=sv.not_compared_gpu_hours,
+                           not_compared_units=sv.not_compared_units, not_compared_gpu_hours=exact_float(sv.not_compared_gpu_hours),
                            cloud_usd_per_gpu_hour=cloud, onprem_usd_per_gpu_hour=onprem, reasons=list(sv.reasons),
                            rate_notes=notes)
 

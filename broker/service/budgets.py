@@ -58,17 +58,23 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from broker.model import TEAM_RE
 
 #: a project name: the job spec's ``project`` pattern (:class:`broker.model.JobSpec`), the team name's
 PROJECT_RE = TEAM_RE
 
-__all__ = ["DEFAULT_ALERT_FRACTION", "PROJECT_RE", "BudgetError", "BudgetRequest", "BudgetState", "month_bounds",
+__all__ = ["DEFAULT_ALERT_FRACTION", "MAX_CAP_USD", "MIN_CAP_USD", "check_cap", "PROJECT_RE", "BudgetError", "BudgetRequest", "BudgetState", "month_bounds",
            "forecast_usd", "budget_states", "planner_budgets", "set_budget", "remove_budget"]
 
 log = logging.getLogger("fedbroker.budgets")
+
+#: the largest cap, USD per month: 1e12 (a trillion dollars: above any team's cloud bill, and far inside what a
+#: float holds to the cent); a larger one is a typo (``--cap 1e308`` printed a 60-digit number)
+MAX_CAP_USD = 1e12
+#: the smallest cap above 0, USD: a cent (0 itself means "no cloud at all")
+MIN_CAP_USD = 0.01
 
 #: the soft alert at 80 % of the cap unless the admin says otherwise (a common default of cloud budget alerts,
 #: e.g. the AWS Budgets console's suggested threshold)
@@ -88,9 +94,15 @@ class BudgetRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cap_usd: float = Field(..., ge=0, le=1e12, allow_inf_nan=False,
+    cap_usd: float = Field(..., ge=0, le=MAX_CAP_USD, allow_inf_nan=False,
                            description="Hard cap on the team's cloud spend per calendar month (UTC), USD; "
-                                       "0 = no cloud at all")
+                                       "0 = no cloud at all, else from 0.01 (a cent) to 1e12")
+
+    @field_validator("cap_usd")
+    @classmethod
+    def _cap(cls, v: float) -> float:
+        check_cap(v)
+        return v
     alert_fraction: float = Field(DEFAULT_ALERT_FRACTION, gt=0, le=1, allow_inf_nan=False,
                                   description="Soft alert when spent + committed reaches this fraction of the cap")
 
@@ -136,6 +148,17 @@ def forecast_usd(spent: float, committed: float, start: datetime, end: datetime,
     return spent + committed + rate * left
 
 
+def check_cap(cap_usd) -> None:
+    """Raises :class:`BudgetError` naming ``cap_usd`` unless it is 0 (no cloud at all) or a finite number of USD
+    from :data:`MIN_CAP_USD` (a cent) to :data:`MAX_CAP_USD` (1e12)."""
+    if isinstance(cap_usd, bool) or not isinstance(cap_usd, (int, float)) or not math.isfinite(cap_usd) or cap_usd < 0:
+        raise BudgetError("cap_usd", cap_usd, "must be a finite number of USD >= 0")
+    if cap_usd > MAX_CAP_USD:
+        raise BudgetError("cap_usd", cap_usd, f"above the largest cap, {MAX_CAP_USD:.0e} USD a month (a typo?)")
+    if 0 < cap_usd < MIN_CAP_USD:
+        raise BudgetError("cap_usd", cap_usd, "below a cent: give 0 for no cloud at all, or at least 0.01 USD")
+
+
 def _check_team(team: str, project: str | None = None) -> None:
     if not isinstance(team, str) or not TEAM_RE.match(team):
         raise BudgetError("team", team, "not a team name (letters, digits, _ . -; up to 63; starts with a letter "
@@ -152,10 +175,12 @@ def _state(row, spent: tuple[float, int], committed: tuple[float, int], now: dat
     start, end = bounds
     used = s_usd + c_usd
     remaining = row.cap_usd - used
+    # a 0 cap (no cloud at all) alerts on the first cloud spend, not at 0 >= 0.8 x 0 with nothing spent
     return BudgetState(team=row.team, project=getattr(row, "project", None), month=f"{start:%Y-%m}", cap_usd=row.cap_usd, alert_fraction=row.alert_fraction,
                        spent_usd=s_usd, unpriced_lines=unpriced, committed_usd=c_usd, committed_attempts=n,
                        remaining_usd=remaining, forecast_usd=forecast_usd(s_usd, c_usd, start, end, now),
-                       alert=used >= row.alert_fraction * row.cap_usd, capped=remaining <= 0,
+                       alert=used >= row.alert_fraction * row.cap_usd and (row.cap_usd > 0 or used > 0),
+                       capped=remaining <= 0,
                        as_of=now, updated_at=row.updated_at, updated_by=row.updated_by)
 
 
@@ -194,10 +219,14 @@ def planner_budgets(s, now: datetime) -> tuple[dict[str, float], dict[str, dict[
             if row is not None and row.alerted_month != st.month:
                 row.alerted_month = st.month
                 who = f"team {st.team}" if st.project is None else f"project {st.project} of team {st.team}"
-                log.warning("%s: cloud budget alert for %s: spent %.2f + committed %.2f USD = %.0f %% of the "
-                            "%.2f USD cap (alert at %.0f %%)", who, st.month, st.spent_usd, st.committed_usd,
-                            100.0 * (st.spent_usd + st.committed_usd) / st.cap_usd if st.cap_usd else math.inf,
-                            st.cap_usd, 100.0 * st.alert_fraction)
+                if st.cap_usd > 0:
+                    log.warning("%s: cloud budget alert for %s: spent %.2f + committed %.2f USD = %.0f %% of the "
+                                "%.2f USD cap (alert at %.0f %%)", who, st.month, st.spent_usd, st.committed_usd,
+                                100.0 * (st.spent_usd + st.committed_usd) / st.cap_usd, st.cap_usd,
+                                100.0 * st.alert_fraction)
+                else:  # a 0 cap: a share of it means nothing (cb5ea98 logged "inf %")
+                    log.warning("%s: cloud budget alert for %s: spent %.2f + committed %.2f USD against a 0 USD cap "
+                                "(no cloud allowed)", who, st.month, st.spent_usd, st.committed_usd)
                 detail = {"month": st.month, "cap_usd": st.cap_usd, "spent_usd": st.spent_usd,
                           "committed_usd": st.committed_usd, "alert_fraction": st.alert_fraction}
                 if st.project is not None:
@@ -214,24 +243,31 @@ def planner_budgets(s, now: datetime) -> tuple[dict[str, float], dict[str, dict[
 
 
 def set_budget(store, team: str, cap_usd: float, alert_fraction: float = DEFAULT_ALERT_FRACTION, *,
-               project: str | None = None, actor=None, now: datetime | None = None) -> BudgetState:
+               project: str | None = None, actor=None, now: datetime | None = None,
+               require_known_team: bool = False) -> BudgetState:
     """Set ``team``'s (with ``project``: that project's) monthly cloud cap (USD) and soft alert fraction, audited
     as ``budget.set`` (a project's names it in the detail); returns the state.
 
-    Raises :class:`BudgetError` naming the field for a bad team or project, a negative or non-finite cap, or a
-    fraction outside (0, 1]."""
+    Raises :class:`BudgetError` naming the field for a bad team or project, a cap that is not 0 or from 0.01 to
+    1e12 USD (:func:`check_cap`), a fraction outside (0, 1], or, with ``require_known_team`` (the API's and
+    the CLI's default), a team the broker does not know: no token, no job and no budget of it
+    (:func:`broker.service.store.budgets.team_known`; a typo'd team would be capped for nothing). A team
+    budgeted before its first token is set with ``require_known_team=False`` (API ``?new_team=true``,
+    ``fedbroker budgets set --new-team``)."""
     from broker.service.store import budgets as rows
     from broker.service.store.tables import utcnow
     from broker.service.store.tokens import audit
 
     _check_team(team, project)
-    if isinstance(cap_usd, bool) or not isinstance(cap_usd, (int, float)) or not math.isfinite(cap_usd) or cap_usd < 0:
-        raise BudgetError("cap_usd", cap_usd, "must be a finite number of USD >= 0")
+    check_cap(cap_usd)
     if (isinstance(alert_fraction, bool) or not isinstance(alert_fraction, (int, float))
             or not (0 < alert_fraction <= 1)):
         raise BudgetError("alert_fraction", alert_fraction, "must be in (0, 1]")
     now = now or utcnow()
     with store.session() as s:
+        if require_known_team and not rows.team_known(s, team):
+            raise BudgetError("team", team, "no token, job or budget of this team: a typo? (to budget a team before "
+                                            "its first token: new_team=true, fedbroker budgets set --new-team)")
         rows.put_budget(s, team, float(cap_usd), float(alert_fraction), now, getattr(actor, "team", "") or "database",
                         project)
         detail = {"cap_usd": float(cap_usd), "alert_fraction": float(alert_fraction)}

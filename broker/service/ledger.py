@@ -777,19 +777,23 @@ def meter_pool_idle(s, start: datetime, end: datetime, p: LedgerPrices) -> list[
 
 
 # ----------------------------------------------------------------------------- counterfactuals
-def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start: datetime, end: datetime
-                         ) -> tuple[dict[str, float], dict[str, float], list[str]]:
+def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start: datetime, end: datetime,
+                         live_nodes: Iterable[tuple[str, str]] = ()) -> tuple[dict[str, float], dict[str, float], list[str]]:
     """The USD per GPU-hour :func:`broker.usage.savings` prices the counterfactuals at, for each GPU type of
     ``records`` (the period ``[start, end)``, UTC), and how each was found. Returns ``(cloud, onprem, notes)``.
 
     * **all on the cheapest cloud now**: the lowest ``usd_per_hour / gpu_count`` of the price catalog's offers
       of that type, any provider, region and market (spot included: its price now, not its interruptions);
       billing minimums and boot time left out, so the figure is a floor.
-    * **on-prem only**: the lowest amortised USD per GPU-hour of a pool with a node of that type, plus the
+    * **on-prem only**: the lowest amortised USD per GPU-hour of a pool that has that type, plus the
       energy USD per GPU-hour: the ledger's own energy lines of that type in the records (their USD / their
       GPU-hours); with none, the modelled power of the type (:func:`pricing.power.gpu_power_w`) x the pool's PUE
       x the pool zone's mean tariff over the period. The pools' capacity is not a limit here (the simulator's
-      runs show the queueing an on-prem-only placement would add).
+      runs show the queueing an on-prem-only placement would add). A pool of the cluster file, of any kind
+      (agent, Slurm, Kubernetes), *has* a type when its cluster-file nodes list it, when one of ``records``'
+      on-prem lines ran that type on it (a scheduler pool's nodes come from its cluster, not the file), or when
+      ``live_nodes`` (``(pool, GPU type)`` of the registered agent nodes) list it (a live H200 in a pool whose
+      file says V100).
 
     A type with no offer, or no pool, or no tariff, has no rate on that side (its work is left out and
     counted by :func:`broker.usage.savings`)."""
@@ -797,6 +801,11 @@ def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start:
 
     records = list(records)
     types = sorted({r.gpu_type for r in records if r.line in GPU_HOUR_LINES})
+    has: dict[str, set[str]] = {pl.name: {canonical_or_same(n.gpu_type) for n in pl.nodes} for pl in p.pools.values()}
+    seen = [(r.pool, r.gpu_type) for r in records if r.provider == "onprem" and r.pool]
+    for pool_name, gpu_type in [*seen, *live_nodes]:
+        if pool_name in has:
+            has[pool_name].add(canonical_or_same(gpu_type))
     cloud: dict[str, float] = {}
     onprem: dict[str, float] = {}
     notes: list[str] = []
@@ -810,9 +819,10 @@ def counterfactual_rates(p: LedgerPrices, records: Iterable[UsageRecord], start:
                          f"{best.gpu_count} GPU)")
         else:
             notes.append(f"{t} cloud: no offer of this type in the price catalog")
-        pools = [pl for pl in p.pools.values() if any(canonical_or_same(n.gpu_type) == ct for n in pl.nodes)]
+        pools = [pl for pl in p.pools.values() if ct in has[pl.name]]
         if not pools:
-            notes.append(f"{t} on-prem: no pool has this type")
+            notes.append(f"{t} on-prem: no pool of the cluster file has this type (in its nodes, the ledger or the "
+                         f"live nodes)")
             continue
         pool = min(pools, key=lambda pl: (pl.amortised_usd_per_gpu_hour, pl.name))
         used = [r for r in records if r.line == "energy" and r.gpu_type == t and r.billed_usd is not None]

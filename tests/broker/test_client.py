@@ -286,8 +286,13 @@ def test_logs_explain_nodes(team_client, store):
     assert ex.job.id == job.id and ex.decision is None
     assert [e.to_state for e in ex.events] == ["submitted", "queued", "starting"]
     name = "n-" + uuid.uuid4().hex[:6]
-    store.heartbeat(name, "toronto", "A100", 4, 80.0, [0, 1, 2, 3], "agent-x")
-    mine = [n for n in c.nodes() if n.name == name]
+    pool = "pool-" + uuid.uuid4().hex[:6]
+    store.heartbeat(name, pool, "A100", 4, 80.0, [0, 1, 2, 3], "agent-x")
+    # a team token: the free capacity per pool and GPU type (NodeCapacityView), no node detail
+    assert [(n.gpu_type, n.nodes, n.gpus, n.healthy_gpus, n.free_gpus) for n in c.nodes() if n.pool == pool] == [
+        ("A100", 1, 4, 4, 4)]
+    admin = Client(c.url, ADMIN)
+    mine = [n for n in admin.nodes() if n.name == name]
     assert len(mine) == 1 and mine[0].gpu_count == 4 and mine[0].healthy_gpus == [0, 1, 2, 3]
 
 

@@ -48,3 +48,14 @@ def test_units_are_a_ranks_job_lines_idle_is_no_jobs_and_unknown_costs_are_left_
 def test_a_bad_rate_is_named(bad):
     with pytest.raises(UsageError, match=r"onprem_usd_per_gpu_hour\['V100'\]=.*: must be a finite USD per GPU-hour"):
         savings([], {"V100": 1.0}, {"V100": bad})
+
+
+def test_equal_costs_save_exactly_zero_not_float_noise():
+    # an on-prem rank, 1 x A100 for 1 h: energy 0.1 + amortised 0.2 USD (0.30000000000000004 in float), against an
+    # on-prem-only rate of 0.3 USD/GPU-h: saved exactly 0 (cb5ea98: -5.551115123125783e-17, shown as -5.6e-17)
+    recs = [line("j", "energy", "A100", 1, 1, 0.1, "n1", provider="onprem"),
+            line("j", "amortised", "A100", 1, 1, 0.2, "n1", provider="onprem")]
+    s = savings(recs, {"A100": 0.3 + 0.6}, {"A100": 0.3})
+    assert (s.actual_usd, s.onprem_only_usd, s.cheapest_cloud_usd) == (0.3, 0.3, 0.9)
+    assert s.saved_vs_onprem_only_usd == 0.0 and str(s.saved_vs_onprem_only_usd) == "0.0"  # not -0.0
+    assert s.saved_vs_cheapest_cloud_usd == 0.6

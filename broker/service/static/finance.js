@@ -18,12 +18,37 @@
     return e;
   }
 
-  function fmt(x) {
-    if (x === null || x === undefined) return "unknown";
-    if (x === 0) return "0";
-    const a = Math.abs(x);
-    return a >= 100 ? x.toFixed(0) : a >= 1 ? x.toFixed(2) : x.toPrecision(2);
+  // Figures as text by broker/money.py's rule (one home; the Playwright test checks both give the same text):
+  // every figure of one column or chart with the same decimals, enough for its smallest non-zero figure to keep
+  // SIGNIFICANT significant digits, at least LEAST (cents), at most QUANTUM_DECIMALS; half away from zero;
+  // never "-0.00", never an exponent. The API's figures are already at 1e-10 (broker.money.exact); a sum made
+  // here is brought back to 1e-10 first (scaled), so float noise never shows (no "2.2e-16").
+  const QUANTUM_DECIMALS = 10, SIGNIFICANT = 2, LEAST = 2;
+  function scaled(x) {  // x in units of 1e-10, as a BigInt (broker.money.exact)
+    return BigInt(Number(x).toFixed(QUANTUM_DECIMALS).replace(".", ""));
   }
+  function decimalsFor(values) {
+    let small = null;
+    for (const v of values) {
+      if (v === null || v === undefined) continue;
+      let n = scaled(v);
+      if (n < 0n) n = -n;
+      if (n !== 0n && (small === null || n < small)) small = n;
+    }
+    if (small === null) return LEAST;
+    const exponent = small.toString().length - 1 - QUANTUM_DECIMALS;  // 0.0125 -> -2
+    return Math.max(LEAST, Math.min(QUANTUM_DECIMALS, SIGNIFICANT - 1 - exponent));
+  }
+  function figureText(x, decimals) {
+    if (x === null || x === undefined) return "unknown";
+    const n = scaled(x), neg = n < 0n, unit = 10n ** BigInt(QUANTUM_DECIMALS - decimals);
+    const q = ((neg ? -n : n) + unit / 2n) / unit;  // half away from zero
+    const digits = q.toString().padStart(decimals + 1, "0");
+    const whole = digits.slice(0, digits.length - decimals).replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+    return (neg && q !== 0n ? "-" : "") + whole + (decimals ? "." + digits.slice(digits.length - decimals) : "");
+  }
+  function fmt(x, values) { return figureText(x, decimalsFor(values || [x])); }
+  window.fedbrokerFigures = { decimalsFor: decimalsFor, figureText: figureText };
 
   function say(text, error) {
     statusLine.textContent = text;
@@ -54,18 +79,19 @@
     const span = (hi - lo) || 1;
     const y = v => top + (hi - v) / span * (H - top - bottom);
     const bw = (W - left - right) / groups.length;
+    const places = decimalsFor(vals), f = v => figureText(v, places);  // one number of decimals a chart
     const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
                             "aria-label": fig.dataset.title });
     svg.appendChild(el("line", { class: "axis", x1: left, x2: W - right, y1: y(0), y2: y(0) }));
-    svg.appendChild(el("text", { x: left - 4, y: y(hi) + 4, "text-anchor": "end" }, fmt(hi)));
-    if (lo < 0) svg.appendChild(el("text", { x: left - 4, y: y(lo), "text-anchor": "end" }, fmt(lo)));
+    svg.appendChild(el("text", { x: left - 4, y: y(hi) + 4, "text-anchor": "end" }, f(hi)));
+    if (lo < 0) svg.appendChild(el("text", { x: left - 4, y: y(lo), "text-anchor": "end" }, f(lo)));
     groups.forEach((g, i) => {
       const x = left + i * bw + bw * 0.1, y0 = y(Math.max(g.value, 0)), h = Math.abs(y(g.value) - y(0));
       const r = el("rect", { class: "bar" + (g.value < 0 ? " negative" : ""), x: x, y: y0, width: bw * 0.8,
                              height: Math.max(h, 0.5), "data-key": g.key, "data-value": g.value });
-      r.appendChild(el("title", {}, `${g.key}: ${fmt(g.value)} ${fig.dataset.unit}`));
+      r.appendChild(el("title", {}, `${g.key}: ${f(g.value)} ${fig.dataset.unit}`));
       svg.appendChild(r);
-      svg.appendChild(el("text", { x: x + bw * 0.4, y: y0 - 3, "text-anchor": "middle" }, fmt(g.value)));
+      svg.appendChild(el("text", { x: x + bw * 0.4, y: y0 - 3, "text-anchor": "middle" }, f(g.value)));
       svg.appendChild(el("text", { x: x + bw * 0.4, y: H - bottom + 14, "text-anchor": "end",
                                    transform: `rotate(-30 ${x + bw * 0.4} ${H - bottom + 14})` }, g.key));
     });
@@ -80,7 +106,8 @@
   // USD of the unallocated lines (broker/usage.py UNALLOCATED_LINES) in a summary by line
   const UNALLOCATED = ["idle", "idle_amortised"];
   function idleUsd(byLine) {
-    return byLine.groups.filter(g => UNALLOCATED.includes(g.key)).reduce((a, g) => a + g.cost_usd, 0);
+    const sum = byLine.groups.filter(g => UNALLOCATED.includes(g.key)).reduce((a, g) => a + scaled(g.cost_usd), 0n);
+    return Number(sum) / 10 ** QUANTUM_DECIMALS;
   }
 
   // Burn-down of each team's monthly cloud budget: USD left at the month's start (the cap), now (cap - spent -
@@ -94,13 +121,14 @@
     const series = states.map(s => ({ team: s.team, cap: s.cap_usd, pts: [
       { kind: "start", t: t0, v: s.cap_usd },
       { kind: "now", t: Date.parse(s.as_of), v: s.remaining_usd },
-      { kind: "forecast", t: t1, v: s.cap_usd - s.forecast_usd }] }));
+      { kind: "forecast", t: t1, v: Number(scaled(s.cap_usd) - scaled(s.forecast_usd)) / 10 ** QUANTUM_DECIMALS }] }));
     const all = series.flatMap(s => s.pts.map(p => p.v));
     const hi = Math.max(0, ...all), lo = Math.min(0, ...all), span = (hi - lo) || 1;
     const x = t => left + (t - t0) / (t1 - t0) * (W - left - right);
     const y = v => top + (hi - v) / span * (H - top - bottom);
     const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
                             "aria-label": fig.dataset.title });
+    const fmt = v => figureText(v, decimalsFor(all));  // one number of decimals for the chart
     svg.appendChild(el("line", { class: "axis", x1: left, x2: W - right, y1: y(0), y2: y(0) }));
     svg.appendChild(el("text", { x: left - 4, y: y(hi) + 4, "text-anchor": "end" }, fmt(hi)));
     svg.appendChild(el("text", { x: left, y: H - 8 }, states[0].month + "-01"));

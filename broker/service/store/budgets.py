@@ -5,7 +5,7 @@ a budget's state needs (:mod:`broker.service.budgets`).
 Functions take an open :class:`~sqlalchemy.orm.Session` (``s``) so the caller decides the transaction.
 
 * :func:`budget_rows`, :func:`project_budget_rows`, :func:`put_budget`, :func:`delete_budget` — the caps
-  (``project=None``: the team's own budget);
+  (``project=None``: the team's own budget); :func:`team_known` — whether a team has a token, a job or a budget;
 * :func:`cloud_spent` — billed USD of the ledger's cloud lines per team (or per team and project) in a period;
 * :func:`cloud_committed` — the planner's estimate (USD) of the cloud attempts not metered yet, per team (or per
   team and project).
@@ -24,12 +24,13 @@ from datetime import datetime
 from sqlalchemy import case, delete, func, select
 from sqlalchemy.orm import Session
 
-from broker.service.store.tables import Budget, Job, ProjectBudget, UsageRow
+from broker.service.store.tables import ApiToken, Budget, Job, ProjectBudget, UsageRow
 from broker.states import ACTIVE_STATE_VALUES
 
 log = logging.getLogger(__name__)
 
-__all__ = ["budget_rows", "project_budget_rows", "put_budget", "delete_budget", "cloud_spent", "cloud_committed"]
+__all__ = ["budget_rows", "project_budget_rows", "put_budget", "delete_budget", "cloud_spent", "cloud_committed",
+           "team_known"]
 
 
 def budget_rows(s: Session, team: str | None = None) -> list[Budget]:
@@ -67,6 +68,17 @@ def put_budget(s: Session, team: str, cap_usd: float, alert_fraction: float, now
         row.cap_usd, row.alert_fraction, row.updated_at, row.updated_by = cap_usd, alert_fraction, now, by
     s.flush()
     return row
+
+
+def team_known(s: Session, team: str) -> bool:
+    """Inside ``s``: whether the broker knows ``team``: a token of it (revoked or expired too), a job of it, or a
+    budget of it already."""
+    for q in (select(ApiToken.id).where(ApiToken.team == team), select(Job.id).where(Job.team == team),
+              select(Budget.team).where(Budget.team == team),
+              select(ProjectBudget.team).where(ProjectBudget.team == team)):
+        if s.execute(q.limit(1)).first() is not None:
+            return True
+    return False
 
 
 def delete_budget(s: Session, team: str, project: str | None = None) -> bool:

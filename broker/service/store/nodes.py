@@ -13,10 +13,10 @@ from typing import NamedTuple
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from broker.service.store.tables import Job
-from broker.states import ON_NODE_STATES
+from broker.service.store.tables import Job, Node
+from broker.states import ACTIVE_STATE_VALUES, ON_NODE_STATES
 
-__all__ = ["OnNodeFingerprint", "on_node_fingerprint", "on_node_placements"]
+__all__ = ["OnNodeFingerprint", "on_node_fingerprint", "on_node_placements", "NodeCapacity", "node_capacity"]
 
 
 class OnNodeFingerprint(NamedTuple):
@@ -36,6 +36,49 @@ def on_node_fingerprint(s: Session) -> OnNodeFingerprint:
                          func.max(Job.updated_at).label("newest_change"))
                   .where(Job.state.in_(ON_NODE_STATES))).one()
     return OnNodeFingerprint(int(r.count), int(r.version_sum), r.newest_change)
+
+
+class NodeCapacity(NamedTuple):
+    """The agent nodes of one pool and GPU type in aggregate (:func:`node_capacity`): counts of nodes and GPUs."""
+
+    pool: str
+    gpu_type: str
+    nodes: int
+    nodes_up: int
+    gpus: int
+    healthy_gpus: int
+    free_gpus: int
+
+
+def node_capacity(s: Session, heard_since: datetime) -> list[NodeCapacity]:
+    """Per (pool, GPU type) of the registered nodes, by pool then type: nodes, nodes up (state ``up`` and a
+    heartbeat at or after ``heard_since``, as the planner's live nodes), GPUs, healthy GPUs of the nodes up, and
+    free GPUs: those healthy GPUs that no on-prem job in :data:`~broker.states.ACTIVE_STATES` holds (its
+    placement's GPUs on the node, as the planning cycle counts them)."""
+    held: dict[str, set[int]] = {}
+    for (placement,) in s.execute(select(Job.placement).where(Job.state.in_(ACTIVE_STATE_VALUES))):
+        if (placement or {}).get("kind") != "onprem":
+            continue
+        for part in placement.get("nodes", []):
+            held.setdefault(part.get("node"), set()).update(part.get("gpus", []))
+    out: dict[tuple[str, str], list[int]] = {}
+    for n in s.execute(select(Node).order_by(Node.pool, Node.gpu_type, Node.name)).scalars():
+        row = out.setdefault((n.pool, n.gpu_type), [0, 0, 0, 0, 0])
+        up = n.state == "up" and n.last_heartbeat_at is not None and _aware(n.last_heartbeat_at) >= heard_since
+        healthy = set(n.healthy_gpus or ()) if up else set()
+        row[0] += 1
+        row[1] += up
+        row[2] += n.gpu_count
+        row[3] += len(healthy)
+        row[4] += len(healthy - held.get(n.name, set()))
+    return [NodeCapacity(pool, gpu_type, *v) for (pool, gpu_type), v in sorted(out.items())]
+
+
+def _aware(t: datetime) -> datetime:
+    """``t`` as aware UTC (SQLite gives naive UTC datetimes back)."""
+    from datetime import timezone
+
+    return t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
 
 
 def on_node_placements(s: Session) -> dict[str, frozenset[tuple[str, int]]]:

@@ -43,6 +43,16 @@ def test_set_list_show_delete(pg_store, tmp_path):
     assert r.exit_code == 2 and "--alert=0.0" in r.output
     r = run(app, ["budgets", "show", "vision", "--config", cfg])
     assert r.exit_code == 1 and "no budget" in r.output
+    # the walk-through: --cap 1e308 was accepted and printed as a 60-digit number; a typo'd team without a word
+    r = run(app, ["budgets", "set", "ml", "--cap", "1e308", "--config", cfg])
+    assert r.exit_code == 2 and "--cap=1e+308: above the largest cap, 1e+12 USD a month" in " ".join(r.output.split())
+    r = run(app, ["budgets", "set", "nosuchteam", "--cap", "100", "--config", cfg])
+    assert r.exit_code == 2, r.output
+    assert ("team='nosuchteam': no token, job or budget of this team: a typo? (to budget a team before its first "
+            "token: fedbroker budgets set --new-team)") in " ".join(r.output.split())
+    r = run(app, ["budgets", "set", "nosuchteam", "--cap", "100", "--new-team", "--config", cfg, "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["cap_usd"] == 100.0
+    assert run(app, ["budgets", "delete", "nosuchteam", "--config", cfg]).exit_code == 0
     assert run(app, ["budgets", "delete", "ml", "--config", cfg]).exit_code == 0
     assert run(app, ["budgets", "delete", "ml", "--config", cfg]).exit_code == 1
     r = run(app, ["budgets", "list", "--config", cfg])

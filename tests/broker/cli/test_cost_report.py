@@ -19,7 +19,7 @@ from broker.service.settings import BrokerSettings, FinanceSettings
 from broker.service.store import usage
 from broker.service.tokens import create_token
 from tests.broker.harness import ServerThread
-from tests.broker.service.test_usage_api import ORG, SPEC_MANDATORY, ledger
+from tests.broker.service.test_usage_api import ORG, SPEC_MANDATORY, ledger, rec
 
 ADMIN = "admin-" + uuid.uuid4().hex
 MARCH = ["--from", "2024-03-01", "--to", "2024-04-01"]
@@ -60,10 +60,11 @@ def test_report_by_provider_prints_the_hand_worked_table(run):
     r = run("cost", "report", *MARCH, "--by", "provider")
     assert r.exit_code == 0, r.output
     # columns: key, cost USD, GPU-hours, kWh, kgCO2e, lines, estimated, unpriced
-    assert cells(r.stdout, "aws") == ["aws", "0.60", "0.10", "0.10", "0.04", "1", "1", "0"]
-    assert cells(r.stdout, "gcp") == ["gcp", "10.00", "4.00", "2.00", "0.50", "1", "1", "0"]
-    assert cells(r.stdout, "onprem") == ["onprem", "6.60", "5.00", "3.00", "0.60", "3", "1", "1"]
-    assert cells(r.stdout, "total") == ["total", "17.20", "9.10", "5.10", "1.14", "5", "3", "1"]
+    assert cells(r.stdout, "gcp") == ["gcp", "10.00", "4.00", "2.00", "0.500", "1", "1", "0"]
+    assert cells(r.stdout, "onprem") == ["onprem", "6.60", "5.00", "3.00", "0.600", "3", "1", "1"]
+    # kgCO2e: 3 decimals, so its smallest figure (0.04) keeps 2 significant digits (broker.money)
+    assert cells(r.stdout, "aws") == ["aws", "0.60", "0.10", "0.10", "0.040", "1", "1", "0"]
+    assert cells(r.stdout, "total") == ["total", "17.20", "9.10", "5.10", "1.140", "5", "3", "1"]
     assert "1 line(s) without a known cost" in r.output  # the note (stderr)
 
 
@@ -75,6 +76,44 @@ def test_report_json_and_team_scope(run, world):
     assert [(g["key"], round(g["cost_usd"], 9)) for g in out["groups"]] == [("2024-03-01", 0.6), ("2024-03-02", 10.0)]
     r = run("cost", "report", *MARCH, "--team", world["beta"], who="alpha")
     assert r.exit_code == 1 and world["beta"] in r.output  # 403 from the broker
+
+
+def test_small_teams_figures_keep_two_significant_digits_and_the_visible_total_adds_up(run, world, module_pg_store):
+    # the walk-through's report by pool: hpc 0.01 + local 0.03 = total 0.03 when rounded to cents
+    team = "small" + uuid.uuid4().hex[:6]
+    t = datetime(2024, 6, 3, 10, tzinfo=timezone.utc)
+    onprem = dict(provider="onprem", region="GB", line="energy", pricing_unit="kWh", gpu_count=1, carbon_kg=0.0)
+    lines = [rec(40, team, t, 60, pool="hpc", resource="slurm:1", list_unit_price_usd=0.25, billed_usd=0.0125,
+                 energy_kwh=0.05, **onprem),
+             rec(41, team, t, 60, pool="local", resource="node-1", list_unit_price_usd=0.25, billed_usd=0.0287,
+                 energy_kwh=0.1148, **onprem)]
+    with module_pg_store.session() as s:
+        usage.add_usage(s, lines, datetime(2024, 6, 4, tzinfo=timezone.utc))
+    r = run("cost", "report", "--from", "2024-06-01", "--to", "2024-07-01", "--by", "pool", "--team", team)
+    assert r.exit_code == 0, r.output
+    # cost USD 0.013 + 0.029 = 0.041 (0.0125 rounds half up); kWh 0.050 + 0.115 = 0.165; GPU-h 1/60 = 0.017
+    assert cells(r.stdout, "hpc")[:5] == ["hpc", "0.013", "0.017", "0.050", "0.00"]
+    assert cells(r.stdout, "local")[:5] == ["local", "0.029", "0.017", "0.115", "0.00"]
+    assert cells(r.stdout, "total")[:5] == ["total", "0.041", "0.033", "0.165", "0.00"]
+
+
+def test_report_and_export_default_to_this_month_utc(run, world, module_pg_store, tmp_path):
+    team = "now" + uuid.uuid4().hex[:6]
+    now = datetime.now(timezone.utc)
+    first = datetime(now.year, now.month, 1, tzinfo=timezone.utc)
+    nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=timezone.utc)
+    with module_pg_store.session() as s:
+        usage.add_usage(s, [rec(50, team, first, 60, provider="aws", region="us-east-1", gpu_count=1,
+                                list_unit_price_usd=3.0, billed_usd=0.05, energy_kwh=0.01, carbon_kg=0.004)], now)
+    r = run("cost", "report", "--team", team, "--json")  # no --from/--to (cb5ea98: exit 2, "Missing option")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["start"], out["end"]) == (first.isoformat().replace("+00:00", "Z"), nxt.isoformat().replace("+00:00", "Z"))
+    assert [(g["key"], g["cost_usd"]) for g in out["groups"]] == [(team, 0.05)]
+    f = tmp_path / "month.csv"
+    r = run("cost", "export", "--focus", str(f), "--team", team)
+    assert r.exit_code == 0, r.output
+    assert list(pd.read_csv(f)["BilledCost"]) == [0.05]
 
 
 @pytest.mark.parametrize("args,needle", [

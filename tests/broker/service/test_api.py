@@ -420,18 +420,43 @@ def test_explain(client, make_team, store):
     assert a["nodes"] == [{"node": "gpu-01", "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "rank": 0}]
 
 
-def test_nodes(client, make_team, store):
-    _, h = make_team()
+def test_nodes_admins_see_each_node(client, make_team, store):
     name = "gpu-" + uuid.uuid4().hex[:6]
     seen = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     store.heartbeat(name, "toronto", "V100", 8, 32.0, [0, 1, 2, 3, 5, 6, 7], "agent-1",
                     telemetry={"gpu_util": [0.5] * 8}, now=seen)
-    r = client.get("/v1/nodes", headers=h)
+    r = client.get("/v1/nodes", headers=auth(ADMIN))
     assert r.status_code == 200
     mine = [n for n in r.json() if n["name"] == name]
     assert mine == [{"name": name, "pool": "toronto", "gpu_type": "V100", "gpu_count": 8, "gpu_memory_gb": 32.0,
                      "healthy_gpus": [0, 1, 2, 3, 5, 6, 7], "state": "up", "last_heartbeat_at": "2030-01-02T03:04:05Z",
                      "telemetry": {"gpu_util": [0.5] * 8}}]
+
+
+def test_nodes_members_see_free_capacity_per_pool_and_gpu_type_only(client, make_team, store):
+    """Pool P: node a (8 x V100, GPU 4 unhealthy; a running job holds GPUs 0-1), node b (4 x V100, silent for an
+    hour: not up), node c (2 x A100). A member's body: V100 2 nodes, 1 up, 12 GPUs, 7 healthy, 5 free; A100 1
+    node up, 2 GPUs, 2 healthy, 2 free. cb5ea98 gave members every node's name, GPU use, memory and power."""
+    team, h = make_team()
+    pool = "p" + uuid.uuid4().hex[:8]
+    a, b, c = (f"{pool}-{x}" for x in "abc")
+    now = datetime.now(UTC)
+    store.heartbeat(a, pool, "V100", 8, 32.0, [0, 1, 2, 3, 5, 6, 7], "agent-a", telemetry={"gpu_util": [0.9] * 8},
+                    now=now)
+    store.heartbeat(b, pool, "V100", 4, 32.0, [0, 1, 2, 3], "agent-b", now=now - timedelta(hours=1))
+    store.heartbeat(c, pool, "A100", 2, 80.0, [0, 1], "agent-c", now=now)
+    j = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 2}}, headers=h).json()
+    store.transition(j["id"], "queued", "planned")
+    store.transition(j["id"], "starting", "dispatched", attempt=1,
+                     placement={"kind": "onprem", "pool": pool, "nodes": [{"node": a, "gpus": [0, 1], "rank": 0}]})
+    r = client.get("/v1/nodes", headers=h)
+    assert r.status_code == 200, r.text
+    mine = [x for x in r.json() if x["pool"] == pool]
+    assert mine == [{"pool": pool, "gpu_type": "A100", "nodes": 1, "nodes_up": 1, "gpus": 2, "healthy_gpus": 2,
+                     "free_gpus": 2},
+                    {"pool": pool, "gpu_type": "V100", "nodes": 2, "nodes_up": 1, "gpus": 12, "healthy_gpus": 7,
+                     "free_gpus": 5}]
+    assert a not in r.text and "gpu_util" not in r.text and "telemetry" not in r.text
 
 
 # ----------------------------------------------------------------------------- health and docs

@@ -136,6 +136,53 @@ def test_bad_budget_input_names_the_field(pg_store):
     assert remove_budget(pg_store, "ml") is True
 
 
+def test_a_cap_is_0_or_a_cent_to_1e12_usd_and_the_error_names_it(pg_store):
+    # cb5ea98 took 1e308 (printed as a 60-digit number) and 1e-300 (shown as 0.00) through set_budget (the CLI)
+    for cap, why in ((1e308, r"cap_usd=1e\+308: above the largest cap, 1e\+12 USD a month"),
+                     (1e12 + 1, "above the largest cap"), (1e-300, "cap_usd=1e-300: below a cent"),
+                     (0.009, "below a cent: give 0 for no cloud at all")):
+        with pytest.raises(BudgetError, match=why):
+            set_budget(pg_store, "ml", cap, now=NOW)
+    assert set_budget(pg_store, "ml", 1e12, now=NOW).cap_usd == 1e12
+    assert set_budget(pg_store, "ml", 0.01, now=NOW).cap_usd == 0.01
+
+
+def test_a_0_cap_alerts_on_the_first_cloud_spend_not_before_and_never_logs_inf(pg_store, caplog):
+    # cb5ea98: "spent 0.00 + committed 0.00 USD = inf % of the 0.00 USD cap" and a budget.alert with nothing spent
+    st = set_budget(pg_store, "ml", 0.0, now=NOW)
+    assert (st.alert, st.capped, st.remaining_usd) == (False, True, 0.0)
+
+    def alerts():
+        with pg_store.session() as s:
+            return [e.detail for e in s.execute(select(AuditEvent).where(AuditEvent.action == "budget.alert")).scalars()]
+
+    with pg_store.session() as s:
+        planner_budgets(s, NOW)
+    assert alerts() == [] and "inf" not in caplog.text
+    _place_cloud(pg_store, "ml", 2.5)  # cloud spend committed against a 0 cap
+    with pg_store.session() as s:
+        (st,) = budget_states(s, NOW, "ml")
+        planner_budgets(s, NOW)
+    assert (st.alert, st.committed_usd) == (True, 2.5)
+    assert [(a["cap_usd"], a["committed_usd"]) for a in alerts()] == [(0.0, 2.5)]
+    assert ("team ml: cloud budget alert for 2026-12: spent 0.00 + committed 2.50 USD against a 0 USD cap (no cloud "
+            "allowed)") in caplog.text
+    assert "inf" not in caplog.text
+
+
+def test_a_team_the_broker_does_not_know_is_refused_unless_new(pg_store):
+    from broker.service.tokens import create_token
+
+    with pytest.raises(BudgetError, match=r"^team='nosuchteam': no token, job or budget of this team: a typo\?"):
+        set_budget(pg_store, "nosuchteam", 100.0, now=NOW, require_known_team=True)
+    assert set_budget(pg_store, "nosuchteam", 100.0, now=NOW).cap_usd == 100.0  # new_team: set before its tokens
+    assert set_budget(pg_store, "nosuchteam", 50.0, now=NOW, require_known_team=True).cap_usd == 50.0  # has a budget
+    create_token(pg_store, "vision")
+    assert set_budget(pg_store, "vision", 10.0, now=NOW, require_known_team=True).team == "vision"  # has a token
+    _submit(pg_store, 1, team="nlp")
+    assert set_budget(pg_store, "nlp", 10.0, now=NOW, require_known_team=True).team == "nlp"  # has a job
+
+
 # ----------------------------------------------------------------------------- the hard cap in the live cycle
 
 def _world(store):
@@ -286,6 +333,16 @@ def test_budget_routes_admin_sets_team_reads_its_own(pg_store):
         r = c.put("/v1/budgets/ml", json={"cap_usd": 1.0, "alert_fraction": 2}, headers=auth(admin))
         assert r.status_code == 422 and "alert_fraction" in r.text
         assert c.put("/v1/budgets/bad%20team", json={"cap_usd": 1.0}, headers=auth(admin)).status_code == 422
+        r = c.put("/v1/budgets/ml", json={"cap_usd": 0.001}, headers=auth(admin))
+        assert r.status_code == 422 and "cap_usd=0.001: below a cent" in r.text and r.json()["detail"][0]["loc"] == [
+            "body", "cap_usd"]
+        # a typo'd team (cb5ea98: accepted without a word) is a 422 naming the team; new_team=true budgets it
+        r = c.put("/v1/budgets/nosuchteam", json={"cap_usd": 100.0}, headers=auth(admin))
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["path", "team"]
+        assert "team='nosuchteam': no token, job or budget of this team: a typo?" in r.text
+        r = c.put("/v1/budgets/nosuchteam?new_team=true", json={"cap_usd": 100.0}, headers=auth(admin))
+        assert r.status_code == 200 and r.json()["cap_usd"] == 100.0
+        assert c.delete("/v1/budgets/nosuchteam", headers=auth(admin)).status_code == 204
         assert [x["team"] for x in c.get("/v1/budgets", headers=auth(admin)).json()] == ["ml"]
         assert c.delete("/v1/budgets/ml", headers=auth(ml)).status_code == 403
         assert c.delete("/v1/budgets/ml", headers=auth(admin)).status_code == 204

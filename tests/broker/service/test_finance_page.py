@@ -126,7 +126,7 @@ def test_admin_sees_every_team_in_real_chromium(world, browser, rates):  # noqa:
                                 (b, "start"): 5.0, (b, "now"): 5.0, (b, "forecast"): 5.0}
         # totals: line 5's unknown cost, energy and carbon are flagged, not summed as 0
         assert page.eval_on_selector_all("#totals td", "ts => ts.map(t => t.textContent)") == [
-            "17.20", "0", "9.10", "5.10", "1.14", "5", "1", "3"]
+            "17.20", "0.00", "9.10", "5.10", "1.14", "5", "1", "3"]
         assert "1 line(s) of unknown cost" in page.text_content("#status")
         assert bars(page, "chart-line") == [("amortised", 6.0), ("energy", 0.6), ("instance", 10.6)]
         # savings (tests/broker/service/test_usage_api.py: 8.1 GPU-h at 1.20 and 1.65 USD/GPU-h; beta's rank 5
@@ -134,7 +134,7 @@ def test_admin_sees_every_team_in_real_chromium(world, browser, rates):  # noqa:
         assert bars(page, "chart-savings") == [("actual", 17.2), ("all on cheapest cloud now", 9.72),
                                                ("on-prem only", 13.365)]
         assert page.eval_on_selector_all("#savings td", "ts => ts.map(t => t.textContent)") == [
-            "8.10", "17.20", "9.72", "13.36", "-7.48", "-3.84", "1.00"]  # 13.365 is 13.3649... in binary
+            "8.10", "17.20", "9.72", "13.37", "-7.48", "-3.84", "1.00"]  # broker.money: 13.365 half up (cb5ea98: 13.36)
         assert "1 unit(s) left out: a line of unknown cost" in page.text_content("#savings-notes")
         # the token stays out of the URL; it is in this tab's sessionStorage, so a reload shows the figures again
         assert world["admin"] not in page.url
@@ -143,6 +143,30 @@ def test_admin_sees_every_team_in_real_chromium(world, browser, rates):  # noqa:
         assert len(bars(page, "chart-team")) == 2
         page.click("#forget")
         assert page.evaluate("sessionStorage.length") == 0 and page.is_hidden("#report")
+
+
+@browser_needed
+def test_the_page_formats_figures_as_broker_money_does_with_no_float_noise(world, pg_store, browser, rates):  # noqa: F811
+    """The walk-through's page showed ``2.2e-16`` saved and 2 significant digits of mixed precision (0.38, 0.0094):
+    the page's formatter gives :func:`broker.money.figure_text`'s text for awkward columns, and no figure on the
+    loaded page has an exponent or is a negative zero."""
+    from broker.money import decimals_for, figure_text
+
+    with ServerThread(world["app"]) as srv:
+        page, errors = open_page(browser, f"{srv.url}/finance?from=2024-03-01&to=2024-04-01", world["fin"],
+                                 "finance-figures.png")
+        assert errors == []
+        cases = [[0.0125, 0.0287, 0.0412], [2.2e-16, -2.2e-16, 0.0], [0.38, 0.0094, 0.016], [-0.0], [13.365, -3.835],
+                 [1234567.891, 0.5], [1e-12, 3e-10], [0.1 + 0.2], [-1e-11, 7.0], [None, 1.0]]
+        for col in cases:
+            js = page.evaluate("c => { const d = window.fedbrokerFigures.decimalsFor(c); "
+                               "return [d, c.map(v => window.fedbrokerFigures.figureText(v, d))]; }", col)
+            places = decimals_for(col)
+            assert js == [places, [figure_text(v, places) if v is not None else "unknown" for v in col]], col
+        assert page.evaluate("window.fedbrokerFigures.figureText(2.2e-16, 2)") == "0.00"
+        assert page.evaluate("window.fedbrokerFigures.figureText(-0.001, 2)") == "0.00"  # never -0.00
+        texts = page.eval_on_selector_all("svg text, #totals td, #savings td", "ts => ts.map(t => t.textContent)")
+        assert not [t for t in texts if "e-" in t or t.startswith("-0") and t.strip("-0.,") == ""], texts
 
 
 @browser_needed

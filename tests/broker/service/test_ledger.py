@@ -698,3 +698,22 @@ def test_savings_rates_of_a_gpu_type_without_a_power_figure_leave_its_work_out_n
     assert "X9" not in onprem and "X9 on-prem: no energy line and no power figure for this GPU type" in notes
     assert onprem == {"V100": pytest.approx(0.5 + gpu_power_w("V100") / 1000 * 1.2 * 200 / 1000)}
     assert savings(recs, cloud, onprem).not_compared_units == 2  # both lines' cost is unknown
+
+
+def test_savings_rates_find_a_live_gpu_type_the_cluster_file_does_not_list():
+    """An A100 job ran on GCP; pool "site" (its file says V100) has a registered A100 node. cb5ea98: "A100 on-prem:
+    no pool has this type" and the work left out. Now site prices it: 0.5 amortised + modelled A100 power x PUE 1.2
+    x the site's mean tariff over hours 14-16 of DAY0 ((100 + 300) / 2 = 200 USD/MWh)."""
+    from pricing.power import gpu_power_w
+
+    install()
+    rec = UsageRecord(job_id="j", attempt=1, rank=0, line="instance", resource="i-1", team="ml", provider="gcp",
+                      start=DAY0 + timedelta(hours=14), end=DAY0 + timedelta(hours=15), gpu_type="A100", gpu_count=1,
+                      run_s=3600.0, billed_s=3600.0, list_unit_price_usd=1.2, billed_usd=1.2, energy_kwh=0.4,
+                      carbon_kg=0.2, region="us-central1", instance_type="a2-highgpu-1g", market="spot")
+    window = (DAY0 + timedelta(hours=14), DAY0 + timedelta(hours=16))
+    _cloud, onprem, notes = ledger.counterfactual_rates(ledger.prices(), [rec], *window)
+    assert "A100" not in onprem and any(n.startswith("A100 on-prem: no pool of the cluster file") for n in notes)
+    _cloud, onprem, notes = ledger.counterfactual_rates(ledger.prices(), [rec], *window, live_nodes=[("site", "A100")])
+    assert onprem == {"A100": pytest.approx(0.5 + gpu_power_w("A100") / 1000 * 1.2 * 200 / 1000)}
+    assert [n.split(" = ")[1][:23] for n in notes if n.startswith("A100 on-prem")] == ["pool site amortised 0.5"]

@@ -395,3 +395,60 @@ def test_savings_against_the_two_counterfactuals_hand_worked(world, rates):
         pytest.approx(10.6), pytest.approx(4.92), pytest.approx(6.765))
     r = world["c"].get("/v1/usage/savings", params={**MARCH, "team": world["beta"]}, headers=world["alpha_ro"])
     assert r.status_code == 403
+
+
+def test_savings_count_a_slurm_pools_hours_and_a_live_gpu_type_missing_from_the_cluster_file(any_store):
+    """July 2024 (no other test's lines): a Slurm pool ``hpc`` (no nodes in the cluster file: Slurm has them) ran
+    1 x A100 for 1 h (energy 0.10 + amortised 1.00 USD), and agent pool ``local`` (its file says V100) has a
+    registered H200 node that ran 1 x H200 for 2 h (energy 0.40 + amortised 3.00). cb5ea98 left both out ("A100
+    on-prem: no pool has this type", "H200 on-prem: ..."). On-prem rates: hpc 1.00 + the ledger's energy 0.10 =
+    1.10 USD/GPU-h for A100; local 1.50 + 0.20 = 1.70 for H200. Cloud: A100 1.20, H200 5.00 USD/GPU-h.
+    3 GPU-h: actual 4.50; on-prem only 1.10 + 3.40 = 4.50 (saved exactly 0); cheapest cloud 1.20 + 10.00 = 11.20."""
+    from broker.model import CloudOffer, Market, Pool, PoolNode
+    from broker.service import ledger as ledger_mod
+
+    offers = (CloudOffer(provider="gcp", region="us-central1", zone="us-central1-a", instance_type="a2-highgpu-1g",
+                         gpu_type="A100", gpu_count=1, gpu_memory_gb=40, market=Market.spot, usd_per_hour=1.2,
+                         carbon_zone="X", pue=1.1),
+              CloudOffer(provider="aws", region="us-east-1", zone="use1-az1", instance_type="p5.48xlarge",
+                         gpu_type="H200", gpu_count=8, gpu_memory_gb=141, market=Market.on_demand, usd_per_hour=40.0,
+                         carbon_zone="X", pue=1.1))
+    pools = (Pool(name="hpc", carbon_zone="GB", price_zone="GB", amortised_usd_per_gpu_hour=1.0, nodes=(),
+                  kind="slurm", scheduler={"partition": "gpu"}),
+             Pool(name="local", carbon_zone="GB", price_zone="GB", amortised_usd_per_gpu_hour=1.5,
+                  nodes=(PoolNode(name="gpu-1", gpu_type="V100", gpu_count=4),)))
+    team = "hpc" + uuid.uuid4().hex[:6]
+    t = datetime(2024, 7, 2, 9, tzinfo=UTC)
+    slurm = dict(provider="onprem", region="GB", pool="hpc", resource="slurm:42", gpu_count=1, gpu_type="A100")
+    agent = dict(provider="onprem", region="GB", pool="local", resource="h200-1", gpu_count=1, gpu_type="H200")
+    lines = [rec(60, team, t, 3600, line="energy", pricing_unit="kWh", list_unit_price_usd=0.2, billed_usd=0.1,
+                 energy_kwh=0.5, carbon_kg=0.1, **slurm),
+             rec(60, team, t, 3600, line="amortised", pricing_unit="GPU-Hours", list_unit_price_usd=1.0, billed_usd=1.0,
+                 energy_kwh=0.0, carbon_kg=0.0, **slurm),
+             rec(61, team, t, 7200, line="energy", pricing_unit="kWh", list_unit_price_usd=0.2, billed_usd=0.4,
+                 energy_kwh=2.0, carbon_kg=0.4, **agent),
+             rec(61, team, t, 7200, line="amortised", pricing_unit="GPU-Hours", list_unit_price_usd=1.5,
+                 billed_usd=3.0, energy_kwh=0.0, carbon_kg=0.0, **agent)]
+    with any_store.session() as s:
+        usage.add_usage(s, lines, datetime(2024, 7, 3, tzinfo=UTC))
+    any_store.heartbeat("h200-1", "local", "H200", 1, 141.0, [0], "agent-h200", now=t)
+    ledger_mod.install(ledger_mod.LedgerPrices.of(offers, pools, None))
+    try:
+        app = create_app(any_store, BrokerSettings(admin_token=ADMIN, finance=FinanceSettings(organisation=ORG)))
+        with TestClient(app) as c:
+            r = c.get("/v1/usage/savings", params={"from": "2024-07-01", "to": "2024-08-01"}, headers=auth(ADMIN))
+    finally:
+        ledger_mod.install(None)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert (out["units"], out["not_compared_units"], out["gpu_hours"]) == (2, 0, 3.0)
+    assert out["onprem_usd_per_gpu_hour"] == {"A100": 1.1, "H200": 1.7}
+    assert out["cloud_usd_per_gpu_hour"] == {"A100": 1.2, "H200": 5.0}
+    assert (out["actual_usd"], out["onprem_only_usd"], out["cheapest_cloud_usd"]) == (4.5, 4.5, 11.2)
+    assert (out["saved_vs_onprem_only_usd"], out["saved_vs_cheapest_cloud_usd"]) == (0.0, 6.7)
+    assert out["reasons"] == []
+    assert [n for n in out["rate_notes"] if "on-prem" in n] == [
+        "A100 on-prem: 1.1000 USD/GPU-h = pool hpc amortised 1.0 + energy 0.1000 (the ledger's 1 energy line(s), "
+        "1.00 GPU-h)",
+        "H200 on-prem: 1.7000 USD/GPU-h = pool local amortised 1.5 + energy 0.2000 (the ledger's 1 energy line(s), "
+        "2.00 GPU-h)"]
