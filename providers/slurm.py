@@ -449,7 +449,8 @@ class SlurmPool:
         this host has no such user, the REST path only). Checked once, then kept.
 
         Raises :class:`providers.base.Unsupported` (``code="PrivilegedSubmit"``) for root, the cluster's
-        ``SlurmUser`` or (CLI path) the broker's own user unless ``allow_privileged_submit``; ``code="NoSuchUser"``
+        ``SlurmUser`` (CLI path: ``scontrol show config``) or (CLI path) the broker's own user unless
+        ``allow_privileged_submit``; ``code="NoSuchUser"``
         for a ``submit_user`` this host does not know (CLI path), ``code="CannotSwitchUser"`` when the broker is
         neither root nor that user."""
         import os
@@ -477,9 +478,10 @@ class SlurmPool:
                               "another user (run the broker as root, or as that user)", self._option(),
                               "CannotSwitchUser")
         why = None
+        slurm_user = None if s.rest_url else self.slurm_user()
         if uid == 0 or name == "root":
             why = "root"
-        elif name == self.slurm_user():
+        elif name == slurm_user:
             why = "the cluster's SlurmUser"
         elif not s.rest_url and uid == me:
             why = "the broker's own user (its jobs could read the broker's settings and state)"
@@ -488,8 +490,9 @@ class SlurmPool:
             raise Unsupported(f"{key}={name!r} is {why}: jobs of other teams would run with its rights; set {key} to "
                               "an unprivileged Slurm account, or allow_privileged_submit: true to accept this",
                               self._option(), "PrivilegedSubmit")
-        self._account = (name, uid, gid)
-        return self._account
+        if s.rest_url or slurm_user is not None:  # kept once SlurmUser is known (checked again while it is not)
+            self._account = (name, uid, gid)
+        return name, uid, gid
 
     def prepare_directories(self) -> None:
         """Make ``log_dir`` and ``checkpoint_root`` ready where this host sees them: a missing one is created mode
