@@ -56,7 +56,7 @@ from providers.base import MANAGED_TAG, ProviderError, QuotaExceeded, Unsupporte
 from providers.launch import DEFAULT_CHECKPOINT_ROOT, launch_spec, scheduler_environment
 from providers.registry import build_pool, pool_kind
 
-__all__ = ["PoolView", "SchedulerPools", "LIVE_NODE_STATES", "pools_status"]
+__all__ = ["PoolView", "SchedulerPools", "LIVE_NODE_STATES", "pools_status", "PoolNotes"]
 
 log = logging.getLogger("fedbroker.schedulers")
 S = JobState
@@ -555,3 +555,54 @@ def pools_status(pools: Iterable[Pool], settings, store: JobStore | None, now: d
         out.append({"name": p.name, "kind": p.kind, "health": health, "free_gpus": dict(sorted(free.items())),
                     "total_gpus": dict(sorted(total.items())), "nodes": len(up)})
     return out
+
+
+class PoolNotes:
+    """What ``/healthz`` says about the scheduler pools: pool name -> ``{"health": ..., "not_planned": [...]}`` for
+    each pool that is not reachable or has GPUs the planner leaves out (:meth:`SchedulerPools.status`); ``{}`` when
+    all is well or the cluster file has no scheduler pool.
+
+    A call never waits for a cluster: it answers the last reading and, when that is older than ``max_age_s``
+    (60 s) or there is none yet, starts one reading in a background thread (a cluster's client may take its
+    ``timeout_s`` to fail). ``pools``: the cluster file's pools (``None``: loaded from ``settings.cluster`` on the
+    first reading; a file that cannot be loaded gives ``{}``)."""
+
+    def __init__(self, settings, pools: Iterable[Pool] | None = None, max_age_s: float = 60.0):
+        import threading
+
+        self.settings = settings
+        self._pools = list(pools) if pools is not None else None
+        self.max_age_s = max_age_s
+        self._notes: dict[str, dict] = {}
+        self._read_at: float | None = None
+        self._busy = threading.Lock()
+
+    def __call__(self) -> dict[str, dict]:
+        import threading
+        import time
+
+        stale = self._read_at is None or time.monotonic() - self._read_at >= self.max_age_s
+        if stale and self._busy.acquire(blocking=False):
+            threading.Thread(target=self._refresh, name="fedbroker-pool-notes", daemon=True).start()
+        return dict(self._notes)
+
+    def _refresh(self) -> None:
+        import time
+
+        try:
+            if self._pools is None:
+                from broker.cluster import load_cluster
+                from broker.service.live import LIVE_CLUSTER_PATH
+
+                self._pools = load_cluster(self.settings.cluster or LIVE_CLUSTER_PATH)
+            sched = SchedulerPools(self._pools, self.settings)
+            notes = {}
+            for row in sched.status() if sched else []:
+                if row["health"] != "reachable" or row.get("not_planned"):
+                    notes[row["name"]] = {"health": row["health"], "not_planned": row.get("not_planned", [])}
+            self._notes = notes
+        except Exception as e:  # noqa: BLE001 - /healthz reports the pools, it never fails on them
+            log.info("pool notes for /healthz not read: %s", e)
+        finally:
+            self._read_at = time.monotonic()
+            self._busy.release()

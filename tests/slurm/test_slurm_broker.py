@@ -119,6 +119,10 @@ def test_one_gpu_job_placed_by_the_planner_runs_to_succeeded_with_its_log_and_us
     j = store.get(job.id)
     assert (j.state, j.placement["kind"], j.placement["pool"], j.placement["scheduler_gpu_type"]) == (
         "starting", "slurm", "hpc", "a100")
+    from broker.cli.jobs import _placement  # what `fedbroker status` prints (a raw dict on cb5ea98)
+
+    [part] = j.placement["nodes"]
+    assert _placement(j.placement) == f"slurm pool hpc: A100 (GRES a100) planned on {part['node']}[{part['gpus'][0]}]"
     done = _until(store, rec, job.id, {"succeeded", "failed"})
     assert (done.state, done.exit_code, done.reason) == ("succeeded", 0, "exit code 0")
     path = "rest" if pools.adapter("hpc").settings.rest_url else "cli"
@@ -434,7 +438,11 @@ def test_untyped_gres_is_reported_once_then_mapped_by_gres_types_and_used(tmp_pa
     ``gres_types: {gpu: A100}`` the planner places a job there and Slurm runs it (``--gpus-per-node=1``)."""
     import logging
 
+    from fastapi.testclient import TestClient
+
     from broker.cluster import load_cluster
+    from broker.service.api import create_app
+    from broker.service.schedulers import PoolNotes
     from tests.slurm.cluster import LocalSlurm, NodeGroup
 
     odd = LocalSlurm(groups=(NodeGroup("g", 2, "", 2),), rest=False).start()
@@ -450,11 +458,19 @@ def test_untyped_gres_is_reported_once_then_mapped_by_gres_types_and_used(tmp_pa
         assert row == {"name": "plain", "kind": "slurm", "health": "reachable", "free_gpus": {"gpu": 4},
                        "total_gpus": {"gpu": 4}, "nodes": 2, "backlog_gpus": 0, "not_planned": [why]}
 
-        cf = _untyped_cluster_file(odd, tmp_path, gres_types={"gpu": "A100"})
-        env = LiveEnvironment(BrokerSettings().planner, cf)
         store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
         store.migrate()
         try:
+            # /healthz says it too (read in the background: the first answers may come before the reading)
+            app = create_app(store, BrokerSettings(), pool_notes=PoolNotes(BrokerSettings(), unmapped.pools.values()))
+            client, end = TestClient(app), time.monotonic() + 30
+            while "pools" not in (health := client.get("/healthz").json()) and time.monotonic() < end:
+                time.sleep(0.1)
+            assert health == {"status": "ok", "database": "ok",
+                              "pools": {"plain": {"health": "reachable", "not_planned": [why]}}}
+
+            cf = _untyped_cluster_file(odd, tmp_path, gres_types={"gpu": "A100"})
+            env = LiveEnvironment(BrokerSettings().planner, cf)
             st = BrokerSettings(cluster=cf, max_attempts=3)
             pools = SchedulerPools(env.site_pools.values(), st)
             view = pools.read()["plain"]
