@@ -20,13 +20,17 @@ Submit (one ``sbatch`` per job attempt; a multi-node gang is one Slurm job)::
     --job-name                 fb-J-aN;  --no-requeue: the broker, not Slurm, requeues an attempt (the REST path
                                cannot say it: slurmrestd v0.0.38 ignores ``requeue``; a job Slurm requeued
                                itself is reported ``interrupted`` and cancel/sweep still act on it)
-    --output                   settings.log_dir/fedbroker-%j.out (a directory the compute nodes can write)
+    --output                   settings.log_dir/fedbroker-%j.out (a directory the compute nodes can write);
+                               a gang's ranks: srun --output=settings.log_dir/fedbroker-%j-rank%t.out
+    --export=NONE              the job starts with Slurm's SLURM_* only; sbatch itself runs in
+                               :meth:`SlurmPool.client_environment` (nothing of the broker's), as the submit account
 
-The batch script exports the job environment (``env``: the broker passes :func:`providers.launch.
-scheduler_environment`, the environment of every runtime less what differs per node) and, for every job,
-``MASTER_ADDR``/``PET_MASTER_ADDR`` (the first node of the allocation), ``MASTER_PORT`` (29500,
-``providers.launch.RENDEZVOUS_PORT``), ``NNODES``; a gang runs its command once per node through ``srun`` with
-``NODE_RANK``/``PET_NODE_RANK``/``FEDBROKER_RANK`` = ``SLURM_NODEID``.
+The batch script (:meth:`SlurmPool.batch_script`) sets ``PATH``, ``HOME``, ``LANG``, ``TZ``, the job environment
+(``env``: the broker passes :func:`providers.launch.scheduler_environment`, the environment of every runtime less
+what differs per node) and, for every job, ``MASTER_ADDR``/``PET_MASTER_ADDR`` (the first node of the
+allocation), ``MASTER_PORT`` (29500, ``providers.launch.RENDEZVOUS_PORT``), ``NNODES``; a gang runs its command
+once per node through ``srun --export=ALL`` with ``NODE_RANK``/``PET_NODE_RANK``/``FEDBROKER_RANK`` =
+``SLURM_NODEID``. Who the job runs as, its output cap and its ``CHECKPOINT_DIR``: :class:`SlurmSettings`.
 
 State mapping (Slurm job state -> the broker's lifecycle state, ``broker.states.JobState`` values)::
 

@@ -23,14 +23,19 @@ one object the service holds for all such pools:
   running -> :func:`~broker.service.lifecycle.mark_running`; ended -> :func:`~broker.service.lifecycle.
   scheduler_ended` (succeeded, failed with the exit code and reason, cancelled by the cluster's admin: failed
   with the reason, node failure/preemption: requeued), the ledger meters it there (elapsed and ``ConsumedEnergy``
-  from the adapter, kept on the attempt's ``meter["scheduler"]``; the tail of its output file is kept as the
-  attempt's log where the broker's host can read ``log_dir``); cancel requested -> ``cancel()`` (SIGTERM,
+  from the adapter, kept on the attempt's ``meter["scheduler"]``; the tail of each output file is kept as the
+  attempt's log of its node rank where the broker's host can read ``log_dir``, and output files older than
+  ``retention_days`` are removed hourly); cancel requested -> ``cancel()`` (SIGTERM,
   then kill after ``term_grace_s``); still pending in the cluster past ``starting_deadline_s`` -> cancelled there
   and requeued; a job Slurm requeued itself is cancelled there (the broker requeues, not Slurm). Then the
   **sweep**: jobs tagged with this broker's id whose ``(job, attempt)`` is not a live attempt are cancelled (the
   poll is read before the store, so a job submitted meanwhile is never swept).
 * :meth:`SchedulerPools.status` / :func:`pools_status` — ``fedbroker pools``: each pool's kind, health, free GPUs
-  by type (agent pools from the store's nodes, scheduler pools from their clusters).
+  by type (agent pools from the store's nodes, scheduler pools from their clusters), the GPUs the planner leaves
+  out (``not_planned``); :class:`PoolNotes` gives ``/healthz`` the same for the pools with something to say.
+
+A pool whose submit account is privileged (``SlurmPool.submit_account``: root, ``SlurmUser``) sits out of
+planning with the refusal as its health. Why a pool or its GPUs are left out is logged once, not every cycle.
 
 Adapter calls happen outside database transactions; state moves are compare-and-sets in short ones.
 Errors of a cluster (:class:`providers.base.SchedulerUnavailable` and the rest) never stop a cycle or a pass:
