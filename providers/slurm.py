@@ -93,6 +93,10 @@ RANK_LOG = "fedbroker-%j-rank%t.out"
 _LOG_FILE_RE = re.compile(r"fedbroker-(\d+)(?:-rank(\d+))?\.out")
 #: a SIGTERM before the command started ends the (batch or rank) shell by that signal (the command would not get it)
 _TERM_BEFORE = "trap 'trap - TERM; kill -s TERM $$' TERM"
+#: the variables Slurm itself gives a job that the batch script keeps (a bash ``case`` pattern); every other one
+#: is unset before the job environment is set
+_SLURM_ENV = ("SLURM*|CUDA_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL|ROCR_VISIBLE_DEVICES|ZE_AFFINITY_MASK|TMPDIR|"
+              "ENVIRONMENT|HOSTNAME")
 _USER_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}")
 
 _UNAVAILABLE = ("unable to contact slurm controller", "connection refused", "socket timed out",
@@ -681,7 +685,9 @@ class SlurmPool:
     # ---------------------------------------------------------------- submit
     def batch_script(self, req: SlurmJobRequest) -> str:
         """The batch script of ``req`` (bash; module docstring). It starts from Slurm's own ``SLURM_*`` variables
-        only (``--export=NONE``) and sets the job environment of every runtime: ``PATH``
+        only (``--export=NONE``; any other variable, e.g. from the account's login environment, is unset: only
+        ``SLURM_*`` and Slurm's GPU/host variables, :data:`_SLURM_ENV`, stay) and sets the job environment of every
+        runtime: ``PATH``
         (:data:`providers.launch.SAFE_PATH`, ``bin_dir`` first), ``HOME`` (a fresh working directory per node
         rank, mode 0700, removed when the rank ends), ``LANG=C.UTF-8``, ``TZ=UTC``, ``req.env`` (the launch
         variables) and the rendezvous; ``CUDA_VISIBLE_DEVICES`` is Slurm's (the GRES it gave). It makes its
@@ -697,7 +703,9 @@ class SlurmPool:
         lines = ["#!/bin/bash", "set -u", "umask 077",
                  _TERM_BEFORE,
                  f'chmod 0600 -- "{batch_log}" 2>/dev/null',
-                 f"export PATH={shlex.quote(path)} LANG=C.UTF-8 TZ=UTC"]
+                 # what slurmd may add from the account's login environment (--get-user-env) goes too
+                 f'for fb_v in $(compgen -e); do case "$fb_v" in {_SLURM_ENV}) ;; *) unset "$fb_v" ;; esac; done',
+                 f"unset fb_v; export PATH={shlex.quote(path)} LANG=C.UTF-8 TZ=UTC"]
         for k, v in sorted(req.env.items()):
             lines.append(f"export {k}={shlex.quote(str(v))}")
         lines += [

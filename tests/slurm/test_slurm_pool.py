@@ -290,7 +290,7 @@ def test_job_sees_the_launch_environment_only_and_runs_as_the_submit_account(poo
     keys = {line.split("=", 1)[0] for line in env if "=" in line}
     assert sorted(k for k in keys if not k.startswith("SLURM")) == [
         "CUDA_VISIBLE_DEVICES", "ENVIRONMENT", "FEDBROKER_ATTEMPT", "FEDBROKER_JOB_ID", "FEDBROKER_RANK",
-        "GPU_DEVICE_ORDINAL", "HOME", "HOSTNAME", "LANG", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "OLDPWD", "PATH",
+        "GPU_DEVICE_ORDINAL", "HOME", "HOSTNAME", "LANG", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "PATH",
         "PET_MASTER_ADDR", "PET_NODE_RANK", "PWD", "ROCR_VISIBLE_DEVICES", "SHLVL", "TMPDIR", "TZ", "WORLD_SIZE",
         "ZE_AFFINITY_MASK", "_"]
     assert {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "TZ=UTC",
