@@ -502,18 +502,21 @@ class SlurmPool:
             self._account = (name, uid, gid)
         return name, uid, gid
 
-    def prepare_directories(self) -> None:
+    def prepare_directories(self, create: bool = True) -> None:
         """Make ``log_dir`` and ``checkpoint_root`` ready where this host sees them: a missing one is created mode
         0700 and given to the submit account (when the broker is root); ``log_dir``'s mode is tightened to 0700.
         Raises :class:`providers.base.Unsupported` (``code="LogDirUnsafe"``) for a ``log_dir`` the account does
         not own (it could not write its jobs' output, or others could read it). A directory this host cannot
-        make (it is only on the compute nodes) is left to the operator."""
+        make (it is only on the compute nodes) is left to the operator. ``create=False``: only check (nothing is
+        made or changed; a ``log_dir`` others can read is refused)."""
         import os
 
         _, uid, gid = self.submit_account()
         for name in ("log_dir", "checkpoint_root"):
             d = Path(getattr(self.settings, name))
             if not d.exists():
+                if not create:
+                    continue
                 try:
                     d.mkdir(mode=0o700, parents=True)
                     if os.geteuid() == 0 and uid is not None and uid != 0:
@@ -527,6 +530,9 @@ class SlurmPool:
                 raise Unsupported(f"log_dir={str(d)!r}: owned by uid {st.st_uid}, not by the submit account "
                                   f"{self.submit_account()[0]!r} (uid {uid}): make it mode 0700 owned by that account",
                                   self._option(), "LogDirUnsafe")
+            if st.st_mode & 0o077 and not create:
+                raise Unsupported(f"log_dir={str(d)!r}: mode {st.st_mode & 0o7777:o} lets other users read job logs "
+                                  "(the broker makes it 0700 when it plans the pool)", self._option(), "LogDirUnsafe")
             if st.st_mode & 0o077:
                 try:
                     d.chmod(0o700)

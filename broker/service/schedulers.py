@@ -151,8 +151,8 @@ class SchedulerPools:
         try:
             ad = self.adapter(name)
             caps = ad.capacity()
-            if hasattr(ad, "submit_account"):  # a pool whose jobs would run privileged sits out (its health says why)
-                ad.submit_account()
+            if hasattr(ad, "prepare_directories"):  # jobs that would run privileged or log where others read: the
+                ad.prepare_directories()  # pool sits out (its health says why)
             releases = ad.release_profile()
             pending = ad.pending_work() if hasattr(ad, "pending_work") else {
                 t: (g, 0.0) for t, g in ad.backlog().items()}
@@ -493,8 +493,8 @@ class SchedulerPools:
             try:
                 ad = self.adapter(name)
                 caps = ad.capacity()
-                if hasattr(ad, "submit_account"):
-                    ad.submit_account()
+                if hasattr(ad, "prepare_directories"):
+                    ad.prepare_directories(create=False)
                 backlog = ad.backlog()
             except Exception as e:  # noqa: BLE001 - reported as the pool's health
                 row.update(health=f"{type(e).__name__}: {e}", free_gpus={}, total_gpus={}, nodes=0, backlog_gpus=0)

@@ -511,3 +511,14 @@ def test_a_pool_that_would_run_jobs_as_root_is_left_out_with_the_reason(slurm_cl
     assert (view.error, view.nodes) == (why, [])
     assert pools.status()[0] == {"name": "asroot", "kind": "slurm", "health": why, "free_gpus": {}, "total_gpus": {},
                                  "nodes": 0, "backlog_gpus": 0}
+
+    # a log_dir the submit account does not own (its jobs could not write there; others may read it): the same
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    pool = Pool(name="badlogs", kind="slurm", carbon_zone="CA-ON", price_zone="CA-ON", nodes=(),
+                scheduler={"partition": "gpu", "slurm_conf": str(slurm_cluster.conf), "submit_user": ACCOUNT,
+                           "log_dir": str(shared)})
+    pools = SchedulerPools([pool], BrokerSettings())
+    why = (f"Unsupported: log_dir='{shared}': owned by uid 0, not by the submit account 'nobody' (uid 65534): make "
+           "it mode 0700 owned by that account")
+    assert (pools.read()["badlogs"].error, pools.status()[0]["health"]) == (why, why)
