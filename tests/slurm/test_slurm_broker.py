@@ -390,6 +390,23 @@ def test_gpus_the_planner_cannot_model_are_left_out_with_the_reason(slurm_cluste
                             "pool's gres_types, e.g. {gpu: A100})"]
 
 
+def test_a_member_s_job_sees_none_of_the_broker_s_environment(broker, monkeypatch):
+    """Issue #20 finding 1, as it was found: the worker holds cloud keys and FEDBROKER_* settings in its
+    environment; a member's job on the Slurm pool prints its uid and environment."""
+    store, cycle, rec, pools = broker
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "FAKE-worker-key")
+    monkeypatch.setenv("FEDBROKER_REDIS_URL", "redis://:hunter2@127.0.0.1:6379/0")
+    job, _ = store.submit("evil", _spec("id -u; env"))
+    cycle.run()
+    done = _until(store, rec, job.id, {"succeeded", "failed"})
+    [(_, text)] = store.log_chunks(job.id, 1)
+    uid, *env = text.splitlines()
+    assert (done.state, uid) == ("succeeded", "65534")
+    assert "FAKE-worker-key" not in text and "hunter2" not in text
+    assert sorted(v.split("=", 1)[0] for v in env if v.startswith("FEDBROKER_")) == [
+        "FEDBROKER_ATTEMPT", "FEDBROKER_JOB_ID", "FEDBROKER_RANK"]  # the launch variables, nothing of the broker's
+
+
 def test_job_placed_by_the_planner_gets_its_checkpoint_dir_under_the_pool_s_root(broker, slurm_cluster):
     """Issue #20: CHECKPOINT_DIR is <checkpoint_root>/<team>/<job>, made by the job's user; a checkpoint written
     there is kept."""
