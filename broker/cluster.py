@@ -26,7 +26,9 @@ File format (YAML; JSON with the same structure also works, chosen by the
           jwt_file: /etc/fedbroker/slurm.jwt
           rest_user: fedbroker
           qos_by_class: {high: urgent}
-          log_dir: /shared/fedbroker/logs
+          log_dir: /shared/fedbroker/logs    # 0700, owned by the account jobs run as (rest_user / submit_user)
+          checkpoint_root: /shared/fedbroker/ckpt
+          gres_types: {gpu: A100}            # an untyped GRES (gpu:4) is this GPU type
 
 A pool's ``kind`` selects its adapter in :data:`providers.registry.POOL_KINDS`; the section named after the
 kind is checked by the kind's ``settings_from_mapping`` here, so a bad key or value is reported with its path

@@ -20,13 +20,17 @@ Submit (one ``sbatch`` per job attempt; a multi-node gang is one Slurm job)::
     --job-name                 fb-J-aN;  --no-requeue: the broker, not Slurm, requeues an attempt (the REST path
                                cannot say it: slurmrestd v0.0.38 ignores ``requeue``; a job Slurm requeued
                                itself is reported ``interrupted`` and cancel/sweep still act on it)
-    --output                   settings.log_dir/fedbroker-%j.out (a directory the compute nodes can write)
+    --output                   settings.log_dir/fedbroker-%j.out (a directory the compute nodes can write);
+                               a gang's ranks: srun --output=settings.log_dir/fedbroker-%j-rank%t.out
+    --export=NONE              the job starts with Slurm's SLURM_* only; sbatch itself runs in
+                               :meth:`SlurmPool.client_environment` (nothing of the broker's), as the submit account
 
-The batch script exports the job environment (``env``: the broker passes :func:`providers.launch.
-scheduler_environment`, the environment of every runtime less what differs per node) and, for every job,
-``MASTER_ADDR``/``PET_MASTER_ADDR`` (the first node of the allocation), ``MASTER_PORT`` (29500,
-``providers.launch.RENDEZVOUS_PORT``), ``NNODES``; a gang runs its command once per node through ``srun`` with
-``NODE_RANK``/``PET_NODE_RANK``/``FEDBROKER_RANK`` = ``SLURM_NODEID``.
+The batch script (:meth:`SlurmPool.batch_script`) sets ``PATH``, ``HOME``, ``LANG``, ``TZ``, the job environment
+(``env``: the broker passes :func:`providers.launch.scheduler_environment`, the environment of every runtime less
+what differs per node) and, for every job, ``MASTER_ADDR``/``PET_MASTER_ADDR`` (the first node of the
+allocation), ``MASTER_PORT`` (29500, ``providers.launch.RENDEZVOUS_PORT``), ``NNODES``; a gang runs its command
+once per node through ``srun --export=ALL`` with ``NODE_RANK``/``PET_NODE_RANK``/``FEDBROKER_RANK`` =
+``SLURM_NODEID``. Who the job runs as, its output cap and its ``CHECKPOINT_DIR``: :class:`SlurmSettings`.
 
 State mapping (Slurm job state -> the broker's lifecycle state, ``broker.states.JobState`` values)::
 
@@ -63,7 +67,7 @@ from typing import Callable, Iterable, Mapping
 from providers.base import (CANCEL_MARK, MANAGED_TAG, POOL_TERMINAL, NodeCapacity, NoCapacity, PoolJobInfo, PoolJobRequest,
                             ProviderError, QuotaExceeded, SchedulerUnavailable, Unsupported, pool_time_limit_s,
                             settings_from_section, free_gpus_of)
-from providers.launch import RENDEZVOUS_PORT
+from providers.launch import DEFAULT_CHECKPOINT_ROOT, RENDEZVOUS_PORT, SAFE_PATH
 
 __all__ = ["SlurmSettings", "SlurmJobRequest", "SlurmJobInfo", "NodeCapacity", "SlurmPool", "lifecycle_state",
            "time_limit_min", "parse_gres", "parse_scontrol", "CANCEL_MARK", "TERMINAL", "settings_from_mapping"]
@@ -75,6 +79,25 @@ _FAILED = {"FAILED", "TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL"}
 _INTERRUPTED = {"NODE_FAIL", "PREEMPTED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 #: lifecycle states after which the attempt is over (``providers.base.POOL_TERMINAL``)
 TERMINAL = POOL_TERMINAL
+
+#: ``log_max_bytes`` default: 16 MiB per job output file (and per rank of a gang), as the agent's cap
+#: (``broker.service.settings.BrokerSettings.log_max_bytes``); half is kept from the head, half from the tail
+DEFAULT_LOG_MAX_BYTES = 16 * 1024 * 1024
+MIN_LOG_MAX_BYTES, MAX_LOG_MAX_BYTES = 1024, 1 << 40
+#: the GRES type :func:`parse_gres` gives an untyped ``gpu:N`` (``--gpus-per-node=N`` asks for it)
+UNTYPED_GRES = "gpu"
+#: job output files in ``log_dir``: the batch script's (a single-node job's output; a gang's ``srun`` messages)
+#: and, for a gang, one per node rank (``%t``, the task id: one task per node, so the node rank)
+BATCH_LOG = "fedbroker-%j.out"
+RANK_LOG = "fedbroker-%j-rank%t.out"
+_LOG_FILE_RE = re.compile(r"fedbroker-(\d+)(?:-rank(\d+))?\.out")
+#: a SIGTERM before the command started ends the (batch or rank) shell by that signal (the command would not get it)
+_TERM_BEFORE = "trap 'trap - TERM; kill -s TERM $$' TERM"
+#: the variables Slurm itself gives a job that the batch script keeps (a bash ``case`` pattern); every other one
+#: is unset before the job environment is set
+_SLURM_ENV = ("SLURM*|CUDA_VISIBLE_DEVICES|GPU_DEVICE_ORDINAL|ROCR_VISIBLE_DEVICES|ZE_AFFINITY_MASK|TMPDIR|"
+              "ENVIRONMENT|HOSTNAME")
+_USER_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,31}")
 
 _UNAVAILABLE = ("unable to contact slurm controller", "connection refused", "socket timed out",
                 "zero bytes were transmitted", "communication connection failure", "slurm_conf",
@@ -97,11 +120,25 @@ class SlurmSettings:
     slack over the estimate (fraction, s); ``term_grace_s`` seconds between SIGTERM and the kill on cancel;
     ``qos_by_class`` priority class -> QOS name; ``timeout_s`` per client command (s); ``wckey`` a WCKey
     put on every job (the cluster must have ``TrackWCKey`` and accounting; ``None``: none).
+
+    Who the jobs run as (:meth:`SlurmPool.submit_account`): ``submit_user`` the Slurm account jobs are submitted
+    as and run as. CLI path: the broker runs ``sbatch`` as that user (it must run as root to switch, or be that
+    user); ``None``: the broker's own user. REST path: the JWT's user ``rest_user`` (``submit_user``, if given,
+    must be the same). Refused unless ``allow_privileged_submit``: root, the cluster's ``SlurmUser``, and (CLI
+    path) the broker's own user, which can read the broker's settings and state.
+
+    ``log_dir`` must be owned by that account, mode 0700 (the broker creates it so, or tightens the mode, where
+    its host sees it); each job's output file there is made 0600 and capped at ``log_max_bytes`` bytes per file
+    (its first half and its last half are kept, with a line saying how many bytes were dropped between; 1 KiB to
+    1 TiB, default 16 MiB, the agent's cap). ``checkpoint_root``: the shared directory (every node sees it, the
+    account can write it) under which each job's ``CHECKPOINT_DIR`` ``<root>/<team>/<job>`` is made, mode 0700,
+    owned by the account. ``gres_types``: GRES type name -> GPU type of the power table for GRES the planner
+    cannot read as a GPU type, e.g. ``{gpu: A100}`` for an untyped ``gpu:4``.
     """
 
     partition: str = "gpu"
     broker_id: str = "fedbroker"
-    log_dir: str = "/tmp"
+    log_dir: str = "/var/lib/fedbroker/slurm-logs"
     slurm_conf: str | None = None
     bin_dir: str | None = None
     slack_frac: float = 0.2
@@ -114,6 +151,11 @@ class SlurmSettings:
     jwt_file: str | None = None
     rest_user: str | None = None
     rest_version: str = "v0.0.38"
+    submit_user: str | None = None
+    allow_privileged_submit: bool = False
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT
+    gres_types: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.partition):
@@ -134,6 +176,25 @@ class SlurmSettings:
                 raise ValueError(f"rest_url={shown}: must be an http(s) URL")
             if not self.jwt_file or not self.rest_user:
                 raise ValueError("rest_url is set: jwt_file and rest_user are required (the JWT and its user)")
+            if self.submit_user is not None and self.submit_user != self.rest_user:
+                raise ValueError(f"submit_user={self.submit_user!r}: on the REST path jobs run as the JWT's user "
+                                 f"(rest_user={self.rest_user!r}); leave submit_user out or make them the same")
+        for name in ("submit_user", "rest_user"):
+            v = getattr(self, name)
+            if v is not None and not _USER_RE.fullmatch(v):
+                raise ValueError(f"{name}={v!r}: must be a user name (1-32 of a-z A-Z 0-9 _ . -, not starting with -)")
+        if isinstance(self.log_max_bytes, bool) or not isinstance(self.log_max_bytes, int) or \
+                not MIN_LOG_MAX_BYTES <= self.log_max_bytes <= MAX_LOG_MAX_BYTES:
+            raise ValueError(f"log_max_bytes={self.log_max_bytes!r}: must be an integer from {MIN_LOG_MAX_BYTES} to "
+                             f"{MAX_LOG_MAX_BYTES} bytes")
+        for name in ("log_dir", "checkpoint_root"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not re.fullmatch(r"/[A-Za-z0-9_.,+@%/-]*", v):
+                raise ValueError(f"{name}={v!r}: must be an absolute path of A-Z a-z 0-9 _ . , + @ % / -")
+        for gres, gpu in self.gres_types.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", gres) or not re.fullmatch(r"[A-Za-z0-9_. -]{1,64}", gpu):
+                raise ValueError(f"gres_types: {gres!r}: {gpu!r}: a GRES type name (1-64 of A-Z a-z 0-9 _ . -) -> a "
+                                 "GPU type name (e.g. gpu: A100)")
 
 
 def settings_from_mapping(section: Mapping, where: str = "slurm") -> SlurmSettings:
@@ -142,7 +203,7 @@ def settings_from_mapping(section: Mapping, where: str = "slurm") -> SlurmSettin
     name the field for a bad value); ``providers.base.settings_from_section``."""
     return settings_from_section(SlurmSettings, section, where, {
         "slack_frac": "number", "slack_s": "number", "term_grace_s": "number", "timeout_s": "number",
-        "qos_by_class": "str_map"})
+        "qos_by_class": "str_map", "allow_privileged_submit": "bool", "log_max_bytes": "int", "gres_types": "str_map"})
 
 
 #: the job attempt request of every pool kind (``providers.base.PoolJobRequest``)
@@ -272,23 +333,45 @@ class SlurmPool:
     def __init__(self, settings: SlurmSettings, runner: Runner | None = None):
         self.settings = settings
         self._runner = runner
+        self._account: tuple[str, int | None, int | None] | None = None
 
     # ---------------------------------------------------------------- plumbing
     def _option(self, gpu_type: str = "*") -> str:
         return f"slurm:{self.settings.partition}:{gpu_type}"
 
+    def client_environment(self) -> dict[str, str]:
+        """The environment of every Slurm client command the adapter runs (and so of ``sbatch``): ``PATH``
+        (:data:`providers.launch.SAFE_PATH`, ``bin_dir`` first when set), ``LANG=C.UTF-8``, the broker's ``TZ``
+        when it has one (``--deadline`` is sent in local time) and ``SLURM_CONF`` when set; none of the broker's
+        own variables (its database URL, cloud keys, tokens)."""
+        import os
+
+        s = self.settings
+        env = {"PATH": f"{s.bin_dir}:{SAFE_PATH}" if s.bin_dir else SAFE_PATH, "LANG": "C.UTF-8"}
+        if os.environ.get("TZ"):
+            env["TZ"] = os.environ["TZ"]
+        if s.slurm_conf:
+            env["SLURM_CONF"] = s.slurm_conf
+        return env
+
     def _run(self, *argv: str, input: str | None = None, option: str | None = None,
-             check: bool = True) -> subprocess.CompletedProcess:
+             check: bool = True, as_account: bool = False) -> subprocess.CompletedProcess:
+        """One client command, in :meth:`client_environment`, from ``/``; ``as_account``: as the submit account
+        (:meth:`submit_account`: ``user``/``group``/``extra_groups=[]`` of :func:`subprocess.run` when the broker
+        is root and the account is another user)."""
         import os
 
         s = self.settings
         exe = str(Path(s.bin_dir) / argv[0]) if s.bin_dir else argv[0]
-        env = dict(os.environ)
-        if s.slurm_conf:
-            env["SLURM_CONF"] = s.slurm_conf
         run = self._runner or subprocess.run
+        kw: dict = {}
+        if as_account:
+            _, uid, gid = self.submit_account()
+            if uid is not None and uid != os.geteuid():
+                kw = {"user": uid, "group": gid, "extra_groups": []}
         try:
-            r = run([exe, *argv[1:]], input=input, capture_output=True, text=True, timeout=s.timeout_s, env=env)
+            r = run([exe, *argv[1:]], input=input, capture_output=True, text=True, timeout=s.timeout_s,
+                    env=self.client_environment(), cwd="/", **kw)
         except FileNotFoundError:
             raise SchedulerUnavailable(f"{argv[0]}: not found (is the Slurm client installed? bin_dir={s.bin_dir!r})",
                                        option or self._option(), "ClientMissing") from None
@@ -357,6 +440,145 @@ class SlurmPool:
         if "invalid job id" in low:
             return ProviderError(text, option, "NotFound")
         return ProviderError(text, option)
+
+    # ---------------------------------------------------------------- who jobs run as
+    def slurm_user(self) -> str | None:
+        """The cluster's ``SlurmUser`` (``scontrol show config``; the name without its ``(uid)``); ``None`` on the
+        REST path (slurmrestd v0.0.38 does not serve the configuration) or when the client cannot say."""
+        if self.settings.rest_url:
+            return None
+        r = self._run("scontrol", "show", "config", check=False)
+        m = re.search(r"^SlurmUser\s*=\s*([^\s(]+)", r.stdout or "", re.M)
+        return m.group(1) if r.returncode == 0 and m else None
+
+    def submit_account(self) -> tuple[str, int | None, int | None]:
+        """``(user name, uid, gid)`` of the Slurm account this pool's jobs are submitted as and run as
+        (:class:`SlurmSettings`: ``submit_user``, ``rest_user`` or the broker's own user; uid/gid ``None`` when
+        this host has no such user, the REST path only). Checked once, then kept.
+
+        Raises :class:`providers.base.Unsupported` (``code="PrivilegedSubmit"``) for root, the cluster's
+        ``SlurmUser`` (CLI path: ``scontrol show config``) or (CLI path) the broker's own user unless
+        ``allow_privileged_submit``; ``code="NoSuchUser"``
+        for a ``submit_user`` this host does not know (CLI path), ``code="CannotSwitchUser"`` when the broker is
+        neither root nor that user."""
+        import os
+        import pwd
+
+        if self._account is not None:
+            return self._account
+        s = self.settings
+        me = os.geteuid()
+        try:
+            my_name = pwd.getpwuid(me).pw_name
+        except KeyError:
+            my_name = str(me)
+        name = s.rest_user if s.rest_url else (s.submit_user or my_name)
+        try:
+            pw = pwd.getpwnam(name)
+            uid, gid = pw.pw_uid, pw.pw_gid
+        except KeyError:
+            if not s.rest_url:
+                raise Unsupported(f"submit_user={name!r}: no such user on the broker's host", self._option(),
+                                  "NoSuchUser") from None
+            uid = gid = None
+        if not s.rest_url and uid != me and me != 0:
+            raise Unsupported(f"submit_user={name!r}: the broker runs as {my_name!r}, not root, and cannot submit as "
+                              "another user (run the broker as root, or as that user)", self._option(),
+                              "CannotSwitchUser")
+        why = None
+        slurm_user = None if s.rest_url else self.slurm_user()
+        if uid == 0 or name == "root":
+            why = "root"
+        elif name == slurm_user:
+            why = "the cluster's SlurmUser"
+        elif not s.rest_url and uid == me:
+            why = "the broker's own user (its jobs could read the broker's settings and state)"
+        if why and not s.allow_privileged_submit:
+            key = "rest_user" if s.rest_url else "submit_user"
+            raise Unsupported(f"{key}={name!r} is {why}: jobs of other teams would run with its rights; set {key} to "
+                              "an unprivileged Slurm account, or allow_privileged_submit: true to accept this",
+                              self._option(), "PrivilegedSubmit")
+        if s.rest_url or slurm_user is not None:  # kept once SlurmUser is known (checked again while it is not)
+            self._account = (name, uid, gid)
+        return name, uid, gid
+
+    def prepare_directories(self, create: bool = True) -> None:
+        """Make ``log_dir`` and ``checkpoint_root`` ready where this host sees them: a missing one is created mode
+        0700 and given to the submit account (when the broker is root); ``log_dir``'s mode is tightened to 0700.
+        Raises :class:`providers.base.Unsupported` (``code="LogDirUnsafe"``) for a ``log_dir`` the account does
+        not own (it could not write its jobs' output, or others could read it). A directory this host cannot
+        make (it is only on the compute nodes) is left to the operator. ``create=False``: only check (nothing is
+        made or changed; a ``log_dir`` others can read is refused)."""
+        import os
+
+        _, uid, gid = self.submit_account()
+        for name in ("log_dir", "checkpoint_root"):
+            d = Path(getattr(self.settings, name))
+            if not d.exists():
+                if not create:
+                    continue
+                try:
+                    d.mkdir(mode=0o700, parents=True)
+                    if os.geteuid() == 0 and uid is not None and uid != 0:
+                        os.chown(d, uid, gid if gid is not None else -1)
+                except OSError:
+                    continue
+            if name != "log_dir" or uid is None:
+                continue
+            st = d.stat()
+            if st.st_uid != uid:
+                raise Unsupported(f"log_dir={str(d)!r}: owned by uid {st.st_uid}, not by the submit account "
+                                  f"{self.submit_account()[0]!r} (uid {uid}): make it mode 0700 owned by that account",
+                                  self._option(), "LogDirUnsafe")
+            if st.st_mode & 0o077 and not create:
+                raise Unsupported(f"log_dir={str(d)!r}: mode {st.st_mode & 0o7777:o} lets other users read job logs "
+                                  "(the broker makes it 0700 when it plans the pool)", self._option(), "LogDirUnsafe")
+            if st.st_mode & 0o077:
+                try:
+                    d.chmod(0o700)
+                except OSError as e:
+                    raise Unsupported(f"log_dir={str(d)!r}: mode {st.st_mode & 0o7777:o} lets other users read job "
+                                      f"logs and cannot be made 0700 ({e})", self._option(), "LogDirUnsafe") from None
+
+    def log_files(self, stdout: str | None) -> dict[int, Path]:
+        """Node rank -> the output file of that rank, for the job whose batch output file is ``stdout``
+        (:data:`BATCH_LOG`): a gang's rank files (:data:`RANK_LOG`) that exist, else ``{0: stdout}``. Plus
+        ``-1`` -> the batch file for a gang (its ``srun`` messages). ``{}`` for no path."""
+        if not stdout:
+            return {}
+        p = Path(stdout)
+        m = _LOG_FILE_RE.fullmatch(p.name)
+        ranks: dict[int, Path] = {}
+        if m:
+            try:
+                for f in p.parent.glob(f"fedbroker-{m.group(1)}-rank*.out"):
+                    fm = _LOG_FILE_RE.fullmatch(f.name)
+                    if fm and fm.group(2) is not None:
+                        ranks[int(fm.group(2))] = f
+            except OSError:
+                ranks = {}
+        if not ranks:
+            return {0: p}
+        return {**dict(sorted(ranks.items())), -1: p}
+
+    def purge_logs(self, before: datetime) -> int:
+        """Remove this pool's job output files in ``log_dir`` (:data:`BATCH_LOG`, :data:`RANK_LOG`) last written
+        before ``before`` (aware); returns how many. Other files are never touched; a ``log_dir`` this host does
+        not see removes nothing."""
+        cutoff = before.timestamp()
+        n = 0
+        try:
+            files = list(Path(self.settings.log_dir).iterdir())
+        except OSError:
+            return 0
+        for f in files:
+            try:
+                if _LOG_FILE_RE.fullmatch(f.name) and f.is_file() and f.stat().st_mtime < cutoff:
+                    f.unlink()
+                    n += 1
+            except OSError:
+                continue
+        return n
 
     # ---------------------------------------------------------------- capacity
     def capacity(self) -> list[NodeCapacity]:
@@ -468,8 +690,28 @@ class SlurmPool:
 
     # ---------------------------------------------------------------- submit
     def batch_script(self, req: SlurmJobRequest) -> str:
-        """The batch script of ``req`` (bash): the job environment, the rendezvous, then the command."""
-        lines = ["#!/bin/bash", "set -u"]
+        """The batch script of ``req`` (bash; module docstring). It starts from Slurm's own ``SLURM_*`` variables
+        only (``--export=NONE``; any other variable, e.g. from the account's login environment, is unset: only
+        ``SLURM_*`` and Slurm's GPU/host variables, :data:`_SLURM_ENV`, stay) and sets the job environment of every
+        runtime: ``PATH``
+        (:data:`providers.launch.SAFE_PATH`, ``bin_dir`` first), ``HOME`` (a fresh working directory per node
+        rank, mode 0700, removed when the rank ends), ``LANG=C.UTF-8``, ``TZ=UTC``, ``req.env`` (the launch
+        variables) and the rendezvous; ``CUDA_VISIBLE_DEVICES`` is Slurm's (the GRES it gave). It makes its
+        output file 0600 and ``CHECKPOINT_DIR`` (mode 0700, as the job's user; exit 1 with the reason when it
+        cannot), then runs the command with its stdout+stderr capped at ``log_max_bytes``: the first half, a line
+        ``[fedbroker: N bytes of output dropped here ...]``, the last half (``head -c``, ``dd``, ``tail -c``:
+        coreutils on the nodes). The cap's processes ignore SIGTERM, so a cancelled job's tail is still written."""
+        s = self.settings
+        keep_head = s.log_max_bytes // 2
+        keep_tail = s.log_max_bytes - keep_head
+        path = f"{s.bin_dir}:{SAFE_PATH}" if s.bin_dir else SAFE_PATH
+        batch_log = str(Path(s.log_dir) / BATCH_LOG.replace("%j", "$SLURM_JOB_ID"))
+        lines = ["#!/bin/bash", "set -u", "umask 077",
+                 _TERM_BEFORE,
+                 f'chmod 0600 -- "{batch_log}" 2>/dev/null',
+                 # what slurmd may add from the account's login environment (--get-user-env) goes too
+                 f'for fb_v in $(compgen -e); do case "$fb_v" in {_SLURM_ENV}) ;; *) unset "$fb_v" ;; esac; done',
+                 f"unset fb_v; export PATH={shlex.quote(path)} LANG=C.UTF-8 TZ=UTC"]
         for k, v in sorted(req.env.items()):
             lines.append(f"export {k}={shlex.quote(str(v))}")
         lines += [
@@ -477,26 +719,66 @@ class SlurmPool:
             'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
             f"export MASTER_PORT={RENDEZVOUS_PORT} NNODES={req.nodes}",
             'export PET_MASTER_ADDR="$MASTER_ADDR"',
+            "fb_cap() {  # stdin -> stdout: the first $1 bytes, what was dropped, the last $2 bytes ($3: a scratch file)",
+            '  head -c "$1"',
+            '  dd bs=65536 2>"$3.n" | tail -c "$2" >"$3"',
+            '  local n; n=$(sed -n "s/^\\([0-9][0-9]*\\) bytes.*/\\1/p" "$3.n")',
+            '  if [ "${n:-0}" -gt "$2" ]; then',
+            '    printf "\\n[fedbroker: %s bytes of output dropped here (log_max_bytes %s: the first %s and the last '
+            '%s bytes are kept)]\\n" "$((n - $2))" "$(($1 + $2))" "$1" "$2"',
+            "  fi",
+            '  cat -- "$3"',
+            "}",
+            "fb_rank() {  # one node rank: its own HOME, CHECKPOINT_DIR, the command with its output capped",
+            '  if [ -n "${CHECKPOINT_DIR:-}" ] && ! mkdir -p -- "$CHECKPOINT_DIR"; then',
+            '    echo "fedbroker: cannot create CHECKPOINT_DIR=$CHECKPOINT_DIR as $(id -un) (checkpoint_root must exist'
+            ' on every node and be writable by the submit account)" >&2',
+            "    return 1",
+            "  fi",
+            '  local work rc; work=$(mktemp -d "${TMPDIR:-/tmp}/fedbroker-XXXXXXXX") || return 1',
+            '  export HOME="$work"; cd "$work" || return 1',
+            "  trap : TERM  # from here the command gets scancel's SIGTERM itself; the shell waits for the capped output",
+            f"  bash -c {shlex.quote(req.command)} 2>&1 | {{ trap '' TERM; fb_cap {keep_head} {keep_tail} "
+            '"$work/.fedbroker-tail"; }',
+            "  rc=${PIPESTATUS[0]}",
+            '  cd / && rm -rf -- "$work"',
+            '  return "$rc"',
+            "}",
         ]
         if req.nodes == 1:
             lines.append("export NODE_RANK=0 FEDBROKER_RANK=0 PET_NODE_RANK=0")
-            lines.append(f"exec bash -c {shlex.quote(req.command)}")
+            lines.append("fb_rank; rc=$?")
+            # a command killed by a signal ends the job the same way (Slurm reports ExitCode=0:SIGNAL)
+            lines.append('if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then trap - TERM; kill -s "$((rc - 128))" $$; fi')
+            lines.append('exit "$rc"')
         else:
-            inner = ('export NODE_RANK="$SLURM_NODEID" FEDBROKER_RANK="$SLURM_NODEID" PET_NODE_RANK="$SLURM_NODEID"; '
-                     f'{req.command}')
-            lines.append(f"exec srun --kill-on-bad-exit=1 --nodes={req.nodes} --ntasks-per-node=1 "
-                         f"bash -c {shlex.quote(inner)}")
+            rank_log = str(Path(s.log_dir) / RANK_LOG)
+            inner = (f'{_TERM_BEFORE}; export NODE_RANK="$SLURM_NODEID" FEDBROKER_RANK="$SLURM_NODEID" '
+                     'PET_NODE_RANK="$SLURM_NODEID"; '
+                     f'chmod 0600 -- "{s.log_dir}/fedbroker-$SLURM_JOB_ID-rank$SLURM_PROCID.out" 2>/dev/null; fb_rank')
+            lines.append("export -f fb_cap fb_rank")
+            lines.append(f"srun --export=ALL --kill-on-bad-exit=1 --nodes={req.nodes} --ntasks-per-node=1 "
+                         f"--output={shlex.quote(rank_log)} bash -c {shlex.quote(inner)}")
+            lines.append('exit "$?"')
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def gres_request(req: SlurmJobRequest) -> str:
+        """``--gpus-per-node``'s value: ``TYPE:COUNT``, or ``COUNT`` for the untyped GRES (:data:`UNTYPED_GRES`)."""
+        if req.gpu_type == UNTYPED_GRES:
+            return str(req.gpus_per_node)
+        return f"{req.gpu_type}:{req.gpus_per_node}"
 
     def sbatch_argv(self, req: SlurmJobRequest) -> list[str]:
         """The ``sbatch`` arguments of ``req`` (module docstring)."""
         s = self.settings
         tags = self._tags(req)
-        argv = ["sbatch", "--parsable", f"--partition={s.partition}", f"--job-name=fb-{req.job_id}-a{req.attempt}",
-                f"--nodes={req.nodes}", "--ntasks-per-node=1", f"--gpus-per-node={req.gpu_type}:{req.gpus_per_node}",
+        argv = ["sbatch", "--parsable", "--export=NONE", f"--partition={s.partition}",
+                f"--job-name=fb-{req.job_id}-a{req.attempt}",
+                f"--nodes={req.nodes}", "--ntasks-per-node=1", f"--gpus-per-node={self.gres_request(req)}",
                 f"--time={time_limit_min(req.estimate_s, s.slack_frac, s.slack_s)}",
                 "--comment=" + ",".join(f"{k}={v}" for k, v in tags.items()),
-                "--no-requeue", f"--output={Path(s.log_dir) / 'fedbroker-%j.out'}", f"--chdir={s.log_dir}"]
+                "--no-requeue", f"--output={Path(s.log_dir) / BATCH_LOG}", f"--chdir={s.log_dir}"]
         if req.deadline is not None:
             argv.append(f"--deadline={_local(req.deadline)}")
         if req.begin is not None:
@@ -527,12 +809,13 @@ class SlurmPool:
             if free < req.nodes:
                 raise NoCapacity(f"{free} of the {req.nodes} nodes needed have {req.gpus_per_node} x {req.gpu_type} "
                                  "free now", option, "NoCapacity")
+        self.prepare_directories()  # the submit account first: refused before anything is sent
         if self.settings.rest_url:
             data = self._rest("POST", "job/submit", {"script": self.batch_script(req), "job": self.rest_job(req)},
                               option=option)
             sid = str(data.get("job_id", ""))
         else:
-            r = self._run(*self.sbatch_argv(req), input=self.batch_script(req), option=option)
+            r = self._run(*self.sbatch_argv(req), input=self.batch_script(req), option=option, as_account=True)
             sid = r.stdout.strip().split(";")[0]
         if not sid.isdigit():
             raise ProviderError(f"submit: unexpected answer (job id {sid!r})", option)
@@ -540,19 +823,15 @@ class SlurmPool:
 
     def rest_job(self, req: SlurmJobRequest) -> dict:
         """The ``job`` object of ``POST job/submit`` (OpenAPI v0.0.38): the same request as :meth:`sbatch_argv`.
-        The job's environment is ``PATH`` (and ``SLURM_CONF`` when set); the rest comes from the batch script."""
-        import os
-
+        The job's environment is :meth:`client_environment` (``PATH``, ``LANG``, ``SLURM_CONF``); the rest comes
+        from the batch script."""
         s = self.settings
-        env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")}
-        if s.slurm_conf:
-            env["SLURM_CONF"] = s.slurm_conf
         job: dict = {"name": f"fb-{req.job_id}-a{req.attempt}", "partition": s.partition, "nodes": req.nodes,
-                     "tasks_per_node": 1, "gpus_per_node": f"{req.gpu_type}:{req.gpus_per_node}",
+                     "tasks_per_node": 1, "gpus_per_node": self.gres_request(req),
                      "time_limit": time_limit_min(req.estimate_s, s.slack_frac, s.slack_s),
                      "comment": ",".join(f"{k}={v}" for k, v in self._tags(req).items()), "requeue": False,
-                     "current_working_directory": s.log_dir, "standard_output": str(Path(s.log_dir) / "fedbroker-%j.out"),
-                     "environment": env}
+                     "current_working_directory": s.log_dir, "standard_output": str(Path(s.log_dir) / BATCH_LOG),
+                     "environment": self.client_environment()}
         if req.deadline is not None:
             job["deadline"] = _local(req.deadline)
         if req.begin is not None:

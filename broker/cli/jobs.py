@@ -123,9 +123,12 @@ def load_job_file(path: Path):
 def _placement(p: dict | None) -> str:
     if not p:
         return "-"
+    nodes = ", ".join(f"{n.get('node')}[{','.join(str(g) for g in n.get('gpus', []))}]" for n in p.get("nodes", []))
     if p.get("kind") == "onprem":
-        nodes = ", ".join(f"{n.get('node')}[{','.join(str(g) for g in n.get('gpus', []))}]" for n in p.get("nodes", []))
         return f"on-prem pool {p.get('pool')}: {nodes}"
+    if p.get("kind") in ("slurm", "kubernetes"):  # the planner's nodes; the cluster picks the real ones
+        return (f"{p['kind']} pool {p.get('pool')}: {p.get('gpu_type')} (GRES {p.get('scheduler_gpu_type')}) "
+                f"planned on {nodes}")
     return ", ".join(f"{k}={v}" for k, v in p.items())
 
 
@@ -266,8 +269,10 @@ def register(app: typer.Typer) -> None:
         elif job.state == "cancelled":
             current_console().print(f"{job.id} cancelled", highlight=False)
         else:
-            then = ("cancel requested; the broker terminates its instances"
-                    if (job.placement or {}).get("kind") == "cloud" else "cancel requested, the node agent stops it")
+            kind = (job.placement or {}).get("kind")
+            then = ("cancel requested; the broker terminates its instances" if kind == "cloud"
+                    else f"cancel requested; the broker stops it in its {kind} pool" if kind in ("slurm", "kubernetes")
+                    else "cancel requested, the node agent stops it")
             current_console().print(f"{job.id} {job.state}: {then}", highlight=False)
 
     @app.command()

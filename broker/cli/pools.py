@@ -54,7 +54,8 @@ def pools(config: Optional[Path] = typer.Option(None, help="Settings YAML (defau
     for col in ("pool", "kind", "health", "free GPUs", "total GPUs", "nodes", "backlog GPUs"):
         tab.add_column(col)
     for r in rows:
-        tab.add_row(escape(r["name"]), r["kind"], escape(r["health"]), _gpus(r["free_gpus"]), _gpus(r["total_gpus"]),
+        health = r["health"] + "".join(f"; not planned: {why}" for why in r.get("not_planned", []))
+        tab.add_row(escape(r["name"]), r["kind"], escape(health), _gpus(r["free_gpus"]), _gpus(r["total_gpus"]),
                     str(r["nodes"]), str(r["backlog_gpus"]) if "backlog_gpus" in r else "-")
     current_console().print(tab)
 

@@ -225,7 +225,7 @@ def _json_scalar(v: Any) -> bool:
 
 def create_app(store: JobStore, settings: BrokerSettings | None = None,
                on_submit: Callable[[str], None] | None = None, cloud=None, redis=None,
-               rate_limiter: RateLimiter | None = None) -> FastAPI:
+               rate_limiter: RateLimiter | None = None, pool_notes: Callable[[], dict] | None = None) -> FastAPI:
     """The API application over ``store``.
 
     Args:
@@ -245,6 +245,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             (the planner's queue); ``None`` = ``/healthz`` checks the database only and has no ``redis`` key.
         rate_limiter: the per-team submit rate limit (:class:`broker.service.limits.RateLimiter`, Redis);
             ``None`` = no rate limit. The queued-jobs quota (``settings.quotas``) is enforced either way.
+        pool_notes: what ``/healthz`` adds as ``pools`` (:class:`broker.service.schedulers.PoolNotes`: scheduler
+            pools not reachable or with GPUs the planner leaves out); ``None`` = no ``pools`` key.
     """
     settings = settings or BrokerSettings.model_construct()
     submits = GroupCommit(store, on_created=on_submit)  # POST /v1/jobs (on_submit: per new job, once stored)
@@ -385,8 +387,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def healthz() -> dict:
         """Liveness, a database round trip and a Redis ``PING``: ``{"status": "ok", "database": "ok",
         "redis": "ok"}``; 503 ``{"status": "degraded", "database": ..., "redis": ..., "detail": ...}`` naming
-        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one."""
-        out: dict[str, str] = {"status": "ok", "database": "ok"}
+        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one. Plus
+        ``pools`` (pool -> ``{"health", "not_planned"}``) for scheduler pools not reachable or with GPUs the planner
+        leaves out (``pool_notes``; never a 503)."""
+        out: dict[str, Any] = {"status": "ok", "database": "ok"}
         down = []
         try:
             store.ping()
@@ -402,6 +406,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 log.warning("healthz: redis check failed: %s", type(e).__name__)
                 out["redis"] = "unavailable"
                 down.append(f"redis unavailable: {type(e).__name__}")
+        notes = pool_notes() if pool_notes is not None else {}
+        if notes:  # scheduler pools not reachable or with GPUs the planner leaves out: said, not a failure
+            out["pools"] = notes
         if down:
             return JSONResponse({**out, "status": "degraded", "detail": "; ".join(down)}, status_code=503)
         return out

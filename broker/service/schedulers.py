@@ -23,14 +23,19 @@ one object the service holds for all such pools:
   running -> :func:`~broker.service.lifecycle.mark_running`; ended -> :func:`~broker.service.lifecycle.
   scheduler_ended` (succeeded, failed with the exit code and reason, cancelled by the cluster's admin: failed
   with the reason, node failure/preemption: requeued), the ledger meters it there (elapsed and ``ConsumedEnergy``
-  from the adapter, kept on the attempt's ``meter["scheduler"]``; the tail of its output file is kept as the
-  attempt's log where the broker's host can read ``log_dir``); cancel requested -> ``cancel()`` (SIGTERM,
+  from the adapter, kept on the attempt's ``meter["scheduler"]``; the tail of each output file is kept as the
+  attempt's log of its node rank where the broker's host can read ``log_dir``, and output files older than
+  ``retention_days`` are removed hourly); cancel requested -> ``cancel()`` (SIGTERM,
   then kill after ``term_grace_s``); still pending in the cluster past ``starting_deadline_s`` -> cancelled there
   and requeued; a job Slurm requeued itself is cancelled there (the broker requeues, not Slurm). Then the
   **sweep**: jobs tagged with this broker's id whose ``(job, attempt)`` is not a live attempt are cancelled (the
   poll is read before the store, so a job submitted meanwhile is never swept).
 * :meth:`SchedulerPools.status` / :func:`pools_status` — ``fedbroker pools``: each pool's kind, health, free GPUs
-  by type (agent pools from the store's nodes, scheduler pools from their clusters).
+  by type (agent pools from the store's nodes, scheduler pools from their clusters), the GPUs the planner leaves
+  out (``not_planned``); :class:`PoolNotes` gives ``/healthz`` the same for the pools with something to say.
+
+A pool whose submit account is privileged (``SlurmPool.submit_account``: root, ``SlurmUser``) sits out of
+planning with the refusal as its health. Why a pool or its GPUs are left out is logged once, not every cycle.
 
 Adapter calls happen outside database transactions; state moves are compare-and-sets in short ones.
 Errors of a cluster (:class:`providers.base.SchedulerUnavailable` and the rest) never stop a cycle or a pass:
@@ -56,7 +61,7 @@ from providers.base import MANAGED_TAG, ProviderError, QuotaExceeded, Unsupporte
 from providers.launch import DEFAULT_CHECKPOINT_ROOT, launch_spec, scheduler_environment
 from providers.registry import build_pool, pool_kind
 
-__all__ = ["PoolView", "SchedulerPools", "LIVE_NODE_STATES", "pools_status"]
+__all__ = ["PoolView", "SchedulerPools", "LIVE_NODE_STATES", "pools_status", "PoolNotes"]
 
 log = logging.getLogger("fedbroker.schedulers")
 S = JobState
@@ -68,6 +73,8 @@ LIVE_NODE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 LOG_TAIL_CHARS = 65536
 #: the most GPUs a pool node holds (``broker.model.PoolNode.gpu_count``'s bound)
 MAX_GPUS_PER_NODE = 16
+#: how often a pool's ``log_dir`` is swept for output files past retention (:meth:`SchedulerPools.purge_logs`)
+LOG_PURGE_EVERY = timedelta(hours=1)
 
 
 @dataclass
@@ -113,6 +120,9 @@ class SchedulerPools:
         self.settings = settings
         self._adapters: dict[str, Any] = dict(adapters or {})
         self.canon = canon or canonical_or_same
+        self._reported: set[tuple[str, str]] = set()  # (pool, why GPUs are left out) logged already
+        self._errors: dict[str, str] = {}  # pool -> why it could not be read last cycle (logged once)
+        self._logs_purged_at: dict[str, datetime] = {}  # pool -> last purge of its log_dir (LOG_PURGE_EVERY)
 
     def __bool__(self) -> bool:
         return bool(self.pools)
@@ -136,47 +146,77 @@ class SchedulerPools:
         return {name: self._read_one(name) for name in self.pools}
 
     def _read_one(self, name: str) -> PoolView:
-        from pricing.power import gpu_spec
-
         pool = self.pools[name]
         view = PoolView(name, pool.kind)
         try:
             ad = self.adapter(name)
             caps = ad.capacity()
+            if hasattr(ad, "prepare_directories"):  # jobs that would run privileged or log where others read: the
+                ad.prepare_directories()  # pool sits out (its health says why)
             releases = ad.release_profile()
             pending = ad.pending_work() if hasattr(ad, "pending_work") else {
                 t: (g, 0.0) for t, g in ad.backlog().items()}
         except Exception as e:  # noqa: BLE001 - a cluster never stops a cycle: the pool sits this one out
             view.error = f"{type(e).__name__}: {e}"
-            log.warning("pool %s (%s) left out of this cycle: %s", name, pool.kind, view.error)
+            if self._errors.get(name) != view.error:  # once per new error, not every cycle
+                log.warning("pool %s (%s) left out of planning: %s", name, pool.kind, view.error)
+            self._errors[name] = view.error
             return view
+        if self._errors.pop(name, None) is not None:
+            log.warning("pool %s (%s) is back in planning", name, pool.kind)
+        view.nodes, view.gres, view.skipped = self.plan_nodes(name, caps)
+        self._report_skipped(name, view.skipped)
+        view.releases = [(end.timestamp(), self.gpu_type(name, t), int(g)) for end, t, g in releases]
+        view.backlog_gpus = float(sum(g for g, _ in pending.values()))
+        view.backlog_gpu_s = float(sum(gs for _, gs in pending.values()))
+        return view
+
+    def gpu_type(self, name: str, gres: str) -> str:
+        """The planner's (canonical) GPU type of pool ``name``'s GRES type ``gres``: the pool's ``gres_types``
+        mapping first (``{gpu: A100}`` for an untyped ``gpu:N``), then :attr:`canon`."""
+        mapping = getattr(getattr(self.adapter(name), "settings", None), "gres_types", None) or {}
+        return self.canon(mapping.get(gres, gres))
+
+    def plan_nodes(self, name: str, caps: Iterable) -> tuple[list[LiveNode], dict[str, str], list[str]]:
+        """``(nodes, gres, skipped)`` of :class:`PoolView` from pool ``name``'s ``capacity()``: the planner's nodes
+        of the live nodes, planner node -> GRES type, and why GPUs were left out (each reason once)."""
+        from pricing.power import gpu_spec
+
+        nodes: list[LiveNode] = []
+        gres: dict[str, str] = {}
+        skipped: list[str] = []
         for n in caps:
             if n.state not in LIVE_NODE_STATES:
                 continue
             types = [t for t, c in sorted(n.gpus_total.items()) if c > 0]
             for t in types:
                 if n.gpus_total[t] > MAX_GPUS_PER_NODE:
-                    view.skipped.append(f"{n.node}: {n.gpus_total[t]} x {t} (a pool node holds at most "
-                                        f"{MAX_GPUS_PER_NODE} GPUs)")
+                    skipped.append(f"{n.node}: {n.gpus_total[t]} x {t} (a pool node holds at most "
+                                   f"{MAX_GPUS_PER_NODE} GPUs)")
                     continue
-                canon = self.canon(t)
+                canon = self.gpu_type(name, t)
                 try:
                     mem = gpu_spec(canon).memory_gb
                 except ValueError:
-                    why = f"GPU type {t!r}: no power or throughput model (pricing.power)"
-                    if why not in view.skipped:
-                        view.skipped.append(why)
+                    hint = (f"gres_types maps it to {canon!r}" if canon != self.canon(t)
+                            else "map it to one in the pool's gres_types, e.g. {gpu: A100}")
+                    why = f"GPU type {t!r}: no power or throughput model (pricing.power; {hint})"
+                    if why not in skipped:
+                        skipped.append(why)
                     continue
                 node = f"{name}/{n.node}" + (f"/{t}" if len(types) > 1 else "")
-                view.nodes.append(LiveNode(node, name, canon, int(n.gpus_total[t]), float(mem),
-                                           tuple(range(n.gpus_free(t)))))
-                view.gres[node] = t
-        if view.skipped:
-            log.warning("pool %s: GPUs left out of planning: %s", name, "; ".join(view.skipped))
-        view.releases = [(end.timestamp(), self.canon(t), int(g)) for end, t, g in releases]
-        view.backlog_gpus = float(sum(g for g, _ in pending.values()))
-        view.backlog_gpu_s = float(sum(gs for _, gs in pending.values()))
-        return view
+                nodes.append(LiveNode(node, name, canon, int(n.gpus_total[t]), float(mem),
+                                      tuple(range(n.gpus_free(t)))))
+                gres[node] = t
+        return nodes, gres, skipped
+
+    def _report_skipped(self, name: str, skipped: list[str]) -> None:
+        """Log each reason GPUs of pool ``name`` are left out of planning once per process (not every cycle);
+        ``fedbroker pools`` and ``/healthz`` show them while they hold (:meth:`status`)."""
+        new = [why for why in skipped if (name, why) not in self._reported]
+        if new:
+            self._reported.update((name, why) for why in new)
+            log.warning("pool %s: GPUs left out of planning: %s", name, "; ".join(new))
 
     # ------------------------------------------------------------------ submit
     def request(self, j, spec: JobSpec, attempt: int) -> Any:
@@ -192,8 +232,9 @@ class SchedulerPools:
             speed = gpu_spec(self.canon(pl.get("gpu_type", ""))).rel_throughput
         except ValueError:
             speed = 1.0
+        pool_root = getattr(getattr(self.adapter(pl["pool"]), "settings", None), "checkpoint_root", None)
         ls = launch_spec(spec, j.id, attempt, 0, spec.nodes, "localhost",
-                         checkpoint_root=self.settings_value("checkpoint_root", DEFAULT_CHECKPOINT_ROOT))
+                         checkpoint_root=pool_root or self.settings_value("checkpoint_root", DEFAULT_CHECKPOINT_ROOT))
         kw = dict(job_id=j.id, attempt=attempt, team=j.team, command=shlex.join(spec.command),
                   gpu_type=pl.get("scheduler_gpu_type") or pl.get("gpu_type"), gpus_per_node=spec.gpus_per_node,
                   nodes=spec.nodes, estimate_s=work / max(speed, 1e-9), deadline=j.deadline,
@@ -258,14 +299,30 @@ class SchedulerPools:
         state moved) and ``errors`` (pool -> why it could not be polled)."""
         now = now or utcnow()
         out: dict[str, Any] = {"polled": 0, "running": 0, "ended": 0, "requeued": 0, "cancelled": 0, "swept": 0,
-                               "resubmitted": 0, "changed": 0, "errors": {}}
+                               "resubmitted": 0, "changed": 0, "logs_removed": 0, "errors": {}}
         for name in self.pools:
             try:
                 self._watch_pool(store, name, now, out)
             except Exception as e:  # noqa: BLE001 - one cluster's outage leaves the other pools' watch alone
                 out["errors"][name] = f"{type(e).__name__}: {e}"
                 log.warning("pool %s: watch skipped this pass: %s", name, e, exc_info=not isinstance(e, ProviderError))
+            out["logs_removed"] += self.purge_logs(name, now)
         return out
+
+    def purge_logs(self, name: str, now: datetime) -> int:
+        """Remove pool ``name``'s job output files last written more than ``settings.retention_days`` before
+        ``now`` (the adapter's ``purge_logs``; the store keeps each attempt's log for as long), at most once per
+        :data:`LOG_PURGE_EVERY`; ``retention_days`` 0 keeps them. Returns how many were removed."""
+        days = float(self.settings_value("retention_days", 0.0))
+        last = self._logs_purged_at.get(name)
+        ad = self.adapter(name)
+        if days <= 0 or not hasattr(ad, "purge_logs") or (last is not None and now - last < LOG_PURGE_EVERY):
+            return 0
+        self._logs_purged_at[name] = now
+        n = ad.purge_logs(now - timedelta(days=days))
+        if n:
+            log.info("pool %s: removed %d job output file(s) older than %g days", name, n, days)
+        return n
 
     def _watch_pool(self, store: JobStore, name: str, now: datetime, out: dict) -> None:
         pool = self.pools[name]
@@ -375,7 +432,10 @@ class SchedulerPools:
             except Exception as e:  # noqa: BLE001 - a log the cluster no longer has is not kept
                 log.info("log of %s attempt %d not kept: %s", jid, attempt, e)
         else:
-            self.keep_log(store, jid, attempt, info.stdout)
+            files = ad.log_files(info.stdout) if hasattr(ad, "log_files") else {0: info.stdout}
+            for rank, path in files.items():  # a gang: one file per node rank (logs --rank N); -1: srun's words
+                self.keep_log(store, jid, attempt, str(path) if path else None, rank=max(rank, 0),
+                              seq=1 if rank < 0 else 0)
         energy = ad.consumed_energy_j(ext) if hasattr(ad, "consumed_energy_j") else None
         ran = bool(info.elapsed_s) or info.state in ("succeeded", "failed")
         for _ in range(3):
@@ -397,11 +457,12 @@ class SchedulerPools:
                     return
 
     @staticmethod
-    def keep_log(store: JobStore, job_id: str, attempt: int, path: str | None) -> bool:
+    def keep_log(store: JobStore, job_id: str, attempt: int, path: str | None, rank: int = 0, seq: int = 0) -> bool:
         """Keep the last :data:`providers.launch.LOG_TAIL_BYTES` bytes of an ended job's output file (the
-        scheduler's ``StdOut``, on a file system the broker's host shares: ``log_dir``) as the attempt's log (rank 0,
-        chunk 0; ``fedbroker logs``), decoded as UTF-8 with replacement. Returns whether stored (``False``: no
-        path, the file is not readable from here, or the chunk was kept already)."""
+        scheduler's ``StdOut``, on a file system the broker's host shares: ``log_dir``) as the attempt's log of node
+        rank ``rank``, chunk ``seq`` (``fedbroker logs --rank N``), decoded as UTF-8 with replacement. Returns
+        whether stored (``False``: no path, the file is empty or not readable from here, or the chunk was kept
+        already)."""
         from pathlib import Path
 
         from providers.launch import LOG_TAIL_BYTES
@@ -417,7 +478,9 @@ class SchedulerPools:
         except OSError as e:
             log.info("log of %s attempt %d not kept: %s", job_id, attempt, e)
             return False
-        return store.append_log(job_id, attempt, 0, 0, data)
+        if seq and not data:
+            return False
+        return store.append_log(job_id, attempt, rank, seq, data)
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[dict]:
@@ -430,6 +493,8 @@ class SchedulerPools:
             try:
                 ad = self.adapter(name)
                 caps = ad.capacity()
+                if hasattr(ad, "prepare_directories"):
+                    ad.prepare_directories(create=False)
                 backlog = ad.backlog()
             except Exception as e:  # noqa: BLE001 - reported as the pool's health
                 row.update(health=f"{type(e).__name__}: {e}", free_gpus={}, total_gpus={}, nodes=0, backlog_gpus=0)
@@ -447,6 +512,9 @@ class SchedulerPools:
                     free[t] = free.get(t, 0) + n.gpus_free(t)
             row.update(health="reachable", free_gpus=dict(sorted(free.items())), total_gpus=dict(sorted(total.items())),
                        nodes=live, backlog_gpus=int(sum(backlog.values())))
+            skipped = self.plan_nodes(name, caps)[2]
+            if skipped:  # GPUs the cluster has that the planner leaves out (an unmodelled GPU type, ...)
+                row["not_planned"] = skipped
             out.append(row)
         return out
 
@@ -492,3 +560,54 @@ def pools_status(pools: Iterable[Pool], settings, store: JobStore | None, now: d
         out.append({"name": p.name, "kind": p.kind, "health": health, "free_gpus": dict(sorted(free.items())),
                     "total_gpus": dict(sorted(total.items())), "nodes": len(up)})
     return out
+
+
+class PoolNotes:
+    """What ``/healthz`` says about the scheduler pools: pool name -> ``{"health": ..., "not_planned": [...]}`` for
+    each pool that is not reachable or has GPUs the planner leaves out (:meth:`SchedulerPools.status`); ``{}`` when
+    all is well or the cluster file has no scheduler pool.
+
+    A call never waits for a cluster: it answers the last reading and, when that is older than ``max_age_s``
+    (60 s) or there is none yet, starts one reading in a background thread (a cluster's client may take its
+    ``timeout_s`` to fail). ``pools``: the cluster file's pools (``None``: loaded from ``settings.cluster`` on the
+    first reading; a file that cannot be loaded gives ``{}``)."""
+
+    def __init__(self, settings, pools: Iterable[Pool] | None = None, max_age_s: float = 60.0):
+        import threading
+
+        self.settings = settings
+        self._pools = list(pools) if pools is not None else None
+        self.max_age_s = max_age_s
+        self._notes: dict[str, dict] = {}
+        self._read_at: float | None = None
+        self._busy = threading.Lock()
+
+    def __call__(self) -> dict[str, dict]:
+        import threading
+        import time
+
+        stale = self._read_at is None or time.monotonic() - self._read_at >= self.max_age_s
+        if stale and self._busy.acquire(blocking=False):
+            threading.Thread(target=self._refresh, name="fedbroker-pool-notes", daemon=True).start()
+        return dict(self._notes)
+
+    def _refresh(self) -> None:
+        import time
+
+        try:
+            if self._pools is None:
+                from broker.cluster import load_cluster
+                from broker.service.live import LIVE_CLUSTER_PATH
+
+                self._pools = load_cluster(self.settings.cluster or LIVE_CLUSTER_PATH)
+            sched = SchedulerPools(self._pools, self.settings)
+            notes = {}
+            for row in sched.status() if sched else []:
+                if row["health"] != "reachable" or row.get("not_planned"):
+                    notes[row["name"]] = {"health": row["health"], "not_planned": row.get("not_planned", [])}
+            self._notes = notes
+        except Exception as e:  # noqa: BLE001 - /healthz reports the pools, it never fails on them
+            log.info("pool notes for /healthz not read: %s", e)
+        finally:
+            self._read_at = time.monotonic()
+            self._busy.release()

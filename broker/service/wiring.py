@@ -170,8 +170,11 @@ def build_api(settings: BrokerSettings):
     # cloud reports and node heartbeats end attempts here: meter them with the wiring's planning environment
     # (the live signal cache and cloud prices the planner uses), built on first metering
     ledger.configure(settings.cluster, build=services.ledger_prices)
+    from broker.service.schedulers import PoolNotes
+
     return create_app(store, settings, on_submit=PlannerWake(), cloud=_cloud_broker(store, settings),
-                      redis=redis_client(settings.redis_url), rate_limiter=RateLimiter.from_settings(settings))
+                      redis=redis_client(settings.redis_url), rate_limiter=RateLimiter.from_settings(settings),
+                      pool_notes=PoolNotes(settings))
 
 
 def app_from_settings():

@@ -52,7 +52,7 @@ def test_sbatch_argv_and_script():
                           deadline=datetime(2026, 12, 2, 8, 0, tzinfo=timezone.utc), env={"LR": "0.1 x"})
     argv = pool.sbatch_argv(req)
     assert argv[:2] == ["sbatch", "--parsable"]
-    for a in ("--partition=gpu", "--job-name=fb-j1-a2", "--nodes=2", "--ntasks-per-node=1",
+    for a in ("--export=NONE", "--partition=gpu", "--job-name=fb-j1-a2", "--nodes=2", "--ntasks-per-node=1",
               "--gpus-per-node=a100:4", "--time=17", "--no-requeue", "--qos=urgent",
               "--comment=fedbroker-broker=b1,fedbroker-job=j1,fedbroker-attempt=2,fedbroker-team=vision",
               "--output=/shared/logs/fedbroker-%j.out"):
@@ -60,7 +60,49 @@ def test_sbatch_argv_and_script():
     assert any(a.startswith("--deadline=2026-12-0") for a in argv)
     script = pool.batch_script(req)
     assert "export LR='0.1 x'\n" in script
-    assert "exec srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 bash -c" in script
+    assert ("srun --export=ALL --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=1 "
+            "--output=/shared/logs/fedbroker-%j-rank%t.out bash -c") in script
+
+
+def test_untyped_gres_is_asked_for_by_count():
+    pool = SlurmPool(SlurmSettings(gres_types={"gpu": "A100"}))
+    req = SlurmJobRequest("j1", 1, "vision", "true", "gpu", 4, 600)
+    assert "--gpus-per-node=4" in pool.sbatch_argv(req)
+    assert pool.rest_job(req)["gpus_per_node"] == "4"
+
+
+def test_client_commands_get_no_broker_environment(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "FAKE")
+    monkeypatch.delenv("TZ", raising=False)
+    pool = SlurmPool(SlurmSettings(slurm_conf="/etc/slurm/slurm.conf", bin_dir="/opt/slurm/bin"))
+    assert pool.client_environment() == {"PATH": "/opt/slurm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
+                                                 "/sbin:/bin", "LANG": "C.UTF-8", "SLURM_CONF": "/etc/slurm/slurm.conf"}
+    assert pool.rest_job(SlurmJobRequest("j1", 1, "vision", "true", "a100", 1, 60))["environment"] == \
+        pool.client_environment()
+
+
+def test_submitting_as_the_cluster_s_slurm_user_is_refused():
+    """A SlurmUser that is not root (Debian's ``slurm`` account, uid 64030 here): refused without the allow."""
+    import pwd
+
+    from providers.base import Unsupported
+
+    try:
+        pwd.getpwnam("slurm")
+    except KeyError:
+        pytest.skip("no 'slurm' user on this host (Debian's slurm-wlm packages make it)")
+    runner = FakeRunner({"scontrol": (0, "Configuration data as of 2026-12-04T03:00:00\nSlurmUser               = "
+                                         "slurm(64030)\nSlurmdUser              = root(0)\n", "")})
+    with pytest.raises(Unsupported) as e:
+        SlurmPool(SlurmSettings(submit_user="slurm"), runner=runner).submit_account()
+    assert e.value.code == "PrivilegedSubmit"
+    assert str(e.value).startswith("submit_user='slurm' is the cluster's SlurmUser: ")
+    ok = SlurmPool(SlurmSettings(submit_user="slurm", allow_privileged_submit=True), runner=runner)
+    assert ok.submit_account()[:2] == ("slurm", pwd.getpwnam("slurm").pw_uid)
+    with pytest.raises(Unsupported) as e:
+        SlurmPool(SlurmSettings(submit_user="no-such-user-here"), runner=runner).submit_account()
+    assert (e.value.code, str(e.value)) == ("NoSuchUser", "submit_user='no-such-user-here': no such user on the "
+                                                          "broker's host")
 
 
 @pytest.mark.parametrize("field,value,msg", [("job_id", "a b", "job_id='a b'"), ("gpus_per_node", 0, "gpus_per_node=0"),
@@ -76,6 +118,14 @@ def test_bad_request_names_the_field(field, value, msg):
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match="partition='a b'"):
         SlurmSettings(partition="a b")
+    with pytest.raises(ValueError, match="log_max_bytes=100: must be an integer from 1024 to"):
+        SlurmSettings(log_max_bytes=100)
+    with pytest.raises(ValueError, match="checkpoint_root='ckpt': must be an absolute path"):
+        SlurmSettings(checkpoint_root="ckpt")
+    with pytest.raises(ValueError, match="submit_user='x y': must be a user name"):
+        SlurmSettings(submit_user="x y")
+    with pytest.raises(ValueError, match="submit_user='a': on the REST path jobs run as the JWT's user"):
+        SlurmSettings(rest_url="http://h:6820", jwt_file="/j", rest_user="b", submit_user="a")
 
 
 class FakeRunner:

@@ -65,7 +65,8 @@ def free_port_block(n: int, start: int = 20000, stop: int = 60000) -> int:
 
 @dataclass(frozen=True)
 class NodeGroup:
-    """``count`` nodes named ``{prefix}NNN`` with ``gpus`` GPUs each of GRES type ``gpu_type``."""
+    """``count`` nodes named ``{prefix}NNN`` with ``gpus`` GPUs each of GRES type ``gpu_type`` (``""``: untyped,
+    ``Gres=gpu:N``)."""
 
     prefix: str
     count: int
@@ -143,9 +144,10 @@ class LocalSlurm:
         for name, g in self.nodes:
             lines.append(f"NodeName={name} NodeHostname={name} NodeAddr=127.0.0.1 Port={port} CPUs=8 Boards=1 "
                          f"SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000 "
-                         f"Gres=gpu:{g.gpu_type}:{g.gpus} State=UNKNOWN")
+                         f"Gres=gpu:{g.gpu_type + ':' if g.gpu_type else ''}{g.gpus} State=UNKNOWN")
             files = f"{r}/dev/nvidia0" if g.gpus == 1 else f"{r}/dev/nvidia[0-{g.gpus - 1}]"
-            gres.append(f"NodeName={name} Name=gpu Type={g.gpu_type} File={files}")
+            typed = f" Type={g.gpu_type}" if g.gpu_type else ""
+            gres.append(f"NodeName={name} Name=gpu{typed} File={files}")
             port += 1
         lines.append(f"PartitionName={self.partition} Nodes=ALL Default=YES MaxTime={self.max_time_min} "
                      f"MaxNodes={self.max_nodes} State=UP")
@@ -194,10 +196,11 @@ class LocalSlurm:
     def jwt_file(self) -> Path:
         return self.root / "etc" / "jwt.token"
 
-    def token(self, lifespan_s: int = 3600, path: Path | None = None) -> Path:
-        """Write a JWT for root (``scontrol token``, valid ``lifespan_s`` s) to ``path`` (default :attr:`jwt_file`)."""
+    def token(self, lifespan_s: int = 3600, path: Path | None = None, user: str = "root") -> Path:
+        """Write a JWT for ``user`` (``scontrol token``, valid ``lifespan_s`` s) to ``path`` (default
+        :attr:`jwt_file`)."""
         path = path or self.jwt_file
-        path.write_text(self.run("scontrol", "token", "username=root", f"lifespan={lifespan_s}").stdout.strip())
+        path.write_text(self.run("scontrol", "token", f"username={user}", f"lifespan={lifespan_s}").stdout.strip())
         return path
 
     def _start_restd(self) -> None:

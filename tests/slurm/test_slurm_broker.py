@@ -24,6 +24,8 @@ from providers.slurm import SlurmJobRequest
 from tests.conftest import PG_URL
 
 BROKER_ID = "b-live"
+#: the unprivileged account the broker submits as (the local cluster runs as root)
+ACCOUNT = "nobody"
 
 
 @pytest.fixture(scope="module", params=["cli", "rest"])
@@ -32,14 +34,21 @@ def cluster_file(request, slurm_cluster, tmp_path_factory):
     slurmrestd (REST + JWT) path: every test runs on both."""
     d = tmp_path_factory.mktemp("cluster")
     f = d / "cluster.json"
-    rest = dict(rest_url=slurm_cluster.rest_url, jwt_file=str(slurm_cluster.jwt_file), rest_user="root")
+    jwt = slurm_cluster.token(path=slurm_cluster.root / "etc" / "nobody.jwt", user=ACCOUNT)
+    rest = dict(rest_url=slurm_cluster.rest_url, jwt_file=str(jwt), rest_user=ACCOUNT)
     f.write_text(json.dumps({"pools": [{
         "name": "hpc", "kind": "slurm", "site": "local Slurm", "carbon_zone": "CA-ON", "price_zone": "CA-ON",
         "pue": 1.2, "amortised_usd_per_gpu_hour": 0.4,
-        "slurm": {"partition": "gpu", "broker_id": BROKER_ID, "log_dir": str(slurm_cluster.root / "jobs"),
+        "slurm": {"partition": "gpu", "broker_id": BROKER_ID, "log_dir": str(logs_of(slurm_cluster, request.param)),
+                  "checkpoint_root": str(slurm_cluster.root / f"broker-ckpt-{request.param}"),
                   "slurm_conf": str(slurm_cluster.conf), "term_grace_s": 1.0,
-                  **(rest if request.param == "rest" else {})}}]}))
+                  **(rest if request.param == "rest" else {"submit_user": ACCOUNT})}}]}))
     return f
+
+
+def logs_of(slurm_cluster, path: str) -> Path:
+    """The pool's ``log_dir`` on the ``cli`` or ``rest`` path (made by the adapter, owned by ``nobody``)."""
+    return slurm_cluster.root / f"broker-logs-{path}"
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +119,14 @@ def test_one_gpu_job_placed_by_the_planner_runs_to_succeeded_with_its_log_and_us
     j = store.get(job.id)
     assert (j.state, j.placement["kind"], j.placement["pool"], j.placement["scheduler_gpu_type"]) == (
         "starting", "slurm", "hpc", "a100")
+    from broker.cli.jobs import _placement  # what `fedbroker status` prints (a raw dict on cb5ea98)
+
+    [part] = j.placement["nodes"]
+    assert _placement(j.placement) == f"slurm pool hpc: A100 (GRES a100) planned on {part['node']}[{part['gpus'][0]}]"
     done = _until(store, rec, job.id, {"succeeded", "failed"})
     assert (done.state, done.exit_code, done.reason) == ("succeeded", 0, "exit code 0")
-    assert Path(slurm_cluster.root / "jobs" / f"fedbroker-{sid}.out").read_text() == (
+    path = "rest" if pools.adapter("hpc").settings.rest_url else "cli"
+    assert Path(logs_of(slurm_cluster, path) / f"fedbroker-{sid}.out").read_text() == (
         "rank=0 nnodes=1 world=1 attempt=1\n")
     assert store.log_chunks(job.id, 1) == [(0, "rank=0 nnodes=1 world=1 attempt=1\n")]  # fedbroker logs
     [att] = store.attempts(job.id)
@@ -144,9 +158,10 @@ def test_two_node_gang_runs_to_succeeded_once_per_node(broker, slurm_cluster):
     assert len(store.get(job.id).placement["nodes"]) == 2
     done = _until(store, rec, job.id, {"succeeded", "failed"})
     assert (done.state, done.exit_code) == ("succeeded", 0)
-    lines = sorted(Path(slurm_cluster.root / "jobs" / f"fedbroker-{sid}.out").read_text().splitlines())
-    master = lines[0].split("master=")[1].split()[0]
-    assert lines == [f"rank=0 of 2 master={master} pet=0/2", f"rank=1 of 2 master={master} pet=1/2"]
+    rank0, rank1 = store.log_chunks(job.id, 1, 0), store.log_chunks(job.id, 1, 1)  # fedbroker logs --rank N
+    master = rank0[0][1].split("master=")[1].split()[0]
+    assert (rank0, rank1) == ([(0, f"rank=0 of 2 master={master} pet=0/2\n")],
+                              [(0, f"rank=1 of 2 master={master} pet=1/2\n")])
     assert master.startswith("a00")
     assert _row(store, job.id)["rank_exits"] == {"0": 0, "1": 0}
 
@@ -273,7 +288,7 @@ def test_fedbroker_pools_lists_kind_health_and_free_gpus(slurm_cluster, cluster_
 
     pools = json.loads(cluster_file.read_text())["pools"]
     down = {**pools[0], "name": "gone", "slurm": {"partition": "gpu", "slurm_conf": str(tmp_path / "none.conf"),
-                                                  "timeout_s": 5}}  # the CLI with no cluster config
+                                                  "timeout_s": 5, "submit_user": ACCOUNT}}  # no cluster config
     agent = {"name": "local", "carbon_zone": "CA-ON", "price_zone": "CA-ON",
              "nodes": [{"name": "n1", "gpu_type": "V100", "gpu_count": 4}]}
     cf = tmp_path / "cluster.json"
@@ -364,11 +379,163 @@ def test_gpus_the_planner_cannot_model_are_left_out_with_the_reason(slurm_cluste
                      rest=False).start()
     try:
         pool = Pool(name="odd", kind="slurm", carbon_zone="CA-ON", price_zone="CA-ON", nodes=(),
-                    scheduler={"partition": "gpu", "slurm_conf": str(odd.conf)})
+                    scheduler={"partition": "gpu", "slurm_conf": str(odd.conf), "submit_user": ACCOUNT})
         view = SchedulerPools([pool], BrokerSettings()).read()["odd"]
     finally:
         odd.cleanup()
     assert view.error is None
     assert [(n.name, n.gpu_type, n.gpu_count) for n in view.nodes] == [("odd/a001", "A100", 2)]
     assert view.skipped == ["b001: 17 x a100 (a pool node holds at most 16 GPUs)",
-                            "GPU type 'qpu': no power or throughput model (pricing.power)"]
+                            "GPU type 'qpu': no power or throughput model (pricing.power; map it to one in the "
+                            "pool's gres_types, e.g. {gpu: A100})"]
+
+
+def test_a_member_s_job_sees_none_of_the_broker_s_environment(broker, monkeypatch):
+    """Issue #20 finding 1, as it was found: the worker holds cloud keys and FEDBROKER_* settings in its
+    environment; a member's job on the Slurm pool prints its uid and environment."""
+    store, cycle, rec, pools = broker
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "FAKE-worker-key")
+    monkeypatch.setenv("FEDBROKER_REDIS_URL", "redis://:hunter2@127.0.0.1:6379/0")
+    job, _ = store.submit("evil", _spec("id -u; env"))
+    cycle.run()
+    done = _until(store, rec, job.id, {"succeeded", "failed"})
+    [(_, text)] = store.log_chunks(job.id, 1)
+    uid, *env = text.splitlines()
+    assert (done.state, uid) == ("succeeded", "65534")
+    assert "FAKE-worker-key" not in text and "hunter2" not in text
+    assert sorted(v.split("=", 1)[0] for v in env if v.startswith("FEDBROKER_")) == [
+        "FEDBROKER_ATTEMPT", "FEDBROKER_JOB_ID", "FEDBROKER_RANK"]  # the launch variables, nothing of the broker's
+
+
+def test_job_placed_by_the_planner_gets_its_checkpoint_dir_under_the_pool_s_root(broker, slurm_cluster):
+    """Issue #20: CHECKPOINT_DIR is <checkpoint_root>/<team>/<job>, made by the job's user; a checkpoint written
+    there is kept."""
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec('touch "$CHECKPOINT_DIR/step1" && echo "ckpt=$CHECKPOINT_DIR uid=$(id -u)"'))
+    cycle.run()
+    done = _until(store, rec, job.id, {"succeeded", "failed"})
+    root = Path(pools.adapter("hpc").settings.checkpoint_root)
+    assert (done.state, done.exit_code) == ("succeeded", 0)
+    assert store.log_chunks(job.id, 1) == [(0, f"ckpt={root}/vision/{job.id} uid=65534\n")]
+    assert (root / "vision" / job.id / "step1").stat().st_uid == 65534
+
+
+def test_retention_removes_output_files_past_retention_days(broker, slurm_cluster):
+    from datetime import timedelta
+
+    from broker.service.store.tables import utcnow
+
+    store, cycle, rec, pools = broker
+    job, _ = store.submit("vision", _spec("echo kept"))
+    cycle.run()
+    sid = _ext(store, job.id)
+    assert _until(store, rec, job.id, {"succeeded", "failed"}).state == "succeeded"
+    out = Path(pools.adapter("hpc").settings.log_dir) / f"fedbroker-{sid}.out"
+    assert out.read_text() == "kept\n" and store.log_chunks(job.id, 1) == [(0, "kept\n")]
+    pools._logs_purged_at.clear()
+    assert pools.purge_logs("hpc", utcnow()) == 0 and out.exists()  # younger than retention_days (30)
+    pools._logs_purged_at.clear()
+    assert pools.purge_logs("hpc", utcnow() + timedelta(days=31)) >= 1
+    assert not out.exists()
+    assert pools.purge_logs("hpc", utcnow() + timedelta(days=32)) == 0  # at most once an hour
+
+
+def _untyped_cluster_file(odd, tmp_path, **slurm) -> Path:
+    f = tmp_path / "untyped.json"
+    f.write_text(json.dumps({"pools": [{
+        "name": "plain", "kind": "slurm", "carbon_zone": "CA-ON", "price_zone": "CA-ON", "pue": 1.2,
+        "amortised_usd_per_gpu_hour": 0.4,
+        "slurm": {"partition": "gpu", "broker_id": "b-untyped", "slurm_conf": str(odd.conf), "submit_user": ACCOUNT,
+                  "log_dir": str(odd.root / "fb-logs"), "checkpoint_root": str(odd.root / "fb-ckpt"), **slurm}}]}))
+    return f
+
+
+def test_untyped_gres_is_reported_once_then_mapped_by_gres_types_and_used(tmp_path, caplog):
+    """Issue #20: an untyped ``gpu:2`` GRES is named once (log, ``fedbroker pools``), not every cycle; with
+    ``gres_types: {gpu: A100}`` the planner places a job there and Slurm runs it (``--gpus-per-node=1``)."""
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from broker.cluster import load_cluster
+    from broker.service.api import create_app
+    from broker.service.schedulers import PoolNotes
+    from tests.slurm.cluster import LocalSlurm, NodeGroup
+
+    odd = LocalSlurm(groups=(NodeGroup("g", 2, "", 2),), rest=False).start()
+    try:
+        unmapped = SchedulerPools(load_cluster(_untyped_cluster_file(odd, tmp_path)), BrokerSettings())
+        why = ("GPU type 'gpu': no power or throughput model (pricing.power; map it to one in the pool's "
+               "gres_types, e.g. {gpu: A100})")
+        with caplog.at_level(logging.WARNING, logger="fedbroker.schedulers"):
+            views = [unmapped.read()["plain"] for _ in range(3)]  # three planning cycles
+        assert [(v.nodes, v.skipped) for v in views] == [([], [why])] * 3
+        assert [r.getMessage() for r in caplog.records] == [f"pool plain: GPUs left out of planning: {why}"]
+        [row] = unmapped.status()
+        assert row == {"name": "plain", "kind": "slurm", "health": "reachable", "free_gpus": {"gpu": 4},
+                       "total_gpus": {"gpu": 4}, "nodes": 2, "backlog_gpus": 0, "not_planned": [why]}
+
+        store = JobStore(PG_URL, schema=f"t_{uuid.uuid4().hex[:12]}")
+        store.migrate()
+        try:
+            # /healthz says it too (read in the background: the first answers may come before the reading)
+            app = create_app(store, BrokerSettings(), pool_notes=PoolNotes(BrokerSettings(), unmapped.pools.values()))
+            client, end = TestClient(app), time.monotonic() + 30
+            while "pools" not in (health := client.get("/healthz").json()) and time.monotonic() < end:
+                time.sleep(0.1)
+            assert health == {"status": "ok", "database": "ok",
+                              "pools": {"plain": {"health": "reachable", "not_planned": [why]}}}
+
+            cf = _untyped_cluster_file(odd, tmp_path, gres_types={"gpu": "A100"})
+            env = LiveEnvironment(BrokerSettings().planner, cf)
+            st = BrokerSettings(cluster=cf, max_attempts=3)
+            pools = SchedulerPools(env.site_pools.values(), st)
+            view = pools.read()["plain"]
+            assert [(n.name, n.gpu_type, n.gpu_count, n.healthy) for n in view.nodes] == [
+                ("plain/g001", "A100", 2, (0, 1)), ("plain/g002", "A100", 2, (0, 1))]
+            assert (view.skipped, view.gres) == ([], {"plain/g001": "gpu", "plain/g002": "gpu"})
+            assert "not_planned" not in pools.status()[0]
+            cycle = PlanningCycle(store, env, st, dispatch=lambda j, a: None, schedulers=pools)
+            rec = Reconciler(store, st, schedulers=pools)
+            job, _ = store.submit("vision", _spec('echo "gpus=$CUDA_VISIBLE_DEVICES"'))
+            assert cycle.run().kinds == {"start": 1}
+            pl = store.get(job.id).placement
+            assert (pl["kind"], pl["pool"], pl["gpu_type"], pl["scheduler_gpu_type"]) == ("slurm", "plain", "A100",
+                                                                                        "gpu")
+            done = _until(store, rec, job.id, {"succeeded", "failed"})
+            assert (done.state, store.log_chunks(job.id, 1)) == ("succeeded", [(0, "gpus=0\n")])
+            sid = _ext(store, job.id)
+            tres = odd.run("scontrol", "-o", "show", "job", sid).stdout
+            assert "TresPerNode=gres:gpu:1" in tres
+        finally:
+            store.drop_schema()
+    finally:
+        odd.cleanup()
+
+
+def test_a_pool_that_would_run_jobs_as_root_is_left_out_with_the_reason(slurm_cluster, tmp_path):
+    """Issue #20: a Slurm pool whose submit account is root (here the broker's own user, the CLI path) is not
+    planned (its view carries the refusal) and ``fedbroker pools`` names it as its health."""
+    from broker.model import Pool
+
+    pool = Pool(name="asroot", kind="slurm", carbon_zone="CA-ON", price_zone="CA-ON", nodes=(),
+                scheduler={"partition": "gpu", "slurm_conf": str(slurm_cluster.conf),
+                           "log_dir": str(tmp_path / "logs")})
+    pools = SchedulerPools([pool], BrokerSettings())
+    view = pools.read()["asroot"]
+    why = ("Unsupported: submit_user='root' is root: jobs of other teams would run with its rights; set submit_user "
+           "to an unprivileged Slurm account, or allow_privileged_submit: true to accept this")
+    assert (view.error, view.nodes) == (why, [])
+    assert pools.status()[0] == {"name": "asroot", "kind": "slurm", "health": why, "free_gpus": {}, "total_gpus": {},
+                                 "nodes": 0, "backlog_gpus": 0}
+
+    # a log_dir the submit account does not own (its jobs could not write there; others may read it): the same
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    pool = Pool(name="badlogs", kind="slurm", carbon_zone="CA-ON", price_zone="CA-ON", nodes=(),
+                scheduler={"partition": "gpu", "slurm_conf": str(slurm_cluster.conf), "submit_user": ACCOUNT,
+                           "log_dir": str(shared)})
+    pools = SchedulerPools([pool], BrokerSettings())
+    why = (f"Unsupported: log_dir='{shared}': owned by uid 0, not by the submit account 'nobody' (uid 65534): make "
+           "it mode 0700 owned by that account")
+    assert (pools.read()["badlogs"].error, pools.status()[0]["health"]) == (why, why)

@@ -3,6 +3,7 @@ logs, cancels, admin kills, node failures and the sweep come back from slurmctld
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,14 +14,23 @@ from providers.base import NoCapacity, ProviderError, QuotaExceeded, SchedulerUn
 from providers.slurm import SlurmJobRequest, SlurmPool, SlurmSettings
 
 
+#: the unprivileged account the tests submit as (the local cluster runs as root; ``nobody`` exists everywhere)
+ACCOUNT = "nobody"
+ACCOUNT_UID = 65534
+
+
 @pytest.fixture(scope="module", params=["cli", "rest"])
 def pool(request, slurm_cluster):
-    """The adapter on the CLI path, then on the slurmrestd (REST + JWT) path: every test runs on both."""
-    logs = slurm_cluster.root / "jobs"
-    rest = dict(rest_url=slurm_cluster.rest_url, jwt_file=str(slurm_cluster.jwt_file), rest_user="root")
+    """The adapter on the CLI path, then on the slurmrestd (REST + JWT) path: every test runs on both. Jobs are
+    submitted as ``nobody`` (CLI: ``submit_user``; REST: a JWT of ``nobody``); ``log_dir`` and
+    ``checkpoint_root`` do not exist yet (the adapter makes them)."""
+    logs = slurm_cluster.root / f"logs-{request.param}"
+    jwt = slurm_cluster.token(path=slurm_cluster.root / "etc" / "nobody.jwt", user=ACCOUNT)
+    rest = dict(rest_url=slurm_cluster.rest_url, jwt_file=str(jwt), rest_user=ACCOUNT)
     p = SlurmPool(SlurmSettings(partition="gpu", broker_id="b-test", log_dir=str(logs),
+                                checkpoint_root=str(slurm_cluster.root / f"ckpt-{request.param}"),
                                 slurm_conf=str(slurm_cluster.conf), term_grace_s=1.0,
-                                **(rest if request.param == "rest" else {})))
+                                **(rest if request.param == "rest" else {"submit_user": ACCOUNT})))
     yield p
     for info in p.list_managed():  # a failed test leaves nothing queued for the next one
         p.cancel(info.slurm_job_id, grace_s=0)
@@ -73,8 +83,14 @@ def test_two_node_gang_runs_once_per_node_with_rank0_as_master(pool, slurm_clust
     assert (done.state, done.exit_code) == ("succeeded", 0)
     hosts = slurm_cluster.run("scontrol", "show", "hostnames", done.nodes).stdout.split()
     assert len(hosts) == 2 and all(h.startswith("a") for h in hosts)
-    lines = sorted(Path(done.stdout).read_text().splitlines())
-    assert lines == [f"rank=0 master={hosts[0]}:29500 nnodes=2", f"rank=1 master={hosts[0]}:29500 nnodes=2"]
+    # each node rank has its own output file (fedbroker logs --rank N), mode 0600; the batch file holds srun's words
+    files = pool.log_files(done.stdout)
+    assert sorted(files) == [-1, 0, 1]
+    assert [files[r].read_text() for r in (0, 1)] == [f"rank=0 master={hosts[0]}:29500 nnodes=2\n",
+                                                      f"rank=1 master={hosts[0]}:29500 nnodes=2\n"]
+    assert files[1].name == f"fedbroker-{info.slurm_job_id}-rank1.out"
+    assert [f.stat().st_mode & 0o777 for f in files.values()] == [0o600, 0o600, 0o600]
+    assert files[-1].read_text() == ""
 
 
 def test_gang_exit_code_is_the_failing_rank_s(pool):
@@ -256,3 +272,90 @@ def test_release_profile_from_running_jobs_time_limits(pool):
         assert abs((end - t0).total_seconds() - 7 * 60) <= 3, end
     finally:
         pool.cancel(job.slurm_job_id, grace_s=0)
+
+
+def test_job_sees_the_launch_environment_only_and_runs_as_the_submit_account(pool, monkeypatch):
+    """Issue #20: the broker's environment (cloud keys, its database URL) never reaches a job; the job runs as the
+    unprivileged submit account, with Slurm's SLURM_* variables, the clean base (PATH, HOME, LANG, TZ,
+    CUDA_VISIBLE_DEVICES) and the launch variables."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "FAKE-secret-key")
+    monkeypatch.setenv("FEDBROKER_DATABASE_URL", "postgresql://broker:pw@db/fedbroker")
+    info = pool.submit(req("env-check", 'id -u; echo "home=$HOME"; env | sort', env={"WORLD_SIZE": "1"}))
+    done = wait(pool, info.slurm_job_id, {"succeeded", "failed"})
+    assert (done.state, done.exit_code) == ("succeeded", 0)
+    out = Path(done.stdout).read_text()
+    assert "FAKE-secret-key" not in out and "pw@db" not in out
+    uid, home, *env = out.splitlines()
+    assert uid == str(ACCOUNT_UID)
+    keys = {line.split("=", 1)[0] for line in env if "=" in line}
+    assert sorted(k for k in keys if not k.startswith("SLURM")) == [
+        "CUDA_VISIBLE_DEVICES", "ENVIRONMENT", "FEDBROKER_ATTEMPT", "FEDBROKER_JOB_ID", "FEDBROKER_RANK",
+        "GPU_DEVICE_ORDINAL", "HOME", "HOSTNAME", "LANG", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "PATH",
+        "PET_MASTER_ADDR", "PET_NODE_RANK", "PWD", "ROCR_VISIBLE_DEVICES", "SHLVL", "TMPDIR", "TZ", "WORLD_SIZE",
+        "ZE_AFFINITY_MASK", "_"]
+    assert {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "TZ=UTC",
+            "CUDA_VISIBLE_DEVICES=0", "WORLD_SIZE=1"} <= set(env)
+    home = home.removeprefix("home=")
+    assert home.startswith("/tmp/fedbroker-") and not Path(home).exists()  # the rank's working directory, removed
+
+
+def test_submitting_as_root_is_refused_unless_explicitly_allowed(pool, slurm_cluster):
+    """The local cluster's SlurmUser is root: submitting as root is refused before anything reaches Slurm, and
+    runs as uid 0 only with allow_privileged_submit."""
+    path = "rest" if pool.settings.rest_url else "cli"
+    logs, job = str(slurm_cluster.root / f"logs-root-{path}"), f"as-root-{path}"
+    if pool.settings.rest_url:
+        root = rest_twin(pool, rest_user="root", jwt_file=str(slurm_cluster.jwt_file), log_dir=logs)
+        key = "rest_user"
+    else:
+        root = rest_twin(pool, submit_user=None, log_dir=logs)  # the broker's own user: root
+        key = "submit_user"
+    with pytest.raises(Unsupported) as e:
+        root.submit(req(job, "id -u"))
+    assert e.value.code == "PrivilegedSubmit"
+    assert str(e.value) == (f"{key}='root' is root: jobs of other teams would run with its rights; set {key} to an "
+                            "unprivileged Slurm account, or allow_privileged_submit: true to accept this")
+    assert not [i for i in pool.poll().values() if i.tags["fedbroker-job"] == job]
+    allowed = rest_twin(root, allow_privileged_submit=True)
+    done = wait(allowed, allowed.submit(req(job, "id -u")).slurm_job_id, {"succeeded", "failed"})
+    assert (done.state, Path(done.stdout).read_text()) == ("succeeded", "0\n")
+
+
+def test_checkpoint_dir_is_made_for_the_job_owned_by_its_user(pool):
+    ckpt = Path(pool.settings.checkpoint_root) / "vision" / "ckpt-job"
+    info = pool.submit(req("ckpt-job", 'touch "$CHECKPOINT_DIR/step1" && stat -c "%U %a" "$CHECKPOINT_DIR"',
+                           env={"CHECKPOINT_DIR": str(ckpt)}))
+    done = wait(pool, info.slurm_job_id, {"succeeded", "failed"})
+    assert (done.state, Path(done.stdout).read_text()) == ("succeeded", f"{ACCOUNT} 700\n")
+    assert (ckpt / "step1").stat().st_uid == ACCOUNT_UID
+    root = Path(pool.settings.checkpoint_root)
+    assert (root.stat().st_uid, root.stat().st_mode & 0o777) == (ACCOUNT_UID, 0o700)  # made by the adapter
+    # a checkpoint root the account cannot write: the job fails at once, saying why
+    info = pool.submit(req("no-ckpt", "echo never", env={"CHECKPOINT_DIR": "/proc/fedbroker/ckpt"}))
+    done = wait(pool, info.slurm_job_id, {"succeeded", "failed"})
+    assert (done.state, done.exit_code) == ("failed", 1)
+    mkdir, why = Path(done.stdout).read_text().splitlines()  # mkdir's own words, then the job's reason
+    assert mkdir.startswith("mkdir: cannot create directory ") and mkdir.endswith(": No such file or directory")
+    assert why == (f"fedbroker: cannot create CHECKPOINT_DIR=/proc/fedbroker/ckpt as {ACCOUNT} (checkpoint_root "
+                   "must exist on every node and be writable by the submit account)")
+
+
+def test_log_file_is_private_capped_at_head_and_tail_and_removed_by_retention(pool):
+    small = rest_twin(pool, log_max_bytes=4096)
+    info = small.submit(req("chatty", "printf HEAD; head -c 10000 /dev/zero | tr '\\0' x; printf TAIL"))
+    done = wait(small, info.slurm_job_id, {"succeeded", "failed"})
+    assert (done.state, done.exit_code) == ("succeeded", 0)
+    out = Path(done.stdout)
+    body = b"HEAD" + b"x" * 10000 + b"TAIL"  # 10,008 bytes: 2,048 + 2,048 kept, 5,912 dropped between
+    assert out.read_bytes() == (body[:2048] + b"\n[fedbroker: 5912 bytes of output dropped here (log_max_bytes 4096: "
+                                b"the first 2048 and the last 2048 bytes are kept)]\n" + body[-2048:])
+    st, dst = out.stat(), out.parent.stat()
+    assert (st.st_mode & 0o777, st.st_uid, dst.st_mode & 0o777, dst.st_uid) == (0o600, ACCOUNT_UID, 0o700, ACCOUNT_UID)
+    other = out.parent / "notes.txt"  # not a job output file: retention leaves it
+    other.write_text("operator's\n")
+    small.purge_logs(datetime.fromtimestamp(st.st_mtime - 1, timezone.utc))  # earlier tests' files only
+    assert out.exists()
+    assert small.purge_logs(datetime.now(timezone.utc) + timedelta(seconds=1)) >= 1
+    assert not out.exists() and other.read_text() == "operator's\n"
+    assert not [f for f in out.parent.iterdir() if f.name.startswith("fedbroker-")]
+    other.unlink()
