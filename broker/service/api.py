@@ -82,6 +82,7 @@ from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
 from broker.service.settings import BrokerSettings
+from broker.service.service_endpoints import trial_notice
 from broker.states import JobState
 from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
                           ScheduleConflict, ScheduleNotFound, SubmitItem, hash_token)
@@ -383,8 +384,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def healthz() -> dict:
         """Liveness, a database round trip and a Redis ``PING``: ``{"status": "ok", "database": "ok",
         "redis": "ok"}``; 503 ``{"status": "degraded", "database": ..., "redis": ..., "detail": ...}`` naming
-        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one."""
+        each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one. A broker
+        in trial mode (``serve all --trial``) adds ``"trial"``: the line naming its password-less services."""
         out: dict[str, str] = {"status": "ok", "database": "ok"}
+        notice = trial_notice(settings)  # serve all --trial: password-less services, said on every check
         down = []
         try:
             store.ping()
@@ -400,6 +403,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 log.warning("healthz: redis check failed: %s", type(e).__name__)
                 out["redis"] = "unavailable"
                 down.append(f"redis unavailable: {type(e).__name__}")
+        if notice:
+            out["trial"] = notice
         if down:
             return JSONResponse({**out, "status": "degraded", "detail": "; ".join(down)}, status_code=503)
         return out
