@@ -180,6 +180,9 @@ class NodeAgent:
             self.guard = NetworkGuard(self.name, uids, eps)
             self.guard.install()
             self.private_view = sorted({*SERVICE_SOCKET_DIRS, *(e["socket"] for e in eps if e.get("socket"))})
+        elif self.jobs is None:
+            log.warning("the agent does not run as root: its jobs run as its own user, with no nftables table and no "
+                        "private /proc, so they can reach the broker's Redis and database and see each other")
         self.jobs = jobs
 
     # ------------------------------------------------------------------ heartbeat

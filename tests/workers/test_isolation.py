@@ -321,3 +321,21 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+@root_only
+def test_a_job_cannot_read_the_agents_credentials(pg_store, env, tmp_path):
+    """Issue 20: the agent's node token must stay out of its jobs' reach. The agent here is this test process: its
+    ``/proc/<pid>`` (environ, cmdline, open files) is not even listed in the job's ``/proc`` (hidepid=2), and the
+    agent's state directory stays closed (mode 0700)."""
+    rig = Rig(pg_store, env, tmp_path, {"n1": 1})
+    me = os.getpid()
+    state = rig.settings.state_dir
+    jid = pg_store.submit("evil", sh(f"cat /proc/{me}/environ /proc/{me}/cmdline; ls /proc/{me}/fd; ls {state}"))[0].id
+    rig.until(lambda: rig.state(jid) == "failed", what="the job to fail")
+    log = "".join(t for _, t in pg_store.log_chunks(jid, 1))
+    assert log == (f"cat: /proc/{me}/environ: No such file or directory\n"
+                   f"cat: /proc/{me}/cmdline: No such file or directory\n"
+                   f"ls: cannot access '/proc/{me}/fd': No such file or directory\n"
+                   f"ls: cannot open directory '{state}': Permission denied\n"), log
+    assert rig.tokens["n1"] not in log
