@@ -93,15 +93,27 @@ class JobUser:
 PR_SET_NO_NEW_PRIVS = 38
 
 
+_LIBC = None
+
+
+def _libc():
+    """The C library (``ctypes.CDLL``, errno kept), loaded once per process: ``find_library`` runs ``ldconfig``."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _LIBC
+
+
 def no_new_privileges() -> None:
     """Set ``no_new_privs`` on this process (inherited by its children, never unset): a job cannot gain a uid
     or capabilities through a setuid file — one it planted earlier under a uid that a later job (another
     team's) then got, or ``sudo``. Linux 3.5+. Raises ``OSError`` if the kernel refuses."""
     import ctypes
-    import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
 
@@ -327,9 +339,8 @@ class PrivateView:
 
     def __init__(self, hide=(), private_proc: bool = True):
         import ctypes
-        import ctypes.util
 
-        self._libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        self._libc = _libc()
         self._ctypes = ctypes
         seen, self.targets = set(), []
         for p in hide:

@@ -10,7 +10,8 @@ job user) that connects
 * to a port of the broker's services (``blocked_endpoints`` of ``GET /v1/node/config``: ``redis_url``,
   ``database_url``, ``jobs.blocked_endpoints``, see :mod:`broker.service.service_endpoints`) on any address of
   this host (``fib daddr type local``: 127.0.0.1, ::1 and every interface address), and
-* to that port on the addresses the endpoint's host name resolves to here (IPv4 and IPv6), when it is remote.
+* to that port on the addresses the endpoint's host name resolves to here (IPv4 and IPv6), when it is remote
+  (resolved when the table is installed, at the agent's start: a name that moves later needs a restart).
 
 Root and every other uid are not matched (the agent and the broker keep their connections); other ports, e.g.
 the torchrun rendezvous of a gang, are not either. The table is replaced whole in one ``nft -f`` transaction

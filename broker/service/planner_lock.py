@@ -6,17 +6,21 @@ second planner harmless. But a lock anyone could write was a switch that stopped
 reached the password-less Redis ran ``SET fedbroker:planner-lock x EX 300``, and no job of any team was taken in
 for 5 minutes. So a lock value is only honoured when the broker wrote it and it is still live:
 
-``v1|<holder>|<deadline_ms>|<fence>|<nonce>|<mac>``
+``v1|<holder>|<deadline_ms>|<nonce>|<mac>``
     ``holder``: who took it (host and pid); ``deadline_ms``: Redis's clock (``TIME``, ms since the epoch) when it
-    lapses, ``ttl_s`` after it was taken; ``fence``: the planner fence version when it was taken; ``nonce``: 16
-    random hex digits; ``mac``: HMAC-SHA256 (first 32 hex digits) over the rest, keyed by
+    lapses, ``ttl_s`` after it was taken; ``nonce``: 16 random hex digits; ``mac``: HMAC-SHA256 (first 32 hex
+    digits) over the rest, keyed by
     :func:`lock_key` (derived from the store's ``instance_secret``, which only the broker's database holds).
 
 A planner that finds the lock taken overrides it (and logs one warning naming the reason) when the value is not
-of that form, its MAC is wrong, its deadline has passed or lies more than ``ttl_s`` (+ :data:`SLACK_MS`) ahead, its
-key has no TTL or a longer one than that, or the fence has moved on since it was taken (that cycle applied, so the
-value is a copy replayed after its release). The most a forged or replayed value can hold planning up is one
-genuine lock's remaining life (``planner_lock_ttl_s``, 60 s by default), and only until the next applied cycle.
+of that form, its MAC is wrong, its deadline has passed or lies more than ``ttl_s`` (+ :data:`SLACK_MS`) ahead, or
+its key has no TTL or a longer one than that. A forged value is overridden at once; the most a copy of a genuine
+value replayed after its release can hold planning up is that lock's remaining life (at most
+``planner_lock_ttl_s``, 60 s by default). (Overriding a lock whose cycle had already applied, by the planner fence,
+was tried and dropped: two planners then ran at once whenever a cycle outlived its apply, and on a loaded host the
+extra database load made agents' reports time out.)
+Every planner of one broker should use the same ``planner_lock_ttl_s``: a lock taken with a longer one is
+overridden by a planner with a shorter one (harmless: the fence drops a stale cycle's plan).
 
 Errors: ``redis.RedisError`` from the Redis calls (the caller skips the cycle; beat tries again).
 """
@@ -94,22 +98,21 @@ class PlannerLock:
     def _mac(self, body: str) -> str:
         return hmac.new(self.key, body.encode(), hashlib.sha256).hexdigest()[:32]
 
-    def value(self, deadline_ms: int, fence: int) -> str:
-        """A lock value this broker writes: lapses at ``deadline_ms`` (Redis clock), taken at fence ``fence``."""
-        body = f"v1|{self.holder}|{deadline_ms}|{fence}|{secrets.token_hex(8)}"
+    def value(self, deadline_ms: int) -> str:
+        """A lock value this broker writes: it lapses at ``deadline_ms`` (Redis's clock, ms since the epoch)."""
+        body = f"v1|{self.holder}|{deadline_ms}|{secrets.token_hex(8)}"
         return f"{body}|{self._mac(body)}"
 
-    def why_not_honoured(self, value: bytes | None, pttl_ms: int, now_ms: int, fence: int) -> str | None:
+    def why_not_honoured(self, value: bytes | None, pttl_ms: int, now_ms: int) -> str | None:
         """``None`` when ``value`` (the key's content, with ``pttl_ms`` from ``PTTL``) is a live lock this broker
-        wrote, else the reason it is overridden (a short phrase for the log). ``now_ms``: Redis's clock;
-        ``fence``: the planner fence version now."""
+        wrote, else the reason it is overridden (a short phrase for the log). ``now_ms``: Redis's clock."""
         if value is None:
             return "it lapsed"
         text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
         parts = text.split("|")
-        if len(parts) != 6 or parts[0] != "v1" or not parts[2].isdigit() or not parts[3].isdigit():
+        if len(parts) != 5 or parts[0] != "v1" or not parts[2].isdigit():
             return "its value is not one a planner writes"
-        if not hmac.compare_digest(parts[5], self._mac("|".join(parts[:5]))):
+        if not hmac.compare_digest(parts[4], self._mac("|".join(parts[:4]))):
             return "its value is not signed by this broker"
         deadline = int(parts[2])
         if deadline <= now_ms:
@@ -118,24 +121,21 @@ class PlannerLock:
             return f"its deadline is {(deadline - now_ms) / 1000:.0f} s ahead, over planner_lock_ttl_s"
         if pttl_ms < 0 or pttl_ms > self.ttl_ms + SLACK_MS:
             return "its key has no TTL" if pttl_ms < 0 else f"its TTL is {pttl_ms / 1000:.0f} s, over planner_lock_ttl_s"
-        if int(parts[3]) < fence:
-            return "the planner fence moved on since it was taken (a replayed value)"
         return None
 
-    def acquire(self, fence: int) -> str | None:
-        """Take the lock for ``ttl_s``; ``fence``: the planner fence version now
-        (:meth:`broker.service.store.core.JobStore.planner_version`). Returns the value written (pass it to
+    def acquire(self) -> str | None:
+        """Take the lock for ``ttl_s``. Returns the value written (pass it to
         :meth:`release`), or ``None`` when a live lock of this broker is held. A lock that is not honoured is
         overridden (one WARNING with its reason). Raises ``redis.RedisError``."""
         now = self._now_ms()
-        token = self.value(now + self.ttl_ms, fence)
+        token = self.value(now + self.ttl_ms)
         if self.redis.set(self.name, token, nx=True, px=self.ttl_ms):
             return token
         pipe = self.redis.pipeline(transaction=True)
         pipe.get(self.name)
         pipe.pttl(self.name)
         current, pttl = pipe.execute()
-        why = self.why_not_honoured(current, int(pttl), now, fence)
+        why = self.why_not_honoured(current, int(pttl), now)
         if why is None:
             return None
         if not self._take_over(keys=[self.name], args=[current or b"", token, self.ttl_ms]):

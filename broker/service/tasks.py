@@ -63,7 +63,7 @@ def plan() -> dict:
     """One planning cycle if this worker gets the leader lock; returns a summary."""
     st = services.settings
     lock = _planner_lock()
-    token = lock.acquire(services.store.planner_version())
+    token = lock.acquire()
     if token is None:
         return {"skipped": "another planner holds the lock"}
     try:

@@ -89,3 +89,15 @@ def test_install_is_idempotent_and_remove_deletes_the_table():
         g.remove()
     assert g.installed() is None
     g.remove()  # nothing to do
+
+
+def test_the_node_config_serves_the_endpoints_to_block(pg_store, rig):
+    r = rig({"n1": 1})
+    r.settings.jobs.blocked_endpoints = ["metrics.internal:8086"]
+    assert r.agents["n1"].api.config()["blocked_endpoints"] == [
+        {"setting": "redis_url", "kind": "redis", "host": "127.0.0.1", "port": 6379, "socket": None, "password": False},
+        {"setting": "database_url", "kind": "postgresql", "host": "127.0.0.1", "port": 5432, "socket": None,
+         "password": False},
+        {"setting": "jobs.blocked_endpoints[0]", "kind": "tcp", "host": "metrics.internal", "port": 8086,
+         "socket": None, "password": False},
+    ]

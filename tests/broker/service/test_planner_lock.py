@@ -30,13 +30,13 @@ def _lock(r, ttl_s=60.0, key=KEY, holder="planner-a"):
 def test_a_live_lock_of_this_broker_is_honoured_and_released(r):
     a = _lock(r)
     b = PlannerLock(r, KEY, 60.0, name=a.name, holder="planner-b")
-    token = a.acquire(fence=7)
-    assert token.startswith("v1|planner-a|") and token.split("|")[3] == "7"
+    token = a.acquire()
+    assert token.startswith("v1|planner-a|") and len(token.split("|")) == 5
     assert 59000 < r.pttl(a.name) <= 60000
-    assert b.acquire(fence=7) is None  # held: the second planner skips its cycle
+    assert b.acquire() is None  # held: the second planner skips its cycle
     assert a.release(token) is True
     assert r.exists(a.name) == 0
-    token_b = b.acquire(fence=7)
+    token_b = b.acquire()
     assert token_b is not None and b.release(token_b)
     assert a.release(token) is False  # long gone
 
@@ -49,33 +49,32 @@ def test_a_live_lock_of_this_broker_is_honoured_and_released(r):
 ])
 def test_a_lock_the_broker_did_not_write_is_overridden(r, caplog, how, why):
     a = _lock(r)
-    genuine = a.value(a._now_ms() + 60000, fence=3)
+    genuine = a.value(a._now_ms() + 60000)
     how(r, a.name, genuine)
     with caplog.at_level(logging.WARNING, logger="fedbroker.planner_lock"):
-        token = PlannerLock(r, KEY, 60.0, name=a.name, holder="planner-b").acquire(fence=3)
+        token = PlannerLock(r, KEY, 60.0, name=a.name, holder="planner-b").acquire()
     assert token is not None and r.get(a.name).decode() == token
     assert 59000 < r.pttl(a.name) <= 60000
     assert [rec.getMessage() for rec in caplog.records if why in rec.getMessage()], caplog.text
 
 
-def test_a_lock_signed_with_another_key_or_a_far_deadline_or_an_old_fence_is_overridden(r):
+def test_a_lock_signed_with_another_key_or_with_a_far_or_past_deadline_is_overridden(r):
     a = _lock(r)
     now = a._now_ms()
     other = PlannerLock(r, lock_key(b"\x02" * 32), 60.0, name=a.name, holder="planner-a")
     cases = [
-        (other.value(now + 60000, fence=3), 3, "not signed by this broker"),      # another broker's key
-        (a.value(now + 3_600_000, fence=3), 3, "3600 s ahead"),                  # signed, but an hour
-        (a.value(now + 60000, fence=3), 4, "fence moved on"),                     # a replay after its cycle applied
-        (a.value(now - 1, fence=3), 3, "deadline has passed"),                   # its TTL extended past its life
+        (other.value(now + 60000), "not signed by this broker"),      # another broker's key
+        (a.value(now + 3_600_000), "3600 s ahead"),                   # signed, but for an hour
+        (a.value(now - 1), "deadline has passed"),                    # a genuine value whose TTL was extended
     ]
-    for value, fence, why in cases:
+    for value, why in cases:
         r.set(a.name, value, px=30000)
-        assert why in a.why_not_honoured(r.get(a.name), r.pttl(a.name), a._now_ms(), fence)
-        assert a.acquire(fence) is not None
-    live = a.value(a._now_ms() + 60000, fence=5)
+        assert why in a.why_not_honoured(r.get(a.name), r.pttl(a.name), a._now_ms())
+        assert a.acquire() is not None
+    live = a.value(a._now_ms() + 60000)
     r.set(a.name, live, px=60000)
-    assert a.why_not_honoured(r.get(a.name), r.pttl(a.name), a._now_ms(), 5) is None
-    assert a.acquire(5) is None
+    assert a.why_not_honoured(r.get(a.name), r.pttl(a.name), a._now_ms()) is None
+    assert a.acquire() is None
 
 
 def test_the_plan_task_runs_a_cycle_past_the_attackers_lock(pg_store, r, monkeypatch):
@@ -97,6 +96,6 @@ def test_the_plan_task_runs_a_cycle_past_the_attackers_lock(pg_store, r, monkeyp
     assert "skipped" not in out and "total_s" in out
     assert r.exists(PLANNER_LOCK) == 0  # released after the cycle
     # a live lock the broker wrote is still honoured
-    held = tasks._planner_lock().acquire(pg_store.planner_version())
+    held = tasks._planner_lock().acquire()
     assert tasks.plan() == {"skipped": "another planner holds the lock"}
     assert tasks._planner_lock().release(held)
