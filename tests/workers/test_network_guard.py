@@ -101,3 +101,25 @@ def test_the_node_config_serves_the_endpoints_to_block(pg_store, rig):
         {"setting": "jobs.blocked_endpoints[0]", "kind": "tcp", "host": "metrics.internal", "port": 8086,
          "socket": None, "password": False},
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nft")
+def test_the_agents_table_stays_while_a_job_runs_and_goes_when_it_stops_idle(pg_store, rig):
+    from tests.workers.rig import sh
+
+    r = rig({"n1": 1})
+    agent = r.agents["n1"]
+    agent.prepare()  # what the first supervision step does (serve agent: before it starts)
+    assert agent.guard.installed() is not None
+    jid = pg_store.submit("ml", sh("sleep 30"))[0].id
+    r.until(lambda: r.state(jid) == "running", what="the job to run")
+    agent.stop()
+    assert agent.guard.installed() is not None  # its job still runs: its rules stay
+    fresh = r.new_agent("n1")  # started again: replaces the table, re-adopts the job
+    r.agents["n1"] = fresh
+    fresh.prepare()
+    assert fresh.guard.installed().count("fib daddr type local") == 1
+    pg_store.request_cancel(jid, "ml")
+    r.until(lambda: r.state(jid) == "cancelled", what="the cancel")
+    fresh.stop()
+    assert fresh.guard.installed() is None  # nothing runs: the table is gone
