@@ -64,6 +64,7 @@ class Rig:
 
     def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
         Rig.live.append(self)
+        self.made: list[NodeAgent] = []
         self.store = store
         self.tmp = tmp_path
         # jobs run under per-attempt uids here (the tests run as root): the agent's state is private, the jobs' root is not
@@ -80,6 +81,10 @@ class Rig:
         self.cycle = PlanningCycle(store, env, self.settings)
 
     def new_agent(self, name: str) -> NodeAgent:
+        self.made.append(agent := self._agent(name))  # closed by close(), even when a test pops it from agents
+        return agent
+
+    def _agent(self, name: str) -> NodeAgent:
         return NodeAgent(NodeClient(self.api.url, self.tokens[name]), name, "local", self.backends[name],
                          state_dir=self.tmp / "state", runtime=ProcessRuntime(self.tmp / "state" / "agents" / name),
                          lease_root=self.tmp / "leases")  # this rig's uid leases: other tests' agents hold none
@@ -87,7 +92,7 @@ class Rig:
     def close(self) -> None:
         """Stop the API server and delete the agents' nftables tables (their jobs have ended by then)."""
         self.api.stop()
-        for a in self.agents.values():
+        for a in self.made:
             if a.guard is not None:
                 a.guard.remove()
         if self in Rig.live:
