@@ -36,7 +36,10 @@ own per attempt and rank from ``jobs.uid_range`` (:mod:`workers.dynamic_users`: 
 launch, every process of it killed when the rank ends, before the uid is given again), in
 its own working directory per attempt and rank, with a checkpoint directory per job (handed
 to each new attempt's uid), both under the jobs root and owned by that user; the agent's
-state directory is mode 0700.
+state directory is mode 0700. A root agent also keeps the broker's services out of its jobs' reach: an
+nftables table refuses the job uids TCP connections to the broker's Redis and database
+(:mod:`workers.network_guard`), and each job runs in a mount namespace of its own where their UNIX sockets
+are hidden and ``/proc`` shows its own processes only (:class:`workers.isolation.PrivateView`).
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ from pathlib import Path
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
 from workers.dynamic_users import LEASE_ROOT, allocate_uid, dynamic_user, hand_over, keep_leased, reclaim, release_uid
-from workers.isolation import JobsPolicy, jobs_root, prepare_jobs_root, private_dir, remove_tree, resolve_job_user
+from workers.isolation import (SERVICE_SOCKET_DIRS, JobsPolicy, agent_is_root, jobs_root, prepare_jobs_root,
+                                private_dir, remove_tree, resolve_job_user)
+from workers.network_guard import NetworkGuard
 from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
 __all__ = ["NodeAgent", "RENDEZVOUS_PORT", "SUPERVISE_S", "WORK_WAIT_S", "MAX_BACKOFF_S"]
@@ -124,6 +129,10 @@ class NodeAgent:
         self.runtime = runtime or ProcessRuntime(self.state_dir / "agents" / name, spare_shim=True)
         self.lease_root = Path(lease_root)  # the uid leases: host-wide by default (every agent of the host)
         self.jobs: JobsPolicy | None = None
+        #: the nftables table of a root agent (installed by prepare(); None otherwise)
+        self.guard: NetworkGuard | None = None
+        #: paths hidden from a root agent's jobs, each in a mount namespace of its own (workers.isolation.PrivateView)
+        self.private_view: list[str] | None = None
         self.jobs_root: Path | None = None
         self.gpu_type = gpu_type
         self.agent_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -154,13 +163,26 @@ class NodeAgent:
 
     def prepare(self) -> None:
         """Resolve the job users of this node's pool (and of every team mapping) and create the jobs
-        root. Raises ``ValueError`` naming the ``jobs`` setting (:mod:`workers.isolation`)."""
+        root; a root agent then installs its nftables table (:class:`workers.network_guard.NetworkGuard`: the
+        job uids cannot connect to the config's ``blocked_endpoints``) and hides the services' UNIX sockets
+        and other jobs' ``/proc`` entries from its jobs (:class:`workers.isolation.PrivateView`). Raises
+        ``ValueError`` naming the ``jobs`` setting (:mod:`workers.isolation`),
+        :class:`workers.network_guard.NetworkGuardError` (no ``nft``, or the kernel refused the table)."""
         cfg = self._config if self._config is not None else self.config
         jobs = JobsPolicy.from_dict(cfg.get("jobs") or {})
         users = [resolve_job_user(jobs, team, self.pool) for team in (*jobs.team_users, None)]
         # a per-attempt uid (None) has no group in common with the root: it reaches what any uid does
         users = [dynamic_user(jobs.uid_range[0]) if u is None else u for u in users]
         self.jobs_root = prepare_jobs_root(jobs_root(jobs.root, self.state_dir), users)
+        if agent_is_root():  # the broker's services out of the jobs' reach (workers.network_guard, PrivateView)
+            eps = list(cfg.get("blocked_endpoints") or [])
+            uids = [jobs.uid_range, *((u.uid, u.uid) for u in users if not u.dynamic)]
+            self.guard = NetworkGuard(self.name, uids, eps)
+            self.guard.install()
+            self.private_view = sorted({*SERVICE_SOCKET_DIRS, *(e["socket"] for e in eps if e.get("socket"))})
+        elif self.jobs is None:
+            log.warning("the agent does not run as root: its jobs run as its own user, with no nftables table and no "
+                        "private /proc, so they can reach the broker's Redis and database and see each other")
         self.jobs = jobs
 
     # ------------------------------------------------------------------ heartbeat
@@ -198,7 +220,7 @@ class NodeAgent:
                 hand_over(Path(ls.checkpoint_dir), user, self.jobs.uid_range)
             workdir = private_dir(self._workdir(key), user)
             self.runtime.launch(key, list(ls.command), env=env, gpus=w["gpus"], workdir=workdir, user=user,
-                                log_max_bytes=int(self.config["log_max_bytes"]))
+                                log_max_bytes=int(self.config["log_max_bytes"]), private_view=self.private_view)
         except AlreadyLaunched:
             self._tell(self.api.running, key.job_id, key.attempt, key.rank)
             return "duplicate"
@@ -465,9 +487,26 @@ class NodeAgent:
                 etag = new
 
     def stop(self) -> None:
-        """Stop supervising (running jobs keep running under their shims)."""
+        """Stop supervising (running jobs keep running under their shims). The nftables table is deleted when
+        no job runs here any more; while one does it keeps its rules (the next start replaces them)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.runtime.close()  # the spare shim exits
+        self.remove_guard()
+
+    def remove_guard(self) -> bool:
+        """Delete this agent's nftables table unless a job still runs here; True when it is gone. Errors are
+        logged, never raised (the agent is stopping)."""
+        if self.guard is None:
+            return True
+        if any(a.status == "running" for a in self.runtime.list()):
+            log.warning("network guard: table inet %s kept: jobs still run on node %s", self.guard.table, self.name)
+            return False
+        try:
+            self.guard.remove()
+        except Exception as e:  # noqa: BLE001 - NetworkGuardError, nft timing out
+            log.error("%s", e)
+            return False
+        return True

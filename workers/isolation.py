@@ -21,6 +21,10 @@ sees the agent's environment:
   a job user can neither list nor read it.
 * **Environment**: :func:`providers.launch.base_environment` plus the launch spec's variables,
   nothing else (built in :meth:`workers.runtime.ProcessRuntime.launch`).
+* **What it sees** (:class:`PrivateView`, root agent): its own mount namespace, where ``/proc`` shows only
+  its own uid's processes (``hidepid=2``) and the UNIX socket directories of PostgreSQL and Redis
+  (:data:`SERVICE_SOCKET_DIRS`, and the broker's own socket paths) are empty; TCP to the broker's Redis
+  and database is refused by the agent's nftables table (:mod:`workers.network_guard`).
 
 cgroups (CPU, memory, device limits through ``systemd-run --scope``) are not applied by the
 process runtime: the hosts this was built on have no systemd as PID 1. Run the agent inside a
@@ -42,7 +46,7 @@ from pathlib import Path
 from broker.job_uids import DEFAULT_UID_RANGE, MIN_UID_RANGE_SIZE, check_uid_range  # the rule the broker's settings check too
 
 __all__ = ["JobUser", "no_new_privileges", "DEFAULT_UID_RANGE", "MIN_UID_RANGE_SIZE", "check_uid_range", "JobsPolicy", "agent_is_root", "resolve_job_user", "jobs_root", "prepare_jobs_root", "check_reachable",
-           "private_dir", "DEFAULT_ROOT_JOBS_DIR"]
+           "private_dir", "DEFAULT_ROOT_JOBS_DIR", "PrivateView", "SERVICE_SOCKET_DIRS"]
 
 #: jobs root of an agent that runs as root (every parent is world-traversable on a standard host)
 DEFAULT_ROOT_JOBS_DIR = Path("/var/lib/fedbroker/jobs")
@@ -89,15 +93,27 @@ class JobUser:
 PR_SET_NO_NEW_PRIVS = 38
 
 
+_LIBC = None
+
+
+def _libc():
+    """The C library (``ctypes.CDLL``, errno kept), loaded once per process: ``find_library`` runs ``ldconfig``."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _LIBC
+
+
 def no_new_privileges() -> None:
     """Set ``no_new_privs`` on this process (inherited by its children, never unset): a job cannot gain a uid
     or capabilities through a setuid file — one it planted earlier under a uid that a later job (another
     team's) then got, or ``sudo``. Linux 3.5+. Raises ``OSError`` if the kernel refuses."""
     import ctypes
-    import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
 
@@ -278,3 +294,99 @@ def remove_tree(path: str | Path) -> None:
         os.close(top)
     os.rmdir(path)
 
+
+
+# ---------------------------------------------------------------------------------------------- a job's view of the host
+#: directories where PostgreSQL and Redis packages put their UNIX sockets (Debian/Ubuntu ``/var/run/postgresql``
+#: and ``/run/redis``, as ``redis.conf``'s commented ``unixsocket`` line; RHEL the same for PostgreSQL). A
+#: PostgreSQL server opens its socket there even when the broker uses TCP, and local ``trust`` lets any uid in.
+SERVICE_SOCKET_DIRS = ("/run/postgresql", "/var/run/postgresql", "/run/redis", "/var/run/redis")
+
+#: linux/sched.h and linux/mount.h (sys/mount.h of glibc)
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+_MS_BIND, _MS_REC, _MS_PRIVATE = 0x1000, 0x4000, 0x40000
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        parts = os.uname().release.split(".")
+        return (int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)) >= (major, minor)
+    except (ValueError, IndexError):
+        return False
+
+
+class PrivateView:
+    """What a job process sees of the host, entered between ``fork`` and ``exec`` by the shim (root only): a
+    mount namespace of its own (propagation private: nothing it mounts reaches the host) in which
+
+    * ``/proc`` is a fresh procfs mounted ``hidepid=2`` (``invisible``): the job sees the ``/proc/<pid>`` of its
+      own uid only, so not another job's command line (``/proc/<pid>/cmdline``), environment or open files.
+      Linux 5.8+ only: before it, a proc mount's options were shared by every mount of the pid namespace and
+      ``hidepid`` would change the host's ``/proc`` (then ``/proc`` is left as it is);
+    * each directory of ``hide`` that exists is covered by an empty read-only tmpfs, and each other existing
+      path (a socket file) by ``/dev/null``: the UNIX sockets of the broker's PostgreSQL and Redis
+      (:data:`SERVICE_SOCKET_DIRS`, plus the socket paths of the broker's URLs) cannot be reached.
+
+    Process ids are the host's (no PID namespace), so the shim's supervision (process group, pid files, the
+    kill of a dynamic uid's processes) is unchanged. Abstract UNIX sockets (``@name``) belong to the network
+    namespace and are not hidden (neither PostgreSQL nor Redis uses one).
+
+    Args:
+        hide: absolute paths (directories or socket files); symlinks are resolved now, missing paths skipped.
+        private_proc: mount the ``hidepid`` procfs.
+    """
+
+    def __init__(self, hide=(), private_proc: bool = True):
+        import ctypes
+
+        self._libc = _libc()
+        self._ctypes = ctypes
+        seen, self.targets = set(), []
+        for p in hide:
+            real = os.path.realpath(p)
+            if real in seen or not os.path.lexists(real):
+                continue
+            seen.add(real)
+            self.targets.append((real.encode(), os.path.isdir(real)))
+        self.private_proc = bool(private_proc) and _kernel_at_least(5, 8)
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            err = self._ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def _mount(self, source: bytes, target: bytes, fstype: bytes | None, flags: int, data: bytes | None) -> None:
+        self._check(self._libc.mount(source, target, fstype, flags, data), f"mount {target.decode()}")
+
+    def enter(self) -> None:
+        """Unshare the mount namespace and mount what the class docstring says, in this process (the job's child
+        of the shim, still root). Raises ``OSError`` (errno and the step) when the host refuses a step."""
+        self._check(self._libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        self._mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None)
+        for target, is_dir in self.targets:
+            if is_dir:
+                self._mount(b"tmpfs", target, b"tmpfs", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                            b"size=4k,mode=0755")
+            else:
+                self._mount(b"/dev/null", target, None, _MS_BIND, None)
+        if self.private_proc:
+            self._mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, b"hidepid=2")
+
+    def then_drop_to(self, uid: int, gid: int):
+        """A ``preexec_fn`` for ``subprocess.Popen`` (which then gets no ``user``/``group``: it would drop
+        privileges before the ``preexec_fn`` runs): :meth:`enter`, then no supplementary groups, gid ``gid``,
+        uid ``uid``. A view the host refuses is written as one ``fedbroker-shim:`` line to the job's stderr (its
+        log) and the job runs without it; a failed drop raises (the job is not started)."""
+
+        def child() -> None:
+            try:
+                self.enter()
+            except OSError as e:
+                os.write(2, (f"fedbroker-shim: this host refused the job's private view ({e}); other jobs' "
+                             "processes and the service sockets may be visible to it\n").encode())
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+
+        return child

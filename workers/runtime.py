@@ -304,6 +304,7 @@ class ProcessRuntime:
         workdir: Path | None = None,
         user: "JobUser | None" = None,
         log_max_bytes: int | None = None,
+        private_view: Sequence[str] | None = None,
     ) -> LocalAttempt:
         """Start ``argv`` (no shell) as attempt ``key`` under a detached shim; return it ``"running"``
         (or already ``"exited"`` if it could not be executed: exit code 127, message in the log).
@@ -326,6 +327,9 @@ class ProcessRuntime:
         through its stdout and stderr.
         ``log_max_bytes``: the log file stops growing at that many bytes (the job writes to a pipe the shim
         copies, dropping what is over); ``None``: the job's stdout is the log file itself, unbounded.
+        ``private_view``: absolute paths (socket directories or files) to hide: a root caller's job with a
+        ``user`` then runs in a mount namespace of its own with a ``hidepid=2`` ``/proc`` and those paths
+        covered (:class:`workers.isolation.PrivateView`); ``None``: it sees the host's mounts.
         Returns once the job's pid is on disk.
 
         The attempt directory is claimed with ``os.mkdir`` before anything starts,
@@ -345,6 +349,10 @@ class ProcessRuntime:
         env = self._check_env(env)
         gpu_t = self._check_gpus(gpus)
         cap = None if log_max_bytes is None else _check_int("log_max_bytes", log_max_bytes, 1)
+        hide = None if private_view is None else [str(p) for p in private_view]
+        for p in hide or ():
+            if not os.path.isabs(p):
+                raise ValueError(f"private_view: {p!r} is not an absolute path")
         if workdir is None:
             workdir = Path.cwd()
         if not Path(workdir).is_dir():
@@ -389,6 +397,7 @@ class ProcessRuntime:
             "env": overrides, "gpus": list(gpu_t), "workdir": str(Path(workdir).resolve()),
             "user": user_d, "started_at": started_at,
             **({} if cap is None else {"log_max_bytes": cap}),
+            **({} if private_view is None else {"view": {"hide": hide, "private_proc": True}}),
         }, mode=0o600)
         os.close(os.open(adir / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
 

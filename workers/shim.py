@@ -34,7 +34,9 @@ process group id), stdin from ``/dev/null``, umask 077, with exactly the environ
 set and the shim runs as root, as that uid and primary gid with no supplementary
 groups (``setgroups([])``, ``setgid``, ``setuid`` in the child just before
 ``exec``; the working directory is entered before, so it may sit below directories
-the user cannot list). The attempt directory stays owned by the shim's user (mode
+the user cannot list); with ``meta.json["view"]`` (``{"hide": [paths], "private_proc": bool}``, the node agent
+sets it) the job's child first enters :class:`workers.isolation.PrivateView` (its own mount namespace:
+``/proc`` with ``hidepid=2``, the service sockets covered). The attempt directory stays owned by the shim's user (mode
 0700): the job writes its log only through its stdout/stderr file descriptor and
 cannot touch the control files (through that descriptor it can still truncate its own
 log; the agent tolerates that). When the job process
@@ -64,7 +66,7 @@ import sys
 import time
 from pathlib import Path
 
-from workers.isolation import no_new_privileges
+from workers.isolation import PrivateView, no_new_privileges
 
 META = "meta.json"
 LOG = "log"
@@ -220,6 +222,11 @@ def _run(attempt_dir: Path) -> None:
         user = meta.get("user")
         if user is not None and os.geteuid() == 0:
             drop = {"user": int(user["uid"]), "group": int(user["gid"]), "extra_groups": []}
+        view = meta.get("view")  # a private mount namespace: entered as root, then the drop (workers.isolation)
+        spawn = drop
+        if drop and view is not None:
+            spawn = {"preexec_fn": PrivateView(view.get("hide") or (), bool(view.get("private_proc")))
+                     .then_drop_to(drop["user"], drop["group"])}
         cap = meta.get("log_max_bytes")
         out = log_fd
         if cap is not None:  # through a pipe the shim copies, so the file stops growing at the cap
@@ -228,7 +235,7 @@ def _run(attempt_dir: Path) -> None:
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
-                cwd=meta.get("workdir"), start_new_session=True, close_fds=True, umask=0o077, **drop,
+                cwd=meta.get("workdir"), start_new_session=True, close_fds=True, umask=0o077, **spawn,
             )
         finally:
             if out != log_fd:

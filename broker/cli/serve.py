@@ -33,6 +33,7 @@ from typing import Optional
 import typer
 
 from broker.service.redact import mask_url
+from broker.service.service_endpoints import passwordless, trial_notice
 from broker.service.settings import BrokerSettings, SettingsError, load_settings
 
 __all__ = ["register", "agent_environment"]
@@ -250,6 +251,7 @@ def serve_agent(api_url: str = typer.Option(..., "--api-url", envvar="FEDBROKER_
     and log chunking come from the API (``GET /v1/node/config``)."""
     from providers.nvml import open_backend
     from workers.agent import NodeAgent
+    from workers.network_guard import NetworkGuardError
     from workers.node_client import NodeApiError, NodeApiUnavailable, NodeClient
 
     _logging(log_level)
@@ -275,7 +277,8 @@ def serve_agent(api_url: str = typer.Option(..., "--api-url", envvar="FEDBROKER_
         except NodeApiUnavailable as e:
             log.warning("node API: %s; trying again in 1 s", e)
             time.sleep(1.0)
-        except (NodeApiError, ValueError, OSError) as e:  # refused token; jobs.user / jobs.root (workers.isolation)
+        except (NodeApiError, ValueError, OSError, NetworkGuardError) as e:  # refused token; jobs.user / jobs.root
+            # (workers.isolation); no nft (workers.network_guard)
             typer.echo(f"error: node agent {name!r}: {e}", err=True)
             raise typer.Exit(2)
     agent.start()
@@ -291,10 +294,24 @@ def serve_agent(api_url: str = typer.Option(..., "--api-url", envvar="FEDBROKER_
 def serve_all(config: Optional[Path] = ConfigOpt,
               agent_name: str = typer.Option(None, "--agent-name", help="Node name of this host's agent."),
               fake_gpus: int = typer.Option(4, "--fake-gpus", min=1, max=16),
-              log_level: str = typer.Option("info", "--log-level")) -> None:
-    """API + worker + beat + this host's agent, as child processes (single-machine trial)."""
+              log_level: str = typer.Option("info", "--log-level"),
+              trial: bool = typer.Option(False, "--trial", help="A single-user trial: run with a Redis or database "
+                                         "that has no password (refused otherwise), with a warning.")) -> None:
+    """API + worker + beat + this host's agent, as child processes (single-machine trial).
+
+    It refuses a ``redis_url`` or ``database_url`` without a password (a job that reaches one can stop planning
+    for every team or read the job store) unless ``--trial`` (or the ``trial`` setting) is given; it then
+    prints :func:`trial_banner` and ``/healthz`` carries the same notice (exit status 2 when refused)."""
     _logging(log_level)
+    if trial:
+        os.environ["FEDBROKER_TRIAL"] = "1"  # the API, worker and beat children read it too (the agent does not)
     st = _settings(config)
+    open_ = passwordless(st)
+    if open_ and not st.trial:
+        typer.echo(refusal(open_), err=True)
+        raise typer.Exit(2)
+    if st.trial:
+        typer.echo(trial_banner(st), err=True)
     store = _migrate(st)
     base = [sys.executable, "-m", "broker.cli.main", "serve"]
     extra = ["--config", str(config)] if config else []
@@ -341,6 +358,31 @@ def serve_all(config: Optional[Path] = ConfigOpt,
         except subprocess.TimeoutExpired:
             p.kill()
     raise typer.Exit(code)
+
+
+def refusal(endpoints) -> str:
+    """The error ``serve all`` exits with when ``endpoints`` (:class:`ServiceEndpoint`, password-less) are given
+    without ``--trial``."""
+    names = "; ".join(e.describe() for e in endpoints)
+    return (f"error: serve all: no password in {names}. serve all runs other people's jobs on this host, and a "
+            "job that reaches a password-less Redis can stop planning for every team (fedbroker:planner-lock) or "
+            "lock a team out (fedbroker:rate:<team>); one that reaches the database can read every job. Give the "
+            "service a password and put it in the URL (Redis: requirepass, redis_url: redis://:PASSWORD@HOST:6379/0; "
+            "PostgreSQL: database_url: postgresql+psycopg://USER:PASSWORD@HOST/DB), or pass --trial for a "
+            "single-user trial on this machine")
+
+
+def trial_banner(st: BrokerSettings) -> str:
+    """The WARNING block ``serve all --trial`` prints at start (stderr)."""
+    rule = "=" * 78
+    return "\n".join([rule, "WARNING: fedbroker is running in TRIAL mode (serve all --trial)",
+                      f"  {trial_notice(st)}.",
+                      *(["  This host's root agent refuses its jobs' uids TCP to these services and hides their UNIX",
+                         "  sockets; jobs on any other machine that reaches them are not held back."]
+                        if os.geteuid() == 0 else
+                        ["  The agent does not run as root: its jobs run as this user and CAN reach these services."]),
+                      "  Do not let anyone else submit jobs here; give Redis and the database passwords first.",
+                      rule])
 
 
 #: the label of the node token ``serve all`` mints for its local agent (the previous one is revoked at each start)

@@ -83,6 +83,7 @@ from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeCapacityView, NodeView, ScheduleRequest,
                             ScheduleView, SubmitRequest)
 from broker.service.settings import BrokerSettings
+from broker.service.service_endpoints import trial_notice
 from broker.states import JobState
 from broker.service.store.core import (IdempotencyConflict, InvalidSchedule, JobNotFound, JobStore, NotCancellable, Principal,
                           ScheduleConflict, ScheduleNotFound, SubmitItem, hash_token)
@@ -389,8 +390,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         "redis": "ok"}``; 503 ``{"status": "degraded", "database": ..., "redis": ..., "detail": ...}`` naming
         each part that failed (``"unavailable"``). No ``redis`` key when the app was built without one. Plus
         ``pools`` (pool -> ``{"health", "not_planned"}``) for scheduler pools not reachable or with GPUs the planner
-        leaves out (``pool_notes``; never a 503)."""
+        leaves out (``pool_notes``; never a 503). A broker in trial mode (``serve all --trial``) adds ``"trial"``:
+        the line naming its password-less services."""
         out: dict[str, Any] = {"status": "ok", "database": "ok"}
+        notice = trial_notice(settings)  # serve all --trial: password-less services, said on every check
         down = []
         try:
             store.ping()
@@ -409,6 +412,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         notes = pool_notes() if pool_notes is not None else {}
         if notes:  # scheduler pools not reachable or with GPUs the planner leaves out: said, not a failure
             out["pools"] = notes
+        if notice:
+            out["trial"] = notice
         if down:
             return JSONResponse({**out, "status": "degraded", "detail": "; ".join(down)}, status_code=503)
         return out

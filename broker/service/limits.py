@@ -16,6 +16,15 @@ full and leaves it in debt, so the long-run rate still holds. If Redis cannot be
 **fails open** (submits are let through; the queued-jobs quota, kept in the database, still caps a
 team) and the API logs one warning a minute: a Redis outage must not stop job intake.
 
+A bucket written by anyone but this script (a job on a host that reaches a password-less Redis ran
+``HSET fedbroker:rate:victim tokens -1000000``: the victim team got 429 "retry after 19998 s") is not
+trusted: tokens that are not a finite number or lie outside ``[min(0, burst - MAX_BATCH_ITEMS), burst]``
+(the lowest a real charge leaves: a full bucket minus the largest batch), or an ``at`` that is not a
+number or lies more than :data:`CLOCK_SLACK_S` ahead of Redis's clock, make the bucket start full again.
+So a forged bucket refuses a team for at most ``MAX_BATCH_ITEMS / rate`` seconds (20 s at 50/s), as a
+real batch could. The key's TTL is set by every charge to the time the bucket takes to refill (at most
+``(burst + MAX_BATCH_ITEMS) / rate`` seconds plus 1 s).
+
 Idempotent replays are never refused: a refused submit that repeats an existing job's idempotency
 key is answered with that job (200).
 
@@ -35,6 +44,7 @@ import time
 
 from pydantic import BaseModel
 
+from broker.batch import MAX_BATCH_ITEMS
 from broker.service.log_throttle import LogThrottle
 from broker.service.settings import QuotaSettings, TeamLimits
 from broker.service.store.quota import LimitExceeded, QuotaExceeded, quota_exceeded
@@ -45,11 +55,17 @@ __all__ = ["LimitExceeded", "RateLimitExceeded", "QuotaExceeded", "RateLimiter",
 log = logging.getLogger(__name__)
 
 
+#: seconds a bucket's ``at`` may lie ahead of Redis's clock before the bucket is taken as forged (``at`` is written from
+#: that same clock, so a real bucket is never ahead; the slack covers a failover to a replica whose clock is behind)
+CLOCK_SLACK_S = 1.0
+
+
 class RateLimitExceeded(LimitExceeded):
     """More submits per second than ``quotas.submits_per_s`` (and ``burst``) allow."""
 
 
-#: KEYS[1] the team's bucket; ARGV: rate (tokens/s), burst (tokens), n (cost). Returns
+#: KEYS[1] the team's bucket; ARGV: rate (tokens/s), burst (tokens), n (cost), the largest batch (items: the most
+#: debt a charge can leave), the clock slack (s: an ``at`` further ahead is forged). Returns
 #: {1, tokens left} when charged, {0, seconds until min(n, burst) tokens are there} when refused
 #: (as strings: Redis truncates Lua numbers to integers). Tokens may go negative (debt, see above).
 TOKEN_BUCKET_LUA = """
@@ -61,7 +77,10 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local b = redis.call('HMGET', KEYS[1], 'tokens', 'at')
 local tokens = tonumber(b[1])
 local at = tonumber(b[2])
-if tokens == nil or at == nil then
+local lowest = math.min(0, burst - tonumber(ARGV[4]))
+-- a bucket this script did not write (NaN fails every comparison, so the 'not' forms catch it too)
+if tokens == nil or at == nil or not (tokens >= lowest and tokens <= burst)
+   or not (at <= now + tonumber(ARGV[5])) then
   tokens = burst
   at = now
 end
@@ -134,7 +153,7 @@ class RateLimiter:
         import redis
 
         try:
-            ok, value = self._script(keys=[self.prefix + team], args=[repr(lim.submits_per_s), lim.burst, n])
+            ok, value = self._script(keys=[self.prefix + team], args=[repr(lim.submits_per_s), lim.burst, n, MAX_BATCH_ITEMS, CLOCK_SLACK_S])
         except redis.RedisError as e:
             self._failed(e)
             return

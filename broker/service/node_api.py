@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from broker.service import attempts
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, NO_CONTROL_PATTERN
 from broker.service.store.core import JobStore, storable_text
+from broker.service.service_endpoints import service_endpoints
 from broker.service.tokens import node_of_token
 from broker.service.work_watch import MAX_WAIT_S, WorkWatch, work_etag
 
@@ -169,14 +170,17 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
     @router.get("/config", responses=_ERRORS)
     def node_config(node: Node) -> dict:
         """The settings the agent works by, seconds and bytes: ``heartbeat_interval_s``,
-        ``cancel_grace_s``, ``log_chunk_bytes``, ``log_max_bytes``, and ``jobs`` (who jobs run as and
-        where: :class:`broker.service.settings.JobsSettings`)."""
+        ``cancel_grace_s``, ``log_chunk_bytes``, ``log_max_bytes``, ``jobs`` (who jobs run as and
+        where: :class:`broker.service.settings.JobsSettings`) and ``blocked_endpoints``: the broker's Redis and
+        database and ``jobs.blocked_endpoints``, which the agent's jobs must not reach
+        (:meth:`broker.service.service_endpoints.ServiceEndpoint.to_dict` each)."""
         jobs = settings.jobs
         return {"node": node, "heartbeat_interval_s": settings.heartbeat_interval_s,
                 "cancel_grace_s": settings.cancel_grace_s, "log_chunk_bytes": settings.log_chunk_bytes,
                 "log_max_bytes": settings.log_max_bytes,
                 "jobs": {"user": jobs.user, "pool_users": dict(jobs.pool_users), "team_users": dict(jobs.team_users),
-                         "root": None if jobs.root is None else str(jobs.root), "uid_range": list(jobs.uid_range)}}
+                         "root": None if jobs.root is None else str(jobs.root), "uid_range": list(jobs.uid_range)},
+                "blocked_endpoints": [e.to_dict() for e in service_endpoints(settings)]}
 
     @router.post("/heartbeat", responses={**_ERRORS, 422: {"description": "unknown pool or bad field"}})
     def heartbeat(body: NodeHeartbeat, node: Node) -> dict:

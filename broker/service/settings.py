@@ -314,6 +314,10 @@ class JobsSettings(BaseModel):
             applies: each attempt rank runs under its own uid (gid = the same number), the lowest one
             free on the host (the systemd ``DynamicUser=`` idea, :mod:`workers.dynamic_users`); default
             ``[61184, 65519]``, systemd's range. Within ``1..2**31-1``, ``lo <= hi``, at least 16 ids.
+        blocked_endpoints: ``["host:port", ...]`` a root agent refuses its jobs' uids TCP connections to, on top
+            of the broker's own Redis (``redis_url``) and database (``database_url``), which are always blocked
+            (:mod:`broker.service.service_endpoints`, served in ``GET /v1/node/config``; e.g. a Redis replica, a
+            metrics database). ``host``: a name or address (IPv6 in brackets); ``port``: 1..65535.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -323,6 +327,16 @@ class JobsSettings(BaseModel):
     team_users: dict[str, str] = Field(default_factory=dict)
     root: Path | None = None
     uid_range: tuple[int, int] = DEFAULT_UID_RANGE
+    blocked_endpoints: list[str] = Field(default_factory=list)
+
+    @field_validator("blocked_endpoints")
+    @classmethod
+    def _blocked(cls, v: list[str]) -> list[str]:
+        for i, hp in enumerate(v):
+            host, sep, port = hp.rpartition(":")
+            if not sep or not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError(f"jobs.blocked_endpoints[{i}]={hp!r}: expected host:port with a port in 1..65535")
+        return v
 
     @field_validator("uid_range", mode="before")
     @classmethod
@@ -441,6 +455,10 @@ class BrokerSettings(BaseSettings):
             production, ``sqlite:///PATH`` for a single-machine trial (default: ``state_dir/fedbroker.db``).
         database_schema: PostgreSQL schema holding the tables (``None`` = the default ``search_path``).
         redis_url: Celery broker and the planner's leader lock.
+        trial: a single-user trial on one machine (``serve all --trial`` sets it, as ``FEDBROKER_TRIAL=1``): ``serve
+            all`` then runs with a Redis or database URL that has no password (it refuses to otherwise), prints a
+            WARNING block, and ``/healthz`` carries a ``"trial"`` line naming them
+            (:func:`broker.service.service_endpoints.trial_notice`). Default off.
         state_dir: where the embedded database, node agents' job directories and logs live.
         api_host, api_port: where ``fedbroker serve api`` listens.
         api_url: where the SDK and CLI reach the API.
@@ -507,6 +525,7 @@ class BrokerSettings(BaseSettings):
     database_url: str | None = None
     database_schema: str | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
+    trial: bool = False
     state_dir: Path = Path(".fedbroker")
     api_host: str = "127.0.0.1"
     api_port: int = Field(8600, ge=1, le=65535)

@@ -2,7 +2,8 @@
 process's parts (:data:`broker.service.wiring.services`, the composition root).
 
 * ``fedbroker.plan`` — one planning cycle (:class:`broker.service.cycle.PlanningCycle`) under the
-  planner's Redis lock (TTL ``planner_lock_ttl_s``); the database fence makes a second
+  planner's Redis lock (TTL ``planner_lock_ttl_s``; :mod:`broker.service.planner_lock`: a value the broker did
+  not write, or a longer TTL, is overridden); the database fence makes a second
   planner harmless even if the lock is lost (Redis restarted).
 * ``fedbroker.reconcile`` — one reconciler pass (:class:`broker.service.reconciler.Reconciler`).
 * ``fedbroker.provision(job_id, attempt)`` — create a ``provisioning`` job's cloud instances
@@ -29,12 +30,14 @@ import redis
 from celery import shared_task
 
 from broker.service.celery_app import get_app
+from broker.service.planner_lock import PLANNER_LOCK as _PLANNER_LOCK_KEY
+from broker.service.planner_lock import PlannerLock, lock_key
 from broker.service.wiring import kick_planner, services
 
 __all__ = ["plan", "reconcile", "dispatch", "provision", "teardown", "signals_refresh"]
 
 log = logging.getLogger("fedbroker.tasks")
-PLANNER_LOCK = "fedbroker:planner-lock"
+PLANNER_LOCK = _PLANNER_LOCK_KEY  # defined once, in broker.service.planner_lock
 #: a planning cycle at least this long is logged at INFO even when it decided nothing, seconds
 SLOW_CYCLE_S = 0.25
 #: seconds one ``signals_refresh`` may start new zones for; the zones left are taken at the next tick (60 s), so
@@ -42,12 +45,26 @@ SLOW_CYCLE_S = 0.25
 SIGNALS_BUDGET_S = 20.0
 
 
+_lock: tuple | None = None  # (redis client, ttl_s, PlannerLock) of this process
+
+
+def _planner_lock() -> PlannerLock:
+    """This process's :class:`PlannerLock` on ``services.redis``, keyed from the store's ``instance_secret``
+    (made again when the Redis client or ``planner_lock_ttl_s`` changed)."""
+    global _lock
+    r, ttl = services.redis, services.settings.planner_lock_ttl_s
+    if _lock is None or _lock[0] is not r or _lock[1] != ttl:
+        _lock = (r, ttl, PlannerLock(r, lock_key(services.store.instance_secret()), ttl))
+    return _lock[2]
+
+
 @shared_task(name="fedbroker.plan", ignore_result=True)
 def plan() -> dict:
     """One planning cycle if this worker gets the leader lock; returns a summary."""
     st = services.settings
-    lock = services.redis.lock(PLANNER_LOCK, timeout=st.planner_lock_ttl_s, blocking=False)
-    if not lock.acquire(blocking=False):
+    lock = _planner_lock()
+    token = lock.acquire()
+    if token is None:
         return {"skipped": "another planner holds the lock"}
     try:
         res = services.cycle.run()
@@ -59,10 +76,11 @@ def plan() -> dict:
         return out
     finally:
         try:
-            lock.release()
-        except redis.exceptions.LockError:
-            log.warning("planner lock expired during the cycle (TTL %.0f s); the fence kept it safe",
-                        st.planner_lock_ttl_s)
+            if not lock.release(token):
+                log.warning("planner lock expired during the cycle (TTL %.0f s); the fence kept it safe",
+                            st.planner_lock_ttl_s)
+        except redis.RedisError as e:
+            log.warning("could not release the planner lock (%s); it lapses in %.0f s", e, st.planner_lock_ttl_s)
         if services.cycle.intake_capped:  # a burst: take the next intake_per_cycle jobs at once
             try:
                 get_app().send_task("fedbroker.plan", queue="planning")

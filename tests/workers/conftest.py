@@ -27,4 +27,12 @@ def rig(pg_store, env, tmp_path):
 
     yield make
     for r in made:
-        r.api.stop()
+        r.close()
+
+
+@pytest.fixture(autouse=True)
+def _close_rigs():
+    """Close every rig a test made (its API server, its agents' nftables tables), fixture or not."""
+    yield
+    for r in list(Rig.live):
+        r.close()

@@ -19,6 +19,7 @@ from providers.nvml import FakeNvmlBackend
 from workers.agent import NodeAgent
 from workers.node_client import NodeClient
 from workers.runtime import ProcessRuntime
+from tests.conftest import PG_URL, REDIS_URL
 
 
 def _free_port() -> int:
@@ -58,12 +59,19 @@ class ApiServer:
 class Rig:
     """A store, an API server, the live planning cycle and one agent per node, stepped by hand."""
 
+    #: every rig not yet closed (tests/workers/conftest.py closes them after each test)
+    live: list["Rig"] = []
+
     def __init__(self, store, env, tmp_path: Path, nodes: dict[str, int]):
+        Rig.live.append(self)
+        self.made: list[NodeAgent] = []
         self.store = store
         self.tmp = tmp_path
         # jobs run under per-attempt uids here (the tests run as root): the agent's state is private, the jobs' root is not
+        # the broker's services as the API tells the agents (GET /v1/node/config: blocked_endpoints): the test
+        # Redis and PostgreSQL, which the agents' nftables tables keep their jobs from
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
-                                       jobs={"root": str(tmp_path / "jobs")})
+                                       jobs={"root": str(tmp_path / "jobs")}, redis_url=REDIS_URL, database_url=PG_URL)
         self.api = ApiServer(store, self.settings).start()
         self.tokens = {n: create_node_token(store, n) for n in nodes}
         self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}
@@ -73,9 +81,22 @@ class Rig:
         self.cycle = PlanningCycle(store, env, self.settings)
 
     def new_agent(self, name: str) -> NodeAgent:
+        self.made.append(agent := self._agent(name))  # closed by close(), even when a test pops it from agents
+        return agent
+
+    def _agent(self, name: str) -> NodeAgent:
         return NodeAgent(NodeClient(self.api.url, self.tokens[name]), name, "local", self.backends[name],
                          state_dir=self.tmp / "state", runtime=ProcessRuntime(self.tmp / "state" / "agents" / name),
                          lease_root=self.tmp / "leases")  # this rig's uid leases: other tests' agents hold none
+
+    def close(self) -> None:
+        """Stop the API server and delete the agents' nftables tables (their jobs have ended by then)."""
+        self.api.stop()
+        for a in self.made:
+            if a.guard is not None:
+                a.guard.remove()
+        if self in Rig.live:
+            Rig.live.remove(self)
 
     def step(self) -> None:
         self.cycle.run()

@@ -440,3 +440,10 @@ def test_a_relative_state_dir_works_because_the_shim_runs_from_root(tmp_path, mo
     k = AttemptKey("job-00000000000000aa", 1)
     rt.launch(k, ["/bin/sh", "-c", "exit 4"])
     assert wait_exit(rt, k).exit_code == 4
+
+
+def test_private_view_paths_must_be_absolute(tmp_path):
+    rt = ProcessRuntime(tmp_path / "state")
+    with pytest.raises(ValueError, match=r"private_view: 'run/redis' is not an absolute path"):
+        rt.launch(AttemptKey("job-1", 1, 0), ["/bin/true"], workdir=tmp_path, private_view=["run/redis"])
+    assert not rt.attempt_dir(AttemptKey("job-1", 1, 0)).exists()  # nothing claimed

@@ -11,14 +11,17 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import requests
 
 from broker.cli.serve import _celery_level, _logging, _settings
+from broker.service.settings import BrokerSettings
 from tests.conftest import REDIS_URL, auth
 
 ROOT = Path(__file__).resolve().parents[3]
+REDIS_PORT = urlsplit(REDIS_URL).port or 6379
 
 
 def test_celery_logs_at_warning_unless_debug():
@@ -49,8 +52,8 @@ def test_serve_all_is_quiet_leaves_no_beat_files_and_stops_cleanly_on_sigterm(tm
     env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBROKER_")}
     env["PYTHONPATH"] = str(ROOT)
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "serve", "all", "--config", str(cfg)], cwd=tmp_path,
-                         env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    p = subprocess.Popen([sys.executable, "-m", "broker.cli.main", "serve", "all", "--trial", "--config", str(cfg)],
+                         cwd=tmp_path, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     try:
         while True:
             assert p.poll() is None, log.read_text()[-3000:]
@@ -62,7 +65,11 @@ def test_serve_all_is_quiet_leaves_no_beat_files_and_stops_cleanly_on_sigterm(tm
             except requests.ConnectionError:
                 pass
             time.sleep(0.2)
-        assert r.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+        # the test Redis has no password: a trial, said in /healthz (and in the WARNING block at start)
+        assert r.json() == {"status": "ok", "database": "ok", "redis": "ok", "trial": (
+            f"trial mode: redis_url (redis at 127.0.0.1:{REDIS_PORT}); a job that reaches one can stop planning for "
+            "every team or read the job store. For a single user on one machine only")}
+        assert "WARNING: fedbroker is running in TRIAL mode (serve all --trial)" in log.read_text()
         # the worker, beat and agent start after the API (the worker's Celery banner, the agent's start line);
         # then it idles (a plan every second, the agent polling the node API twice a second)
         while "[queues]" not in (text := log.read_text(errors="replace")) or " polling http" not in text:
@@ -188,3 +195,30 @@ def test_the_dispatch_relay_stays_registered_for_messages_already_queued():
     assert {"fedbroker.plan", "fedbroker.reconcile", "fedbroker.provision", "fedbroker.teardown",
             "fedbroker.dispatch"} <= set(app.tasks)
     assert app.conf.task_routes["fedbroker.dispatch"] == {"queue": "dispatch"}
+
+
+def test_serve_all_refuses_a_passwordless_redis_without_trial(tmp_path):
+    """Issue 20 finding #2: on cb5ea98 ``serve all`` started a root agent running other people's jobs next to a
+    password-less Redis and said nothing. Now it exits 2 naming the setting and the way out, starting nothing."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"redis_url: {REDIS_URL}\nstate_dir: {tmp_path / 'state'}\n"
+                   "database_url: postgresql+psycopg://postgres@127.0.0.1:5432/test\n")
+    os.chmod(cfg, 0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDBROKER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, "-m", "broker.cli.main", "serve", "all", "--config", str(cfg)], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.startswith(f"error: serve all: no password in redis_url (redis at 127.0.0.1:{REDIS_PORT}); "
+                               "database_url (postgresql at 127.0.0.1:5432). "), p.stderr
+    assert "or pass --trial for a single-user trial on this machine" in p.stderr
+    assert not (tmp_path / "state").exists()  # nothing was started (not even the store migrated)
+
+
+def test_trial_notice_and_passwordless():
+    from broker.service.service_endpoints import passwordless, trial_notice
+
+    assert trial_notice(BrokerSettings()) is None
+    with_pw = BrokerSettings(redis_url="redis://:pw@127.0.0.1:6379/0", trial=True)
+    assert passwordless(with_pw) == []
+    assert trial_notice(with_pw).startswith("trial mode: no password-less service;")

@@ -398,3 +398,36 @@ def test_team_usage_counter_follows_every_change(store):
     with store.session() as s:
         s.execute(Job.__table__.delete().where(Job.team == team))
     assert usage() == {team: 0, other: 0}
+
+
+# ----------------------------------------------------------------------------- forged buckets (issue 20)
+@pytest.mark.parametrize("tokens,at_ahead_s", [
+    ("-1000000", 0.0),   # the attacker's HSET fedbroker:rate:victim tokens -1000000 (429 for 5.5 h on cb5ea98)
+    ("-801", 0.0),        # below the lowest a real batch leaves: burst 200 - MAX_BATCH_ITEMS 1000
+    ("201", 0.0),         # above the burst
+    ("nan", 0.0), ("inf", 0.0), ("-inf", 0.0), ("lots", 0.0),
+    ("0", 3600.0),        # an 'at' an hour ahead of Redis's clock: no refill for an hour
+])
+def test_a_forged_bucket_starts_full_again(tokens, at_ahead_s):
+    lim = _limiter(QuotaSettings(submits_per_s=50, burst=200))
+    key = lim.prefix + "victim"
+    now = lim.redis.time()
+    lim.redis.hset(key, mapping={"tokens": tokens, "at": repr(now[0] + now[1] / 1e6 + at_ahead_s)})
+    lim.redis.expire(key, 20000)
+    lim.charge("victim", 200)  # a full bucket's worth, at once: only a full bucket lets it in
+    assert float(lim.redis.hget(key, "tokens")) == 0.0
+    # the TTL is the script's again: 200 tokens at 50/s refill in 4 s (+ 1 s)
+    assert 4000 < lim.redis.pttl(key) <= 5000
+    with pytest.raises(RateLimitExceeded) as e:
+        lim.charge("victim", 1)
+    assert e.value.retry_after_s == 1
+
+
+def test_a_real_batch_debt_is_kept():
+    """The lowest a real charge leaves (a full bucket of 200 minus a 1,000-job batch) is not taken as forged."""
+    lim = _limiter(QuotaSettings(submits_per_s=50, burst=200))
+    lim.charge("a", 1000)
+    assert float(lim.redis.hget(lim.prefix + "a", "tokens")) == pytest.approx(-800.0, abs=0.1)
+    with pytest.raises(RateLimitExceeded) as e:
+        lim.charge("a", 1)
+    assert e.value.retry_after_s == 17  # (1 + 800) / 50 = 16.02 s, rounded up
