@@ -28,8 +28,8 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     GET  /finance?from=&to=            no auth; the finance page (HTML; its script asks for a token) (api_finance)
     /v1/node/...                       node agents only, with a node token (:mod:`broker.service.node_api`)
 
-Who sees what: a team token sees, cancels and reads the logs/explain record of its own
-team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
+Who sees what: a team token sees, cancels (one by one or in bulk: ``POST /v1/jobs:cancel`` filters
+inside its team only) and reads the logs/explain record of its own team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
 another team's job or schedule answers 404 exactly like a missing one (existence is not
 leaked). An admin token (``fedbroker tokens create --admin``, or ``settings.admin_token_sha256``)
 sees every team. Token kinds (:mod:`broker.service.tokens`): a ``read-only`` token gets 403 on every
