@@ -217,17 +217,19 @@ def _wait(s) -> str:
     return "n/a" if s is None else wait_text(s)
 
 
-#: below this console width ``list`` leaves out the team and submitted columns (a row stays one line at 80)
+#: below this console width ``list`` leaves out the team, submitted and deadline columns (``status`` and ``--json``
+#: have them), so that name and reason keep room at 80 columns
 LIST_WIDE_AT = 120
 
 
 def _jobs_table(jobs) -> Table:
     """The ``list`` table: one line per job at any console width (:func:`broker.cli.console.console_width`). Ids,
     states, GPUs and instants are never cut; name and reason are ellipsised to what is left; below
-    :data:`LIST_WIDE_AT` columns the team and submitted columns are left out (``--json`` has every field)."""
+    :data:`LIST_WIDE_AT` columns the team, submitted and deadline columns are left out (``--json`` has every
+    field)."""
     wide = current_console().width >= LIST_WIDE_AT
     shown = [c for c in ("id", "team", "name", "state", "gpus", "submitted", "deadline", "reason")
-             if wide or c not in ("team", "submitted")]
+             if wide or c not in ("team", "submitted", "deadline")]
     tab = Table(title=f"{len(jobs)} job(s)", show_edge=False)
     for col in shown:
         tab.add_column(col, no_wrap=col not in ("team", "name", "reason"))  # those three shrink, cut with …
