@@ -378,13 +378,13 @@ class Client:
     def follow_logs(self, job_id: str, attempt: int | None = None, rank: int = 0,
                     poll_s: float = 1.0) -> Iterator[LogsView]:
         """Follow one attempt's log while it grows: yields a :class:`LogsView` whose ``text`` is only what is new
-        since the last one (first the whole log so far), polling every ``poll_s`` seconds (nothing is yielded for
-        a poll that found nothing new),
-        and returns once the job is finished (succeeded, failed, cancelled) or has moved on to a later attempt
-        and the followed attempt's text has been yielded. ``attempt`` ``None`` follows the latest attempt at the
-        first poll that finds one (a job waiting for its first attempt is waited for). Each poll is two requests
-        (the job, then ``GET .../logs?offset=`` with the characters already yielded), so the state read first
-        guarantees the text read after it is complete."""
+        since the last one (first the whole log so far), polling every ``poll_s`` seconds (a poll that finds
+        nothing new yields nothing), and returns once the job is finished (succeeded, failed, cancelled) or has
+        moved on to a later attempt, after yielding that attempt's last text. ``attempt`` ``None`` follows the
+        latest attempt at the first poll that finds one (a job waiting for its first attempt is waited for).
+        Each poll is two requests: the job, then ``GET .../logs?offset=`` with the characters already yielded;
+        the node agent ships an attempt's last bytes before it reports the exit, so the text read after a
+        finished state is the whole log. Raises what :meth:`get` and :meth:`logs_view` raise."""
         pos = 0
         while True:
             job = self.get(job_id)
