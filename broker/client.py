@@ -50,7 +50,7 @@ import re
 import time
 import uuid
 from urllib.parse import quote
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import requests
 from pydantic import BaseModel
@@ -59,6 +59,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from broker.batch import MAX_BATCH_ITEMS, BatchItemResult
+from broker.bulk_cancel import CancelManyResponse
 from broker.model import JOB_ID_PATTERN, SCHEDULE_ID_PATTERN, TOKEN_ID_PATTERN, JobSpec
 from broker.schemas import (AuditEventView, CreatedToken, ExplainView, JobView, LogsView, NodeView, ScheduleView,
                             TokenView, UsageSummaryView)
@@ -330,6 +331,25 @@ class Client:
         """Cancel a job (a running job gets ``cancel_requested``). Raises :class:`Conflict` if it already finished."""
         return _parse(JobView, self._request("POST", f"/v1/jobs/{_seg('job_id', job_id)}/cancel"))
 
+    def cancel_many(self, *, all: bool = False, state: str | Iterable[str] | None = None, name: str | None = None,
+                    team: str | None = None, limit: int | None = None) -> CancelManyResponse:
+        """Cancel many jobs of one team in one request (``POST /v1/jobs:cancel``, :mod:`broker.bulk_cancel`):
+        every unfinished job (``all=True``), or those in ``state`` (one or several) and/or named ``name``
+        (filters AND-ed). Returns the ids now ``cancelled`` and ``cancel_requested`` and their ``count``;
+        ``more`` when jobs matched past ``limit`` (default: the server's, 100,000). ``team``: only an admin
+        names another team (and must name one). Raises :class:`ValidationFailed` for an empty filter or a
+        finished state, :class:`AuthError` for another team."""
+        body: dict[str, Any] = {"all": bool(all)}
+        if state is not None:
+            body["states"] = [state] if isinstance(state, str) else list(state)
+        if name is not None:
+            body["name"] = name
+        if team is not None:
+            body["team"] = team
+        if limit is not None:
+            body["limit"] = limit
+        return _parse(CancelManyResponse, self._request("POST", "/v1/jobs:cancel", json=body))
+
     def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5) -> JobView:
         """Poll until the job is succeeded, failed or cancelled and return it.
 
@@ -355,6 +375,32 @@ class Client:
         if attempt is not None:
             params["attempt"] = attempt
         return _parse(LogsView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/logs", params=params))
+
+    def follow_logs(self, job_id: str, attempt: int | None = None, rank: int = 0,
+                    poll_s: float = 1.0) -> Iterator[LogsView]:
+        """Follow one attempt's log while it grows: yields a :class:`LogsView` whose ``text`` is only what is new
+        since the last one (first the whole log so far), polling every ``poll_s`` seconds (a poll that finds
+        nothing new yields nothing), and returns once the job is finished (succeeded, failed, cancelled) or has
+        moved on to a later attempt, after yielding that attempt's last text. ``attempt`` ``None`` follows the
+        latest attempt at the first poll that finds one (a job waiting for its first attempt is waited for).
+        Each poll is two requests: the job, then ``GET .../logs?offset=`` with the characters already yielded;
+        the node agent ships an attempt's last bytes before it reports the exit, so the text read after a
+        finished state is the whole log. Raises what :meth:`get` and :meth:`logs_view` raise."""
+        pos = 0
+        while True:
+            job = self.get(job_id)
+            params: dict[str, Any] = {"rank": rank, "offset": pos}
+            if attempt is not None:
+                params["attempt"] = attempt
+            view = _parse(LogsView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}/logs", params=params))
+            if attempt is None and view.attempt:
+                attempt = view.attempt
+            pos += len(view.text)
+            if view.text:
+                yield view
+            if job.done or (attempt is not None and job.attempt > attempt):
+                return
+            time.sleep(poll_s)
 
     def explain(self, job_id: str) -> ExplainView:
         """The planner's latest decision for the job (chosen option, alternatives), its history and attempts."""

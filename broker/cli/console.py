@@ -1,27 +1,67 @@
 """What every ``fedbroker`` command group shares: the console, the common options, errors, JSON output,
 the SDK client and UTC instants as text.
 
-Tests widen :data:`console` (``monkeypatch.setattr(broker.cli.console, "console", ...)``); commands read it at
-call time through :func:`current_console`.
+The width of everything printed is :func:`console_width` (``COLUMNS``, else the terminal's, else
+:data:`PIPED_WIDTH`), read at call time: :func:`current_console` returns the app's console at that width.
+Table cells that may be long (names, reasons) are :func:`cell`: one line, ellipsised at the column's width, so
+a row stays one line at any width. Tests may replace :data:`console`
+(``monkeypatch.setattr(broker.cli.console, "console", ...)``): a replaced console keeps its own width.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from datetime import datetime, timezone
 from typing import Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
+from rich.text import Text
 
-__all__ = ["console", "stderr", "current_console", "fail", "echo_json", "show", "client", "call", "utc_text", "UrlOpt", "TokenOpt", "JsonOpt"]
+__all__ = ["console", "stderr", "current_console", "console_width", "cell", "PIPED_WIDTH", "fail", "echo_json", "show", "client", "call", "utc_text", "UrlOpt", "TokenOpt", "JsonOpt"]
 
-#: the app's console; piped output keeps wide tables readable instead of wrapping them at 80 columns
-console = Console(width=None if sys.stdout.isatty() else 200)
+#: the width of output that goes to no terminal (a pipe, a file) when ``COLUMNS`` does not say: wide tables
+#: stay whole lines for grep instead of wrapping at Rich's default 80
+PIPED_WIDTH = 200
+#: ``COLUMNS`` below this is ignored (a typo such as ``COLUMNS=8`` would fold every table into a column of letters)
+MIN_WIDTH = 40
+
+
+def console_width(stream=None) -> int:
+    """The width, in columns, the CLI prints at: ``$COLUMNS`` when it is a whole number >= :data:`MIN_WIDTH`,
+    else the terminal's width when ``stream`` (default ``sys.stdout``) is a terminal, else :data:`PIPED_WIDTH`.
+    Read at every call, so ``COLUMNS=80 fedbroker list`` (and a CliRunner's ``env``) take effect."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdigit() and int(cols) >= MIN_WIDTH:
+        return int(cols)
+    stream = sys.stdout if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or odd stream
+        tty = False
+    return max(shutil.get_terminal_size((PIPED_WIDTH, 24)).columns, MIN_WIDTH) if tty else PIPED_WIDTH
+
+
+class _AppConsole(Console):
+    """A console whose width is :func:`console_width` of its stream at each print (not fixed at import)."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        return ConsoleDimensions(console_width(self.file), Console.size.fget(self).height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        Console.size.fset(self, new_size)
+
+
+#: the app's console (stdout)
+console: Console = _AppConsole()
 #: error and progress lines go to stderr
-stderr = Console(stderr=True, width=200, highlight=False)
+stderr: Console = _AppConsole(stderr=True, highlight=False)
 
 UrlOpt = typer.Option(None, "--url", envvar="FEDBROKER_API_URL", help="Broker API URL (default: settings' api_url).")
 TokenOpt = typer.Option(None, "--token", envvar="FEDBROKER_TOKEN", help="API token.", show_default=False)
@@ -31,6 +71,12 @@ JsonOpt = typer.Option(False, "--json", help="Print JSON instead of a table.")
 def current_console() -> Console:
     """The app's console as it is now (tests replace :data:`console`)."""
     return console
+
+
+def cell(text: str | None, empty: str = "-") -> Text:
+    """A table cell of plain text (never read as markup) kept to one line: cut with ``…`` at its column's width
+    when the table is wider than the console (:func:`console_width`). ``None`` or ``""`` shows ``empty``."""
+    return Text(text or empty, no_wrap=True, overflow="ellipsis")
 
 
 def fail(msg: str, code: int = 1) -> None:

@@ -6,7 +6,8 @@ Commands::
     fedbroker status JOB_ID [--json]
     fedbroker list [--team T] [--state S]... [--limit N] [--json]
     fedbroker cancel JOB_ID [--json]
-    fedbroker logs JOB_ID [--attempt N] [--rank R]
+    fedbroker cancel --all | --state S... | --name N [--team T] [--json]   (one request: POST /v1/jobs:cancel)
+    fedbroker logs JOB_ID [--attempt N] [--rank R] [--tail N] [--follow] [--raw]
     fedbroker explain JOB_ID [--json]
     fedbroker nodes [list] [--json]               (broker.cli.nodes; also `nodes probe`)
     fedbroker schedule create NAME JOB.yaml --cron "0 2 * * *" [--timezone Europe/London] [--json]
@@ -46,11 +47,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.console import (JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, show, stderr,
-                                utc_text)
+from broker.cli.console import (JsonOpt, TokenOpt, UrlOpt, call, cell, client, current_console, echo_json, fail, show,
+                                stderr, utc_text)
 from broker.model import wait_text
 
-__all__ = ["register", "load_job_file"]
+__all__ = ["register", "load_job_file", "placement_text"]
 
 
 
@@ -120,23 +121,78 @@ def load_job_file(path: Path):
         raise JobFileError(f"{path}: " + "; ".join(parts)) from None
 
 
-def _placement(p: dict | None) -> str:
+#: how a placement's ``kind`` reads in a sentence (``JobView.placement``; kinds of :mod:`broker.service.schedulers`)
+PLACEMENT_KIND_TEXT = {"onprem": "on-prem", "slurm": "Slurm", "kubernetes": "Kubernetes", "cloud": "cloud"}
+#: cloud placement fields the offer id already spells out (``aws:us-east-1a:p3.16xlarge:spot``)
+_IN_OFFER_ID = ("provider", "region", "zone", "instance_type", "market")
+
+
+def _plain(v) -> str:
+    """A placement value as text: scalars as they are, lists and mappings as compact JSON (never a Python repr)."""
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return str(v)
+    return json.dumps(v, separators=(",", ":"), sort_keys=True, default=str)
+
+
+def _placement_node(n) -> str:
+    """One node of a placement: ``gpu-a[0,1]`` (a pool's node and its GPU indices) or ``rank 0 aws/i-0abc
+    (10.0.0.5)`` (a cloud instance and its private address)."""
+    if not isinstance(n, dict):
+        return _plain(n)
+    name = str(n.get("node") or n.get("instance_id") or "?")
+    if "gpus" in n and isinstance(n["gpus"], list):
+        return f"{name}[{','.join(str(g) for g in n['gpus'])}]"
+    text = f"rank {n['rank']} {name}" if "rank" in n else name
+    return text + (f" ({n['private_ip']})" if n.get("private_ip") else "")
+
+
+def placement_text(p: dict | None) -> str:
+    """A job's placement (``JobView.placement``) as one line for any runtime, e.g.
+    ``on-prem pool local (H200): gpu-a[0,1]``, ``Slurm pool hpc (A100): n1[0,1,2,3], n2[0,1,2,3]; scheduler gpu type
+    a100``, ``cloud offer aws:us-east-1a:p3.16xlarge:spot (V100): rank 0 aws/i-0abc (10.0.0.5)``; ``-`` for none.
+    Fields this does not know are appended as ``name value`` (lists and mappings as compact JSON), so a new
+    runtime's placement still reads without a Python dict."""
     if not p:
         return "-"
-    nodes = ", ".join(f"{n.get('node')}[{','.join(str(g) for g in n.get('gpus', []))}]" for n in p.get("nodes", []))
-    if p.get("kind") == "onprem":
-        return f"on-prem pool {p.get('pool')}: {nodes}"
-    if p.get("kind") in ("slurm", "kubernetes"):  # the planner's nodes; the cluster picks the real ones
-        return (f"{p['kind']} pool {p.get('pool')}: {p.get('gpu_type')} (GRES {p.get('scheduler_gpu_type')}) "
-                f"planned on {nodes}")
-    return ", ".join(f"{k}={v}" for k, v in p.items())
+    rest = dict(p)
+    kind = str(rest.pop("kind", None) or "")
+    label = PLACEMENT_KIND_TEXT.get(kind, kind or "placement")
+    nodes = rest.pop("nodes", None)
+    gpu_type = rest.pop("gpu_type", None)
+    if "pool" in rest:
+        head = f"{label} pool {rest.pop('pool')}"
+    elif "offer_id" in rest:
+        head = f"{label} offer {rest.pop('offer_id')}"
+        for k in _IN_OFFER_ID:
+            rest.pop(k, None)
+    else:
+        head = label
+    if gpu_type:
+        head += f" ({gpu_type})"
+    if isinstance(nodes, list) and nodes:
+        head += ": " + ", ".join(_placement_node(n) for n in nodes)
+    elif nodes:
+        rest["nodes"] = nodes
+    extra = "; ".join(f"{k.replace('_', ' ')} {_plain(v)}" for k, v in rest.items() if v is not None)
+    return head + (f"; {extra}" if extra else "")
+
+
+def _cancel_requested_text(placement: dict | None) -> str:
+    """What happens to a job whose cancel was requested, by its placement's kind (``JobView.placement``): a cloud
+    job's instances are terminated, an agent host's node agent stops it, a scheduler's pool cancels it there."""
+    kind = (placement or {}).get("kind")
+    if kind == "cloud":
+        return "cancel requested; the broker terminates its instances"
+    if kind in ("onprem", None):
+        return "cancel requested, the node agent stops it"
+    return f"cancel requested, the broker cancels it in its {PLACEMENT_KIND_TEXT.get(kind, kind)} cluster"
 
 
 def _print_job(job) -> None:
     con = current_console()
     s = job.spec
     rows = [("job", job.id), ("name", job.name or "-"), ("team", job.team), ("state", job.state),
-            ("reason", job.reason or "-"), ("placement", _placement(job.placement)),
+            ("reason", job.reason or "-"), ("placement", placement_text(job.placement)),
             ("gpus", f"{s.nodes} x {s.gpus_per_node} {'/'.join(s.gpu_types) or 'any'}"),
             ("attempt", str(job.attempt)), ("submitted", utc_text(job.created_at)), ("not before", utc_text(job.not_before)),
             ("not after", utc_text(job.not_after)), ("deadline", utc_text(job.deadline)), ("started", utc_text(job.started_at)),
@@ -159,6 +215,30 @@ def _num(v, fmt: str) -> str:
 
 def _wait(s) -> str:
     return "n/a" if s is None else wait_text(s)
+
+
+#: below this console width ``list`` leaves out the team, submitted and deadline columns (``status`` and ``--json``
+#: have them), so that name and reason keep room at 80 columns
+LIST_WIDE_AT = 120
+
+
+def _jobs_table(jobs) -> Table:
+    """The ``list`` table: one line per job at any console width (:func:`broker.cli.console.console_width`). Ids,
+    states, GPUs and instants are never cut; name and reason are ellipsised to what is left; below
+    :data:`LIST_WIDE_AT` columns the team, submitted and deadline columns are left out (``--json`` has every
+    field)."""
+    wide = current_console().width >= LIST_WIDE_AT
+    shown = [c for c in ("id", "team", "name", "state", "gpus", "submitted", "deadline", "reason")
+             if wide or c not in ("team", "submitted", "deadline")]
+    tab = Table(title=f"{len(jobs)} job(s)", show_edge=False)
+    for col in shown:
+        tab.add_column(col, no_wrap=col not in ("team", "name", "reason"))  # those three shrink, cut with …
+    for j in jobs:
+        row = {"id": j.id, "team": cell(j.team), "name": cell(j.name), "state": j.state,
+               "gpus": f"{j.spec.nodes}x{j.spec.gpus_per_node}", "submitted": utc_text(j.created_at),
+               "deadline": utc_text(j.deadline), "reason": cell(j.reason)}
+        tab.add_row(*(row[c] for c in shown))
+    return tab
 
 
 def _print_schedules(scheds) -> None:
@@ -249,36 +329,61 @@ def register(app: typer.Typer) -> None:
         if as_json:
             echo_json(jobs)
             return
-        tab = Table(title=f"{len(jobs)} job(s)")
-        for col in ("id", "team", "name", "state", "gpus", "submitted", "deadline", "reason"):
-            tab.add_column(col, overflow="fold")
-        for j in jobs:
-            tab.add_row(j.id, j.team, escape(j.name or "-"), j.state, f"{j.spec.nodes}x{j.spec.gpus_per_node}",
-                        utc_text(j.created_at), utc_text(j.deadline), escape(j.reason or ""))
-        current_console().print(tab)
+        current_console().print(_jobs_table(jobs))
 
     @app.command()
-    def cancel(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+    def cancel(job_id: Optional[str] = typer.Argument(None, help="job-0123456789abcdef (or --all/--state/--name)"),
+               all_: bool = typer.Option(False, "--all", help="Every unfinished job of the team."),
+               state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
+               name: Optional[str] = typer.Option(None, "--name", help="Only jobs of exactly this name."),
+               team: Optional[str] = typer.Option(None, help="With --all/--state/--name: the team (default: yours; "
+                                                           "an admin token must name one)."),
                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Cancel a job (a running job is stopped by its node agent; a cloud job's instances are terminated
-        by the broker)."""
+        """Cancel a job, or with --all / --state / --name (AND-ed) many jobs of one team in one request (a running
+        job is stopped by its node agent or its pool's scheduler; a cloud job's instances are terminated by the
+        broker)."""
+        bulk = all_ or bool(state) or name is not None
+        if job_id is not None and (bulk or team is not None):
+            fail(f"JOB_ID={job_id!r} with --all/--state/--name/--team: give a job id or a filter, not both", 2)
+        if job_id is None and not bulk:
+            fail("give a JOB_ID, or --all, --state or --name to cancel many jobs", 2)
         c = client(url, token)
-        job = call(c, c.cancel, job_id)
+        if job_id is not None:
+            job = call(c, c.cancel, job_id)
+            if as_json:
+                echo_json(job)
+            elif job.state == "cancelled":
+                current_console().print(f"{job.id} cancelled", highlight=False)
+            else:
+                current_console().print(f"{job.id} {job.state}: {_cancel_requested_text(job.placement)}",
+                                        highlight=False)
+            return
+        from broker.states import TERMINAL_STATES, JobState
+
+        known = [s.value for s in JobState]
+        unfinished = [s.value for s in JobState if s not in TERMINAL_STATES]
+        for s in state or ():
+            if s not in unfinished:
+                why = f"a {s} job cannot be cancelled" if s in known else f"not a job state (one of {', '.join(known)})"
+                fail(f"--state={s!r}: {why}; the unfinished states are {', '.join(unfinished)}", 2)
+        res = call(c, c.cancel_many, all=all_, state=state or None, name=name, team=team)
         if as_json:
-            echo_json(job)
-        elif job.state == "cancelled":
-            current_console().print(f"{job.id} cancelled", highlight=False)
-        else:
-            kind = (job.placement or {}).get("kind")
-            then = ("cancel requested; the broker terminates its instances" if kind == "cloud"
-                    else f"cancel requested; the broker stops it in its {kind} pool" if kind in ("slurm", "kubernetes")
-                    else "cancel requested, the node agent stops it")
-            current_console().print(f"{job.id} {job.state}: {then}", highlight=False)
+            echo_json(res)
+            return
+        con = current_console()
+        con.print(f"team {res.team}: {len(res.cancelled)} job(s) cancelled, {len(res.cancel_requested)} running "
+                  f"job(s) asked to stop", highlight=False)
+        if res.more:
+            con.print("more jobs matched than one request changes: run the same command again", highlight=False)
 
     @app.command()
     def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
              attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
              rank: int = typer.Option(0, help="Node rank of a multi-node job."),
+             tail: Optional[int] = typer.Option(None, "--tail", help="Only the last N lines (with --follow: then "
+                                                "what follows)."),
+             follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what the job writes until it "
+                                         "ends (Ctrl-C stops following; the job runs on)."),
              raw: bool = typer.Option(False, "--raw", help="Print the log byte for byte, terminal control "
                                       "sequences included (only for logs you trust)."),
              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
@@ -289,20 +394,28 @@ def register(app: typer.Typer) -> None:
             fail(f"--attempt={attempt}: must be >= 1", 2)
         if rank < 0:
             fail(f"--rank={rank}: must be >= 0", 2)
+        if tail is not None and tail < 0:
+            fail(f"--tail={tail}: must be >= 0", 2)
         c = client(url, token)
+
+        def out(text: str) -> None:
+            sys.stdout.write(text if raw else terminal_safe(text))  # typer.echo strips ANSI only off a terminal
+            sys.stdout.flush()
+
+        if follow:
+            _follow_logs(c, job_id, attempt, rank, tail, out)
+            return
         view = call(c, c.logs_view, job_id, attempt, rank)
-        text = view.text if raw else terminal_safe(view.text)
+        text = last_lines(view.text, tail) if tail is not None else view.text
         if text and not text.endswith("\n"):
             text += "\n"
-        sys.stdout.write(text)  # as it is (typer.echo strips ANSI sequences only when not on a terminal)
-        sys.stdout.flush()
+        out(text)
         if view.attempt == 0:
             stderr.print(f"{job_id}: no attempt yet (no logs)")
         elif view.truncated:
             stderr.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
         elif not view.text:
-            hint = f"; earlier attempts: --attempt 1..{view.attempt - 1}" if view.attempt > 1 else ""
-            stderr.print(f"{job_id}: attempt {view.attempt} rank {view.rank} has no log yet{hint}")
+            stderr.print(f"{job_id}: {_no_log_text(c, job_id, view)}")
 
     @app.command()
     def explain(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
@@ -537,6 +650,61 @@ def register(app: typer.Typer) -> None:
                                         f"{json.dumps(e.detail, sort_keys=True)}"), highlight=False)
 
         show(rows, as_json, human)
+
+
+#: seconds between two polls of ``logs --follow`` (two small requests each: the job, then the new text)
+FOLLOW_POLL_S = 1.0
+
+
+def last_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text`` (a line ends at ``\n``; a last line without one counts), as they are:
+    ``last_lines("a\nb\nc\n", 2) == "b\nc\n"``, ``last_lines("a\nb", 1) == "b"``; ``n`` 0 gives ``""``."""
+    if n <= 0:
+        return ""
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[-n:])
+
+
+def _no_log_text(c, job_id: str, view) -> str:
+    """Why an attempt's log is empty: the attempt ended without output, or it has not written any yet."""
+    job = call(c, c.get, job_id)
+    hint = f"; earlier attempts: --attempt 1..{view.attempt - 1}" if view.attempt > 1 else ""
+    over = job.done or job.attempt > view.attempt
+    what = f"has no output (the job is {job.state})" if over else "has no log yet"
+    return f"attempt {view.attempt} rank {view.rank} {what}{hint}"
+
+
+def _follow_logs(c, job_id: str, attempt: int | None, rank: int, tail: int | None, out) -> None:
+    """``logs --follow``: print the attempt's log so far (its last ``tail`` lines if given), then only what is new,
+    every :data:`FOLLOW_POLL_S` s, until the job ends (:meth:`broker.Client.follow_logs`); the end is said on stderr.
+    Ctrl-C stops following cleanly (exit 130, no traceback): the job is not touched."""
+    seen = None
+
+    def drain() -> None:
+        nonlocal seen
+        for view in c.follow_logs(job_id, attempt, rank, FOLLOW_POLL_S):
+            out(last_lines(view.text, tail) if seen is None and tail is not None else view.text)
+            seen = view
+
+    try:
+        call(c, drain)  # an API error on any poll exits as every command's does
+        job = call(c, c.get, job_id)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        stderr.print(f"{job_id}: stopped following (the job runs on)")
+        raise typer.Exit(130) from None
+    if seen is not None and not seen.text.endswith("\n"):
+        out("\n")
+    n = seen.attempt if seen is not None else (attempt or job.attempt)
+    if seen is None:
+        stderr.print(f"{job_id}: attempt {n} rank {rank} has no output (the job is {job.state})" if n else
+                     f"{job_id}: {job.state} without an attempt (no logs)")
+    elif job.attempt > n and not job.done:
+        stderr.print(f"{job_id}: attempt {n} ended; the job is {job.state} on attempt {job.attempt} "
+                     f"(follow it: fedbroker logs --follow {job_id})")
+    else:
+        code = f" (exit code {job.exit_code})" if job.exit_code is not None else ""
+        stderr.print(f"{job_id}: {job.state}{code}", highlight=False)
 
 
 #: the control characters a log shows escaped: C0 but tab and newline, DEL, C1

@@ -18,19 +18,32 @@ NVML cannot be used; ``--nvml auto`` falls back to the fake backend (the ``backe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, utc_text
+from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, cell, client, current_console, echo_json, fail, utc_text
 
 
-__all__ = ["register", "nodes_app"]
+__all__ = ["register", "nodes_app", "healthy_text"]
 
 nodes_app = typer.Typer(help="On-prem nodes: `list` (what the broker knows; the default) and `probe` "
                              "(this host's GPUs through NVML).")
+
+
+def healthy_text(healthy: Sequence[int], indices: Sequence[int]) -> str:
+    """How many of a node's GPUs are healthy, as ``count/total healthy``, naming the GPUs that are not:
+    ``healthy_text([0], [0]) == "1/1 healthy"``, ``healthy_text([0, 1, 3], range(4)) == "3/4 healthy, GPU 2 not"``,
+    ``healthy_text([], [0, 1]) == "0/2 healthy"``. ``healthy`` and ``indices`` are NVML GPU indices (a bare
+    index list read "0" for a healthy GPU 0, which looked like zero healthy GPUs)."""
+    ok = set(healthy)
+    bad = [i for i in indices if i not in ok]
+    text = f"{len(ok & set(indices))}/{len(indices)} healthy"
+    if bad and len(bad) < len(indices):
+        text += f", GPU{'s' if len(bad) > 1 else ''} {','.join(map(str, bad))} not"
+    return text
 
 
 def _list(url: Optional[str], token: Optional[str], as_json: bool) -> None:
@@ -48,12 +61,12 @@ def _list(url: Optional[str], token: Optional[str], as_json: bool) -> None:
                         str(c.healthy_gpus), str(c.free_gpus))
         current_console().print(cap)
         return
-    tab = Table(title=f"{len(ns)} node(s)")
-    for col in ("name", "pool", "gpus", "healthy", "state", "last heartbeat"):
-        tab.add_column(col)
+    tab = Table(title=f"{len(ns)} node(s)", show_edge=False)
+    for col in ("name", "pool", "gpus", "health", "state", "last heartbeat"):
+        tab.add_column(col, no_wrap=col in ("state", "last heartbeat"))  # the others shrink, cut with …
     for n in ns:
-        tab.add_row(n.name, n.pool, f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB",
-                    ",".join(str(g) for g in n.healthy_gpus) or "none", n.state, utc_text(n.last_heartbeat_at))
+        tab.add_row(cell(n.name), cell(n.pool), cell(f"{n.gpu_count} x {n.gpu_type} {n.gpu_memory_gb:g} GB"),
+                    cell(healthy_text(n.healthy_gpus, range(n.gpu_count))), n.state, utc_text(n.last_heartbeat_at))
     current_console().print(tab)
 
 
@@ -69,6 +82,10 @@ def nodes(ctx: typer.Context, url: Optional[str] = UrlOpt, token: Optional[str] 
 def nodes_list(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
     """List the on-prem nodes: GPUs, health, last heartbeat."""
     _list(url, token, as_json)
+
+
+#: below this console width ``nodes probe`` leaves out the GPU UUID column (``--json`` has it)
+PROBE_WIDE_AT = 120
 
 
 def cuda_version(v: int | None) -> str | None:
@@ -116,22 +133,27 @@ def probe(nvml: str = typer.Option("auto", "--nvml", help="auto (NVML, else a fa
     con = current_console()
     con.print(f"backend {inv.backend}; driver {inv.driver_version or '-'}; "
               f"CUDA {cuda_version(inv.cuda_driver_version) or '-'}; {len(inv.gpus)} GPU(s); "
-              f"type {inv.gpu_type or 'unknown'}; healthy {','.join(map(str, inv.healthy_indices)) or 'none'}",
+              f"type {inv.gpu_type or 'unknown'}; {healthy_text(inv.healthy_indices, [g.index for g in inv.gpus])}",
               highlight=False)
-    tab = Table(title=f"{len(inv.gpus)} GPU(s), backend {inv.backend}")
-    for col in ("#", "name", "uuid", "memory MiB", "util %", "power W", "energy J", "temp C", "MIG", "ECC",
-                "health"):
-        tab.add_column(col, justify="right" if col in ("#", "memory MiB", "util %", "power W", "energy J",
-                                                       "temp C", "ECC") else "left")
+    # below PROBE_WIDE_AT columns the UUIDs (in --json) are left out; numbers are never cut, names and errors are
+    shown = [c for c in ("#", "name", "uuid", "memory MiB", "util %", "power W", "energy J", "temp C", "MIG", "ECC",
+                         "health") if con.width >= PROBE_WIDE_AT or c != "uuid"]
+    tab = Table(title=f"{len(inv.gpus)} GPU(s), backend {inv.backend}", show_edge=False)
+    for col in shown:
+        tab.add_column(col, no_wrap=col not in ("name", "uuid", "health"),
+                       justify="right" if col in ("#", "memory MiB", "util %", "power W", "energy J",
+                                                  "temp C", "ECC") else "left")
     for g in inv.gpus:
         mem = ("-" if g.memory_total_mib is None
                else f"{_opt(g.memory_used_mib)}/{g.memory_total_mib}")
         mig = "-" if g.mig_mode is None else (f"on ({g.mig_instances})" if g.mig_mode else "off")
         health = "healthy" if g.healthy else f"error: {g.error or 'unknown'}"
-        tab.add_row(str(g.index), escape(g.name or "-"), escape(g.uuid or "-"), mem,
-                    _opt(g.utilisation_pct, "{:g}"), _opt(g.power_w, "{:g}"),
-                    _opt(None if g.energy_mj is None else g.energy_mj / 1000, "{:.1f}"),
-                    _opt(g.temperature_c, "{:g}"), mig, _opt(g.ecc_uncorrected), escape(health))
+        row = {"#": str(g.index), "name": cell(g.name), "uuid": cell(g.uuid), "memory MiB": mem,
+               "util %": _opt(g.utilisation_pct, "{:g}"), "power W": _opt(g.power_w, "{:g}"),
+               "energy J": _opt(None if g.energy_mj is None else g.energy_mj / 1000, "{:.1f}"),
+               "temp C": _opt(g.temperature_c, "{:g}"), "MIG": mig, "ECC": _opt(g.ecc_uncorrected),
+               "health": cell(health)}
+        tab.add_row(*(row[c] for c in shown))
     con.print(tab)
 
 

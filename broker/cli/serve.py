@@ -175,12 +175,13 @@ def serve_worker(config: Optional[Path] = ConfigOpt, log_level: str = typer.Opti
         what = f"unknown queue(s) {', '.join(bad)}" if bad else "no queue given"
         typer.echo(f"error: --queues={queues!r}: {what}; use planning and/or provisioning", err=True)
         raise typer.Exit(2)
-    from broker.service.celery_app import get_app
+    from broker.service.celery_app import get_app, quiet_root_warning
 
     _logging(log_level)
     st = _settings(config)
     app = get_app(st)
     _migrate(st)
+    quiet_root_warning(app)  # JSON only, never a job's code: Celery's root warning does not apply (its docstring)
     app.worker_main(["worker", "-Q", ",".join(wanted), "--pool", "solo",
                      "-n", f"broker-{os.getpid()}@{socket.gethostname()}", "--loglevel", _celery_level(log_level),
                      "--without-gossip", "--without-mingle"])

@@ -9,7 +9,8 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     GET  /v1/jobs?team=&state=&limit=&offset=   -> list[JobView], newest first
     GET  /v1/jobs/{job_id}             -> JobView
     POST /v1/jobs/{job_id}/cancel      -> JobView
-    GET  /v1/jobs/{job_id}/logs?attempt=&rank=  -> LogsView
+    POST /v1/jobs:cancel               CancelManyRequest (all/states/name of one team) -> CancelManyResponse (ids)
+    GET  /v1/jobs/{job_id}/logs?attempt=&rank=&offset=  -> LogsView (text from character offset on)
     GET  /v1/jobs/{job_id}/explain     -> ExplainView
     GET  /v1/nodes                     -> list[NodeView] (admin), else list[NodeCapacityView] (per pool, GPU type)
     POST   /v1/schedules               ScheduleRequest -> 201 ScheduleView (409: name taken)
@@ -28,8 +29,8 @@ Routes (JSON in and out; every ``/v1`` route needs ``Authorization: Bearer <toke
     GET  /finance?from=&to=            no auth; the finance page (HTML; its script asks for a token) (api_finance)
     /v1/node/...                       node agents only, with a node token (:mod:`broker.service.node_api`)
 
-Who sees what: a team token sees, cancels and reads the logs/explain record of its own
-team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
+Who sees what: a team token sees, cancels (one by one or in bulk: ``POST /v1/jobs:cancel`` filters
+inside its team only) and reads the logs/explain record of its own team's jobs only, and sees, pauses, resumes and deletes its own team's schedules only;
 another team's job or schedule answers 404 exactly like a missing one (existence is not
 leaked). An admin token (``fedbroker tokens create --admin``, or ``settings.admin_token_sha256``)
 sees every team. Token kinds (:mod:`broker.service.tokens`): a ``read-only`` token gets 403 on every
@@ -78,6 +79,8 @@ from broker.service.node_api import node_router
 from broker.service.group_commit import GroupCommit
 from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
+from broker.bulk_cancel import CancelManyRequest, CancelManyResponse
+from broker.states import TERMINAL_STATES
 from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
 from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeCapacityView, NodeView, ScheduleRequest,
@@ -596,14 +599,44 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         and its agent stops it. Cancelling a cancelled job is a no-op; a finished job answers 409."""
         return store.request_cancel(job.id, None if who.admin else who.team, actor=who)
 
+    @app.post("/v1/jobs:cancel", response_model=CancelManyResponse, tags=["jobs"],
+              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "another team's jobs, or a "
+                                                                                       "read-only/node token"}})
+    def cancel_jobs(body: CancelManyRequest, who: Caller) -> CancelManyResponse:
+        """Cancel many jobs of one team in one request (:mod:`broker.bulk_cancel`): every unfinished job
+        (``all``), or those in ``states`` and/or of ``name`` (AND-ed). Each is cancelled as by
+        ``POST /v1/jobs/{job_id}/cancel`` and audited; the answer lists the ids. A team token may only name
+        its own team (403); an admin token must name one (422)."""
+        known = [s.value for s in JobState]
+        unfinished = [s.value for s in JobState if s not in TERMINAL_STATES]
+        for st in body.states or ():
+            if st not in unfinished:
+                why = (f"a {st} job is finished and cannot be cancelled" if st in known else
+                       f"not a job state (one of {', '.join(known)})")
+                raise _unprocessable("states", st, f"{why}; the unfinished states are {', '.join(unfinished)}")
+        if not (body.all or body.states or body.name is not None):
+            raise _unprocessable("all", body.all, "give all=true, states or name: an empty filter cancels nothing")
+        if who.admin and body.team is None:
+            raise _unprocessable("team", None, "an admin token cancels one team's jobs at a time: name the team")
+        team = readable_team(who, body.team, who.admin)
+        assert team is not None
+        cancelled, requested, more = store.cancel_many(team, states=body.states, name=body.name, limit=body.limit,
+                                                       actor=who)
+        return CancelManyResponse(team=team, count=len(cancelled) + len(requested), cancelled=cancelled,
+                                  cancel_requested=requested, more=more)
+
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogsView, tags=["jobs"], responses=_ERRORS)
     def job_logs(job: Job,
                  attempt: Annotated[int | None, Query(ge=1, le=_INT32_MAX,
                                                       description="Attempt number (default: the latest)")] = None,
-                 rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="Node rank of a multi-node job")] = 0
+                 rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="Node rank of a multi-node job")] = 0,
+                 offset: Annotated[int, Query(ge=0, le=_INT32_MAX, description=(
+                     "Characters (Unicode code points) of the text the caller already has: only the text after "
+                     "them is sent (``fedbroker logs --follow``)"))] = 0
                  ) -> LogsView:
-        """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt);
-        ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for an attempt that does not exist."""
+        """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt),
+        from character ``offset`` on; ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for
+        an attempt that does not exist."""
         if attempt is not None and attempt > job.attempt:
             raise HTTPException(404, f"attempt={attempt}: job {job.id} has {job.attempt} attempt(s)")
         n = job.attempt if attempt is None else attempt
@@ -612,7 +645,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk
         truncated = ((bool(chunks) and chunks[-1][1].startswith(_TRUNCATED_MARK))
                      or len(text_.encode()) >= settings.log_max_bytes)
-        return LogsView(job_id=job.id, attempt=n, rank=rank, text=text_, truncated=truncated)
+        return LogsView(job_id=job.id, attempt=n, rank=rank, text=text_[offset:], truncated=truncated)
 
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainView, tags=["jobs"], responses=_ERRORS)
     def explain_job(job: Job) -> ExplainView:

@@ -32,7 +32,7 @@ from kombu import Queue
 
 from broker.service.settings import BrokerSettings, load_settings
 
-__all__ = ["make_celery", "get_app", "SIGNALS_TICK_S"]
+__all__ = ["make_celery", "get_app", "SIGNALS_TICK_S", "quiet_root_warning"]
 
 #: seconds between beat's ``fedbroker.signals_refresh`` ticks; each zone is fetched once per its own
 #: ``signals.refresh_s`` period (>= 60 s) whatever the tick (broker.service.signal_cache)
@@ -88,3 +88,27 @@ def get_app(settings: BrokerSettings | None = None) -> Celery:
     if _APP is None or settings is not None:
         _APP = make_celery(settings or load_settings())
     return _APP
+
+
+#: the start of Celery's warning for a worker run as root (``celery.platforms.ROOT_DISCOURAGED``, Celery 5.x)
+ROOT_WARNING_START = "You're running the worker with superuser privileges"
+
+
+def quiet_root_warning(app: Celery) -> bool:
+    """Silence Celery's 8-line ``SecurityWarning`` "You're running the worker with superuser privileges: this is
+    absolutely not recommended!" for ``app``'s worker, and only it, when ``app`` accepts JSON messages only.
+
+    Why this is safe: the warning is about a root worker that unpickles messages (Celery refuses to start one
+    that accepts pickle, ``ROOT_DISALLOWED``); ours accepts ``json`` only, and the worker and beat run the broker's
+    own tasks (planning, reconciling, cloud calls), never a job's code: jobs run under the node agent with
+    per-attempt uids, in a scheduler's pool or on cloud instances. The one-machine recipe (``serve all`` as root,
+    so its agent can give jobs their own uids) printed it into every log. Returns whether it was silenced (an app
+    that accepts anything but JSON keeps the warning and Celery's own refusal)."""
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
+    if set(app.conf.accept_content or ()) - {"json", "application/json"}:
+        return False
+    warnings.filterwarnings("ignore", message=ROOT_WARNING_START, category=SecurityWarning)
+    return True

@@ -119,10 +119,11 @@ def test_one_gpu_job_placed_by_the_planner_runs_to_succeeded_with_its_log_and_us
     j = store.get(job.id)
     assert (j.state, j.placement["kind"], j.placement["pool"], j.placement["scheduler_gpu_type"]) == (
         "starting", "slurm", "hpc", "a100")
-    from broker.cli.jobs import _placement  # what `fedbroker status` prints (a raw dict on cb5ea98)
+    from broker.cli.jobs import placement_text  # what `fedbroker status` prints (a raw dict on cb5ea98)
 
     [part] = j.placement["nodes"]
-    assert _placement(j.placement) == f"slurm pool hpc: A100 (GRES a100) planned on {part['node']}[{part['gpus'][0]}]"
+    assert placement_text(j.placement) == (f"Slurm pool hpc (A100): {part['node']}[{part['gpus'][0]}]; "
+                                           "scheduler gpu type a100")
     done = _until(store, rec, job.id, {"succeeded", "failed"})
     assert (done.state, done.exit_code, done.reason) == ("succeeded", 0, "exit code 0")
     path = "rest" if pools.adapter("hpc").settings.rest_url else "cli"

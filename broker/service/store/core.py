@@ -44,7 +44,8 @@ from broker.service.store.quota import quota_exceeded
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 from broker.model import JobSpec, default_slack_s, short_repr
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
-from broker.states import UNFINISHED_STATES, JobState, check_transition
+from broker.states import ON_NODE_STATES, UNFINISHED_STATES, JobState, check_transition
+from broker.bulk_cancel import CANCEL_BATCH_JOBS, MAX_CANCEL_JOBS
 
 __all__ = ["JobStore", "StoreError", "JobNotFound", "IdempotencyConflict", "NotCancellable", "ScheduleNotFound",
            "ScheduleConflict", "InvalidSchedule", "Principal", "new_job_id", "new_schedule_id", "hash_token",
@@ -727,6 +728,72 @@ class JobStore:
                                                                    "to_state": JobState.cancelled.value})
                         break
         return self.get(job_id, team)
+
+    def cancel_many(self, team: str, *, states: Sequence[str] | None = None, name: str | None = None,
+                    limit: int = MAX_CANCEL_JOBS, reason: str = "cancelled by user (bulk)",
+                    actor: Principal | None = None, batch: int = CANCEL_BATCH_JOBS) -> tuple[list[str], list[str], bool]:
+        """Cancel every unfinished job of ``team`` (only that team's: the filter is in every statement) that is in
+        one of ``states`` (``None``: any unfinished state) and, if given, named ``name``, as :meth:`request_cancel`
+        does one: a waiting job becomes ``cancelled``, a starting or running one gets ``cancel_requested`` (one
+        already asked is left alone). Jobs are changed in id order in transactions of ``batch`` jobs, their rows
+        locked (``FOR UPDATE``) and each row's ``version`` bumped, so a planner or agent compare-and-set that
+        raced it fails and re-reads; each change gets its ``job_events`` row and, with ``actor``, a ``job.cancel``
+        audit row (``"bulk": true``) in the same transaction. At most ``limit`` jobs change.
+
+        Returns ``(cancelled_ids, cancel_requested_ids, more)``: ``more`` when further jobs matched past ``limit``.
+        States are :class:`broker.states.JobState` values; a terminal one matches nothing."""
+        on_node = set(ON_NODE_STATES)
+        wanted = [x for x in _UNFINISHED if states is None or x in states]
+        cancelled: list[str] = []
+        requested: list[str] = []
+
+        def matching(after: str, n: int):
+            q = (select(Job.id, Job.state).where(Job.team == team, Job.state.in_(wanted), Job.id > after)
+                 .where(~(Job.state.in_(sorted(on_node)) & Job.cancel_requested.is_(True)))
+                 .order_by(Job.id).limit(n))
+            return q.where(Job.name == name) if name is not None else q
+
+        after = ""
+        while wanted and len(cancelled) + len(requested) < limit:
+            with self.session() as s:
+                rows = s.execute(matching(after, min(batch, limit - len(cancelled) - len(requested)))
+                                 .with_for_update()).all()
+                if not rows:
+                    return sorted(cancelled), sorted(requested), False
+                after = rows[-1].id
+                by_state: dict[str, list[str]] = {}
+                for r in rows:
+                    by_state.setdefault(r.state, []).append(r.id)
+                now = utcnow()
+                events: list[dict[str, Any]] = []
+                audits: list[dict[str, Any]] = []
+                for st, ids in by_state.items():
+                    if st in on_node:
+                        to, why, vals = st, f"cancel requested: {reason}", {"cancel_requested": True}
+                    else:
+                        check_transition(ids[0], st, JobState.cancelled.value)
+                        to, why = JobState.cancelled.value, reason
+                        vals = {"state": to, "finished_at": now, "cancel_requested": True}
+                    res = s.execute(update(Job).where(Job.team == team, Job.id.in_(ids), Job.state == st)
+                                    .values(version=Job.version + 1, updated_at=now, reason=why, **vals)
+                                    .returning(Job.id, Job.version), execution_options={"synchronize_session": False})
+                    for job_id, version in res:
+                        events.append({"job_id": job_id, "at": now, "from_state": st, "to_state": to,
+                                       "version": version, "reason": why})
+                        detail = {"team": team, "from_state": st, "to_state": to, "bulk": True}
+                        if to == st:
+                            detail["cancel_requested"] = True
+                        audits.append(audit_row(actor, "job.cancel", job_id, detail, now))
+                        (requested if to == st else cancelled).append(job_id)
+                if events:
+                    s.execute(insert(JobEvent), events)
+                if actor is not None and audits:
+                    s.execute(insert(AuditEvent), audits)
+        if not wanted:
+            return [], [], False
+        with self.session() as s:
+            more = s.execute(matching(after, 1)).first() is not None
+        return sorted(cancelled), sorted(requested), more
 
     # ------------------------------------------------------------------ logs
     def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str) -> bool:

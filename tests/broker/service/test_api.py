@@ -476,7 +476,7 @@ def test_healthz_503_when_database_is_down():
 
 def test_openapi_lists_paths(client):
     doc = client.get("/openapi.json").json()
-    assert set(doc["paths"]) == {"/healthz", "/metrics", "/v1/jobs", "/v1/jobs:batch", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
+    assert set(doc["paths"]) == {"/healthz", "/metrics", "/v1/jobs", "/v1/jobs:batch", "/v1/jobs:cancel", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel",
                                  "/v1/jobs/{job_id}/logs", "/v1/jobs/{job_id}/explain", "/v1/nodes",
                                  "/v1/schedules", "/v1/schedules/{schedule_id}", "/v1/schedules/{schedule_id}/pause",
                                  "/v1/schedules/{schedule_id}/resume", "/v1/instances/report",

@@ -40,7 +40,7 @@ from broker.model import JobSpec
 from broker.service.settings import BrokerSettings
 from broker.service.tokens import create_node_token, create_token
 
-#: examples per operation and phase (37 operations x 3 or 4 callers)
+#: examples per operation and phase (38 operations x 3 or 4 callers)
 MAX_EXAMPLES = 30
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance, negative_data_rejection]
@@ -97,7 +97,7 @@ CASES = [(m, p, mode) for m, p in OPERATIONS for mode in (GenerationMode.POSITIV
 
 def test_every_operation_is_covered():
     # a new operation changes this count: it is then covered by the cases below, with the right tokens
-    assert len(OPERATIONS) == 37 and ("POST", "/v1/jobs") in OPERATIONS and ("GET", "/healthz") in OPERATIONS and ("GET", "/metrics") in OPERATIONS
+    assert len(OPERATIONS) == 38 and ("POST", "/v1/jobs") in OPERATIONS and ("GET", "/healthz") in OPERATIONS and ("GET", "/metrics") in OPERATIONS
     assert sum(p.startswith("/v1/node/") for _, p in OPERATIONS) == 8
 
 
