@@ -38,8 +38,9 @@ def run(server, store):
     token = create_token(store, team).token
     runner = CliRunner()
 
-    def invoke(*args, columns: int = 200):
-        return runner.invoke(cli.app, list(args), env={"FEDBROKER_API_URL": server.url, "FEDBROKER_TOKEN": token,
+    def invoke(*args, columns: int = 200, as_token: str | None = None):
+        return runner.invoke(cli.app, list(args), env={"FEDBROKER_API_URL": server.url,
+                                                        "FEDBROKER_TOKEN": as_token or token,
                                                         "FEDBROKER_CONFIG": None, "COLUMNS": str(columns)})
 
     invoke.team = team
@@ -68,7 +69,7 @@ def test_nodes_probe_and_list_show_the_healthy_count(run, store):
     assert r.stdout.splitlines()[0] == "backend fake; driver fake; CUDA -; 1 GPU(s); type V100; 1/1 healthy"
     node = "n" + uuid.uuid4().hex[:8]
     store.heartbeat(node, "local", "H200", 4, 141.0, [0, 1, 3], "agent-1")
-    r = run("nodes", "list")
+    r = run("nodes", "list", as_token=create_token(store, "ops", "admin").token)  # members see capacity only
     assert r.exit_code == 0, r.output
     row = next(line for line in r.stdout.splitlines() if node in line)
     assert row.split("│")[:5] == [f" {node} ", " local ", " 4 x H200 141 GB ", " 3/4 healthy, GPU 2 not ", " up    "]
