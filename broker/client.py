@@ -50,7 +50,7 @@ import re
 import time
 import uuid
 from urllib.parse import quote
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import requests
 from pydantic import BaseModel
@@ -329,14 +329,22 @@ class Client:
         """Cancel a job (a running job gets ``cancel_requested``). Raises :class:`Conflict` if it already finished."""
         return _parse(JobView, self._request("POST", f"/v1/jobs/{_seg('job_id', job_id)}/cancel"))
 
-    def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5) -> JobView:
+    def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5,
+             on_change: Callable[[JobView], None] | None = None) -> JobView:
         """Poll until the job is succeeded, failed or cancelled and return it.
 
-        Raises :class:`WaitTimeout` (with ``.job``, the last view) after ``timeout`` seconds.
+        ``on_change(view)`` is called with the first view and with every later one whose state or reason differs
+        from the one before (``fedbroker submit --wait`` prints the job's history from it as it happens); an
+        exception from it propagates. Raises :class:`WaitTimeout` (with ``.job``, the last view) after
+        ``timeout`` seconds.
         """
         end = time.monotonic() + timeout
+        seen = None
         while True:
             job = self.get(job_id)
+            if on_change is not None and (job.state, job.reason) != seen:
+                seen = (job.state, job.reason)
+                on_change(job)
             if job.done:
                 return job
             left = end - time.monotonic()

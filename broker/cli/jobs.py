@@ -146,6 +146,26 @@ def _print_job(job) -> None:
         con.print(f"{k:>11}: {escape(v)}", highlight=False)
 
 
+def _history_printer(c):
+    """``on_change(view)`` for :meth:`broker.Client.wait`: prints the job's events not printed yet, one line each
+    (``2026-12-04T03:00:01Z queued -> starting: placed on pool local ...``), or, when the reason changed without
+    a new event (a waiting job's expected start), the state and the new reason."""
+    printed = {"events": 0, "reason": None}
+
+    def on_change(job) -> None:
+        con = current_console()
+        events = call(c, c.explain, job.id).events
+        for e in events[printed["events"]:]:
+            con.print(escape(f"{utc_text(e.at)} {e.from_state or '-'} -> {e.to_state}: {e.reason}"), highlight=False)
+            printed["reason"] = e.reason
+        printed["events"] = max(printed["events"], len(events))
+        if job.reason and job.reason != printed["reason"] and not job.done:
+            con.print(escape(f"{utc_text(datetime.now(timezone.utc))} {job.state}: {job.reason}"), highlight=False)
+        printed["reason"] = job.reason
+
+    return on_change
+
+
 def _money(v) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"${v:,.2f}"
 
@@ -207,11 +227,12 @@ def register(app: typer.Typer) -> None:
                 current_console().print(f"{job.id} {job.state} (team {job.team}, deadline {utc_text(job.deadline)})", highlight=False)
             return
         if not as_json:
-            current_console().print(f"{job.id} submitted; waiting ...", highlight=False)
+            current_console().print(f"{job.id} submitted; waiting (each change of state is printed as it "
+                                    "happens) ...", highlight=False)
         from broker.client import WaitTimeout
 
         try:
-            job = call(c, c.wait, job.id, timeout=timeout)
+            job = call(c, c.wait, job.id, timeout=timeout, on_change=None if as_json else _history_printer(c))
         except WaitTimeout as e:
             job = e.job
             stderr.print(f"{job.id}: still {job.state} after {timeout:g} s")
