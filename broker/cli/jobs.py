@@ -333,8 +333,10 @@ def register(app: typer.Typer) -> None:
         j = ex.job
         con.print(f"{j.id} ({j.team}) is [bold]{j.state}[/bold]: {escape(j.reason or '-')}", highlight=False)
         d = ex.decision
-        if not d:
-            con.print("no planner decision yet (the planner has not seen this job)")
+        if not d and j.state == "submitted":
+            con.print("no planner decision yet (the planner has not taken this job in)")
+        elif not d:
+            con.print(f"no planner record for this job (the reason above is the latest word on it)", highlight=False)
         else:
             con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
                       highlight=False)
@@ -355,6 +357,18 @@ def register(app: typer.Typer) -> None:
             for sig in d.get("signals") or []:  # where the grid signals came from (broker/service/live.py)
                 flag = "[bold]FALLBACK[/bold] " if sig.get("fallback") else ""
                 con.print(f"signals: {flag}{escape(str(sig.get('note', '')))}", highlight=False)
+        if len(ex.decisions) > 1 or (ex.decisions and not d):  # the latest of each kind, newest first
+            con.print("latest decision of each kind:")
+            for x in ex.decisions:
+                start = x.get("start_s")
+                where = f" on {x['target']}" if x.get("target") else ""
+                when = (f" from {utc_text(datetime.fromtimestamp(start, tz=timezone.utc))}"
+                        if isinstance(start, (int, float)) and math.isfinite(start) else "")
+                try:
+                    at = utc_text(datetime.fromisoformat(x["at"]))
+                except (KeyError, TypeError, ValueError):
+                    at = "-"
+                con.print(escape(f"  {at} {x.get('kind')}{where}{when}: {x.get('reason') or '-'}"), highlight=False)
         hist = Table(title="history")
         for col in ("at", "from", "to", "reason"):
             hist.add_column(col)

@@ -604,8 +604,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def explain_job(job: Job) -> ExplainView:
         """The planner's latest decision (chosen option and best alternatives, with $, kWh, kgCO2e
         and wait), the state history and the attempts."""
-        return ExplainView(job=job, decision=store.decision(job.id), events=store.events(job.id),
-                           attempts=store.attempts(job.id))
+        from broker.schemas import latest_decisions
+
+        record, events = store.decision(job.id), store.events(job.id)
+        return ExplainView(job=job, decision=record, events=events, attempts=store.attempts(job.id),
+                           decisions=latest_decisions(record, events))
 
     # ------------------------------------------------------------------ nodes
     @app.get("/v1/nodes", response_model=list[NodeView], tags=["nodes"], responses={401: _ERRORS[401]})

@@ -70,6 +70,7 @@ from broker.planner.federated import BUDGET_CAP_NOTE, PROJECT_CAP_NOTE
 from broker.service.budgets import planner_budgets
 from broker.planner.policy_base import queue_group
 from broker.planner.registry import plan
+from broker.schemas import with_earlier
 from broker.states import JobState, check_transition
 from broker.service.store.core import JobStore
 from providers.launch import DIGEST_RE as _DIGEST_RE
@@ -498,9 +499,8 @@ class PlanningCycle:
             ent = known.get(j.id)
             if ent is None or ent.row is not j or held.get(j.id) != j.version:
                 continue
-            for k, v in fields_.items():
-                if k != "decision":  # not read by the cycle; the stored record is the one to read
-                    setattr(j, k, v)
+            for k, v in fields_.items():  # the record too: the next one carries its kind (with_earlier)
+                setattr(j, k, v)
             j.version = ent.version + 1
             known[j.id] = ent._replace(version=j.version, fields=ent.fields._replace(
                 **{k: v for k, v in fields_.items() if k in _Fields._fields}))
@@ -849,7 +849,7 @@ class PlanningCycle:
         if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
             rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
         rec["signals"] = self._signals_note(ctx, d)
-        rec = json_safe(rec)
+        rec = with_earlier(json_safe(rec), j.decision, now)  # explain shows the latest decision of every kind
         if kind == DecisionKind.preempt:
             for vid in d.victims:
                 v = JobStore.job_row(s, vid)
@@ -884,8 +884,9 @@ class PlanningCycle:
                 placement.update(kind=view.kind, scheduler_gpu_type=view.gres[parts[0]["node"]])
                 where = (f"{len(parts)} node(s) x {len(parts[0]['gpus'])} {gtype}, submitted to its {view.kind} "
                          f"cluster (planned on {', '.join(p['node'] for p in parts)})")
-            if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value,
-                            f"placed on pool {d.pool}: {where} (attempt {attempt})", now,
+            placed = f"placed on pool {d.pool}: {where} (attempt {attempt})"
+            rec["reason"] = rec.get("reason") or placed
+            if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value, placed, now,
                             placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
                             state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
                             committed_pool=None, review_at=None):
@@ -898,6 +899,7 @@ class PlanningCycle:
             if note is not None:
                 rec["cloud_price"] = json_safe(note)
             attempt = j.attempt + 1
+            rec["reason"] = rec.get("reason") or f"provisioning {offer.offer_id} (attempt {attempt})"
             if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
                             f"provisioning {offer.offer_id} (attempt {attempt})", now,
                             placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
@@ -910,6 +912,7 @@ class PlanningCycle:
             o = d.option
             why = (f"deferred to a cheaper/cleaner window on pool {d.pool} starting {_dt(d.not_before).isoformat()}"
                    + (f" (${o.dollars_usd:.4f}, {o.carbon_kg:.4f} kgCO2e)" if o is not None else ""))
+            rec["reason"] = rec.get("reason") or why
             JobStore.cas(s, j.id, j.version, S.queued.value, S.deferred.value, why, now,
                          not_before=_dt(d.not_before), deferred_once=True, decision=rec, committed_pool=None,
                          review_at=None)
@@ -923,6 +926,7 @@ class PlanningCycle:
                    + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
             if d.reason.startswith((BUDGET_CAP_NOTE, PROJECT_CAP_NOTE)):
                 why = f"{d.reason}; {why}"
+            rec["reason"] = why if not d.reason or why.startswith(d.reason) else f"{d.reason}; {why}"
             notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
         elif kind == DecisionKind.reject:
             why = d.reason or "no pool or offer can hold it"
@@ -978,8 +982,10 @@ class PlanningCycle:
             why = self._undecided_note(jid, f.team, f.project)
             if whys is not None:
                 whys[key] = why
-        if f.reason != why:
-            notes.append((j, {"reason": why}))
+        if f.reason != why:  # a record of its own: explain shows it with the earlier kinds (with_earlier)
+            rec = with_earlier({"kind": "undecided", "reason": why, "option": None, "alternatives": []}, j.decision,
+                               _dt(self._now_s))
+            notes.append((j, {"reason": why, "decision": rec}))
 
     def _undecided_note(self, jid: str, team: str, project: str | None) -> str:
         """Why a job of ``team`` (and ``project``) got no decision this cycle (:meth:`_explain_undecided`)."""

@@ -393,7 +393,7 @@ def test_explain(client, make_team, store):
     _, h = make_team()
     j = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 8}}, headers=h).json()
     ex = client.get(f"/v1/jobs/{j['id']}/explain", headers=h).json()
-    assert set(ex) == {"job", "decision", "events", "attempts"}
+    assert set(ex) == {"job", "decision", "events", "attempts", "decisions"}
     assert ex["decision"] is None and ex["attempts"] == [] and ex["job"]["id"] == j["id"]
     chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
     alt = OptionEstimate("cloud", "aws:us-east-1a:p3.16xlarge:spot", 1.7e9 + 300, 300.0, 3600.0, 7.34, 2.6, 1.01, 7.53)

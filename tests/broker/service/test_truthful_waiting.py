@@ -1,0 +1,82 @@
+"""Issue #20, "truthful waiting": what ``explain``, ``status`` and ``submit`` say about a job that waits, on a real
+store (PostgreSQL) with the real planning cycle, and the CLI through typer's CliRunner against a live API."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from broker.cli import console as cli_console
+from broker.cli import main as cli
+from broker.model import JobSpec
+from broker.service.api import create_app
+from broker.service.cycle import PlanningCycle
+from broker.service.live import LiveEnvironment
+from broker.service.settings import BrokerSettings
+from broker.service.tokens import create_token
+from tests.broker.harness import ServerThread
+
+
+@pytest.fixture(scope="module")
+def env():
+    return LiveEnvironment(BrokerSettings().planner)
+
+
+@pytest.fixture
+def cli_run(pg_store, monkeypatch):
+    """``cli_run(team, *args) -> Result``: ``fedbroker`` as a member of ``team`` against a live API over ``pg_store``."""
+    monkeypatch.setattr(cli_console, "console", Console(width=400, force_terminal=False, color_system=None))
+    tokens: dict[str, str] = {}
+    with ServerThread(create_app(pg_store)) as srv:
+        def invoke(team: str, *args):
+            tok = tokens.setdefault(team, create_token(pg_store, team).token)
+            return CliRunner().invoke(cli.app, list(args), env={"FEDBROKER_API_URL": srv.url, "FEDBROKER_TOKEN": tok,
+                                                                "FEDBROKER_CONFIG": None})
+        yield invoke
+
+
+def _spec(**kw) -> JobSpec:
+    kw.setdefault("command", ["true"])
+    kw.setdefault("estimated_duration_s", 600.0)
+    return JobSpec(**kw)
+
+
+def test_explain_shows_the_latest_decision_of_every_kind_with_its_reason(pg_store, env, cli_run):
+    """On cb5ea98 ``explain`` said "no planner decision yet (the planner has not seen this job)" right under the
+    reason the planner wrote for a job nothing could hold, and a started job's record forgot that it had waited."""
+    pg_store.heartbeat("n1", "local", "V100", 2, 16.0, [0, 1], "agent-1")
+    cyc = PlanningCycle(pg_store, env, BrokerSettings())
+    first = pg_store.submit("ml", _spec(gpus_per_node=2))[0].id
+    second = pg_store.submit("ml", _spec(gpus_per_node=2))[0].id
+    huge = pg_store.submit("ml", _spec(gpus_per_node=8))[0].id  # no live node has 8 GPUs
+    cyc.run()
+    assert [pg_store.get(j).state for j in (first, second, huge)] == ["starting", "queued", "queued"]
+    # the first job ends: its GPUs are free again, the second job starts
+    assert pg_store.transition(first, "running", "running on n1")
+    assert pg_store.transition(first, "succeeded", "exit code 0")
+    cyc.run()
+    assert pg_store.get(second).state == "starting"
+
+    ex = pg_store.decision(second)
+    assert ex["kind"] == "start" and list(ex["earlier"]) == ["wait"]
+    assert ex["earlier"]["wait"]["reason"].startswith("wait in the on-prem queue; waiting for 2 GPU(s) in pool local; "
+                                                      "expected start ")
+    r = cli_run("ml", "explain", second)
+    assert r.exit_code == 0, r.output
+    lines = [ln.strip() for ln in r.stdout.splitlines()]
+    kinds = [ln.split(" ")[1].rstrip(":") for ln in lines[lines.index("latest decision of each kind:") + 1:][:3]]
+    assert kinds == ["start", "wait", "intake"], r.stdout
+    assert any(" wait on local from " in ln and "Z: wait in the on-prem queue; waiting for 2 GPU(s) in pool local; " in ln
+               for ln in lines)
+    assert any(ln.endswith(" intake: accepted") for ln in lines)
+    assert any(" start on local from " in ln and ln.endswith(": placed on pool local: n1 GPUs [0, 1] (attempt 1)")
+               for ln in lines)
+
+    r = cli_run("ml", "explain", huge)
+    assert r.exit_code == 0, r.output
+    assert "no planner decision yet" not in r.stdout
+    why = pg_store.get(huge).reason
+    assert why.startswith("no live pool can hold it now and no cloud provider is configured")
+    assert f"undecided: {why}" in r.stdout.replace("\n", "")
+    assert pg_store.decision(huge)["kind"] == "undecided"
