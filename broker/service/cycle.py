@@ -22,6 +22,9 @@ in the transactions this module opens.
    review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
    Queued jobs' rows and planner views are kept between cycles by version
    (:meth:`PlanningCycle._waiting_jobs`): only new or changed jobs are read in full.
+   A waiting job whose expected start has passed is due for review at once, so its expected start is
+   worked out again every cycle until it starts; a running job past its estimate holds its GPUs until its
+   time limit at the latest (:func:`providers.base.pool_time_limit_s`, what the agent enforces), not "in 1 s".
 3. **Plan**: :func:`broker.planner.registry.plan`, the same pure function the simulator runs.
 4. **Apply** in one transaction that first advances the planner fence from the
    version read in step 2 (:meth:`JobStore.advance_fence`); if another cycle
@@ -73,6 +76,7 @@ from broker.planner.registry import plan
 from broker.schemas import with_earlier
 from broker.states import JobState, check_transition
 from broker.service.store.core import JobStore
+from providers.base import pool_time_limit_s
 from providers.launch import DIGEST_RE as _DIGEST_RE
 
 #: the field names of :class:`PendingJob`, in order (its views are cached as tuples of them)
@@ -105,6 +109,8 @@ class _Fields(NamedTuple):
     team: str
     project: str | None
     reason: str | None
+    #: the start its last wait decision expected (POSIX s; ``None``: none): once passed, the job is reviewed
+    expected_start_s: float | None = None
 
 
 @dataclass
@@ -160,6 +166,14 @@ def pending_job(j: Job, pool_index: dict[str, int], canon: Callable[[str], str])
         deferrable=bool(spec.get("deferrable", True)) and spec.get("window", "planner") == "planner",
         committed_pool=committed, deferred_once=bool(j.deferred_once), project=spec.get("project"),
         review_s=_ts(j.review_at) if j.review_at is not None else (math.inf if committed is not None else 0.0))
+
+
+def _expected_start_s(record: dict | None) -> float | None:
+    """The start a stored ``wait`` decision record expected (its option's ``start_s``, POSIX s), else ``None``."""
+    if not isinstance(record, dict) or record.get("kind") != "wait":
+        return None
+    start = (record.get("option") or {}).get("start_s")
+    return float(start) if isinstance(start, (int, float)) and math.isfinite(start) else None
 
 
 def json_safe(obj):
@@ -503,7 +517,8 @@ class PlanningCycle:
                 setattr(j, k, v)
             j.version = ent.version + 1
             known[j.id] = ent._replace(version=j.version, fields=ent.fields._replace(
-                **{k: v for k, v in fields_.items() if k in _Fields._fields}))
+                **{k: v for k, v in fields_.items() if k in _Fields._fields},
+                **({"expected_start_s": _expected_start_s(fields_["decision"])} if "decision" in fields_ else {})))
 
     # ------------------------------------------------------------------ planning, isolated per job
     def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
@@ -621,6 +636,8 @@ class PlanningCycle:
             pj.committed_pool = committed = pool_index.get(f.committed_pool) if f.committed_pool else None
             pj.review_s = (f.review_at.timestamp() if f.review_at is not None
                            else (math.inf if committed is not None else 0.0))
+            if committed is not None and f.expected_start_s is not None and f.expected_start_s < now_s:
+                pj.review_s = 0.0  # its expected start has passed (the jobs ahead outran their estimates): again now
             jid = pj.job_id
             if tag:
                 tag_only.add(jid)
@@ -690,7 +707,8 @@ class PlanningCycle:
         except Exception as e:  # noqa: BLE001 - failed by the snapshot's caller, with the reason
             view = e
         self._waiting[j.id] = _Waiting(j.version, j, view, _Fields(j.committed_pool, j.review_at, j.team,
-                                                                   (j.spec or {}).get("project"), j.reason))
+                                                                   (j.spec or {}).get("project"), j.reason,
+                                                                   _expected_start_s(j.decision)))
 
     @staticmethod
     def _scheduler_releases(views, pools, pool_index, live, now_s: float, running: list) -> None:
@@ -756,9 +774,13 @@ class PlanningCycle:
         gtype = pools[p].nodes[alloc[0][0]].gpu_type
         started = _ts(j.started_at) or _ts(j.dispatched_at) or now_s
         work = max(float(j.spec["estimated_duration_s"]) - float(j.work_done_s or 0.0), 1.0)
+        end = started + work / ctx.gpus.throughput.get(gtype, 1.0)
+        if end <= now_s:  # it outran its estimate: it holds its GPUs until its time limit at the latest (the agent's)
+            end = started + pool_time_limit_s(float(j.spec["estimated_duration_s"]),
+                                              time_limit_s=j.spec.get("time_limit_s"))
         running.append(RunningJob(
             job_id=j.id, pool=p, allocation=alloc,
-            expected_end_s=max(started + work / ctx.gpus.throughput.get(gtype, 1.0), now_s + 1.0),
+            expected_end_s=max(end, now_s + 1.0),
             started_s=started, priority=j.priority,
             preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
             team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S),

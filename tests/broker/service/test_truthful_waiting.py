@@ -80,3 +80,34 @@ def test_explain_shows_the_latest_decision_of_every_kind_with_its_reason(pg_stor
     assert why.startswith("no live pool can hold it now and no cloud provider is configured")
     assert f"undecided: {why}" in r.stdout.replace("\n", "")
     assert pg_store.decision(huge)["kind"] == "undecided"
+
+
+def test_an_expected_start_that_has_passed_is_worked_out_again(pg_store, env):
+    """On cb5ea98 a waiting job said "expected start 02:38:22 (in 1 s)" for minutes, in the past, behind a job that
+    outran its estimate: the wait decision was not reviewed until its review time, and a running job past its
+    estimate was expected to end "now + 1 s". Now the job is reviewed once its expected start has passed, and the
+    job ahead holds its GPUs until its time limit at the latest (600 s x 1.2 + 300 s = 1,020 s after its start)."""
+    from datetime import datetime, timedelta, timezone
+
+    from broker.model import wait_text
+    from broker.service.store.tables import Job
+
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    t0 = now - timedelta(seconds=700)
+    pg_store.heartbeat("n1", "local", "V100", 2, 16.0, [0, 1], "agent-1")
+    cyc = PlanningCycle(pg_store, env, BrokerSettings())
+    ahead = pg_store.submit("ml", _spec(gpus_per_node=2), now=t0)[0].id
+    behind = pg_store.submit("ml", _spec(gpus_per_node=2), now=t0 + timedelta(seconds=1))[0].id
+    cyc.run(now=t0 + timedelta(seconds=1))
+    assert pg_store.get(ahead).state == "starting", pg_store.get(ahead).reason
+    first = pg_store.get(behind).reason
+    assert f"expected start {(t0 + timedelta(seconds=601)).isoformat()} (in 10.0 min)" in first
+    assert pg_store.transition(ahead, "running", "running on n1")
+    with pg_store.session() as s:
+        s.get(Job, ahead).started_at = t0  # it has run 700 s of its 600 s estimate
+    cyc.run(now=now)
+    kill = t0 + timedelta(seconds=1020)
+    again = pg_store.get(behind)
+    assert again.state == "queued"
+    assert f"expected start {kill.isoformat()} (in {wait_text(320.0)})" in again.reason, again.reason
+    assert pg_store.decision(behind)["option"]["start_s"] == kill.timestamp()
