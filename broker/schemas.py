@@ -68,6 +68,9 @@ class JobView(BaseModel):
     cancel_requested: bool = False
     idempotency_key: str | None = None
     schedule_id: str | None = None
+    #: what the broker warns about this job now: a deadline it cannot meet, running past its deadline, no node
+    #: known to hold it (:mod:`broker.service.feasibility`); set on the answers of submit, status and list
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def done(self) -> bool:

@@ -142,6 +142,7 @@ def _print_job(job) -> None:
         rows.append(("exit code", str(job.exit_code)))
     if job.cancel_requested and job.state != "cancelled":
         rows.append(("cancel", "requested"))
+    rows.extend(("WARNING", w) for w in job.warnings)  # a deadline it cannot meet or runs past (broker.service.feasibility)
     for k, v in rows:
         con.print(f"{k:>11}: {escape(v)}", highlight=False)
 
@@ -225,10 +226,14 @@ def register(app: typer.Typer) -> None:
                 echo_json(job)
             else:
                 current_console().print(f"{job.id} {job.state} (team {job.team}, deadline {utc_text(job.deadline)})", highlight=False)
+                for w in job.warnings:
+                    stderr.print(escape(f"warning: {w}"), highlight=False)
             return
         if not as_json:
             current_console().print(f"{job.id} submitted; waiting (each change of state is printed as it "
                                     "happens) ...", highlight=False)
+            for w in job.warnings:
+                stderr.print(escape(f"warning: {w}"), highlight=False)
         from broker.client import WaitTimeout
 
         try:
@@ -272,7 +277,8 @@ def register(app: typer.Typer) -> None:
             tab.add_column(col, overflow="fold")
         for j in jobs:
             tab.add_row(j.id, j.team, escape(j.name or "-"), j.state, f"{j.spec.nodes}x{j.spec.gpus_per_node}",
-                        utc_text(j.created_at), utc_text(j.deadline), escape(j.reason or ""))
+                        utc_text(j.created_at), utc_text(j.deadline),
+                        escape("; ".join([f"WARNING: {w}" for w in j.warnings] + [j.reason or ""])))
         current_console().print(tab)
 
     @app.command()

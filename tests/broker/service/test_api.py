@@ -77,6 +77,9 @@ def test_submit_201_with_exact_fields(client, make_team, submitted):
     assert (j["attempt"], j["placement"], j["started_at"], j["finished_at"], j["exit_code"]) == (0, None, None, None, None)
     assert j["idempotency_key"] is None and j["cancel_requested"] is False
     assert submitted[-1] == j["id"]
+    # no agent has registered a node in this store: the answer says the broker cannot tell yet (issue #20)
+    assert j["warnings"] == ["no node has registered yet: the broker cannot tell whether any will hold 2 x 4 A100 "
+                             "GPU(s); it waits until one that fits heartbeats"]
     # GET gives the same record
     g = client.get(f"/v1/jobs/{j['id']}", headers=h)
     assert g.status_code == 200 and g.json() == j

@@ -111,3 +111,76 @@ def test_an_expected_start_that_has_passed_is_worked_out_again(pg_store, env):
     assert again.state == "queued"
     assert f"expected start {kill.isoformat()} (in {wait_text(320.0)})" in again.reason, again.reason
     assert pg_store.decision(behind)["option"]["start_s"] == kill.timestamp()
+
+
+def _api(pg_store):
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(pg_store))
+    return client, {"Authorization": f"Bearer {create_token(pg_store, 'ml').token}"}
+
+
+def test_a_job_no_registered_node_can_ever_hold_is_refused_at_submit_naming_the_field(pg_store):
+    """On cb5ea98 an 8-GPU job on a 4-GPU host was accepted and waited silently until its 12 h deadline. With a
+    node registered (the broker's whole capacity: no cloud provider, no scheduler pool in the bundled cluster
+    file), it is now a 422 naming the field and the value; before any node registers it is accepted with a warning."""
+    client, h = _api(pg_store)
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 8}}, headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["warnings"] == ["no node has registered yet: the broker cannot tell whether any will hold "
+                                    "1 x 8 any GPU(s); it waits until one that fits heartbeats"]
+    pg_store.heartbeat("local-0", "local", "V100", 4, 16.0, [0, 1, 2, 3], "agent-1")
+    cases = [({"gpus_per_node": 8}, "spec.gpus_per_node", 8,
+              "the largest has 4 x V100 16 GB (local-0, pool local)"),
+             ({"gpu_types": ["A100"]}, "spec.gpu_types", ["A100"], "the nodes have GPU types ['V100']"),
+             ({"min_gpu_memory_gb": 40}, "spec.min_gpu_memory_gb", 40.0,
+              "the largest has 4 x V100 16 GB (local-0, pool local)"),
+             ({"nodes": 2}, "spec.nodes", 2, "at most 1 node(s) of one pool and GPU type hold a rank (V100 in pool "
+                                              "local; a gang runs on one pool and one GPU type)")]
+    for extra, field, value, why in cases:
+        r = client.post("/v1/jobs", json={"spec": {"command": ["true"], **extra}}, headers=h)
+        assert r.status_code == 422, r.text
+        [d] = r.json()["detail"]
+        assert d["loc"] == ["body", *field.split(".")], d
+        assert d["msg"] == (f"{field}={value!r}: no registered node can ever hold this job (1 node(s) known; no "
+                            f"cloud provider or scheduler pool): {why}"), d["msg"]
+    r = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 4}}, headers=h)
+    assert r.status_code == 201 and r.json()["warnings"] == [], r.text
+
+
+def test_an_infeasible_deadline_is_warned_at_submit_flagged_in_status_and_list_and_in_the_decision(
+        pg_store, env, cli_run, tmp_path):
+    """On cb5ea98 a job whose deadline could not be met was accepted without a word, ``status`` never flagged it
+    (nor a job running past its deadline), and the decision said "best score: on-prem now"."""
+    from datetime import datetime, timedelta, timezone
+
+    from broker.service.store.tables import Job
+
+    pg_store.heartbeat("local-0", "local", "V100", 4, 16.0, [0, 1, 2, 3], "agent-1")
+    deadline = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=601)
+    f = tmp_path / "late.yaml"
+    f.write_text(f'command: ["sleep", "3600"]\ngpus_per_node: 1\nestimated_duration_s: 3600\n'
+                 f'deadline: {deadline.isoformat()}\n')
+    r = cli_run("ml", "submit", str(f))
+    assert r.exit_code == 0, r.output
+    jid = r.stdout.split()[0]
+    warning = ("deadline cannot be met: it needs at least 60.0 min on the fastest registered node that can hold it "
+               "(V100, 1x a V100) and 10.0 min are left to its deadline "
+               f"{deadline.isoformat()}; it stays queued and would finish late")
+    assert f"warning: {warning}" in " ".join(r.output.split()), r.output
+    for args in (("status", jid), ("list",)):
+        r = cli_run("ml", *args)
+        assert r.exit_code == 0 and f"WARNING: {warning}" in " ".join(r.stdout.split()), r.stdout
+
+    PlanningCycle(pg_store, env, BrokerSettings()).run()
+    assert pg_store.get(jid).state == "starting"
+    assert pg_store.decision(jid)["reason"] == ("misses the deadline: no option finishes by it, the earliest finish "
+                                                "was chosen; best score: on-prem now")
+
+    assert pg_store.transition(jid, "running", "running on local-0")
+    past = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(seconds=300)
+    with pg_store.session() as s:
+        s.get(Job, jid).deadline = past
+    r = cli_run("ml", "status", jid)
+    assert r.exit_code == 0, r.output
+    assert f"WARNING: running past its deadline {past.isoformat()} by 5.0 min" in " ".join(r.stdout.split()), r.stdout
