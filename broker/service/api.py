@@ -488,6 +488,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         results: list[BatchItemResult | None] = [None] * len(body.items)
         accepted: list[tuple[int, JobSpec, str | None]] = []
         team: str | None = None
+        cap = capacity_of() if capacity_of is not None else None  # what nodes can hold (broker.service.feasibility)
         for i, raw in enumerate(body.items):
             try:
                 item = SubmitRequest.model_validate(raw)
@@ -530,6 +531,13 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                         "type": "value_error", "loc": ("body", "items", i, "spec", f), "input": v,
                         "msg": f"items.{i}.spec.{f}={short_repr(v)}: {why}"})])
                 continue
+            refused = never_fits(spec, cap) if cap is not None else None
+            if refused is not None:
+                f, v, why = refused
+                results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
+                    "type": "value_error", "loc": ("body", "items", i, *f.split(".")), "input": v,
+                    "msg": f"items.{i}.{f}={short_repr(v)}: {why}"})])
+                continue
             accepted.append((i, spec, item.idempotency_key))
         if accepted:
             assert team is not None
@@ -545,6 +553,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                     results[i] = BatchItemResult(index=i, status=409, detail=str(r))
                     continue
                 job, created = r
+                job = with_warnings(job, cap, now) if cap is not None else job
                 results[i] = BatchItemResult(index=i, status=201 if created else 200, job=job)
                 if created and first_new is None:
                     first_new = job.id

@@ -184,3 +184,16 @@ def test_an_infeasible_deadline_is_warned_at_submit_flagged_in_status_and_list_a
     r = cli_run("ml", "status", jid)
     assert r.exit_code == 0, r.output
     assert f"WARNING: running past its deadline {past.isoformat()} by 5.0 min" in " ".join(r.stdout.split()), r.stdout
+
+
+def test_a_batch_refuses_the_items_no_registered_node_can_hold_and_stores_the_others(pg_store):
+    """``POST /v1/jobs:batch`` applies the same check per item (a bad item does not stop the others)."""
+    client, h = _api(pg_store)
+    pg_store.heartbeat("local-0", "local", "V100", 4, 16.0, [0, 1, 2, 3], "agent-1")
+    r = client.post("/v1/jobs:batch", json={"items": [{"spec": {"command": ["true"], "gpus_per_node": 2}},
+                                                       {"spec": {"command": ["true"], "gpus_per_node": 8}}]}, headers=h)
+    assert r.status_code == 200, r.text
+    ok, bad = r.json()["results"]
+    assert (ok["status"], bad["status"], r.json()["created"]) == (201, 422, 1)
+    assert bad["detail"][0]["loc"] == ["body", "items", 1, "spec", "gpus_per_node"]
+    assert bad["detail"][0]["msg"].startswith("items.1.spec.gpus_per_node=8: no registered node can ever hold this job")
