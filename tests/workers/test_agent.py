@@ -342,5 +342,6 @@ def test_the_default_time_limit_is_the_estimate_with_the_slurm_slack(pg_store, r
         pool_time_limit_s(600.0, time_limit_s=0)
     rig = rig({"n1": 1})
     jid = pg_store.submit("ml", sh("sleep 2", estimated_duration_s=1.0))[0].id
-    rig.until(lambda: rig.state(jid) == "succeeded", what="success past the estimate, inside the default limit")
-    assert pg_store.get(jid).reason == "exit code 0"
+    rig.until(lambda: pg_store.get(jid).done, timeout=60.0, what="the job to end")
+    j = pg_store.get(jid)
+    assert (j.state, j.reason) == ("succeeded", "exit code 0")  # past its estimate, inside the default limit
