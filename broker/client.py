@@ -49,8 +49,9 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from urllib.parse import quote
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import requests
 from pydantic import BaseModel

@@ -342,7 +342,7 @@ def register(app: typer.Typer) -> None:
         if not d and j.state == "submitted":
             con.print("no planner decision yet (the planner has not taken this job in)")
         elif not d:
-            con.print(f"no planner record for this job (the reason above is the latest word on it)", highlight=False)
+            con.print("no planner record for this job (the reason above is the latest word on it)", highlight=False)
         else:
             con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
                       highlight=False)
