@@ -49,6 +49,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable
 from urllib.parse import quote
 from typing import Any, Iterable, Iterator
 
@@ -350,14 +351,22 @@ class Client:
             body["limit"] = limit
         return _parse(CancelManyResponse, self._request("POST", "/v1/jobs:cancel", json=body))
 
-    def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5) -> JobView:
+    def wait(self, job_id: str, timeout: float = 600, poll_s: float = 0.5,
+             on_change: Callable[[JobView], None] | None = None) -> JobView:
         """Poll until the job is succeeded, failed or cancelled and return it.
 
-        Raises :class:`WaitTimeout` (with ``.job``, the last view) after ``timeout`` seconds.
+        ``on_change(view)`` is called with the first view and with every later one whose state or reason differs
+        from the one before (``fedbroker submit --wait`` prints the job's history from it as it happens); an
+        exception from it propagates. Raises :class:`WaitTimeout` (with ``.job``, the last view) after
+        ``timeout`` seconds.
         """
         end = time.monotonic() + timeout
+        seen = None
         while True:
             job = self.get(job_id)
+            if on_change is not None and (job.state, job.reason) != seen:
+                seen = (job.state, job.reason)
+                on_change(job)
             if job.done:
                 return job
             left = end - time.monotonic()

@@ -203,6 +203,10 @@ class JobSpec(BaseModel):
         slack_s: seconds of slack beyond the estimated duration, counted from submission.
         earliest_start: do not start before this instant (UTC).
         estimated_duration_s: runtime on the reference GPU (V100), seconds (> 0).
+        time_limit_s: wall-clock limit of each attempt, seconds (> 0): an attempt still running after it is
+            stopped (SIGTERM, ``cancel_grace_s``, SIGKILL) and the job fails with "time limit of N s exceeded"
+            (the Slurm model: the limit is the kill time). ``None``: ``estimated_duration_s x 1.2 + 300 s``
+            (:func:`providers.base.pool_time_limit_s`, the Slurm and Kubernetes pools' default slack).
         spot_allowed: may run on spot instances.
         preemptible: may be preempted by a higher-priority job.
         checkpointable: writes checkpoints; restarts lose at most ``checkpoint_interval_s``.
@@ -238,6 +242,7 @@ class JobSpec(BaseModel):
     slack_s: float | None = Field(None, ge=0, le=MAX_SPAN_S)
     earliest_start: datetime | None = Field(None, validation_alias=AliasChoices("earliest_start", "not_before"))
     estimated_duration_s: float = Field(3600.0, gt=0, le=MAX_SPAN_S)
+    time_limit_s: float | None = Field(None, gt=0, le=MAX_SPAN_S)
     spot_allowed: bool = True
     preemptible: bool = False
     checkpointable: bool = True
@@ -249,7 +254,7 @@ class JobSpec(BaseModel):
     window: Literal["planner", "cheapest", "cleanest"] = "planner"
 
     @field_validator("gpus_per_node", "nodes", "min_gpu_memory_gb", "slack_s", "estimated_duration_s",
-                     "checkpoint_interval_s", "max_price_usd_per_hour", mode="before")
+                     "checkpoint_interval_s", "max_price_usd_per_hour", "time_limit_s", mode="before")
     @classmethod
     def _not_a_boolean(cls, v: Any, info) -> Any:
         # pydantic takes true as 1 (``gpus_per_node: true`` made a 1-GPU job); the schema's integer/number

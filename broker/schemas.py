@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from broker.model import NO_CONTROL_PATTERN, JobSpec
 
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
+           "decision_brief", "with_earlier", "latest_decisions",
            "ScheduleRequest", "ScheduleView", "ErrorBody", "SCHEDULE_NAME_RE", "TOKEN_KINDS", "TOKEN_MAX_TTL_S",
            "TokenCreateRequest", "TokenRotateRequest", "TokenView", "CreatedToken", "AuditEventView",
            "UsageTotalsView", "UsageSummaryView", "SavingsView"]
@@ -67,6 +68,9 @@ class JobView(BaseModel):
     cancel_requested: bool = False
     idempotency_key: str | None = None
     schedule_id: str | None = None
+    #: what the broker warns about this job now: a deadline it cannot meet, running past its deadline, no node
+    #: known to hold it (:mod:`broker.service.feasibility`); set on the answers of submit, status and list
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -109,12 +113,60 @@ class AttemptView(BaseModel):
 class ExplainView(BaseModel):
     """Why the job is where it is: the planner's latest decision record (chosen option
     and best alternatives, each with ``dollars_usd``, ``energy_kwh``, ``carbon_kg``,
-    ``wait_s``), the state history and the attempts."""
+    ``wait_s``), the latest decision of every kind (:func:`latest_decisions`), the state history and the
+    attempts."""
 
     job: JobView
     decision: dict[str, Any] | None
     events: list[JobEventView]
     attempts: list[AttemptView]
+    decisions: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "the latest decision of every kind, newest first: {kind, at, reason, target?, start_s?}"))
+
+
+#: the keys of a decision kept in the ``earlier`` map of a later record (:func:`with_earlier`)
+_BRIEF_KEYS = ("kind", "at", "reason")
+
+
+def decision_brief(record: dict[str, Any]) -> dict[str, Any]:
+    """The short form of a decision record (``broker.model.Decision.record`` as the planning cycle stores it):
+    ``{kind, at, reason}`` plus, when it chose an option, its ``target`` (pool or offer id) and ``start_s``
+    (POSIX s, UTC)."""
+    out = {k: record.get(k) for k in _BRIEF_KEYS}
+    opt = record.get("option") or {}
+    if opt:
+        out["target"], out["start_s"] = opt.get("target"), opt.get("start_s")
+    return out
+
+
+def with_earlier(record: dict[str, Any], previous: dict[str, Any] | None, at: datetime) -> dict[str, Any]:
+    """``record`` stamped ``at`` (ISO 8601 UTC) with ``earlier``: kind -> :func:`decision_brief` of the latest
+    earlier decision of each other kind, carried over from ``previous`` (the job's stored record, or ``None``).
+    A job has at most one entry per kind (six planner kinds, plus ``undecided``), so a record stays small."""
+    earlier = dict((previous or {}).get("earlier") or {})
+    if previous and previous.get("kind"):
+        earlier[previous["kind"]] = decision_brief(previous)
+    earlier.pop(record.get("kind"), None)
+    record["at"] = at.isoformat(timespec="seconds")
+    record["earlier"] = earlier
+    return record
+
+
+def latest_decisions(record: dict[str, Any] | None, events: list[JobEventView]) -> list[dict[str, Any]]:
+    """The latest decision of every kind for ``explain``, newest first: the planner's stored ``record`` and the
+    earlier kinds it carries (:func:`with_earlier`), and intake's (``kind: intake``: the latest event that took
+    the job in from ``submitted`` or out of ``deferred``, with its reason). Each is ``{kind, at, reason, ...}``
+    (``at`` ISO 8601 UTC)."""
+    out = []
+    if record:
+        out.append(decision_brief(record))
+        out.extend((record.get("earlier") or {}).values())
+    taken = [e for e in events if e.from_state in ("submitted", "deferred") and e.to_state in ("queued", "deferred")]
+    if taken:
+        e = taken[-1]
+        out.append({"kind": "intake", "at": e.at.isoformat(timespec="seconds"), "reason": e.reason,
+                    "to_state": e.to_state})
+    return sorted(out, key=lambda d: str(d.get("at") or ""), reverse=True)
 
 
 class LogsView(BaseModel):

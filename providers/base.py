@@ -39,7 +39,7 @@ __all__ = ["ProviderError", "NoCapacity", "Unsupported", "QuotaExceeded", "Throt
            "InstanceInfo", "Compute", "SupportsQuotaPreflight", "SupportsSweep", "FailoverHistory", "FailoverAttempt",
            "idempotency_token", "as_uuid", "instance_tags", "attempt_of", "MANAGED_TAG", "CANCEL_MARK", "check_outputs",
            "PoolJobRequest", "PoolJobInfo", "NodeCapacity", "POOL_TERMINAL", "USABLE_NODE_STATES",
-           "pool_time_limit_s", "settings_from_section", "free_gpus_of"]
+           "pool_time_limit_s", "DEFAULT_TIME_LIMIT_SLACK_FRAC", "DEFAULT_TIME_LIMIT_SLACK_S", "settings_from_section", "free_gpus_of"]
 
 #: tag/label key on every instance the broker creates; its value is the broker id
 MANAGED_TAG = "fedbroker-broker"
@@ -253,7 +253,8 @@ class PoolJobRequest:
     (``providers.launch.job_environment``; the adapter sets the rank and rendezvous keys per node itself);
     ``priority_class`` picks the QOS (Slurm) or the PriorityClass (Kubernetes) through the pool's settings;
     ``image`` the container image (Kubernetes runs the command in it and requires it; Slurm runs the command on
-    the nodes and ignores it). ``ValueError`` naming the field for a bad value.
+    the nodes and ignores it); ``time_limit_s`` the job's own wall-clock limit (s; ``None``: from ``estimate_s`` and
+    the pool's slack, :func:`pool_time_limit_s`). ``ValueError`` naming the field for a bad value.
     """
 
     job_id: str
@@ -269,6 +270,7 @@ class PoolJobRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     priority_class: str | None = None
     image: str | None = None
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", self.job_id):
@@ -362,12 +364,28 @@ class PoolJobInfo:
         return self.state in POOL_TERMINAL
 
 
-def pool_time_limit_s(estimate_s: float, slack_frac: float, slack_s: float) -> float:
-    """The time limit a pool's scheduler enforces on an attempt (s): ``estimate_s * (1 + slack_frac) + slack_s``.
-    E.g. 600 s with 20 % and 300 s slack -> 1020 s. ``ValueError`` naming a negative or non-finite argument."""
+#: the default slack of an attempt's time limit over its estimate (fraction, seconds): the Slurm and Kubernetes
+#: pools' defaults (``SlurmSettings``/``KubernetesSettings`` ``slack_frac``, ``slack_s``), and the node agent's
+#: (:mod:`workers.agent`): a job that gives no ``time_limit_s`` is stopped after ``estimate x 1.2 + 300 s``
+DEFAULT_TIME_LIMIT_SLACK_FRAC = 0.2
+DEFAULT_TIME_LIMIT_SLACK_S = 300.0
+
+
+def pool_time_limit_s(estimate_s: float, slack_frac: float = DEFAULT_TIME_LIMIT_SLACK_FRAC,
+                      slack_s: float = DEFAULT_TIME_LIMIT_SLACK_S, time_limit_s: float | None = None) -> float:
+    """The wall-clock time limit enforced on an attempt (s), by a pool's scheduler (Slurm ``--time``, Kubernetes
+    ``activeDeadlineSeconds``) or the node agent (SIGTERM, grace, SIGKILL): the job's own ``time_limit_s`` when it
+    gives one (the Slurm model: the user's limit is the kill time), else ``estimate_s * (1 + slack_frac) + slack_s``.
+    E.g. 600 s with 20 % and 300 s slack -> 1020 s; ``time_limit_s=90`` -> 90 s. ``ValueError`` naming a negative
+    or non-finite argument (a ``time_limit_s`` must be > 0)."""
     for name, v in (("estimate_s", estimate_s), ("slack_frac", slack_frac), ("slack_s", slack_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{name}={v!r}: must be a finite number >= 0")
+    if time_limit_s is not None:
+        if (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
+                or not math.isfinite(time_limit_s) or time_limit_s <= 0):
+            raise ValueError(f"time_limit_s={time_limit_s!r}: must be a finite number of seconds > 0")
+        return float(time_limit_s)
     return estimate_s * (1.0 + slack_frac) + slack_s
 
 

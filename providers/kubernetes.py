@@ -24,7 +24,8 @@ Submit (one ``batch/v1`` Job per job attempt, named :func:`job_name`, ``fb-<job>
     GPUs            limits/requests nvidia.com/gpu = gpus_per_node; nodeSelector nvidia.com/gpu.product =
                     settings.gpu_products[gpu_type] (plus settings.node_selector); settings.tolerations
     priority        priorityClassName = settings.priority_class_by_class[priority_class] (if any)
-    time limit      activeDeadlineSeconds = ceil(estimate_s * (1 + slack_frac) + slack_s), or less if the
+    time limit      activeDeadlineSeconds = ceil(estimate_s * (1 + slack_frac) + slack_s) (or the job's
+                    time_limit_s), or less if the
                     deadline comes first (it counts from the Job's start, queueing included)
     labels          fedbroker-broker, fedbroker-job, fedbroker-attempt, fedbroker-team (label-safe values; the exact
                     values are annotations of the same keys, which are the tags)
@@ -591,11 +592,12 @@ class KubernetesPool:
                 "fedbroker-attempt": str(req.attempt), "fedbroker-team": req.team}
 
     def time_limit_s(self, req: PoolJobRequest, now: float | None = None) -> int:
-        """``activeDeadlineSeconds`` of ``req``: ``ceil(estimate_s * (1 + slack_frac) + slack_s)``, or the whole
+        """``activeDeadlineSeconds`` of ``req``: ``ceil(estimate_s * (1 + slack_frac) + slack_s)`` (the job's own
+        ``req.time_limit_s`` instead when it gives one, :func:`providers.base.pool_time_limit_s`), or the whole
         seconds left to ``req.deadline`` if fewer (``now`` epoch s, default the clock). E.g. 60 s with 20 % and
         300 s slack -> 372 s. ``Unsupported`` (code DeadlinePassed) when the deadline is not in the future."""
         s = self.settings
-        limit = math.ceil(pool_time_limit_s(req.estimate_s, s.slack_frac, s.slack_s))
+        limit = math.ceil(pool_time_limit_s(req.estimate_s, s.slack_frac, s.slack_s, req.time_limit_s))
         if req.deadline is not None:
             left = math.floor(req.deadline.timestamp() - (time.time() if now is None else now))
             if left < 1:

@@ -14,7 +14,7 @@ Submit (one ``sbatch`` per job attempt; a multi-node gang is one Slurm job)::
 
     --partition / --qos        settings.partition, settings.qos_by_class[priority_class] (if any)
     --nodes N --ntasks-per-node=1 --gpus-per-node=TYPE:COUNT     GPUs as GRES of the job's GPU type
-    --time                     ceil((estimate_s * (1 + slack_frac) + slack_s) / 60) minutes
+    --time                     ceil((estimate_s * (1 + slack_frac) + slack_s) / 60) minutes, or the job's time_limit_s
     --deadline / --begin       the job's deadline / the start window the broker decided (cluster local time)
     --comment                  fedbroker-broker=B,fedbroker-job=J,fedbroker-attempt=N,fedbroker-team=T
     --job-name                 fb-J-aN;  --no-requeue: the broker, not Slurm, requeues an attempt (the REST path
@@ -237,10 +237,11 @@ def _slurm_active(slurm_state: str) -> bool:
     return slurm_state in _STARTING or slurm_state in _RUNNING
 
 
-def time_limit_min(estimate_s: float, slack_frac: float, slack_s: float) -> int:
-    """``--time`` in whole minutes: ``ceil((estimate_s * (1 + slack_frac) + slack_s) / 60)``, at least 1.
-    E.g. 600 s with 20 % and 300 s slack -> ceil(1020 / 60) = 17 min."""
-    return max(1, math.ceil(pool_time_limit_s(estimate_s, slack_frac, slack_s) / 60.0))
+def time_limit_min(estimate_s: float, slack_frac: float, slack_s: float, time_limit_s: float | None = None) -> int:
+    """``--time`` in whole minutes: ``ceil((estimate_s * (1 + slack_frac) + slack_s) / 60)``, at least 1, or the
+    job's own ``time_limit_s`` rounded up to minutes (:func:`providers.base.pool_time_limit_s`).
+    E.g. 600 s with 20 % and 300 s slack -> ceil(1020 / 60) = 17 min; ``time_limit_s=90`` -> 2 min."""
+    return max(1, math.ceil(pool_time_limit_s(estimate_s, slack_frac, slack_s, time_limit_s) / 60.0))
 
 
 def parse_gres(text: str) -> dict[str, int]:
@@ -776,7 +777,7 @@ class SlurmPool:
         argv = ["sbatch", "--parsable", "--export=NONE", f"--partition={s.partition}",
                 f"--job-name=fb-{req.job_id}-a{req.attempt}",
                 f"--nodes={req.nodes}", "--ntasks-per-node=1", f"--gpus-per-node={self.gres_request(req)}",
-                f"--time={time_limit_min(req.estimate_s, s.slack_frac, s.slack_s)}",
+                f"--time={time_limit_min(req.estimate_s, s.slack_frac, s.slack_s, req.time_limit_s)}",
                 "--comment=" + ",".join(f"{k}={v}" for k, v in tags.items()),
                 "--no-requeue", f"--output={Path(s.log_dir) / BATCH_LOG}", f"--chdir={s.log_dir}"]
         if req.deadline is not None:
@@ -828,7 +829,7 @@ class SlurmPool:
         s = self.settings
         job: dict = {"name": f"fb-{req.job_id}-a{req.attempt}", "partition": s.partition, "nodes": req.nodes,
                      "tasks_per_node": 1, "gpus_per_node": self.gres_request(req),
-                     "time_limit": time_limit_min(req.estimate_s, s.slack_frac, s.slack_s),
+                     "time_limit": time_limit_min(req.estimate_s, s.slack_frac, s.slack_s, req.time_limit_s),
                      "comment": ",".join(f"{k}={v}" for k, v in self._tags(req).items()), "requeue": False,
                      "current_working_directory": s.log_dir, "standard_output": str(Path(s.log_dir) / BATCH_LOG),
                      "environment": self.client_environment()}

@@ -15,6 +15,9 @@ It holds no broker secret: only the API's URL and a token scoped to its own node
 * stops attempts whose job was cancelled (``cancel_requested``), preempted (``stop_reason``)
   or moved on (no longer in this node's work: the node was declared lost and the job
   requeued) — SIGTERM, then SIGKILL after ``cancel_grace_s``;
+* stops, the same way, an attempt that has run longer than its wall-clock limit (the spec's
+  ``time_limit_s``, else ``estimated_duration_s x 1.2 + 300 s``: :func:`providers.base.pool_time_limit_s`,
+  the Slurm model) and reports its end with "time limit of N s exceeded" (the job fails with it);
 * reports attempts that ended (exit code, or lost without one) and single-node attempts the
   API shows running here that have no process (the API requeues them).
 
@@ -53,6 +56,7 @@ import time
 import uuid
 from pathlib import Path
 
+from providers.base import pool_time_limit_s
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
 from providers.launch import default_route_interface, launch_spec, process_environment
 from workers.dynamic_users import LEASE_ROOT, allocate_uid, dynamic_user, hand_over, keep_leased, reclaim, release_uid
@@ -75,6 +79,8 @@ LOST_CONFIRM_S = 2.0
 RENDEZVOUS_PORT = _LAUNCH_PORT  # 29500, defined once in providers.launch
 #: how many reported ends the agent remembers (a rank it ended is never started again on a stale answer)
 ENDED_MEMORY = 10_000
+#: how the reason of an attempt stopped at its wall-clock limit begins (the job's failure reason)
+_TIME_LIMIT_TEXT = "time limit of"
 #: answers that say "this report will never be taken" (the attempt is not this node's, or gone)
 _REFUSED = (404, 409, 422)
 
@@ -375,6 +381,8 @@ class NodeAgent:
                     self.runtime.terminate(a.key, grace, "cancel")
                 elif w["stop_reason"]:
                     self.runtime.terminate(a.key, grace, w["stop_reason"])
+                elif a.stop_requested is None and (over := self._time_limit_exceeded(a, w)):
+                    self.runtime.terminate(a.key, grace, over)
                 self._ship_logs(a)
                 continue
             if a.status == "lost":
@@ -384,7 +392,8 @@ class NodeAgent:
                     continue
             self._ship_logs(a, final=True)
             code = a.exit_code if a.status == "exited" else None
-            if self._tell(self.api.ended, *key, code):
+            stopped_why = a.stop_requested if (a.stop_requested or "").startswith(_TIME_LIMIT_TEXT) else None
+            if self._tell(self.api.ended, *key, code, stopped_why):
                 self.runtime.forget(a.key)  # kills what is left under the attempt's own uid
                 if a.dynamic_uid and a.uid:
                     self._give_back_uid(a.key, a.uid)
@@ -399,6 +408,21 @@ class NodeAgent:
         for key, w in work.items():
             if w["state"] == "running" and key not in local and w["nnodes"] == 1:
                 self._tell(self.api.gone, *key)
+
+    @staticmethod
+    def _time_limit_exceeded(a, w: dict) -> str | None:
+        """``"time limit of N s exceeded"`` when local attempt ``a`` (its ``started_at``, POSIX s) has run longer
+        than the wall-clock limit of its work item ``w``'s spec (:func:`providers.base.pool_time_limit_s`:
+        ``time_limit_s``, else the estimate x 1.2 + 300 s); else ``None``. A spec it cannot read has no limit
+        here (the API validated it)."""
+        spec = w.get("spec") or {}
+        try:
+            limit = pool_time_limit_s(float(spec.get("estimated_duration_s", 3600.0)),
+                                      time_limit_s=spec.get("time_limit_s"))
+        except (TypeError, ValueError):
+            return None
+        ran = time.time() - a.started_at
+        return f"{_TIME_LIMIT_TEXT} {limit:g} s exceeded (ran {ran:.1f} s)" if ran > limit else None
 
     def _ship_logs(self, a, final: bool = False) -> None:
         """Ship the attempt's new log bytes to the API in chunks (resumable; duplicates ignored)."""

@@ -122,9 +122,12 @@ class NodeClient:
         """Report that the rank's process runs; returns whether the job moved to ``running``."""
         return self._call("POST", self._key(job_id, attempt, rank) + "/running")["changed"]
 
-    def ended(self, job_id: str, attempt: int, rank: int, exit_code: int | None) -> bool:
-        """Report the rank's end (``exit_code`` ``None``: lost); returns whether the end is recorded."""
+    def ended(self, job_id: str, attempt: int, rank: int, exit_code: int | None, stopped_why: str | None = None) -> bool:
+        """Report the rank's end (``exit_code`` ``None``: lost; ``stopped_why``: this node stopped it, e.g. its time
+        limit); returns whether the end is recorded."""
         body = {"exit_code": exit_code} if exit_code is not None else {"lost": True}
+        if stopped_why:
+            body["stopped_why"] = stopped_why[:2000]
         return self._call("POST", self._key(job_id, attempt, rank) + "/ended", body)["recorded"]
 
     def launch_failed(self, job_id: str, attempt: int, rank: int, reason: str) -> bool:

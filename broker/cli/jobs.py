@@ -201,8 +201,29 @@ def _print_job(job) -> None:
         rows.append(("exit code", str(job.exit_code)))
     if job.cancel_requested and job.state != "cancelled":
         rows.append(("cancel", "requested"))
+    rows.extend(("WARNING", w) for w in job.warnings)  # a deadline it cannot meet or runs past (broker.service.feasibility)
     for k, v in rows:
         con.print(f"{k:>11}: {escape(v)}", highlight=False)
+
+
+def _history_printer(c):
+    """``on_change(view)`` for :meth:`broker.Client.wait`: prints the job's events not printed yet, one line each
+    (``2026-12-04T03:00:01Z queued -> starting: placed on pool local ...``), or, when the reason changed without
+    a new event (a waiting job's expected start), the state and the new reason."""
+    printed = {"events": 0, "reason": None}
+
+    def on_change(job) -> None:
+        con = current_console()
+        events = call(c, c.explain, job.id).events
+        for e in events[printed["events"]:]:
+            con.print(escape(f"{utc_text(e.at)} {e.from_state or '-'} -> {e.to_state}: {e.reason}"), highlight=False)
+            printed["reason"] = e.reason
+        printed["events"] = max(printed["events"], len(events))
+        if job.reason and job.reason != printed["reason"] and not job.done:
+            con.print(escape(f"{utc_text(datetime.now(timezone.utc))} {job.state}: {job.reason}"), highlight=False)
+        printed["reason"] = job.reason
+
+    return on_change
 
 
 def _money(v) -> str:
@@ -236,7 +257,8 @@ def _jobs_table(jobs) -> Table:
     for j in jobs:
         row = {"id": j.id, "team": cell(j.team), "name": cell(j.name), "state": j.state,
                "gpus": f"{j.spec.nodes}x{j.spec.gpus_per_node}", "submitted": utc_text(j.created_at),
-               "deadline": utc_text(j.deadline), "reason": cell(j.reason)}
+               "deadline": utc_text(j.deadline),
+               "reason": cell("; ".join([f"WARNING: {w}" for w in j.warnings] + ([j.reason] if j.reason else [])) or None)}
         tab.add_row(*(row[c] for c in shown))
     return tab
 
@@ -288,13 +310,18 @@ def register(app: typer.Typer) -> None:
                 echo_json(job)
             else:
                 current_console().print(f"{job.id} {job.state} (team {job.team}, deadline {utc_text(job.deadline)})", highlight=False)
+                for w in job.warnings:
+                    stderr.print(escape(f"warning: {w}"), highlight=False)
             return
         if not as_json:
-            current_console().print(f"{job.id} submitted; waiting ...", highlight=False)
+            current_console().print(f"{job.id} submitted; waiting (each change of state is printed as it "
+                                    "happens) ...", highlight=False)
+            for w in job.warnings:
+                stderr.print(escape(f"warning: {w}"), highlight=False)
         from broker.client import WaitTimeout
 
         try:
-            job = call(c, c.wait, job.id, timeout=timeout)
+            job = call(c, c.wait, job.id, timeout=timeout, on_change=None if as_json else _history_printer(c))
         except WaitTimeout as e:
             job = e.job
             stderr.print(f"{job.id}: still {job.state} after {timeout:g} s")
@@ -430,8 +457,10 @@ def register(app: typer.Typer) -> None:
         j = ex.job
         con.print(f"{j.id} ({j.team}) is [bold]{j.state}[/bold]: {escape(j.reason or '-')}", highlight=False)
         d = ex.decision
-        if not d:
-            con.print("no planner decision yet (the planner has not seen this job)")
+        if not d and j.state == "submitted":
+            con.print("no planner decision yet (the planner has not taken this job in)")
+        elif not d:
+            con.print("no planner record for this job (the reason above is the latest word on it)", highlight=False)
         else:
             con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
                       highlight=False)
@@ -452,6 +481,18 @@ def register(app: typer.Typer) -> None:
             for sig in d.get("signals") or []:  # where the grid signals came from (broker/service/live.py)
                 flag = "[bold]FALLBACK[/bold] " if sig.get("fallback") else ""
                 con.print(f"signals: {flag}{escape(str(sig.get('note', '')))}", highlight=False)
+        if len(ex.decisions) > 1 or (ex.decisions and not d):  # the latest of each kind, newest first
+            con.print("latest decision of each kind:")
+            for x in ex.decisions:
+                start = x.get("start_s")
+                where = f" on {x['target']}" if x.get("target") else ""
+                when = (f" from {utc_text(datetime.fromtimestamp(start, tz=timezone.utc))}"
+                        if isinstance(start, (int, float)) and math.isfinite(start) else "")
+                try:
+                    at = utc_text(datetime.fromisoformat(x["at"]))
+                except (KeyError, TypeError, ValueError):
+                    at = "-"
+                con.print(escape(f"  {at} {x.get('kind')}{where}{when}: {x.get('reason') or '-'}"), highlight=False)
         hist = Table(title="history")
         for col in ("at", "from", "to", "reason"):
             hist.add_column(col)

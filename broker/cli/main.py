@@ -305,7 +305,9 @@ def offers(
     hours: float = typer.Option(1.0, help="Hours of runtime on the requested --gpu type (H hours on that GPU type, "
                                            "not V100-hours of work; without --gpu: hours on a V100, scaled by each "
                                            "GPU's relative throughput)."),
-    start: Optional[str] = typer.Option(None, help="Start instant (ISO 8601, UTC if no offset); default 2023-09-04T12:00Z."),
+    start: str = typer.Option("now", help="Start instant (ISO 8601, UTC if no offset), or 'now' (the default). "
+                                           "Outside the bundled 2023-24 history it is priced as the live broker "
+                                           "prices it: that history replayed forward by whole weeks."),
     region: Optional[str] = typer.Option(None, help="Only this cloud region."),
     top: int = typer.Option(20, help="Rows to print."),
     sort: str = typer.Option("cost", help="Sort by 'cost', 'carbon' or 'score'."),
@@ -316,7 +318,8 @@ def offers(
                                                       "market, instances, usd_per_hour (one instance), hours, "
                                                       "total_usd, kwh, kg_co2e (null: no carbon data), "
                                                       "carbon_estimated (true: the region's carbon figure is an "
-                                                      "annual figure or another year's hours)."),
+                                                      "annual figure or another year's hours), signals (where the "
+                                                      "prices and carbon came from)."),
 ) -> None:
     """List the options for one request, cheapest (or cleanest) first."""
     from rich.table import Table
@@ -340,7 +343,10 @@ def offers(
             gtypes = frozenset([canonical_gpu_type(gpu)])
         except UnknownGpuTypeError as e:
             _fail(f"--gpu={gpu!r}: {e}")
-    t = _parse_time(start, "--start") if start else datetime(2023, 9, 4, 12, tzinfo=timezone.utc)
+    from broker.service.live import ReplayedSignals, history_bounds, live_replay_offset_s, replay_note
+
+    t = datetime.now(timezone.utc).replace(microsecond=0) if start.strip().lower() == "now" else \
+        _parse_time(start, "--start")
     if t.tzinfo is None:
         t = t.replace(tzinfo=timezone.utc)
     now = t.timestamp()
@@ -348,12 +354,20 @@ def offers(
         scen = load_scenario(cluster)
     except (ValueError, OSError) as e:
         _fail(str(e))
-    cover = scen.signals.carbon(scen.pools[0].carbon_zone) if scen.pools else None
-    if cover is not None and (now < cover.start_s or now + hours * 3600.0 > cover.end_s):
-        _fail(f"--start={_iso(now)} with --hours={hours:g}: outside the bundled price/carbon data "
-              f"({_iso(cover.start_s)}..{_iso(cover.end_s)})")
-    ctx = PlannerContext(PlannerConfig(carbon_price_usd_per_tonne=carbon_price), scen.pools, scen.offers,
-                         scen.signals, scen.gpus)
+    config = PlannerConfig(carbon_price_usd_per_tonne=carbon_price)
+    signals, source = scen.signals, "bundled 2023-24 history, as recorded"
+    h0, h1 = history_bounds(scen.signals)
+    if now < h0:
+        _fail(f"--start={_iso(now)}: outside the bundled price/carbon data (it starts at {_iso(h0)}; "
+              f"it holds {_iso(h0)}..{_iso(h1)})")
+    if now >= h1:  # after the history (today): the live broker's series, the history shifted forward by whole weeks
+        try:
+            offset = live_replay_offset_s(h0, h1, now, max(config.horizon_s, hours * 3600.0))
+        except ValueError:
+            _fail(f"--hours={hours:g}: longer than the bundled price/carbon data can replay ({_iso(h0)}..{_iso(h1)})")
+        signals, source = ReplayedSignals(scen.signals, offset), replay_note(offset, "as the live broker prices it "
+                                                                                     "without live sources")
+    ctx = PlannerContext(config, scen.pools, scen.offers, signals, scen.gpus)
     rows = ranked_options(ctx, request_job(ctx, gtypes, count, nodes, spot, hours, now, region), now,
                           sort, carbon_price, cloud_only=bool(region))
     if not rows:
@@ -362,8 +376,8 @@ def offers(
     if any(math.isnan(r.carbon_kg) for r in rows):  # on stderr: --json keeps stdout pure JSON
         stderr.print("[yellow]note:[/yellow] some options run past the bundled carbon data (kgCO2e n/a)"
                      + ("; they are listed last" if sort != "cost" else ""))
-    if as_json:
-        echo_json([option_json(r, nodes) for r in rows])
+    if as_json:  # each row names where its prices and carbon came from (stdout stays pure JSON)
+        echo_json([{**option_json(r, nodes), "signals": source} for r in rows])
         return
     what = f"{hours:g} h on {gtypes and next(iter(gtypes))}" if gtypes else f"{hours:g} V100-hours"
     tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {what} from {_iso(now)}")
@@ -375,6 +389,7 @@ def offers(
                     f"{r.energy_kwh:.2f}", kg)
     current_console().print(tab)
     current_console().print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
+    current_console().print(f"prices and carbon from {_iso(now)}: {source}", highlight=False)
     if any(r.carbon_estimated for r in rows[:top]):
         current_console().print(f"{ESTIMATE_MARK} carbon estimated: the region has no hourly grid data for the "
                                 "window (annual figure, or another year's hours).")

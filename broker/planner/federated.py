@@ -45,7 +45,7 @@ from broker.planner.costs import load_tariff_usd, onprem_kw, score
 from broker.planner.policy_base import (INF, N_ALTERNATIVES, NAN, NO_OFFERS, Cycle, eligible_jobs, merged_queue,
                                         never_fits_reason, run_onprem_queue, urgency_bucket, work_bucket)
 
-__all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE", "PROJECT_CAP_NOTE"]
+__all__ = ["plan_federated", "CLOUD_TOP", "BUDGET_CAP_NOTE", "PROJECT_CAP_NOTE", "MISSES_DEADLINE_NOTE"]
 
 #: the top offers of a shape's ranking costed exactly for every job of the shape
 CLOUD_TOP = 16
@@ -54,6 +54,8 @@ _NOTE_NOW = "start now"
 BUDGET_CAP_NOTE = "team budget cap reached"
 #: how an explanation starts when a project's cloud budget (``PlannerConfig.project_budget_usd``) kept it out
 PROJECT_CAP_NOTE = "project budget cap reached"
+#: how a decision's reason starts when every option misses the job's deadline (the earliest finish was chosen)
+MISSES_DEADLINE_NOTE = "misses the deadline: no option finishes by it, the earliest finish was chosen; "
 #: notes of feasible on-prem options (the record's wait_s / start_s carry the numbers)
 _NOTES = {"now": _NOTE_NOW, "wait": "wait in the on-prem queue",
           "defer": "deferred to a cheaper/cleaner window"}
@@ -696,13 +698,14 @@ def _choose_batch(cy: Cycle, jobs: list[PendingJob], on, cl, cloud_extra: dict, 
         c0 = order_l[i][0]
         best, how = option(i, c0)
         alts = LazyOptions(alternatives, i)
+        late = "" if best.feasible else MISSES_DEADLINE_NOTE
         if c0 >= T:
             cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=best, offer_index=how,
-                                         alternatives=alts, reason="best score: cloud"))
+                                         alternatives=alts, reason=late + "best score: cloud"))
             continue
         p, t, kind, wait, ti = how
         if kind == "now":
-            cy.start(job, p, t, fits[i][ti], option=best, alternatives=alts, reason="best score: on-prem now")
+            cy.start(job, p, t, fits[i][ti], option=best, alternatives=alts, reason=late + "best score: on-prem now")
         elif kind == "defer":
             cy.decisions.append(Decision(job.job_id, DecisionKind.defer, option=best, pool=ctx.pools[p].name,
                                          not_before=best.start_s, alternatives=alts, reason=best.note))
@@ -745,6 +748,7 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         best = min(feasible_opts, key=lambda o: (o[0], o[2].target))
     else:  # every option misses the deadline: minimise lateness
         best = min(options, key=lambda o: (o[4], o[2].target))
+        cap_note += MISSES_DEADLINE_NOTE
     alts = tuple(o[2] for o in sorted(shown, key=lambda o: (o[1], o[0], o[4])) if o is not best)[:N_ALTERNATIVES]
     opt, how = best[2], best[3]
 
@@ -757,7 +761,8 @@ def _choose(cy: Cycle, job: PendingJob, targets, options, ahead, budgets) -> Non
         o = how["offer"]
         _spend(job, budgets, opt.dollars_usd)  # the cycle's later jobs of the team and project see what is left
         cy.decisions.append(Decision(job.job_id, DecisionKind.provision, option=opt, offer_index=o,
-                                     alternatives=alts, reason="best score: cloud"))
+                                     alternatives=alts, reason=(MISSES_DEADLINE_NOTE if not feasible_opts else "")
+                                     + "best score: cloud"))
         return
     p, t = how["p"], how["t"]
     if how["kind"] == "now":

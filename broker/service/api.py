@@ -77,6 +77,7 @@ from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, u
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec, short_repr
 from broker.service.node_api import node_router
 from broker.service.group_commit import GroupCommit
+from broker.service.feasibility import job_warnings, never_fits
 from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.bulk_cancel import CancelManyRequest, CancelManyResponse
@@ -254,6 +255,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     """
     settings = settings or BrokerSettings.model_construct()
     submits = GroupCommit(store, on_created=on_submit)  # POST /v1/jobs (on_submit: per new job, once stored)
+    capacity_of = _known_capacity(store, settings)  # what nodes can hold: submit refusals and deadline warnings
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -472,6 +474,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             if existing is None:
                 raise late
             return _json(existing, 200)
+        cap = await run_in_threadpool(capacity_of) if capacity_of is not None else None
+        refused = never_fits(spec, cap) if cap is not None else None
+        if refused is not None:  # no known node can ever hold it (broker.service.feasibility)
+            raise _unprocessable(*refused)
         if rate_limiter is not None and rate_limiter.limits(team).submits_per_s is not None:  # Redis: off the loop
             await run_in_threadpool(
                 charge, team, 1, (lambda: int(exists(team, key, spec))) if key is not None else None)
@@ -479,6 +485,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         job, created = await submits.submit(SubmitItem(
             team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who,
             max_unfinished=quota_of(team), quota_retry_after_s=settings.quotas.quota_retry_after_s))
+        if cap is not None:  # an infeasible deadline, no node known to hold it: said in the answer
+            job = with_warnings(job, cap, now)
         # the view was built from the validated spec: serialise it directly (FastAPI would dump,
         # re-validate and dump it again, a third of a submit's CPU)
         return _json(job, 201 if created else 200, {"Location": f"/v1/jobs/{job.id}"} if created else None)
@@ -497,6 +505,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         results: list[BatchItemResult | None] = [None] * len(body.items)
         accepted: list[tuple[int, JobSpec, str | None]] = []
         team: str | None = None
+        cap = capacity_of() if capacity_of is not None else None  # what nodes can hold (broker.service.feasibility)
         for i, raw in enumerate(body.items):
             try:
                 item = SubmitRequest.model_validate(raw)
@@ -539,6 +548,13 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                         "type": "value_error", "loc": ("body", "items", i, "spec", f), "input": v,
                         "msg": f"items.{i}.spec.{f}={short_repr(v)}: {why}"})])
                 continue
+            refused = never_fits(spec, cap) if cap is not None else None
+            if refused is not None:
+                f, v, why = refused
+                results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
+                    "type": "value_error", "loc": ("body", "items", i, *f.split(".")), "input": v,
+                    "msg": f"items.{i}.{f}={short_repr(v)}: {why}"})])
+                continue
             accepted.append((i, spec, item.idempotency_key))
         if accepted:
             assert team is not None
@@ -554,6 +570,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                     results[i] = BatchItemResult(index=i, status=409, detail=str(r))
                     continue
                 job, created = r
+                job = with_warnings(job, cap, now) if cap is not None else job
                 results[i] = BatchItemResult(index=i, status=201 if created else 200, job=job)
                 if created and first_new is None:
                     first_new = job.id
@@ -585,12 +602,16 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             if s not in known:
                 raise _unprocessable("state", s, f"not a job state (one of {', '.join(known)})", where="query")
         team = readable_team(who, team, who.admin)
-        return store.list_jobs(team=team, states=state or None, limit=limit, offset=offset)
+        jobs = store.list_jobs(team=team, states=state or None, limit=limit, offset=offset)
+        if capacity_of is None:
+            return jobs
+        cap, now = capacity_of(), _utcnow()
+        return [with_warnings(j, cap, now) for j in jobs]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_ERRORS)
     def get_job(job: Job) -> JobView:
-        """One job."""
-        return job
+        """One job (``warnings``: a deadline it cannot meet or runs past, no node known to hold it)."""
+        return job if capacity_of is None else with_warnings(job, capacity_of(), _utcnow())
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"],
               responses={**_ERRORS, 409: {"model": ErrorBody, "description": "the job already succeeded or failed"}})
@@ -651,8 +672,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     def explain_job(job: Job) -> ExplainView:
         """The planner's latest decision (chosen option and best alternatives, with $, kWh, kgCO2e
         and wait), the state history and the attempts."""
-        return ExplainView(job=job, decision=store.decision(job.id), events=store.events(job.id),
-                           attempts=store.attempts(job.id))
+        from broker.schemas import latest_decisions
+
+        record, events = store.decision(job.id), store.events(job.id)
+        return ExplainView(job=job, decision=record, events=events, attempts=store.attempts(job.id),
+                           decisions=latest_decisions(record, events))
 
     # ------------------------------------------------------------------ nodes
     @app.get("/v1/nodes", response_model=list[NodeView] | list[NodeCapacityView], tags=["nodes"],
@@ -839,6 +863,27 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
     # /v1/node: agents (broker.service.node_api); last, so that the routes above are matched without it
     app.include_router(node_router(store, settings, on_change=on_submit))
     return app
+
+
+def _known_capacity(store: JobStore, settings: BrokerSettings):
+    """``() -> KnownCapacity`` of the store's registered nodes and the cluster file's pools
+    (:class:`broker.service.feasibility.CapacityCache`), or ``None`` when the cluster file cannot be read
+    (the planning cycle reports that; submits are then not checked)."""
+    from broker.cluster import ClusterError, load_cluster
+    from broker.service.feasibility import CapacityCache
+    from broker.service.live import LIVE_CLUSTER_PATH
+
+    try:
+        pools = load_cluster(getattr(settings, "cluster", None) or LIVE_CLUSTER_PATH)
+    except (ClusterError, OSError):
+        return None
+    return CapacityCache(store, pools, bool(getattr(settings, "cloud_providers", ()))).get
+
+
+def with_warnings(job: JobView, cap, now: datetime) -> JobView:
+    """``job`` with its ``warnings`` at ``now`` (:func:`broker.service.feasibility.job_warnings`)."""
+    found = job_warnings(job, cap, now)
+    return job.model_copy(update={"warnings": found}) if found else job
 
 
 def redis_client(url: str):

@@ -111,13 +111,14 @@ def process_gone(store: JobStore, job_id: str, attempt: int, rank: int, node: st
 
 
 def report_end(store: JobStore, job_id: str, attempt: int, rank: int, node: str, exit_code: int | None,
-               max_attempts: int | None) -> tuple[bool, bool]:
+               max_attempts: int | None, stopped_why: str | None = None) -> tuple[bool, bool]:
     """Record the end of a rank (``exit_code`` ``None``: lost, no exit code) and, when every rank
     has ended, the job's outcome (:func:`broker.service.lifecycle.rank_ended`): cancelled (cancel requested),
     requeued (preempted: without the ``max_attempts`` limit; lost: with it), succeeded (every rank 0) or
     failed with the exit code of the rank that failed first. A failed rank of a gang whose other ranks
     still run sets ``stop_reason="peer-ended"`` (all or nothing). A report on an attempt that is no
-    longer the job's is recorded and ends that attempt ``stale``.
+    longer the job's is recorded and ends that attempt ``stale``. ``stopped_why``: the node stopped the rank
+    itself (its wall-clock limit: ``"time limit of 60 s exceeded"``); the job fails with it as its reason.
 
     Returns ``(recorded, changed)``: ``recorded`` is True once the end is recorded (or the attempt
     is no longer the job's), False if the store could not be updated (the node reports it again);
@@ -142,7 +143,8 @@ def report_end(store: JobStore, job_id: str, attempt: int, rank: int, node: str,
             elif att.started_at is None:
                 att.started_at = now
                 snapshot_counters(s, att, now)
-            end = lifecycle.rank_ended(s, j, att, rank, exit_code, now, place, max_attempts=max_attempts)
+            end = lifecycle.rank_ended(s, j, att, rank, exit_code, now, place, max_attempts=max_attempts,
+                                       stopped_why=stopped_why)
             if not end.retry:
                 return True, end.ended
     log.error("could not record the end of %s attempt %d rank %d; the node reports it again", job_id, attempt, rank)

@@ -26,8 +26,11 @@ that team; a team budget: an admin only.
   whole attempt (offer price x expected runtime, the spot rework and the billing minimum included,
   :meth:`broker.planner.core.PlannerContext.cloud_estimates`). That figure rather than a fresh price x
   runtime because it is exactly what the planner charged against the budget when it decided, so the
-  next cycle sees the same commitment the last one made. The ledger's lines replace it in the
-  transaction that ends the attempt (:func:`broker.service.store.budgets.cloud_committed`).
+  next cycle sees the same commitment the last one made. An attempt running past the decision's
+  ``runtime_s`` counts ``max(estimate, elapsed)``: the estimate x ``elapsed / runtime_s`` (2 USD estimated
+  for 600 s, running for 1,800 s: 6 USD), so under-estimating does not get a team past its cap. The
+  ledger's lines replace it in the transaction that ends the attempt
+  (:func:`broker.service.store.budgets.cloud_committed`).
 * ``remaining_usd = cap_usd - spent_usd - committed_usd`` (may be negative when bills beat estimates).
 * ``forecast_usd`` — to month end, linear: ``spent + committed + spent / elapsed x left`` (the month-to-date
   rate of metered spend carried to the month's end; ``elapsed`` and ``left`` in seconds of the month;
@@ -198,7 +201,7 @@ def budget_states(s, now: datetime, team: str | None = None, project: str | None
         return []
     teams = sorted({b.team for b in budgets})
     spent = rows.cloud_spent(s, bounds[0], bounds[1], teams, by_project=by_project)
-    committed = rows.cloud_committed(s, teams, by_project=by_project)
+    committed = rows.cloud_committed(s, teams, by_project=by_project, now=now)
     keys = [(b.team, b.project) if by_project else b.team for b in budgets]
     return [_state(b, spent.get(k, (0.0, 0)), committed.get(k, (0.0, 0)), now, bounds) for b, k in zip(budgets, keys)]
 

@@ -22,6 +22,9 @@ in the transactions this module opens.
    review; ``queued`` = jobs committed to an on-prem pool, by (priority, team)).
    Queued jobs' rows and planner views are kept between cycles by version
    (:meth:`PlanningCycle._waiting_jobs`): only new or changed jobs are read in full.
+   A waiting job whose expected start has passed is due for review at once, so its expected start is
+   worked out again every cycle until it starts; a running job past its estimate holds its GPUs until its
+   time limit at the latest (:func:`providers.base.pool_time_limit_s`, what the agent enforces), not "in 1 s".
 3. **Plan**: :func:`broker.planner.registry.plan`, the same pure function the simulator runs.
 4. **Apply** in one transaction that first advances the planner fence from the
    version read in step 2 (:meth:`JobStore.advance_fence`); if another cycle
@@ -70,8 +73,10 @@ from broker.planner.federated import BUDGET_CAP_NOTE, PROJECT_CAP_NOTE
 from broker.service.budgets import planner_budgets
 from broker.planner.policy_base import queue_group
 from broker.planner.registry import plan
+from broker.schemas import with_earlier
 from broker.states import JobState, check_transition
 from broker.service.store.core import JobStore
+from providers.base import pool_time_limit_s
 from providers.launch import DIGEST_RE as _DIGEST_RE
 
 #: the field names of :class:`PendingJob`, in order (its views are cached as tuples of them)
@@ -104,6 +109,8 @@ class _Fields(NamedTuple):
     team: str
     project: str | None
     reason: str | None
+    #: the start its last wait decision expected (POSIX s; ``None``: none): once passed, the job is reviewed
+    expected_start_s: float | None = None
 
 
 @dataclass
@@ -159,6 +166,14 @@ def pending_job(j: Job, pool_index: dict[str, int], canon: Callable[[str], str])
         deferrable=bool(spec.get("deferrable", True)) and spec.get("window", "planner") == "planner",
         committed_pool=committed, deferred_once=bool(j.deferred_once), project=spec.get("project"),
         review_s=_ts(j.review_at) if j.review_at is not None else (math.inf if committed is not None else 0.0))
+
+
+def _expected_start_s(record: dict | None) -> float | None:
+    """The start a stored ``wait`` decision record expected (its option's ``start_s``, POSIX s), else ``None``."""
+    if not isinstance(record, dict) or record.get("kind") != "wait":
+        return None
+    start = (record.get("option") or {}).get("start_s")
+    return float(start) if isinstance(start, (int, float)) and math.isfinite(start) else None
 
 
 def json_safe(obj):
@@ -498,12 +513,12 @@ class PlanningCycle:
             ent = known.get(j.id)
             if ent is None or ent.row is not j or held.get(j.id) != j.version:
                 continue
-            for k, v in fields_.items():
-                if k != "decision":  # not read by the cycle; the stored record is the one to read
-                    setattr(j, k, v)
+            for k, v in fields_.items():  # the record too: the next one carries its kind (with_earlier)
+                setattr(j, k, v)
             j.version = ent.version + 1
             known[j.id] = ent._replace(version=j.version, fields=ent.fields._replace(
-                **{k: v for k, v in fields_.items() if k in _Fields._fields}))
+                **{k: v for k, v in fields_.items() if k in _Fields._fields},
+                **({"expected_start_s": _expected_start_s(fields_["decision"])} if "decision" in fields_ else {})))
 
     # ------------------------------------------------------------------ planning, isolated per job
     def _plan_isolated(self, snapshot: Snapshot, ctx, jobs: dict[str, Job]) -> list:
@@ -621,6 +636,8 @@ class PlanningCycle:
             pj.committed_pool = committed = pool_index.get(f.committed_pool) if f.committed_pool else None
             pj.review_s = (f.review_at.timestamp() if f.review_at is not None
                            else (math.inf if committed is not None else 0.0))
+            if committed is not None and f.expected_start_s is not None and f.expected_start_s < now_s:
+                pj.review_s = 0.0  # its expected start has passed (the jobs ahead outran their estimates): again now
             jid = pj.job_id
             if tag:
                 tag_only.add(jid)
@@ -690,7 +707,8 @@ class PlanningCycle:
         except Exception as e:  # noqa: BLE001 - failed by the snapshot's caller, with the reason
             view = e
         self._waiting[j.id] = _Waiting(j.version, j, view, _Fields(j.committed_pool, j.review_at, j.team,
-                                                                   (j.spec or {}).get("project"), j.reason))
+                                                                   (j.spec or {}).get("project"), j.reason,
+                                                                   _expected_start_s(j.decision)))
 
     @staticmethod
     def _scheduler_releases(views, pools, pool_index, live, now_s: float, running: list) -> None:
@@ -756,9 +774,13 @@ class PlanningCycle:
         gtype = pools[p].nodes[alloc[0][0]].gpu_type
         started = _ts(j.started_at) or _ts(j.dispatched_at) or now_s
         work = max(float(j.spec["estimated_duration_s"]) - float(j.work_done_s or 0.0), 1.0)
+        end = started + work / ctx.gpus.throughput.get(gtype, 1.0)
+        if end <= now_s:  # it outran its estimate: it holds its GPUs until its time limit at the latest (the agent's)
+            end = started + pool_time_limit_s(float(j.spec["estimated_duration_s"]),
+                                              time_limit_s=j.spec.get("time_limit_s"))
         running.append(RunningJob(
             job_id=j.id, pool=p, allocation=alloc,
-            expected_end_s=max(started + work / ctx.gpus.throughput.get(gtype, 1.0), now_s + 1.0),
+            expected_end_s=max(end, now_s + 1.0),
             started_s=started, priority=j.priority,
             preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
             team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S),
@@ -849,7 +871,7 @@ class PlanningCycle:
         if kind != DecisionKind.provision and not any(a["kind"] == "cloud" for a in rec["alternatives"]):
             rec["alternatives"].extend(self._unprovisionable_cloud(ctx, j, pending_by_id.get(j.id)))
         rec["signals"] = self._signals_note(ctx, d)
-        rec = json_safe(rec)
+        rec = with_earlier(json_safe(rec), j.decision, now)  # explain shows the latest decision of every kind
         if kind == DecisionKind.preempt:
             for vid in d.victims:
                 v = JobStore.job_row(s, vid)
@@ -884,8 +906,9 @@ class PlanningCycle:
                 placement.update(kind=view.kind, scheduler_gpu_type=view.gres[parts[0]["node"]])
                 where = (f"{len(parts)} node(s) x {len(parts[0]['gpus'])} {gtype}, submitted to its {view.kind} "
                          f"cluster (planned on {', '.join(p['node'] for p in parts)})")
-            if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value,
-                            f"placed on pool {d.pool}: {where} (attempt {attempt})", now,
+            placed = f"placed on pool {d.pool}: {where} (attempt {attempt})"
+            rec["reason"] = rec.get("reason") or placed
+            if JobStore.cas(s, j.id, j.version, S.queued.value, S.starting.value, placed, now,
                             placement=placement, attempt=attempt, decision=rec, dispatched_at=now,
                             state_deadline_at=now + timedelta(seconds=st.starting_deadline_s),
                             committed_pool=None, review_at=None):
@@ -898,6 +921,7 @@ class PlanningCycle:
             if note is not None:
                 rec["cloud_price"] = json_safe(note)
             attempt = j.attempt + 1
+            rec["reason"] = rec.get("reason") or f"provisioning {offer.offer_id} (attempt {attempt})"
             if JobStore.cas(s, j.id, j.version, S.queued.value, S.provisioning.value,
                             f"provisioning {offer.offer_id} (attempt {attempt})", now,
                             placement={"kind": "cloud", "offer_id": offer.offer_id, "provider": offer.provider,
@@ -910,6 +934,7 @@ class PlanningCycle:
             o = d.option
             why = (f"deferred to a cheaper/cleaner window on pool {d.pool} starting {_dt(d.not_before).isoformat()}"
                    + (f" (${o.dollars_usd:.4f}, {o.carbon_kg:.4f} kgCO2e)" if o is not None else ""))
+            rec["reason"] = rec.get("reason") or why
             JobStore.cas(s, j.id, j.version, S.queued.value, S.deferred.value, why, now,
                          not_before=_dt(d.not_before), deferred_once=True, decision=rec, committed_pool=None,
                          review_at=None)
@@ -923,6 +948,7 @@ class PlanningCycle:
                    + (f"; options reviewed again at {review.isoformat(timespec='seconds')}" if review else ""))
             if d.reason.startswith((BUDGET_CAP_NOTE, PROJECT_CAP_NOTE)):
                 why = f"{d.reason}; {why}"
+            rec["reason"] = why if not d.reason or why.startswith(d.reason) else f"{d.reason}; {why}"
             notes.append((j, dict(committed_pool=d.pool, review_at=review, decision=rec, reason=why)))
         elif kind == DecisionKind.reject:
             why = d.reason or "no pool or offer can hold it"
@@ -978,8 +1004,10 @@ class PlanningCycle:
             why = self._undecided_note(jid, f.team, f.project)
             if whys is not None:
                 whys[key] = why
-        if f.reason != why:
-            notes.append((j, {"reason": why}))
+        if f.reason != why:  # a record of its own: explain shows it with the earlier kinds (with_earlier)
+            rec = with_earlier({"kind": "undecided", "reason": why, "option": None, "alternatives": []}, j.decision,
+                               _dt(self._now_s))
+            notes.append((j, {"reason": why, "decision": rec}))
 
     def _undecided_note(self, jid: str, team: str, project: str | None) -> str:
         """Why a job of ``team`` (and ``project``) got no decision this cycle (:meth:`_explain_undecided`)."""

@@ -219,7 +219,7 @@ def mark_running(s, j: Job, att: Attempt | None, now: datetime, reason: str) -> 
 
 
 def rank_ended(s, j: Job, att: Attempt, rank: int, code: int | None, now: datetime, place: Place, *,
-               max_attempts: int | None, stop_window: timedelta | None = None) -> RankEnd:
+               max_attempts: int | None, stop_window: timedelta | None = None, stopped_why: str | None = None) -> RankEnd:
     """Inside ``s``: rank ``rank`` of job ``j``'s current attempt ``att`` ended with exit ``code`` (``None``:
     lost, no exit code); ``j`` is ``running`` (see :func:`mark_running`). Records the rank's end on the
     attempt, then:
@@ -233,12 +233,20 @@ def rank_ended(s, j: Job, att: Attempt, rank: int, code: int | None, now: dateti
       still-running ranks are returned in ``stop_ranks``. A cloud rank ending while a cancel is requested
       ends the attempt at once (the broker terminates the instances);
     * every rank has ended: :func:`end_attempt`.
+
+    ``stopped_why``: the node stopped the rank itself, e.g. ``"time limit of 60 s exceeded"`` (the agent's
+    wall-clock limit, :func:`providers.base.pool_time_limit_s`): the rank counts as failed whatever its exit
+    code, and the sentence is kept on the attempt (its ``reason``) to lead the job's failure reason.
     """
     exits = dict(att.rank_exits or {})
     exits[str(rank)] = code if code is not None else "lost"
     att.rank_exits = exits
+    if stopped_why and not att.reason:
+        att.reason = stopped_why
+    # on a node an active attempt has no reason but this one (close_attempt writes it at the end)
+    stopped = stopped_why or (att.reason if not place.cloud else None)
     nranks = len((j.placement or {}).get("nodes", [])) or 1
-    failed = code is None or code != 0
+    failed = code is None or code != 0 or bool(stopped)
     if len(exits) < nranks and not (j.cancel_requested and place.cloud):
         if j.cancel_requested or (not failed and not j.stop_reason):
             return RankEnd("rank done")
@@ -253,17 +261,19 @@ def rank_ended(s, j: Job, att: Attempt, rank: int, code: int | None, now: dateti
             if not repo.bump_with_event(s, j, now, why, **fields):
                 return RankEnd("retry", retry=True)
         return RankEnd("stopping the other ranks", stop_ranks=[r for r in range(nranks) if str(r) not in exits])
-    ok, outcome = end_attempt(s, j, att, now, code, exits, place, max_attempts=max_attempts)
+    ok, outcome = end_attempt(s, j, att, now, code, exits, place, max_attempts=max_attempts, stopped_why=stopped)
     return RankEnd(outcome, ended=True) if ok else RankEnd("retry", retry=True)
 
 
 def end_attempt(s, j: Job, att: Attempt, now: datetime, code: int | None, exits: dict, place: Place, *,
-                max_attempts: int | None) -> tuple[bool, str]:
+                max_attempts: int | None, stopped_why: str | None = None) -> tuple[bool, str]:
     """Inside ``s``: end running job ``j``'s attempt ``att`` whose ranks ended with ``exits`` (``{"rank": code
     or "lost"}``; ``code``: the last rank's code) and give the job its outcome (see the module docstring).
     After a failed rank stopped the gang (``peer-ended``) the job fails with that rank's exit code, not with
     the stopped ranks' 143. Returns ``(applied, outcome)``: ``outcome`` one of ``"cancelled"``,
-    ``"requeued"``, ``"succeeded"``, ``"failed"``; ``applied`` False when a compare-and-set lost a race."""
+    ``"requeued"``, ``"succeeded"``, ``"failed"``; ``applied`` False when a compare-and-set lost a race.
+    ``stopped_why``: the node stopped a rank itself (its time limit): the job fails, the sentence first in its
+    reason (``"time limit of 60 s exceeded; exit code 143 on n1"``)."""
     if j.stop_reason == "peer-ended" and att.exit_code is not None:
         code = att.exit_code
     nranks = len((j.placement or {}).get("nodes", [])) or 1
@@ -277,14 +287,16 @@ def end_attempt(s, j: Job, att: Attempt, now: datetime, code: int | None, exits:
         why = STOP_REASONS.get(j.stop_reason or "") or place.lost_text()
         return requeue_lost(s, j, now, why, "interrupted",
                             max_attempts=None if j.stop_reason in STOP_REASONS else max_attempts), "requeued"
-    if all(v == 0 for v in exits.values()) and len(exits) >= nranks:
+    if all(v == 0 for v in exits.values()) and len(exits) >= nranks and not stopped_why:
         close_attempt(s, att, now, "succeeded", exit_code=code, final=True)
         return JobStore.cas(s, j.id, j.version, S.running.value, S.succeeded.value, "exit code 0", now,
                             finished_at=now, exit_code=0), "succeeded"
     close_attempt(s, att, now, "failed", exit_code=code, final=True)
     bad = {r: c for r, c in exits.items() if c != 0}
-    return JobStore.cas(s, j.id, j.version, S.running.value, S.failed.value,
-                        place.exit_text(code) if len(exits) == 1 else f"ranks ended with {bad}",
+    why = place.exit_text(code) if len(exits) == 1 else f"ranks ended with {bad}"
+    if stopped_why:  # the node stopped it: that is why it failed
+        why = f"{stopped_why}; {why}"
+    return JobStore.cas(s, j.id, j.version, S.running.value, S.failed.value, why,
                         now, finished_at=now, exit_code=code), "failed"
 
 

@@ -45,7 +45,8 @@ from pricing.hygiene import CheckedSeries
 from pricing.sources import window_from_series
 from pricing.series import HourlySeries
 
-__all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "ReplayedSignals", "LiveSignals", "LiveEnvironment",
+__all__ = ["LIVE_CLUSTER_PATH", "WEEK_S", "replay_offset_s", "live_replay_offset_s", "history_bounds", "replay_note",
+           "REPLAY_MARGIN_S", "ReplayedSignals", "LiveSignals", "LiveEnvironment",
            "LiveNode", "forecast_model", "series_rows", "REPLAY", "LAST_KNOWN", "FORECAST_MODEL", "SIGNALS_REBUILD_S"]
 
 #: origin label of hours from the bundled history replay
@@ -75,6 +76,31 @@ def replay_offset_s(series_start_s: float, series_end_s: float, now_s: float, ah
                          "is too short to replay that far ahead")
     over = now_s + ahead_s - series_end_s
     return 0.0 if over <= 0 else math.ceil(over / WEEK_S) * WEEK_S
+
+
+#: how far past the planner's horizon the live broker's replayed history must reach (:func:`live_replay_offset_s`)
+REPLAY_MARGIN_S = 8 * 86400.0
+
+
+def history_bounds(signals) -> tuple[float, float]:
+    """``(start_s, end_s)`` (POSIX s, UTC) that every carbon series of ``signals`` (a
+    :class:`pricing.signals.GridSignals`, the bundled history) covers: the latest start and the earliest end."""
+    series = [signals.carbon(z) for z in signals.zones]
+    return max(s.start_s for s in series), min(s.end_s for s in series)
+
+
+def live_replay_offset_s(hist_start_s: float, hist_end_s: float, now_s: float, horizon_s: float) -> float:
+    """The whole-week shift (s) with which the live broker replays the bundled history at ``now_s``
+    (:func:`replay_offset_s` over ``horizon_s`` plus :data:`REPLAY_MARGIN_S`): :meth:`LiveEnvironment.offset_for`
+    and ``fedbroker offers`` price from the same series. E.g. on 2026-12-04 with the 2023-24 history and a 72 h
+    horizon: +102 weeks."""
+    return replay_offset_s(hist_start_s, hist_end_s, now_s, horizon_s + REPLAY_MARGIN_S)
+
+
+def replay_note(offset_s: float, why: str = "no live source configured") -> str:
+    """What priced a window replayed ``offset_s`` seconds forward (the ``note`` of :meth:`ReplayedSignals.explain`,
+    without the zone): ``"bundled 2023-24 history replayed +102 weeks (no live source configured)"``."""
+    return f"bundled 2023-24 history replayed +{offset_s / WEEK_S:.0f} weeks ({why})"
 
 
 class ReplayedSignals:
@@ -116,10 +142,9 @@ class ReplayedSignals:
 
 
 def _replay_entry(zone: str, kind: str, offset_s: float, why: str) -> dict:
-    weeks = offset_s / WEEK_S
     return {"zone": zone, "kind": kind, "source": REPLAY, "age_s": None, "forecast": False, "estimated": True,
             "fallback": False, "replay_offset_s": offset_s, "hours": {},
-            "note": f"{kind} {zone}: bundled 2023-24 history replayed +{weeks:.0f} weeks ({why})"}
+            "note": f"{kind} {zone}: {replay_note(offset_s, why)}"}
 
 
 def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list[dict]:
@@ -401,9 +426,7 @@ class LiveEnvironment:
                          for o in self.offers]
         self.base_signals = scen.signals
         self.gpus: GpuTable = scen.gpus or GpuTable.from_pricing()
-        series = [scen.signals.carbon(z) for z in scen.signals.zones]
-        self._hist_start = max(s.start_s for s in series)
-        self._hist_end = min(s.end_s for s in series)
+        self._hist_start, self._hist_end = history_bounds(scen.signals)
         self.signal_settings, self.signal_cache = signals if signals is not None else (None, None)
         self._live = bool(self.signal_settings is not None and self.signal_settings.enabled
                           and self.signal_cache is not None)
@@ -419,7 +442,7 @@ class LiveEnvironment:
 
     def offset_for(self, now_s: float) -> float:
         """The replay offset (seconds) for a cycle at ``now_s``: covers the planner's horizon plus 8 days."""
-        return replay_offset_s(self._hist_start, self._hist_end, now_s, self.planner.horizon_s + 8 * 86400.0)
+        return live_replay_offset_s(self._hist_start, self._hist_end, now_s, self.planner.horizon_s)
 
     def pools_for(self, nodes: Sequence[LiveNode]) -> list[Pool]:
         """Pools of the cluster file that have at least one live node with a healthy GPU, nodes by name."""

@@ -94,6 +94,13 @@ class NodeEnded(BaseModel):
     model_config = ConfigDict(extra="forbid")
     exit_code: int | None = Field(None, ge=-255, le=255, description="None with lost=true")
     lost: bool = False
+    stopped_why: str | None = Field(None, min_length=1, max_length=2000,
+                                    description="the node stopped the rank itself, e.g. 'time limit of 60 s exceeded'")
+
+    @field_validator("stopped_why")
+    @classmethod
+    def _storable_why(cls, v: str | None) -> str | None:
+        return None if v is None else storable_text(v)
 
 
 class NodeReason(BaseModel):
@@ -232,7 +239,8 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
         if body.lost == (body.exit_code is not None):
             raise HTTPException(422, f"exit_code={body.exit_code!r}, lost={body.lost!r}: "
                                      "give an exit code or lost=true, not both")
-        recorded, did = attempts.report_end(store, job_id, attempt, rank, node, body.exit_code, max_attempts)
+        recorded, did = attempts.report_end(store, job_id, attempt, rank, node, body.exit_code, max_attempts,
+                                            body.stopped_why)
         changed(job_id, did)
         return {"recorded": recorded, "changed": did}
 

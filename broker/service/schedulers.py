@@ -238,7 +238,8 @@ class SchedulerPools:
         kw = dict(job_id=j.id, attempt=attempt, team=j.team, command=shlex.join(spec.command),
                   gpu_type=pl.get("scheduler_gpu_type") or pl.get("gpu_type"), gpus_per_node=spec.gpus_per_node,
                   nodes=spec.nodes, estimate_s=work / max(speed, 1e-9), deadline=j.deadline,
-                  env=scheduler_environment(ls), priority_class=spec.priority_class.value, image=spec.image)
+                  env=scheduler_environment(ls), priority_class=spec.priority_class.value, image=spec.image,
+                  time_limit_s=spec.time_limit_s)
         cls = pool_kind(self.pools[pl["pool"]].kind).load("request")
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in kw.items() if k in names})

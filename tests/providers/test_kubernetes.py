@@ -5,6 +5,7 @@ through the pod log endpoint; eviction, node loss, OOM kills, image pulls, 409 a
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -428,6 +429,7 @@ def test_time_limit_counts_the_deadline(pool):
     r = req("d", "true", deadline=now + timedelta(seconds=100.7))
     assert pool.time_limit_s(r, now=now.timestamp()) == 100
     assert pool.time_limit_s(req("d", "true"), now=now.timestamp()) == 372
+    assert pool.time_limit_s(replace(req("d", "true"), time_limit_s=90.5), now=now.timestamp()) == 91  # its own
     with pytest.raises(Unsupported) as e:
         pool.time_limit_s(req("d", "true", deadline=now), now=now.timestamp())
     assert e.value.code == "DeadlinePassed"

@@ -43,6 +43,14 @@ def test_time_limit_min():
     assert time_limit_min(600, 0.2, 300) == 17  # ceil(1020 / 60)
     assert time_limit_min(1, 0, 0) == 1
     assert time_limit_min(3600, 0, 0) == 60
+    assert time_limit_min(600, 0.2, 300, time_limit_s=90) == 2  # the job's own limit, in whole minutes
+
+
+def test_sbatch_time_is_the_jobs_own_time_limit():
+    """Issue #20: the spec's ``time_limit_s`` is the Slurm ``--time`` (one rule with the agent's limit)."""
+    pool = SlurmPool(SlurmSettings(partition="gpu", broker_id="b1", log_dir="/shared/logs"))
+    req = SlurmJobRequest("j1", 1, "vision", "true", "a100", 1, 600, time_limit_s=3000.0)
+    assert "--time=50" in pool.sbatch_argv(req)
 
 
 def test_sbatch_argv_and_script():

@@ -310,3 +310,38 @@ def test_an_agent_with_another_nodes_token_does_nothing(pg_store, rig, caplog):
     wrong.supervise_once()
     assert "the node token names node 'n1', not --name='n9'" in caplog.text
     assert [n.name for n in pg_store.nodes()] == ["n1"]
+
+
+def test_an_attempt_past_its_time_limit_is_stopped_and_fails_saying_so(pg_store, rig, tmp_path):
+    """Issue #20 (finding: a job that said ``estimated_duration_s: 1`` held 4 GPUs for 150 s): the agent stops an
+    attempt at its ``time_limit_s`` (SIGTERM, then SIGKILL after ``cancel_grace_s``) and the job fails with the
+    reason. On cb5ea98 the spec is refused (no ``time_limit_s`` field), and nothing stopped a job at its
+    estimate: this one would run its 60 s loop past the test's 20 s wait."""
+    rig = rig({"n1": 1})
+    out = tmp_path / "term"
+    jid = pg_store.submit("ml", sh(f"trap 'echo TERM >> {out}; exit 0' TERM; i=0; while [ $i -lt 600 ]; do sleep 0.1; "
+                                   "i=$((i+1)); done", estimated_duration_s=1.0, time_limit_s=1.5))[0].id
+    rig.until(lambda: rig.state(jid) == "failed", timeout=20.0, what="the time limit to stop the job")
+    j = pg_store.get(jid)
+    # the job caught SIGTERM and exited 0: a time limit is still a failure (as Slurm's TIMEOUT)
+    assert j.reason.startswith("time limit of 1.5 s exceeded (ran ") and j.reason.endswith("; exit code 0 on n1")
+    assert (j.exit_code, out.read_text()) == (0, "TERM\n")
+    [a] = pg_store.attempts(jid)
+    assert a.outcome == "failed" and a.reason.startswith("time limit of 1.5 s exceeded")
+    assert (a.ended_at - a.started_at).total_seconds() < 10.0  # stopped at 1.5 s, not after the loop's 60 s
+
+
+def test_the_default_time_limit_is_the_estimate_with_the_slurm_slack(pg_store, rig, tmp_path):
+    """Without ``time_limit_s`` the limit is ``estimate x 1.2 + 300 s`` (providers.base.pool_time_limit_s, the
+    Slurm and Kubernetes pools' default): here 1 s -> 301.2 s, so a short job that overruns 1 s is left alone."""
+    from providers.base import pool_time_limit_s
+
+    assert pool_time_limit_s(1.0) == pytest.approx(301.2)
+    assert pool_time_limit_s(600.0, time_limit_s=90) == 90.0
+    with pytest.raises(ValueError, match="time_limit_s=0"):
+        pool_time_limit_s(600.0, time_limit_s=0)
+    rig = rig({"n1": 1})
+    jid = pg_store.submit("ml", sh("sleep 2", estimated_duration_s=1.0))[0].id
+    rig.until(lambda: pg_store.get(jid).done, timeout=60.0, what="the job to end")
+    j = pg_store.get(jid)
+    assert (j.state, j.reason) == ("succeeded", "exit code 0")  # past its estimate, inside the default limit

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import math
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 from sqlalchemy import case, delete, func, select
 from sqlalchemy.orm import Session
 
-from broker.service.store.tables import ApiToken, Budget, Job, ProjectBudget, UsageRow
+from broker.service.store.tables import ApiToken, Budget, Job, ProjectBudget, UsageRow, utcnow
 from broker.states import ACTIVE_STATE_VALUES
 
 log = logging.getLogger(__name__)
@@ -104,21 +104,29 @@ def cloud_spent(s: Session, start: datetime, end: datetime, teams: list[str] | N
     return {(tuple(row[:-2]) if by_project else row[0]): (float(row[-2]), int(row[-1] or 0)) for row in s.execute(q)}
 
 
-def cloud_committed(s: Session, teams: list[str] | None = None, *, by_project: bool = False) -> dict:
+def cloud_committed(s: Session, teams: list[str] | None = None, *, by_project: bool = False,
+                    now: datetime | None = None) -> dict:
     """Inside ``s``: per team (``by_project``: per ``(team, project)``, the project of the job's spec),
     ``(USD, attempts)`` committed to cloud attempts not metered yet: the jobs in an
     active state (provisioning, starting, running) placed on a cloud offer, each counted at the ``dollars_usd``
     of the decision that placed it (the planner's estimate of the whole attempt: price x expected runtime,
-    the spot rework and the billing minimum included). The ledger writes the attempt's actual lines in the
-    transaction that ends it, which also leaves the active states, so an attempt is never counted twice."""
-    q = select(Job.team, Job.placement, Job.decision, Job.spec).where(Job.state.in_(ACTIVE_STATE_VALUES))
+    the spot rework and the billing minimum included), or, for an attempt running longer than the decision's
+    ``runtime_s``, at that estimate x ``elapsed / runtime_s`` (the estimate's rate over the time it has run:
+    ``max(estimate, elapsed)``, so a team cannot pass its cap by under-estimating; ``elapsed = now -
+    started_at``, ``now`` default the clock). E.g. 2.00 USD for a 600 s runtime, running for 1,800 s: 6.00 USD.
+    The ledger writes the attempt's actual lines in the transaction that ends it, which also leaves the active
+    states, so an attempt is never counted twice."""
+    now = now or utcnow()
+    q = select(Job.team, Job.placement, Job.decision, Job.spec, Job.started_at).where(
+        Job.state.in_(ACTIVE_STATE_VALUES))
     if teams is not None:
         q = q.where(Job.team.in_(teams))
     out: dict = {}
-    for team, placement, decision, spec in s.execute(q):
+    for team, placement, decision, spec, started_at in s.execute(q):
         if (placement or {}).get("kind") != "cloud":
             continue
-        raw = ((decision or {}).get("option") or {}).get("dollars_usd") if isinstance(decision, dict) else None
+        option = ((decision or {}).get("option") or {}) if isinstance(decision, dict) else {}
+        raw = option.get("dollars_usd")
         try:
             usd = float(raw)
         except (TypeError, ValueError):
@@ -127,6 +135,14 @@ def cloud_committed(s: Session, teams: list[str] | None = None, *, by_project: b
             log.warning("team %s: an active cloud job's decision has no finite dollars_usd (%r): committed as 0, "
                         "the ledger's lines count it when the attempt ends", team, raw)
             usd = 0.0
+        try:
+            runtime_s = float(option.get("runtime_s"))
+        except (TypeError, ValueError):
+            runtime_s = math.nan
+        if started_at is not None and math.isfinite(runtime_s) and runtime_s > 0:
+            if started_at.tzinfo is None:  # SQLite gives naive UTC
+                started_at = started_at.replace(tzinfo=timezone.utc)
+            usd *= max(1.0, (now - started_at).total_seconds() / runtime_s)
         key = (team, (spec or {}).get("project")) if by_project else team
         usd0, n0 = out.get(key, (0.0, 0))
         out[key] = (usd0 + usd, n0 + 1)

@@ -830,6 +830,19 @@ class JobStore:
                 for k, v in vals.items():
                     setattr(n, k, v)
 
+    def node_shapes(self) -> list[tuple[str, str, str, int, float]]:
+        """``(name, pool, gpu_type, gpu_count, gpu_memory_gb)`` of every node the store knows, by name (what the
+        submit-time capacity check reads: :mod:`broker.service.feasibility`; no telemetry)."""
+        with self.session() as s:
+            return [tuple(r) for r in s.execute(select(Node.name, Node.pool, Node.gpu_type, Node.gpu_count,
+                                                       Node.gpu_memory_gb).order_by(Node.name))]
+
+    def node_shapes_key(self) -> tuple:
+        """A cheap key that changes when a node registers or is removed: ``(count, latest registered_at)``
+        (what :class:`broker.service.feasibility.CapacityCache` checks before reading :meth:`node_shapes`)."""
+        with self.session() as s:
+            return tuple(s.execute(select(func.count(), func.max(Node.registered_at)).select_from(Node)).one())
+
     def nodes(self) -> list[NodeView]:
         """Every node the store knows, by name."""
         with self.session() as s:

@@ -321,3 +321,42 @@ def test_a_hostile_job_id_is_a_clean_usage_error(run, store, cmd, job_id):
     shown = job_id.replace("tok-0123456789abcdef", victim.id)
     assert r.output.strip() == f"error: job_id={shown!r}: not a job id (expected job-[0-9a-f]{{16}})"
     assert principal_of(store, victim.token) is not None  # still valid
+
+
+def test_submit_wait_prints_each_change_of_state_as_it_happens(run, tmp_path, store):
+    """Issue #20 (finding 8d): ``submit --wait`` printed "waiting ..." and nothing else however long the job took.
+    A thread here moves the job through its states in the store as the planner and an agent would; every
+    change is printed with its reason, in order (on cb5ea98 none of these lines is printed)."""
+    import threading
+    import time
+
+    from sqlalchemy import select
+
+    from broker.service.store.tables import Job
+
+    f = tmp_path / "job.yaml"
+    f.write_text('command: ["true"]\ngpus_per_node: 1\nestimated_duration_s: 60\n')
+    moves = [("queued", "accepted"), ("starting", "placed on pool local: n1 GPUs [0] (attempt 1)"),
+             ("running", "running on n1"), ("succeeded", "exit code 0")]
+
+    def drive():
+        end = time.monotonic() + 20
+        jid = None
+        while jid is None and time.monotonic() < end:
+            with store.session() as s:
+                jid = s.execute(select(Job.id).where(Job.team == run.team)).scalar_one_or_none()
+            time.sleep(0.05)
+        for state, why in moves:
+            time.sleep(0.6)  # more than the SDK's 0.5 s poll: each state is seen (the lines come from the events anyway)
+            assert store.transition(jid, state, why)
+
+    t = threading.Thread(target=drive, daemon=True)
+    t.start()
+    r = run("submit", str(f), "--wait", "--timeout", "60")
+    t.join(timeout=30)
+    assert r.exit_code == 0, r.output
+    lines = [ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("20")]  # each after its UTC time
+    assert lines == ["- -> submitted: submitted", "submitted -> queued: accepted",
+                     "queued -> starting: placed on pool local: n1 GPUs [0] (attempt 1)",
+                     "starting -> running: running on n1", "running -> succeeded: exit code 0"], r.stdout
+    assert "state: succeeded" in r.stdout

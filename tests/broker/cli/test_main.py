@@ -514,3 +514,33 @@ def test_every_command_the_readme_names_exists():
                 unknown.append(ref)
                 break
     assert unknown == []
+
+
+def test_offers_prices_now_from_the_live_brokers_series_and_names_it(run):
+    """Issue #20 (finding 6): ``--start 2026-12-04T03:00`` was refused ("outside the bundled price/carbon data") and
+    the default window was silently 2023-09-04. Now the default is now, and a start after the bundled history is
+    priced as the live broker prices it: the history shifted forward by the same whole weeks
+    (broker.service.live.live_replay_offset_s), named in the output. The figures are exactly those of the recorded
+    hours 102 weeks earlier."""
+    import json
+    from datetime import datetime, timedelta, timezone
+
+    from broker.service.live import WEEK_S, LiveEnvironment
+    from broker.service.settings import BrokerSettings
+
+    start = datetime(2026, 12, 4, 3, tzinfo=timezone.utc)
+    assert LiveEnvironment(BrokerSettings().planner).offset_for(start.timestamp()) == 102 * WEEK_S
+    r = run("offers", "--gpu", "V100", "--start", "2026-12-04T03:00", "--json")
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert {x["signals"] for x in rows} == {"bundled 2023-24 history replayed +102 weeks (as the live broker prices "
+                                            "it without live sources)"}
+    recorded = run("offers", "--gpu", "V100", "--start", (start - timedelta(weeks=102)).isoformat(), "--json")
+    assert recorded.exit_code == 0, recorded.output
+    old = json.loads(recorded.stdout)
+    assert {x["signals"] for x in old} == {"bundled 2023-24 history, as recorded"}
+    assert [{**x, "signals": None} for x in rows] == [{**x, "signals": None} for x in old]
+    table = run("offers", "--gpu", "V100", "--top", "3")  # the default: now
+    assert table.exit_code == 0, table.output
+    assert " from 20" in table.stdout and "2023-09-04" not in table.stdout
+    assert "prices and carbon from 20" in table.stdout and ": bundled 2023-24 history replayed +" in table.stdout

@@ -77,6 +77,9 @@ def test_submit_201_with_exact_fields(client, make_team, submitted):
     assert (j["attempt"], j["placement"], j["started_at"], j["finished_at"], j["exit_code"]) == (0, None, None, None, None)
     assert j["idempotency_key"] is None and j["cancel_requested"] is False
     assert submitted[-1] == j["id"]
+    # no agent has registered a node in this store: the answer says the broker cannot tell yet (issue #20)
+    assert j["warnings"] == ["no node has registered yet: the broker cannot tell whether any will hold 2 x 4 A100 "
+                             "GPU(s); it waits until one that fits heartbeats"]
     # GET gives the same record
     g = client.get(f"/v1/jobs/{j['id']}", headers=h)
     assert g.status_code == 200 and g.json() == j
@@ -393,7 +396,7 @@ def test_explain(client, make_team, store):
     _, h = make_team()
     j = client.post("/v1/jobs", json={"spec": {"command": ["true"], "gpus_per_node": 8}}, headers=h).json()
     ex = client.get(f"/v1/jobs/{j['id']}/explain", headers=h).json()
-    assert set(ex) == {"job", "decision", "events", "attempts"}
+    assert set(ex) == {"job", "decision", "events", "attempts", "decisions"}
     assert ex["decision"] is None and ex["attempts"] == [] and ex["job"]["id"] == j["id"]
     chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
     alt = OptionEstimate("cloud", "aws:us-east-1a:p3.16xlarge:spot", 1.7e9 + 300, 300.0, 3600.0, 7.34, 2.6, 1.01, 7.53)

@@ -367,3 +367,24 @@ def test_a_decision_without_a_usable_estimate_commits_0_and_planning_goes_on(pg_
         remaining, _, _ = planner_budgets(s, NOW)
     assert remaining == {"ml": 80.0}
     assert "no finite dollars_usd" in caplog.text
+
+
+def test_a_cloud_attempt_running_past_its_estimate_commits_its_elapsed_time(pg_store):
+    """Issue #20 (finding: a lying estimate): committed = max(estimate, elapsed) at the estimate's rate. On cb5ea98 a
+    job that said 600 s and ran 1,800 s still committed its 2 USD estimate, so a team could pass its cap."""
+    late = _place_cloud(pg_store, "ml", 2.0, state="running")  # 600 s estimated, running for 1,800 s: 3 x 2 USD
+    early = _place_cloud(pg_store, "ml", 5.0, state="running")  # 600 s estimated, running for 60 s: its estimate
+    queued = _place_cloud(pg_store, "ml", 1.0)  # provisioning, not started: its estimate
+    with pg_store.session() as s:
+        for jid, ran_s in ((late, 1800.0), (early, 60.0)):
+            j = s.get(Job, jid)
+            j.started_at = NOW - timedelta(seconds=ran_s)
+            j.decision = {"kind": "provision", "option": {**j.decision["option"], "runtime_s": 600.0}}
+        s.get(Job, queued).decision = {"kind": "provision", "option": {"kind": "cloud", "dollars_usd": 1.0,
+                                                                       "runtime_s": 600.0}}
+    st = set_budget(pg_store, "ml", 10.0, now=NOW)
+    assert (st.committed_usd, st.committed_attempts) == (pytest.approx(6.0 + 5.0 + 1.0), 3)
+    assert st.remaining_usd == pytest.approx(-2.0) and st.capped  # 12 committed of a 10 USD cap
+    with pg_store.session() as s:
+        remaining, _, _ = planner_budgets(s, NOW)
+    assert remaining == {"ml": pytest.approx(-2.0)}
