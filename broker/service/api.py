@@ -77,7 +77,7 @@ from broker.service.node_api import node_router
 from broker.service.group_commit import GroupCommit
 from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
-from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
+from broker.service.limits import LimitBody, LimitExceeded, RateLimiter, priority_refusal
 from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeView, ScheduleRequest, ScheduleView,
                             SubmitRequest)
@@ -373,6 +373,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         except IdempotencyConflict:
             return False
 
+    def entitled(spec: JobSpec, team: str, who: Principal) -> str | None:
+        """Why ``team`` may not submit ``spec.priority_class`` (its ``quotas.priority_classes``), ``None`` if it may;
+        an admin token may use any class."""
+        return None if who.admin else priority_refusal(settings.quotas, team, spec.priority_class)
+
     def quota_of(team: str) -> int | None:
         """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
         return settings.quotas.for_team(team).max_queued_jobs
@@ -432,6 +437,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         The job's team is the caller's (an admin may name any ``spec.team``). With an
         idempotency key (body ``idempotency_key`` or header ``Idempotency-Key``) a repeat
         of the same spec returns the first job with 200; the same key with another spec is 409.
+        403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes`` (the detail names the
+        allowed classes; an admin token may use any).
         422 for a ``deadline`` not after now or a ``not_after`` in the past; 429 (``Retry-After``)
         over the team's submit rate or queued-jobs quota, except for a replay of an existing job.
         """
@@ -443,6 +450,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                                      f"differs from the Idempotency-Key header {idempotency_key_header!r}")
             key = idempotency_key_header
         team = owner_team(spec, who)
+        refused = entitled(spec, team, who)
+        if refused is not None:
+            raise HTTPException(403, refused)
         now = _utcnow()
         late = None
         if spec.deadline is not None and spec.deadline <= now:
@@ -472,7 +482,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         """Submit 1-1000 jobs in one request (sweeps); each item is what ``POST /v1/jobs`` takes
         (``{"spec", "idempotency_key"}``) and gets its own result, in order (:mod:`broker.batch`):
         201 created, 200 an existing job (idempotent replay, also of an earlier item with the same key),
-        403 another team's ``spec.team``, 409 key used with another spec, 422 invalid (errors name
+        403 another team's ``spec.team`` or a ``priority_class`` above the team's entitlement, 409 key used
+        with another spec, 422 invalid (errors name
         ``items.<i>.<field>``). A bad item does not stop the others. The new jobs are stored in one
         transaction; 429 for the whole batch (nothing stored) when they exceed the team's submit rate
         (one token per new job) or queued-jobs quota. All items must belong to one team."""
@@ -492,6 +503,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 t = owner_team(spec, who)
             except HTTPException as e:
                 results[i] = BatchItemResult(index=i, status=e.status_code, detail=e.detail)
+                continue
+            refused = entitled(spec, t, who)
+            if refused is not None:
+                results[i] = BatchItemResult(index=i, status=403, detail=f"items.{i}.{refused}")
                 continue
             if team is None:
                 team = t
@@ -708,13 +723,19 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         422 naming the field for a bad ``name``, ``cron`` or ``timezone`` and for absolute
         instants in the spec (``spec.deadline``, ``spec.earliest_start``/``not_before``,
         ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name;
-        429 over the team's submit rate (a schedule creation costs one submit).
+        403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes``;
+        429 over the team's submit rate (a schedule creation costs one submit) or when the team already holds
+        ``quotas.max_schedules`` schedules (``limit: quotas.max_schedules``).
         """
         team = owner_team(body.spec, who)
+        refused = entitled(body.spec, team, who)
+        if refused is not None:
+            raise HTTPException(403, refused)
         charge(team, 1)
         try:
             sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),
-                                          actor=who)
+                                          actor=who, max_schedules=settings.quotas.for_team(team).max_schedules,
+                                          quota_retry_after_s=settings.quotas.quota_retry_after_s)
         except InvalidSchedule as e:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", *field.split(".")), "input": value,
                                            "msg": msg} for field, value, msg in e.errors]) from None

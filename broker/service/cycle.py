@@ -612,12 +612,18 @@ class PlanningCycle:
         jobs: dict[str, Job] = {}
         self._tag_only = tag_only = set()
         self._fields = fields_of = {}
+        quotas = getattr(self.settings, "quotas", None)
+        top_rank: dict[str, int] = {}  # team -> highest priority rank it is entitled to (quotas.priority_classes)
         for _, j, view, f in waiting:
             if isinstance(view, Exception):  # a stored spec the planner cannot read fails this job only
                 self._bad.append((j, "planning", view))
                 continue
             args, tag = view
             pj = PendingJob(*args)  # as pending_job(j, pool_index, ...) would build it
+            if quotas is not None:  # never ranked (nor preempting) above its team's entitlement, even if revoked since
+                if pj.team not in top_rank:
+                    top_rank[pj.team] = quotas.for_team(pj.team).max_priority_rank
+                pj.priority = min(pj.priority, top_rank[pj.team])
             pj.committed_pool = committed = pool_index.get(f.committed_pool) if f.committed_pool else None
             pj.review_s = (f.review_at.timestamp() if f.review_at is not None
                            else (math.inf if committed is not None else 0.0))

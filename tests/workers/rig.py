@@ -63,7 +63,10 @@ class Rig:
         self.tmp = tmp_path
         # jobs run under per-attempt uids here (the tests run as root): the agent's state is private, the jobs' root is not
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
-                                       jobs={"root": str(tmp_path / "jobs")})
+                                       jobs={"root": str(tmp_path / "jobs")},
+                                       # team ml may use every priority class (the preemption tests submit critical)
+                                       quotas={"per_team": {"ml": {"priority_classes": ["low", "normal", "high",
+                                                                                        "critical"]}}})
         self.api = ApiServer(store, self.settings).start()
         self.tokens = {n: create_node_token(store, n) for n in nodes}
         self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}

@@ -7,7 +7,7 @@ The store counts a team's unfinished jobs in the submit's own transaction
 
 from __future__ import annotations
 
-__all__ = ["LimitExceeded", "QuotaExceeded", "quota_exceeded"]
+__all__ = ["LimitExceeded", "QuotaExceeded", "ScheduleCapExceeded", "quota_exceeded"]
 
 
 class LimitExceeded(Exception):
@@ -38,3 +38,12 @@ def quota_exceeded(team: str, limit: int, unfinished: int, n: int, retry_after_s
         f"quotas.max_queued_jobs: team {team!r} may hold {limit} unfinished jobs and holds {unfinished}; "
         f"{'this submit' if n == 1 else f'these {n} jobs'} would exceed it (retry after {retry_after_s} s, "
         f"or cancel jobs)", "quotas.max_queued_jobs", retry_after_s)
+
+
+class ScheduleCapExceeded(LimitExceeded):
+    """The team already holds ``quotas.max_schedules`` schedules (enabled or paused); nothing was stored."""
+
+    def __init__(self, team: str, limit: int, held: int, retry_after_s: int):
+        super().__init__(f"quotas.max_schedules: team {team!r} may hold {limit} schedules and holds {held}; "
+                         f"delete one first (fedbroker schedule delete) or ask for a higher quota",
+                         "quotas.max_schedules", retry_after_s)

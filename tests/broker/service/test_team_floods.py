@@ -1,0 +1,251 @@
+"""No team floods the others (issue #20 item 3; finding #3 and #9 of 2026-12-04): the per-team schedule cap,
+scheduled runs under the queued-jobs quota (a fire over it is skipped with an event), bounded round-robin run
+creation per reconciler pass, and priority classes as team entitlements. Real PostgreSQL.
+
+Hand-checked case: schedules ``* * * * *`` (UTC) created at T0 = 2026-12-04T03:00:00Z fire first at
+T0 + 60 s = 03:01:00Z; a fire's job has the idempotency key ``schedule:<id>:2026-12-04T03:01:00+00:00``.
+"""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select, update
+
+with warnings.catch_warnings():  # starlette's TestClient warns about httpx on import
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+import broker.service.api
+from broker.model import JobSpec
+from broker.service.api import create_app
+from broker.service.cycle import PlanningCycle
+from broker.service.reconciler import Reconciler
+from broker.service.settings import BrokerSettings, QuotaSettings, TeamQuota
+from broker.service.store.quota import ScheduleCapExceeded
+from broker.service.store.tables import AuditEvent, Node
+from broker.service.tokens import create_token
+from tests.conftest import auth
+
+UTC = timezone.utc
+T0 = datetime(2026, 12, 4, 3, 0, tzinfo=UTC)
+FIRE = T0 + timedelta(seconds=60)
+ADMIN = "admin-secret-" + uuid.uuid4().hex
+RUN = {"name": "tick", "command": ["/bin/true"], "gpus_per_node": 1, "estimated_duration_s": 60}
+
+
+def every_minute(name: str, **spec) -> dict:
+    return {"name": name, "cron": "* * * * *", "timezone": "UTC", "spec": {**RUN, **spec}}
+
+
+def new_team() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def settings(**quotas) -> BrokerSettings:
+    return BrokerSettings(admin_token=ADMIN, quotas=QuotaSettings(**quotas))
+
+
+@pytest.fixture
+def api(pg_store, monkeypatch):
+    """``api(settings) -> TestClient`` over a fresh schema, the API's clock at T0."""
+    monkeypatch.setattr(broker.service.api, "_utcnow", lambda: T0)
+    clients = []
+
+    def make(st: BrokerSettings) -> TestClient:
+        c = TestClient(create_app(pg_store, st))
+        c.__enter__()
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+def member(store, team: str) -> dict:
+    return auth(create_token(store, team, "member", label="test").token)
+
+
+# ----------------------------------------------------------------------------- 1. the schedule cap
+def test_schedule_cap_refuses_the_next_create_with_429_naming_the_limit(pg_store, api):
+    capped, granted = new_team(), new_team()
+    c = api(settings(max_schedules=3, per_team={granted: TeamQuota(max_schedules=5)}))
+    h, g = member(pg_store, capped), member(pg_store, granted)
+    for i in range(3):
+        assert c.post("/v1/schedules", json=every_minute(f"s{i}"), headers=h).status_code == 201
+    r = c.post("/v1/schedules", json=every_minute("s3"), headers=h)
+    assert r.status_code == 429, r.text
+    assert r.json() == {"detail": f"quotas.max_schedules: team {capped!r} may hold 3 schedules and holds 3; delete "
+                                  f"one first (fedbroker schedule delete) or ask for a higher quota",
+                        "limit": "quotas.max_schedules", "retry_after_s": 30}
+    assert len(pg_store.schedules(capped)) == 3  # nothing stored
+    # a paused schedule still counts; deleting one frees a place
+    sid = pg_store.schedules(capped)[0].id
+    assert c.post(f"/v1/schedules/{sid}/pause", headers=h).status_code == 200
+    assert c.post("/v1/schedules", json=every_minute("s3"), headers=h).status_code == 429
+    assert c.delete(f"/v1/schedules/{sid}", headers=h).status_code == 204
+    assert c.post("/v1/schedules", json=every_minute("s3"), headers=h).status_code == 201
+    # the per-team override: 5
+    codes = [c.post("/v1/schedules", json=every_minute(f"g{i}"), headers=g).status_code for i in range(6)]
+    assert codes == [201] * 5 + [429]
+    # the store refuses the same way without the API
+    with pytest.raises(ScheduleCapExceeded, match=r"may hold 3 schedules and holds 3"):
+        pg_store.create_schedule(capped, "direct", "* * * * *", "UTC", JobSpec(**RUN), now=T0, max_schedules=3)
+
+
+def test_default_schedule_cap_is_100():
+    assert BrokerSettings().quotas.for_team("anyone").max_schedules == 100
+
+
+# ----------------------------------------------------------------------------- 2. runs under the quota
+def test_fire_over_max_queued_jobs_is_skipped_with_an_event(pg_store):
+    team = new_team()
+    st = settings(per_team={team: TeamQuota(max_queued_jobs=2)})
+    sid = pg_store.create_schedule(team, "tick", "* * * * *", "UTC", JobSpec(**RUN), now=T0).id
+    held = [pg_store.submit(team, JobSpec(**RUN), now=T0)[0].id for _ in range(2)]  # the team holds its quota
+
+    out = Reconciler(pg_store, st).run(FIRE)
+    assert (out["scheduled"], out["schedule_skips"]) == (0, 1)
+    assert [j.schedule_id for j in pg_store.list_jobs(team=team)] == [None, None]  # no run was created
+    v = pg_store.get_schedule(sid)
+    assert v.enabled is True and v.last_skip_at == FIRE and v.last_fire_at == FIRE
+    assert v.next_fire_at == FIRE + timedelta(seconds=60)
+    assert v.last_skip_reason == (
+        f"fire at 2026-12-04T03:01:00+00:00 skipped: quotas.max_queued_jobs: team {team!r} may hold 2 unfinished "
+        f"jobs and holds 2; this submit would exceed it (retry after 30 s, or cancel jobs)")
+    with pg_store.session() as s:
+        ev = s.execute(select(AuditEvent).where(AuditEvent.action == "schedule.skip")).scalars().all()
+    assert [(e.target, e.actor_kind, e.detail["team"], e.detail["fire"], e.detail["limit"]) for e in ev] == [
+        (sid, "reconciler", team, "2026-12-04T03:01:00+00:00", "quotas.max_queued_jobs")]
+    assert ev[0].detail["reason"] == v.last_skip_reason
+
+    # a place frees up: the next fire creates its run
+    pg_store.request_cancel(held[0])
+    out = Reconciler(pg_store, st).run(FIRE + timedelta(seconds=60))
+    assert (out["scheduled"], out["schedule_skips"]) == (1, 0)
+    runs = [j for j in pg_store.list_jobs(team=team) if j.schedule_id == sid]
+    assert [j.idempotency_key for j in runs] == [f"schedule:{sid}:2026-12-04T03:02:00+00:00"]
+
+
+def test_a_schedule_api_get_and_list_show_the_skip(pg_store, api):
+    team = new_team()
+    c = api(settings(per_team={team: TeamQuota(max_queued_jobs=1)}))
+    h = member(pg_store, team)
+    sid = c.post("/v1/schedules", json=every_minute("tick"), headers=h).json()["id"]
+    assert c.post("/v1/jobs", json={"spec": RUN}, headers=h).status_code == 201
+    Reconciler(pg_store, settings(per_team={team: TeamQuota(max_queued_jobs=1)})).run(FIRE)
+    got = c.get(f"/v1/schedules/{sid}", headers=h).json()
+    assert got["last_skip_at"] == "2026-12-04T03:01:00Z"
+    assert got["last_skip_reason"].startswith("fire at 2026-12-04T03:01:00+00:00 skipped: quotas.max_queued_jobs: "
+                                              f"team {team!r} may hold 1 unfinished jobs and holds 1;")
+    assert c.get("/v1/schedules", headers=h).json() == [got]
+
+
+# ----------------------------------------------------------------------------- 3. bounded, fair run creation
+def test_runs_per_pass_are_bounded_and_round_robin_across_teams(pg_store):
+    flood, quiet = "a" + uuid.uuid4().hex[:9], "b" + uuid.uuid4().hex[:9]
+    for i in range(5):
+        pg_store.create_schedule(flood, f"f{i}", "* * * * *", "UTC", JobSpec(**RUN), now=T0)
+    for i in range(2):
+        pg_store.create_schedule(quiet, f"q{i}", "* * * * *", "UTC", JobSpec(**RUN), now=T0)
+    st = settings()
+    st.schedule_runs_per_pass = 3
+
+    def runs(team: str) -> int:
+        return sum(j.schedule_id is not None for j in pg_store.list_jobs(team=team))
+
+    out = Reconciler(pg_store, st).run(FIRE)
+    # round-robin: flood's 1st, quiet's 1st, flood's 2nd (both teams' earliest due fires before any second ones)
+    assert (out["scheduled"], out["schedules_left"], runs(flood), runs(quiet)) == (3, 1, 2, 1)
+    out = Reconciler(pg_store, st).run(FIRE + timedelta(seconds=1))
+    assert (out["scheduled"], out["schedules_left"], runs(flood), runs(quiet)) == (3, 1, 4, 2)
+    out = Reconciler(pg_store, st).run(FIRE + timedelta(seconds=2))
+    assert (out["scheduled"], out["schedules_left"], runs(flood), runs(quiet)) == (1, 0, 5, 2)
+    # every run has its fire's key: a late pass still creates the fire at 03:01, once
+    keys = {j.idempotency_key for t in (flood, quiet) for j in pg_store.list_jobs(team=t)}
+    assert len(keys) == 7 and all(k.endswith(":2026-12-04T03:01:00+00:00") for k in keys)
+
+
+def test_default_runs_per_pass_is_100():
+    assert BrokerSettings().schedule_runs_per_pass == 100
+
+
+# ----------------------------------------------------------------------------- 4. priority entitlements
+def test_member_submit_above_its_priority_classes_is_403_naming_field_and_allowed(pg_store, api):
+    plain, granted = new_team(), new_team()
+    c = api(settings(per_team={granted: TeamQuota(priority_classes=["low", "normal", "high", "critical"])}))
+    h, g = member(pg_store, plain), member(pg_store, granted)
+    r = c.post("/v1/jobs", json={"spec": {**RUN, "priority_class": "critical"}}, headers=h)
+    assert r.status_code == 403, r.text
+    assert r.json() == {"detail": f"spec.priority_class='critical': team {plain!r} may use low, normal (an operator "
+                                  f"grants more in quotas.per_team.{plain}.priority_classes)"}
+    assert pg_store.list_jobs(team=plain) == []
+    for cls in ("low", "normal"):
+        assert c.post("/v1/jobs", json={"spec": {**RUN, "priority_class": cls}}, headers=h).status_code == 201
+    # the granted team, and an admin for any team
+    r = c.post("/v1/jobs", json={"spec": {**RUN, "priority_class": "critical"}}, headers=g)
+    assert r.status_code == 201 and r.json()["spec"]["priority_class"] == "critical"
+    r = c.post("/v1/jobs", json={"spec": {**RUN, "team": plain, "priority_class": "high"}}, headers=auth(ADMIN))
+    assert r.status_code == 201 and r.json()["team"] == plain
+
+
+def test_batch_item_and_schedule_above_entitlement_are_refused(pg_store, api):
+    plain = new_team()
+    c = api(settings())
+    h = member(pg_store, plain)
+    r = c.post("/v1/jobs:batch", json={"items": [{"spec": RUN}, {"spec": {**RUN, "priority_class": "high"}},
+                                                  {"spec": RUN}]}, headers=h)
+    assert r.status_code == 200, r.text
+    res = r.json()
+    assert [x["status"] for x in res["results"]] == [201, 403, 201]
+    assert res["results"][1]["detail"] == (f"items.1.spec.priority_class='high': team {plain!r} may use low, normal "
+                                           f"(an operator grants more in quotas.per_team.{plain}.priority_classes)")
+    assert (res["created"], res["failed"]) == (2, 1)
+    r = c.post("/v1/schedules", json=every_minute("urgent", priority_class="critical"), headers=h)
+    assert r.status_code == 403 and r.json()["detail"].startswith("spec.priority_class='critical': team ")
+    assert pg_store.schedules(plain) == []
+
+
+def test_schedule_fire_after_a_revoked_grant_is_skipped(pg_store):
+    team = new_team()
+    sid = pg_store.create_schedule(team, "urgent", "* * * * *", "UTC", JobSpec(**RUN, priority_class="high"),
+                                   now=T0).id
+    out = Reconciler(pg_store, settings()).run(FIRE)  # no grant (any more): the default low, normal
+    assert (out["scheduled"], out["schedule_skips"]) == (0, 1)
+    v = pg_store.get_schedule(sid)
+    assert v.last_skip_reason == (f"fire at 2026-12-04T03:01:00+00:00 skipped: spec.priority_class='high': team "
+                                  f"{team!r} may use low, normal (an operator grants more in "
+                                  f"quotas.per_team.{team}.priority_classes)")
+    granted = settings(per_team={team: TeamQuota(priority_classes=["low", "normal", "high"])})
+    out = Reconciler(pg_store, granted).run(FIRE + timedelta(seconds=60))
+    assert (out["scheduled"], out["schedule_skips"]) == (1, 0)
+
+
+def test_planner_never_ranks_a_stored_job_above_its_team_entitlement(pg_store):
+    """The finding's case on one 1-GPU node: victim's normal job, then evil's ``critical`` one (stored straight
+    into the store, as before a revoked grant). evil is planned as ``normal``, its entitlement: victim's older
+    job starts first. With evil granted ``critical`` it jumps the queue, as a granted class should."""
+    from broker.service.live import LiveEnvironment
+
+    def first_started(grant: bool) -> str:
+        victim, evil = new_team(), new_team()
+        node = "n" + uuid.uuid4().hex[:8]
+        pg_store.heartbeat(node, "local", "V100", 1, 16.0, [0], "agent-" + node)
+        per_team = {evil: TeamQuota(priority_classes=["low", "normal", "high", "critical"])} if grant else {}
+        st = settings(per_team=per_team)
+        v = pg_store.submit(victim, JobSpec(**RUN))[0].id
+        e = pg_store.submit(evil, JobSpec(**RUN, priority_class="critical"))[0].id
+        PlanningCycle(pg_store, LiveEnvironment(st.planner), st, dispatch=lambda j, a: None).run()
+        states = {j: pg_store.get(j).state for j in (v, e)}
+        for j in (v, e):  # free the node for the next case
+            pg_store.request_cancel(j)
+        with pg_store.session() as s:
+            s.execute(update(Node).where(Node.name == node).values(state="lost"))
+        return [("victim" if j == v else "evil") for j, x in states.items() if x == "starting"][0]
+
+    assert first_started(grant=False) == "victim"
+    assert first_started(grant=True) == "evil"
