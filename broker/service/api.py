@@ -71,6 +71,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
+from broker.log_marker import dropped_bytes
 from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec, short_repr
 from broker.service.node_api import node_router
@@ -604,15 +605,17 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                  rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="Node rank of a multi-node job")] = 0
                  ) -> LogsView:
         """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt);
-        ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for an attempt that does not exist."""
+        ``truncated`` when the agent stopped shipping it at ``log_max_bytes`` or bytes were dropped between its head
+        and tail (the cap, or the team's ``quotas.log_bytes``). 404 for an attempt that does not exist."""
         if attempt is not None and attempt > job.attempt:
             raise HTTPException(404, f"attempt={attempt}: job {job.id} has {job.attempt} attempt(s)")
         n = job.attempt if attempt is None else attempt
         chunks = store.log_chunks(job.id, n, rank) if n else []
         text_ = "".join(data for _, data in chunks)
-        # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk
+        # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk; the shim and the
+        # store keep a long log's head and tail with a "... N bytes dropped ..." line between
         truncated = ((bool(chunks) and chunks[-1][1].startswith(_TRUNCATED_MARK))
-                     or len(text_.encode()) >= settings.log_max_bytes)
+                     or len(text_.encode()) >= settings.log_max_bytes or dropped_bytes(text_) > 0)
         return LogsView(job_id=job.id, attempt=n, rank=rank, text=text_, truncated=truncated)
 
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainView, tags=["jobs"], responses=_ERRORS)

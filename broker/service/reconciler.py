@@ -34,6 +34,9 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    oldest first, at most ``retention_batch`` jobs per pass in one short transaction (rows another
    writer holds are skipped, ``FOR UPDATE SKIP LOCKED``); a job with a cloud instance not yet
    terminated is kept until it is. Nothing is archived (see ``BrokerSettings.retention_days``).
+6. **Log budgets**: a team whose stored logs pass its ``quotas.log_bytes`` has its oldest logs trimmed to
+   their head and tail (``log_trim_keep_bytes`` each), then to a marker, until it is within it
+   (:mod:`broker.service.log_budget`).
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class Reconciler:
         ``idle_lines`` (:meth:`meter_idle`), and ``changed`` (their sum less
         re-dispatches, idle lines not counted); with retention on,
         ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
-        ``cloud_instances``)."""
+        ``cloud_instances``); ``log_budget``: :meth:`trim_logs`'s counts."""
         now = now or utcnow()
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0,
                "schedule_skips": 0, "schedules_left": 0}
@@ -113,8 +116,10 @@ class Reconciler:
         out["idle_lines"] = self.meter_idle(now)
         if self.settings.retention_days > 0:
             out["purged"] = self.purge_finished(now)
+        out["log_budget"] = self.trim_logs()
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
-        if out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs"):
+        if (out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs")
+                or out["log_budget"]["logs_trimmed"]):
             log.info("reconciler: %s", out)
         return out
 
@@ -139,6 +144,21 @@ class Reconciler:
                                           now)
             h += timedelta(hours=1)
         return n
+
+    # ------------------------------------------------------------------ 6. log budgets
+    def trim_logs(self) -> dict[str, int]:
+        """Keep every team's stored logs within its ``quotas.log_bytes``, oldest first
+        (:func:`broker.service.log_budget.enforce_log_budgets`, at most ``retention_batch`` logs a pass).
+        Returns its counts; a failure is logged and the rest of the pass goes on."""
+        from broker.service.log_budget import enforce_log_budgets
+
+        try:
+            return enforce_log_budgets(self.store, self.settings.quotas,
+                                       int(getattr(self.settings, "log_trim_keep_bytes", 64 * 1024)),
+                                       int(self.settings.retention_batch))
+        except Exception:
+            log.exception("log budgets: trimming failed; the next pass tries again")
+            return {"teams_over": 0, "logs_trimmed": 0, "bytes_freed": 0}
 
     # ------------------------------------------------------------------ 5. retention
     def purge_finished(self, now: datetime | None = None) -> dict[str, int]:

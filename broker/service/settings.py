@@ -494,7 +494,11 @@ class BrokerSettings(BaseSettings):
         provisioning_deadline_s: a job still ``provisioning`` after this long goes back to the queue.
         cancel_grace_s: seconds between SIGTERM and SIGKILL when a job is cancelled or preempted.
         planner_lock_ttl_s: TTL of the planner's Redis lock (a crashed leader frees it after this).
-        log_chunk_bytes, log_max_bytes: log shipping chunk size and cap per attempt and rank, bytes.
+        log_chunk_bytes, log_max_bytes: log shipping chunk size and cap per attempt and rank, bytes. Over the cap
+            the node's shim and the store keep the head and the tail (``log_max_bytes // 2``), with one
+            ``[fedbroker: ... N bytes dropped ...]`` line between.
+        log_trim_keep_bytes: bytes of head and of tail (whole chunks) a log keeps when its team is over its
+            ``quotas.log_bytes`` and the reconciler trims it (:mod:`broker.service.log_budget`). Default 64 KiB.
         admin_token: DEPRECATED (a warning is logged at startup): a plaintext admin API token that always works
             and never expires. Use ``admin_token_sha256`` for a break-glass admin, or a stored admin token
             (``fedbroker tokens create --team ops --admin``: the bootstrap on a fresh store).
@@ -560,6 +564,7 @@ class BrokerSettings(BaseSettings):
     planner_lock_ttl_s: float = Field(60.0, gt=0)
     log_chunk_bytes: int = Field(64 * 1024, ge=1024)
     log_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    log_trim_keep_bytes: int = Field(64 * 1024, ge=0)
     admin_token: str | None = None
     admin_token_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     token_ttl_days: float = Field(90.0, gt=0, le=3650)

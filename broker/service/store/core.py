@@ -731,12 +731,27 @@ class JobStore:
         return self.get(job_id, team)
 
     # ------------------------------------------------------------------ logs
-    def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str) -> bool:
+    def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str,
+                   max_bytes: int | None = None) -> bool:
         """Store one log chunk; a chunk already stored (same job, attempt, rank, seq) is ignored. Returns whether stored.
-        Each NUL of ``data`` is stored as U+FFFD (:func:`storable_text`): a job's output is whatever it printed."""
+        Each NUL of ``data`` is stored as U+FFFD (:func:`storable_text`): a job's output is whatever it printed.
+
+        With ``max_bytes`` (``settings.log_max_bytes``) the attempt rank's log is kept within it in the same
+        transaction: over it, its head (``max_bytes - max_bytes // 2 - 64`` bytes) and tail (``max_bytes // 2``)
+        stay, in whole chunks, and one ``[fedbroker: ... N bytes dropped ...]`` chunk stands for the rest
+        (:func:`broker.service.store.logs.trim_log`), whatever a node ships."""
+        from broker.log_marker import MARKER_MAX_BYTES
+        from broker.service.store import logs
+
+        text_ = storable_text(data)
         try:
             with self.session() as s:
-                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=storable_text(data)))
+                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=text_,
+                             bytes=len(text_.encode("utf-8", "surrogatepass"))))
+                s.flush()
+                if max_bytes and logs.log_bytes(s, job_id, attempt, rank) > max_bytes:
+                    logs.trim_log(s, job_id, attempt, rank, max(max_bytes - max_bytes // 2 - MARKER_MAX_BYTES, 0),
+                                  max_bytes // 2)
             return True
         except IntegrityError:
             return False
