@@ -14,7 +14,7 @@ budget (24 jobs grew the store by 387 MiB in 30 s). Two bounds now hold in the s
   2. if every log of the team is so trimmed and it is still over, oldest first to that one marker chunk.
 
   A team within its budget is never touched; another team's logs never pay for it. At most ``max_logs`` logs
-  are trimmed per pass (one short transaction each), the rest in the next passes.
+  (100) are trimmed per pass, in transactions of up to 100 logs, the rest in the next passes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from broker.service.store import logs as logs_repo
 __all__ = ["enforce_log_budgets"]
 
 
-def enforce_log_budgets(store, quotas, keep_bytes: int, max_logs: int = 500) -> dict[str, int]:
+def enforce_log_budgets(store, quotas, keep_bytes: int, max_logs: int = 100) -> dict[str, int]:
     """Trim the logs of every team over its ``quotas.for_team(team).log_bytes`` (see the module docstring).
 
     Args:
@@ -54,17 +54,17 @@ def enforce_log_budgets(store, quotas, keep_bytes: int, max_logs: int = 500) -> 
                 if not batch:
                     break
                 freed_any = False
-                for job_id, attempt, rank, _ in batch:
-                    if used <= budget or left <= 0:
-                        break
-                    with store.session() as s:
+                with store.session() as s:  # one transaction per batch (15 ms a log one by one on 2 loaded cores)
+                    for job_id, attempt, rank, _ in batch:
+                        if used <= budget or left <= 0:
+                            break
                         freed = logs_repo.trim_log(s, job_id, attempt, rank, head, tail)
-                    left -= 1
-                    if freed:
-                        freed_any = True
-                        used -= freed
-                        out["logs_trimmed"] += 1
-                        out["bytes_freed"] += freed
+                        left -= 1
+                        if freed:
+                            freed_any = True
+                            used -= freed
+                            out["logs_trimmed"] += 1
+                            out["bytes_freed"] += freed
                 if not freed_any:
                     break  # nothing more this phase can free (whole chunks bigger than the keep)
             if used <= budget or left <= 0:
