@@ -250,3 +250,27 @@ def test_planner_never_ranks_a_stored_job_above_its_team_entitlement(pg_store):
 
     assert first_started(grant=False) == "victim"
     assert first_started(grant=True) == "evil"
+
+
+def test_cli_schedule_list_says_why_a_fire_was_skipped(pg_store, monkeypatch):
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from broker.cli import console as cli_console
+    from broker.cli import main as cli
+    from tests.broker.harness import ServerThread
+
+    monkeypatch.setattr(cli_console, "console", Console(width=300, force_terminal=False, color_system=None))
+    team = new_team()
+    st = settings(per_team={team: TeamQuota(max_queued_jobs=1)})
+    sid = pg_store.create_schedule(team, "tick", "* * * * *", "UTC", JobSpec(**RUN), now=T0).id
+    pg_store.submit(team, JobSpec(**RUN), now=T0)
+    Reconciler(pg_store, st).run(FIRE)
+    with ServerThread(create_app(pg_store, st)) as srv:
+        env = {"FEDBROKER_API_URL": srv.url, "FEDBROKER_TOKEN": create_token(pg_store, team).token,
+               "FEDBROKER_CONFIG": None}
+        r = CliRunner().invoke(cli.app, ["schedule", "list"], env=env)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert (f"{sid} tick: fire at 2026-12-04T03:01:00+00:00 skipped: quotas.max_queued_jobs: team {team!r} may hold "
+            f"1 unfinished jobs and holds 1; this submit would exceed it (retry after 30 s, or cancel jobs)") in flat
