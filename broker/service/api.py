@@ -272,7 +272,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     @app.exception_handler(LimitExceeded)
     async def _limited(request: Request, exc: LimitExceeded) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
+        return JSONResponse(exc.body(), status_code=429, headers=None if exc.retry_after_s is None else {
+            "Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(IdempotencyConflict)
     @app.exception_handler(NotCancellable)
@@ -728,7 +729,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name;
         403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes``;
         429 over the team's submit rate (a schedule creation costs one submit) or when the team already holds
-        ``quotas.max_schedules`` schedules (``limit: quotas.max_schedules``).
+        ``quotas.max_schedules`` schedules (``limit: quotas.max_schedules``, no ``Retry-After``: delete one).
         """
         team = owner_team(body.spec, who)
         refused = entitled(body.spec, team, who)
@@ -737,8 +738,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         charge(team, 1)
         try:
             sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),
-                                          actor=who, max_schedules=settings.quotas.for_team(team).max_schedules,
-                                          quota_retry_after_s=settings.quotas.quota_retry_after_s)
+                                          actor=who, max_schedules=settings.quotas.for_team(team).max_schedules)
         except InvalidSchedule as e:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", *field.split(".")), "input": value,
                                            "msg": msg} for field, value, msg in e.errors]) from None

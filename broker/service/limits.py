@@ -181,8 +181,8 @@ class RateLimiter:
 
 class LimitBody(BaseModel):
     """A 429 answer's body: ``detail`` (the message), ``limit`` (the dotted setting that refused) and
-    ``retry_after_s`` (also in the ``Retry-After`` header)."""
+    ``retry_after_s`` (also in the ``Retry-After`` header; ``null`` without one: waiting cannot help)."""
 
     detail: str
     limit: str
-    retry_after_s: int
+    retry_after_s: int | None = None

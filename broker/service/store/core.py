@@ -826,7 +826,7 @@ class JobStore:
     # ------------------------------------------------------------------ schedules
     def create_schedule(self, team: str, name: str, cron: str, timezone: str, spec: JobSpec,
                         now: datetime | None = None, actor: Principal | None = None,
-                        max_schedules: int | None = None, quota_retry_after_s: int = 30) -> ScheduleView:
+                        max_schedules: int | None = None) -> ScheduleView:
         """Store a recurring run: every fire of ``cron`` (read in ``timezone``'s local wall-clock
         time, DST rules of :mod:`broker.recurring`) submits ``spec`` as a job of ``team`` (the
         reconciler does it, with the idempotency key ``schedule:<id>:<fire instant>``).
@@ -873,7 +873,7 @@ class JobStore:
                         s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"schedules:{team}"})
                     held = s.execute(select(func.count()).select_from(Schedule).where(Schedule.team == team)).scalar_one()
                     if held >= max_schedules:
-                        raise ScheduleCapExceeded(team, max_schedules, held, quota_retry_after_s)
+                        raise ScheduleCapExceeded(team, max_schedules, held)
                 s.add(row)
                 s.flush()
                 if actor is not None:

@@ -81,7 +81,8 @@ def test_schedule_cap_refuses_the_next_create_with_429_naming_the_limit(pg_store
     assert r.status_code == 429, r.text
     assert r.json() == {"detail": f"quotas.max_schedules: team {capped!r} may hold 3 schedules and holds 3; delete "
                                   f"one first (fedbroker schedule delete) or ask for a higher quota",
-                        "limit": "quotas.max_schedules", "retry_after_s": 30}
+                        "limit": "quotas.max_schedules", "retry_after_s": None}
+    assert "retry-after" not in r.headers  # waiting frees no place: the SDK raises at once
     assert len(pg_store.schedules(capped)) == 3  # nothing stored
     # a paused schedule still counts; deleting one frees a place
     sid = pg_store.schedules(capped)[0].id
@@ -274,3 +275,17 @@ def test_cli_schedule_list_says_why_a_fire_was_skipped(pg_store, monkeypatch):
     flat = " ".join(r.output.split())
     assert (f"{sid} tick: fire at 2026-12-04T03:01:00+00:00 skipped: quotas.max_queued_jobs: team {team!r} may hold "
             f"1 unfinished jobs and holds 1; this submit would exceed it (retry after 30 s, or cancel jobs)") in flat
+
+
+def test_sdk_raises_at_once_at_the_schedule_cap(pg_store):
+    from broker.client import Client, RateLimited
+    from tests.broker.harness import ServerThread
+
+    team = new_team()
+    with ServerThread(create_app(pg_store, settings(max_schedules=1))) as srv:
+        c = Client(srv.url, create_token(pg_store, team).token)  # max_rate_wait_s 120 s: a 429 with Retry-After waits
+        c.create_schedule("one", "* * * * *", JobSpec(**RUN), timezone="UTC")
+        with pytest.raises(RateLimited) as e:
+            c.create_schedule("two", "* * * * *", JobSpec(**RUN), timezone="UTC")
+    assert (e.value.limit, e.value.retry_after) == ("quotas.max_schedules", None)
+    assert f"team {team!r} may hold 1 schedules and holds 1" in str(e.value)
