@@ -351,7 +351,8 @@ class JobsSettings(BaseModel):
 
 class TeamQuota(BaseModel):
     """One team's overrides of :class:`QuotaSettings` (``quotas.per_team.<team>``): a key left out
-    inherits the section's value; ``0`` or ``null`` means unlimited for that team."""
+    inherits the section's value; ``0`` or ``null`` means unlimited for that team (``priority_classes``:
+    ``null`` inherits the section's list; a list replaces it, e.g. ``[low, normal, high]`` grants ``high``)."""
 
     model_config = ConfigDict(extra="forbid")
 
