@@ -453,8 +453,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             key = idempotency_key_header
         team = owner_team(spec, who)
         refused = entitled(spec, team, who)
-        if refused is not None:
-            raise HTTPException(403, refused)
+        if refused is not None:  # a replay of a job stored before a grant was revoked still answers that job
+            existing = await run_in_threadpool(store.find_idempotent, team, key, spec) if key is not None else None
+            if existing is None:
+                raise HTTPException(403, refused)
+            return _json(existing, 200)
         now = _utcnow()
         late = None
         if spec.deadline is not None and spec.deadline <= now:
@@ -507,7 +510,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 results[i] = BatchItemResult(index=i, status=e.status_code, detail=e.detail)
                 continue
             refused = entitled(spec, t, who)
-            if refused is not None:
+            if refused is not None and not (item.idempotency_key is not None and exists(t, item.idempotency_key, spec)):
                 results[i] = BatchItemResult(index=i, status=403, detail=f"items.{i}.{refused}")
                 continue
             if team is None:

@@ -193,6 +193,16 @@ def test_member_submit_above_its_priority_classes_is_403_naming_field_and_allowe
     assert r.status_code == 201 and r.json()["spec"]["priority_class"] == "critical"
     r = c.post("/v1/jobs", json={"spec": {**RUN, "team": plain, "priority_class": "high"}}, headers=auth(ADMIN))
     assert r.status_code == 201 and r.json()["team"] == plain
+    # a replay of a job stored while the class was granted still answers that job (idempotent replays are never
+    # refused); a new key is refused
+    first = c.post("/v1/jobs", json={"spec": {**RUN, "priority_class": "critical"}, "idempotency_key": "k1"}, headers=g)
+    assert first.status_code == 201
+    revoked = api(settings())
+    again = revoked.post("/v1/jobs", json={"spec": {**RUN, "priority_class": "critical"}, "idempotency_key": "k1"},
+                         headers=g)
+    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
+    assert revoked.post("/v1/jobs", json={"spec": {**RUN, "priority_class": "critical"}, "idempotency_key": "k2"},
+                        headers=g).status_code == 403
 
 
 def test_batch_item_and_schedule_above_entitlement_are_refused(pg_store, api):
