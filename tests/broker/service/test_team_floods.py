@@ -299,3 +299,29 @@ def test_sdk_raises_at_once_at_the_schedule_cap(pg_store):
             c.create_schedule("two", "* * * * *", JobSpec(**RUN), timezone="UTC")
     assert (e.value.limit, e.value.retry_after) == ("quotas.max_schedules", None)
     assert f"team {team!r} may hold 1 schedules and holds 1" in str(e.value)
+
+
+def test_a_running_job_above_its_entitlement_is_preempted_as_its_entitled_class(pg_store):
+    """evil's preemptible job stored as ``critical`` (evil is granted low/normal only) runs on the one GPU; a
+    ``high`` job of a team granted ``high`` preempts it: evil's job is planned as ``normal``. Without the
+    entitlement it would rank above ``high`` and never be preempted."""
+    from broker.service.live import LiveEnvironment
+    from broker.service.store.tables import Job as JobRow
+    from broker.service.store.tables import utcnow
+
+    evil, granted = new_team(), new_team()
+    st = settings(per_team={granted: TeamQuota(priority_classes=["low", "normal", "high"])})
+    pg_store.heartbeat("n-pre", "local", "V100", 1, 16.0, [0], "agent-pre")
+    cycle = PlanningCycle(pg_store, LiveEnvironment(st.planner), st, dispatch=lambda j, a: None)
+    low = pg_store.submit(evil, JobSpec(command=["/bin/true"], estimated_duration_s=7200.0, preemptible=True,
+                                        priority_class="critical"))[0].id
+    cycle.run()
+    assert pg_store.get(low).state == "starting"
+    with pg_store.session() as s:  # running for 1 h (past min_run_before_preempt_s, 30 min)
+        j = s.get(JobRow, low)
+        j.state, j.started_at = "running", utcnow() - timedelta(hours=1)
+    high = pg_store.submit(granted, JobSpec(command=["/bin/true"], estimated_duration_s=600.0, priority_class="high",
+                                            deadline=utcnow() + timedelta(minutes=20)))[0].id
+    cycle.run()
+    reasons = [e.reason for e in pg_store.events(low)]
+    assert f"preemption requested for {high}" in reasons, reasons
