@@ -46,7 +46,9 @@ is its fire instant + ``estimated_duration_s`` + ``slack_s``.
 Limits (:mod:`broker.service.limits`, ``settings.quotas``): submits (``POST /v1/jobs``, each new item of a
 batch, ``POST /v1/schedules``) over the team's rate, and new jobs over its queued-jobs quota, answer
 429 with ``Retry-After`` (seconds) and ``{"detail", "limit", "retry_after_s"}``; an idempotent replay
-of an existing job is never refused. Authenticated tokens are cached per process for
+of an existing job is never refused. A team holding ``quotas.max_schedules`` schedules gets 429 on
+``POST /v1/schedules`` without ``Retry-After``; a ``spec.priority_class`` outside the team's
+``quotas.priority_classes`` is 403 (jobs, batch items, schedules; admins may use any class). Authenticated tokens are cached per process for
 ``settings.api_token_cache_s`` seconds (:mod:`broker.service.auth_cache`): a revoked token works that much longer.
 
 Errors are ``{"detail": message}`` (401, 403, 404, 409, 503) or, for 422, FastAPI's
