@@ -259,9 +259,11 @@ class ScheduleView(BaseModel):
 
     Fields: ``cron`` as stored (normalised: lower case, macros expanded), read in
     ``timezone``; ``enabled`` is false while paused; ``next_fire_at`` is the next fire
-    instant (UTC) the reconciler acts on, ``last_fire_at`` the last one that created a
-    job (``None`` before the first); ``spec`` is the job every fire submits (its
-    ``team`` is the schedule's); ``last_error`` says why the reconciler paused it, if it did.
+    instant (UTC) the reconciler acts on, ``last_fire_at`` the last one it handled (created a
+    job, or skipped it: ``last_skip_at``; ``None`` before the first); ``spec`` is the job every fire submits (its
+    ``team`` is the schedule's); ``last_error`` says why the reconciler paused it, if it did;
+    ``last_skip_at``/``last_skip_reason``: the last fire the reconciler skipped (UTC) and why (the team held
+    ``quotas.max_queued_jobs`` unfinished jobs, or the spec's priority class is above the team's entitlement).
     """
 
     id: str
@@ -275,6 +277,8 @@ class ScheduleView(BaseModel):
     last_fire_at: datetime | None = None
     created_at: datetime
     last_error: str | None = None
+    last_skip_at: datetime | None = None
+    last_skip_reason: str | None = None
 
 
 class ErrorBody(BaseModel):

@@ -16,7 +16,9 @@ temporary file + ``os.replace``, or ``os.link`` where it must not already exist)
 ``log``         the job's stdout and stderr, appended (``O_APPEND``) in order written;
                 the shim itself writes only the one line explaining a failed exec. With
                 ``meta.json["log_max_bytes"]`` (the node agent always sets it) the job writes to a pipe
-                the shim copies into ``log`` up to that many bytes, dropping the rest.
+                the shim copies into ``log``, keeping the head and the tail of the output within that many
+                bytes with a ``[fedbroker: ... N bytes dropped ...]`` line between them (the tail is written
+                when the job's output ends, before ``exit.json``).
 ``shim.json``   ``{"pid", "start_ticks"}`` of the shim process (``start_ticks``:
                 field 22 of ``/proc/<pid>/stat``, clock ticks after boot; ``None``
                 without ``/proc``); identifies the shim even if its pid is reused.
@@ -66,6 +68,7 @@ import sys
 import time
 from pathlib import Path
 
+from broker.log_marker import MARKER_MAX_BYTES, dropped_marker
 from workers.isolation import PrivateView, no_new_privileges
 
 META = "meta.json"
@@ -79,7 +82,7 @@ EXEC_FAILED = 127
 """Exit code recorded when the job could not be executed (as a POSIX shell does)."""
 
 __all__ = [
-    "META", "LOG", "SHIM", "PID", "EXIT", "STOP", "EXEC_FAILED",
+    "META", "LOG", "SHIM", "PID", "EXIT", "STOP", "EXEC_FAILED", "MARKER_RESERVE",
     "write_json_atomic", "read_json", "proc_stat", "proc_start_ticks", "main",
 ]
 
@@ -161,14 +164,28 @@ def _append_log(log_fd: int, text: str) -> None:
 DRAIN_AFTER_EXIT_S = 1.0
 
 
+#: bytes of the log file :func:`_copy_capped` keeps free for the dropped-bytes marker
+#: (:func:`broker.log_marker.dropped_marker`), so head + marker + tail stays under ``log_max_bytes`` and the agent
+#: never cuts it
+MARKER_RESERVE = MARKER_MAX_BYTES
+
+
 def _copy_capped(read_fd: int, log_fd: int, cap: int, pid: int) -> None:
-    """Copy the job's output from ``read_fd`` to ``log_fd`` until the file holds ``cap`` bytes, then read and drop
-    the rest (the job is never blocked on a full pipe); returns at end of file, or :data:`DRAIN_AFTER_EXIT_S`
-    after job ``pid`` exited (not reaped), and closes ``read_fd``. A job writing at GB/s once filled the node's
-    disk: its stdout was the log file itself, and the cap only bounded what the agent shipped."""
+    """Copy the job's output from ``read_fd`` to ``log_fd`` keeping its head and its tail within ``cap`` bytes: the
+    first ``cap - cap // 2 - MARKER_RESERVE`` bytes are written as they come; after them the last ``cap // 2`` bytes
+    are held in memory (older ones are read and dropped, so the job is never blocked on a full pipe) and written
+    at the end, after :func:`broker.log_marker.dropped_marker` of the bytes dropped when any were (the file then holds
+    ``head + marker + tail`` < ``cap`` bytes: a crash's traceback is in the tail). Returns at end of file, or
+    :data:`DRAIN_AFTER_EXIT_S` after job ``pid`` exited (not reaped), and closes ``read_fd``. A job writing at GB/s
+    once filled the node's disk: its stdout was the log file itself, and the cap only bounded what the agent
+    shipped; the cap then kept the head only, and the traceback was lost."""
     import select
 
     size = os.fstat(log_fd).st_size
+    tail_keep = cap // 2
+    head_end = max(cap - tail_keep - MARKER_RESERVE, 0)
+    tail = bytearray()
+    dropped = 0
     stop_at = None
     try:
         while True:
@@ -183,12 +200,21 @@ def _copy_capped(read_fd: int, log_fd: int, cap: int, pid: int) -> None:
             data = os.read(read_fd, 65536)
             if not data:
                 return  # every writer closed it
-            view = memoryview(data)[:max(cap - size, 0)]
+            head = max(head_end - size, 0)
+            view = memoryview(data)[:head]
             while view:
                 n = os.write(log_fd, view)
                 size, view = size + n, view[n:]
+            if len(data) > head:
+                tail += data[head:]
+                if len(tail) > tail_keep:
+                    dropped += len(tail) - tail_keep
+                    del tail[:len(tail) - tail_keep]
     finally:
         os.close(read_fd)
+        out = (dropped_marker(dropped).encode() if dropped else b"") + bytes(tail)
+        while out:
+            out = out[os.write(log_fd, out):]
 
 
 def _run(attempt_dir: Path) -> None:

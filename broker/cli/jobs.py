@@ -272,6 +272,9 @@ def _print_schedules(scheds) -> None:
                     utc_text(x.next_fire_at) if x.enabled else "-", utc_text(x.last_fire_at),
                     f"{x.spec.nodes}x{x.spec.gpus_per_node}")
     current_console().print(tab)
+    for x in scheds:  # a fire the reconciler skipped (the team's queued-jobs quota or priority entitlement)
+        if x.last_skip_reason:
+            current_console().print(f"{x.id} {escape(x.name)}: {escape(x.last_skip_reason)}")
 
 
 def _schedule_line(x) -> str:

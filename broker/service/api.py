@@ -48,7 +48,9 @@ is its fire instant + ``estimated_duration_s`` + ``slack_s``.
 Limits (:mod:`broker.service.limits`, ``settings.quotas``): submits (``POST /v1/jobs``, each new item of a
 batch, ``POST /v1/schedules``) over the team's rate, and new jobs over its queued-jobs quota, answer
 429 with ``Retry-After`` (seconds) and ``{"detail", "limit", "retry_after_s"}``; an idempotent replay
-of an existing job is never refused. Authenticated tokens are cached per process for
+of an existing job is never refused. A team holding ``quotas.max_schedules`` schedules gets 429 on
+``POST /v1/schedules`` without ``Retry-After``; a ``spec.priority_class`` outside the team's
+``quotas.priority_classes`` is 403 (jobs, batch items, schedules; admins may use any class). Authenticated tokens are cached per process for
 ``settings.api_token_cache_s`` seconds (:mod:`broker.service.auth_cache`): a revoked token works that much longer.
 
 Errors are ``{"detail": message}`` (401, 403, 404, 409, 503) or, for 422, FastAPI's
@@ -73,6 +75,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
+from broker.log_marker import dropped_bytes
 from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
 from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec, short_repr
 from broker.service.node_api import node_router
@@ -82,7 +85,7 @@ from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.bulk_cancel import CancelManyRequest, CancelManyResponse
 from broker.states import TERMINAL_STATES
-from broker.service.limits import LimitBody, LimitExceeded, RateLimiter
+from broker.service.limits import LimitBody, LimitExceeded, RateLimiter, priority_refusal
 from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeCapacityView, NodeView, ScheduleRequest,
                             ScheduleView, SubmitRequest)
@@ -281,7 +284,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
     @app.exception_handler(LimitExceeded)
     async def _limited(request: Request, exc: LimitExceeded) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
+        return JSONResponse(exc.body(), status_code=429, headers=None if exc.retry_after_s is None else {
+            "Retry-After": str(exc.retry_after_s)})
 
     @app.exception_handler(IdempotencyConflict)
     @app.exception_handler(NotCancellable)
@@ -383,6 +387,11 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         except IdempotencyConflict:
             return False
 
+    def entitled(spec: JobSpec, team: str, who: Principal) -> str | None:
+        """Why ``team`` may not submit ``spec.priority_class`` (its ``quotas.priority_classes``), ``None`` if it may;
+        an admin token may use any class."""
+        return None if who.admin else priority_refusal(settings.quotas, team, spec.priority_class)
+
     def quota_of(team: str) -> int | None:
         """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
         return settings.quotas.for_team(team).max_queued_jobs
@@ -451,6 +460,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         The job's team is the caller's (an admin may name any ``spec.team``). With an
         idempotency key (body ``idempotency_key`` or header ``Idempotency-Key``) a repeat
         of the same spec returns the first job with 200; the same key with another spec is 409.
+        403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes`` (the detail names the
+        allowed classes; an admin token may use any).
         422 for a ``deadline`` not after now or a ``not_after`` in the past; 429 (``Retry-After``)
         over the team's submit rate or queued-jobs quota, except for a replay of an existing job.
         """
@@ -462,6 +473,12 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                                      f"differs from the Idempotency-Key header {idempotency_key_header!r}")
             key = idempotency_key_header
         team = owner_team(spec, who)
+        refused = entitled(spec, team, who)
+        if refused is not None:  # a replay of a job stored before a grant was revoked still answers that job
+            existing = await run_in_threadpool(store.find_idempotent, team, key, spec) if key is not None else None
+            if existing is None:
+                raise HTTPException(403, refused)
+            return _json(existing, 200)
         now = _utcnow()
         late = None
         if spec.deadline is not None and spec.deadline <= now:
@@ -497,7 +514,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         """Submit 1-1000 jobs in one request (sweeps); each item is what ``POST /v1/jobs`` takes
         (``{"spec", "idempotency_key"}``) and gets its own result, in order (:mod:`broker.batch`):
         201 created, 200 an existing job (idempotent replay, also of an earlier item with the same key),
-        403 another team's ``spec.team``, 409 key used with another spec, 422 invalid (errors name
+        403 another team's ``spec.team`` or a ``priority_class`` above the team's entitlement, 409 key used
+        with another spec, 422 invalid (errors name
         ``items.<i>.<field>``). A bad item does not stop the others. The new jobs are stored in one
         transaction; 429 for the whole batch (nothing stored) when they exceed the team's submit rate
         (one token per new job) or queued-jobs quota. All items must belong to one team."""
@@ -518,6 +536,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 t = owner_team(spec, who)
             except HTTPException as e:
                 results[i] = BatchItemResult(index=i, status=e.status_code, detail=e.detail)
+                continue
+            refused = entitled(spec, t, who)
+            if refused is not None and not (item.idempotency_key is not None and exists(t, item.idempotency_key, spec)):
+                results[i] = BatchItemResult(index=i, status=403, detail=f"items.{i}.{refused}")
                 continue
             if team is None:
                 team = t
@@ -656,16 +678,18 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                      "them is sent (``fedbroker logs --follow``)"))] = 0
                  ) -> LogsView:
         """Captured stdout+stderr of one attempt and rank (``attempt`` 0 and empty text before the first attempt),
-        from character ``offset`` on; ``truncated`` when the agent stopped shipping it at ``log_max_bytes``. 404 for
-        an attempt that does not exist."""
+        from character ``offset`` on; ``truncated`` when the agent stopped shipping it at ``log_max_bytes`` or bytes
+        were dropped between its head and tail (the cap, or the team's ``quotas.log_bytes``). 404 for an attempt
+        that does not exist."""
         if attempt is not None and attempt > job.attempt:
             raise HTTPException(404, f"attempt={attempt}: job {job.id} has {job.attempt} attempt(s)")
         n = job.attempt if attempt is None else attempt
         chunks = store.log_chunks(job.id, n, rank) if n else []
         text_ = "".join(data for _, data in chunks)
-        # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk
+        # the node agent ships at most log_max_bytes per attempt and rank, then one marker chunk; the shim and the
+        # store keep a long log's head and tail with a "... N bytes dropped ..." line between
         truncated = ((bool(chunks) and chunks[-1][1].startswith(_TRUNCATED_MARK))
-                     or len(text_.encode()) >= settings.log_max_bytes)
+                     or len(text_.encode()) >= settings.log_max_bytes or dropped_bytes(text_) > 0)
         return LogsView(job_id=job.id, attempt=n, rank=rank, text=text_[offset:], truncated=truncated)
 
     @app.get("/v1/jobs/{job_id}/explain", response_model=ExplainView, tags=["jobs"], responses=_ERRORS)
@@ -791,13 +815,18 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         422 naming the field for a bad ``name``, ``cron`` or ``timezone`` and for absolute
         instants in the spec (``spec.deadline``, ``spec.earliest_start``/``not_before``,
         ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name;
-        429 over the team's submit rate (a schedule creation costs one submit).
+        403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes``;
+        429 over the team's submit rate (a schedule creation costs one submit) or when the team already holds
+        ``quotas.max_schedules`` schedules (``limit: quotas.max_schedules``, no ``Retry-After``: delete one).
         """
         team = owner_team(body.spec, who)
+        refused = entitled(body.spec, team, who)
+        if refused is not None:
+            raise HTTPException(403, refused)
         charge(team, 1)
         try:
             sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),
-                                          actor=who)
+                                          actor=who, max_schedules=settings.quotas.for_team(team).max_schedules)
         except InvalidSchedule as e:
             raise RequestValidationError([{"type": "value_error", "loc": ("body", *field.split(".")), "input": value,
                                            "msg": msg} for field, value, msg in e.errors]) from None

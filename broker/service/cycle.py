@@ -590,6 +590,7 @@ class PlanningCycle:
     def _read(self, s, now: datetime):
         now_s = now.timestamp()
         self._now_s = now_s
+        self._top_rank: dict[str, int] = {}  # team -> its highest entitled priority rank, this cycle (_entitled)
         views = self._views
         nodes = self.live_nodes(s, now) + [n for v in views.values() for n in v.nodes]
         pools = self.env.pools_for(nodes)
@@ -633,6 +634,7 @@ class PlanningCycle:
                 continue
             args, tag = view
             pj = PendingJob(*args)  # as pending_job(j, pool_index, ...) would build it
+            pj.priority = self._entitled(pj.team, pj.priority)
             pj.committed_pool = committed = pool_index.get(f.committed_pool) if f.committed_pool else None
             pj.review_s = (f.review_at.timestamp() if f.review_at is not None
                            else (math.inf if committed is not None else 0.0))
@@ -747,6 +749,18 @@ class PlanningCycle:
                if v.name in pool_index and (v.backlog_gpus or v.backlog_gpu_s)}
         return out or None
 
+    def _entitled(self, team: str, priority: int) -> int:
+        """``priority`` (a stored :attr:`broker.model.PriorityClass.rank`) capped at ``team``'s highest entitled class
+        (``settings.quotas.priority_classes``): a job stored as ``critical`` before its team's grant was revoked (or
+        straight into the store) is planned, and preempts or is preempted, as its team's highest class."""
+        quotas = getattr(self.settings, "quotas", None)
+        if quotas is None:
+            return priority
+        top = self._top_rank.get(team)
+        if top is None:
+            top = self._top_rank[team] = quotas.for_team(team).max_priority_rank
+        return min(priority, top)
+
     def _running_job(self, j: Job, now_s: float, ctx, pools, pool_index, node_pos, used, running: list) -> None:
         """Adds active job ``j``'s GPUs to ``used`` and, when on-prem, its :class:`RunningJob` to ``running``.
         A job on a scheduler pool holds GPUs here only while ``starting`` (submitted, maybe not yet allocated
@@ -781,7 +795,7 @@ class PlanningCycle:
         running.append(RunningJob(
             job_id=j.id, pool=p, allocation=alloc,
             expected_end_s=max(end, now_s + 1.0),
-            started_s=started, priority=j.priority,
+            started_s=started, priority=self._entitled(j.team, j.priority),
             preemptible=bool(j.spec.get("preemptible", False)) and j.stop_reason is None and not j.cancel_requested,
             team=j.team, checkpoint_interval_s=float(j.spec.get("checkpoint_interval_s") or DEFAULT_CHECKPOINT_INTERVAL_S),
             checkpointable=bool(j.spec.get("checkpointable", True))))

@@ -28,6 +28,12 @@ real batch could. The key's TTL is set by every charge to the time the bucket ta
 Idempotent replays are never refused: a refused submit that repeats an existing job's idempotency
 key is answered with that job (200).
 
+Priority classes are team entitlements (``quotas.priority_classes``, per team under ``quotas.per_team``):
+:func:`priority_refusal` says why a spec's class is above its team's; the API answers it 403 (single submit,
+batch item, schedule), the reconciler skips such a schedule's fire, and the planning cycle never ranks a
+stored job above its team's highest class (:meth:`TeamLimits.max_priority_rank`), so it cannot preempt
+with a class it was not granted.
+
 Exceptions::
 
     LimitExceeded (Exception)     limit (dotted setting name), retry_after_s (int >= 1), str(e) the detail
@@ -50,9 +56,22 @@ from broker.service.settings import QuotaSettings, TeamLimits
 from broker.service.store.quota import LimitExceeded, QuotaExceeded, quota_exceeded
 
 __all__ = ["LimitExceeded", "RateLimitExceeded", "QuotaExceeded", "RateLimiter", "LimitBody", "TOKEN_BUCKET_LUA",
-           "quota_exceeded"]
+           "quota_exceeded", "priority_refusal"]
 
 log = logging.getLogger(__name__)
+
+
+def priority_refusal(quotas: QuotaSettings, team: str, priority_class, field: str = "spec.priority_class") -> str | None:
+    """Why ``team`` may not use ``priority_class`` (a :class:`broker.model.PriorityClass`), or ``None`` when its
+    entitlement (``quotas.priority_classes`` / ``quotas.per_team.<team>.priority_classes``) holds it. The message
+    names ``field``, the value and the allowed classes: ``"spec.priority_class='critical': team 'evil' may use
+    low, normal (quotas.per_team.<team>.priority_classes grants more)"``."""
+    allowed = quotas.for_team(team).priority_classes
+    if priority_class in allowed:
+        return None
+    names = ", ".join(c.value for c in sorted(allowed, key=lambda c: c.rank))
+    return (f"{field}={getattr(priority_class, 'value', priority_class)!r}: team {team!r} may use {names} "
+            f"(an operator grants more in quotas.per_team.{team}.priority_classes)")
 
 
 #: seconds a bucket's ``at`` may lie ahead of Redis's clock before the bucket is taken as forged (``at`` is written from
@@ -181,8 +200,8 @@ class RateLimiter:
 
 class LimitBody(BaseModel):
     """A 429 answer's body: ``detail`` (the message), ``limit`` (the dotted setting that refused) and
-    ``retry_after_s`` (also in the ``Retry-After`` header)."""
+    ``retry_after_s`` (also in the ``Retry-After`` header; ``null`` without one: waiting cannot help)."""
 
     detail: str
     limit: str
-    retry_after_s: int
+    retry_after_s: int | None = None

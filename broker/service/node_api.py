@@ -260,7 +260,9 @@ def node_router(store: JobStore, settings, on_change: Callable[[str], None] | No
 
     @router.post("/attempts/{job_id}/{attempt}/{rank}/logs", responses=_ERRORS)
     def logs(job_id: JobIdParam, attempt: AttemptParam, rank: RankParam, body: NodeLogChunk, node: Placed) -> dict:
-        """Store one log chunk (idempotent by ``seq``)."""
-        return {"stored": store.append_log(job_id, attempt, rank, body.seq, body.text)}
+        """Store one log chunk (idempotent by ``seq``); the attempt rank's stored log stays within
+        ``log_max_bytes``, head and tail kept (:meth:`JobStore.append_log`), whatever the node sends."""
+        return {"stored": store.append_log(job_id, attempt, rank, body.seq, body.text,
+                                           max_bytes=settings.log_max_bytes)}
 
     return router

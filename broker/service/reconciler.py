@@ -18,7 +18,13 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
 3b. **Cloud attempts** (when a :class:`broker.service.cloud.CloudBroker` is given): cancels, instances gone
    (spot reclaimed), instances of dead attempts, the orphan sweep (:meth:`CloudBroker.watch`).
 4. **Recurring runs**: every due schedule creates its job, with the idempotency key
-   ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once.
+   ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once. At most
+   ``schedule_runs_per_pass`` schedules per pass, round-robin across teams (each team's earliest due fire
+   first, :func:`broker.service.store.attempts.due_schedules`); the others fire in the next passes. A run
+   counts against its team's ``quotas.max_queued_jobs`` like any submit, and its priority class must be
+   within the team's ``quotas.priority_classes``: otherwise the fire is skipped (no job), the schedule moves
+   on to its next fire, and the skip is recorded on the schedule (``last_skip_at``, ``last_skip_reason``)
+   and as a ``schedule.skip`` audit event.
 4b. **Idle on-prem GPUs**: each closed UTC hour, one ``idle_amortised`` usage line per registered node with GPUs
    no running attempt held (:func:`broker.service.ledger.meter_pool_idle`), written once (the ledger's key);
    the first pass meters the last :data:`IDLE_LOOKBACK_H` hours, later ones the hours since the last line
@@ -28,6 +34,9 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    oldest first, at most ``retention_batch`` jobs per pass in one short transaction (rows another
    writer holds are skipped, ``FOR UPDATE SKIP LOCKED``); a job with a cloud instance not yet
    terminated is kept until it is. Nothing is archived (see ``BrokerSettings.retention_days``).
+6. **Log budgets**: a team whose stored logs pass its ``quotas.log_bytes`` has its oldest logs trimmed to
+   their head and tail (``log_trim_keep_bytes`` each), then to a marker, until it is within it
+   (:mod:`broker.service.log_budget`).
 """
 
 from __future__ import annotations
@@ -40,16 +49,20 @@ from broker.instance_states import LIVE_INSTANCE_STATES
 from broker.model import JobSpec
 from broker.service import ledger
 from broker.service.lifecycle import requeue_lost
+from broker.service.log_throttle import LogThrottle
 from broker.service.store import attempts as repo
 from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
 from broker.service.store.tables import utcnow
 from broker.states import TERMINAL_STATES, JobState
 
-__all__ = ["Reconciler", "IDLE_LOOKBACK_H"]
+__all__ = ["Reconciler", "IDLE_LOOKBACK_H", "LOG_TRIMS_PER_PASS"]
 
 #: hours of idle on-prem GPU time the reconciler meters back at most (the first pass, or after a downtime)
 IDLE_LOOKBACK_H = 24
+#: most logs one pass trims for the teams over their ``quotas.log_bytes`` (each up to 16 MiB freed; 100 logs took
+#: ~1 s in one transaction on 2 loaded cores)
+LOG_TRIMS_PER_PASS = 100
 
 log = logging.getLogger("fedbroker.reconciler")
 S = JobState
@@ -71,15 +84,19 @@ class Reconciler:
         self.settings = settings
         self.dispatch = dispatch
         self.cloud = cloud
+        self._skip_log = LogThrottle(60.0)
 
     def run(self, now: datetime | None = None) -> dict:
         """One pass at ``now``. Returns counts: ``lost_nodes``, ``requeued``, ``redispatched``,
-        ``timed_out``, ``scheduled``, ``idle_lines`` (:meth:`meter_idle`), and ``changed`` (their sum less
+        ``timed_out``, ``scheduled``, ``schedule_skips`` (fires skipped over a quota or entitlement),
+        ``schedules_left`` (1 when the pass stopped at ``schedule_runs_per_pass``: more may be due),
+        ``idle_lines`` (:meth:`meter_idle`), and ``changed`` (their sum less
         re-dispatches, idle lines not counted); with retention on,
         ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
-        ``cloud_instances``)."""
+        ``cloud_instances``); ``log_budget``: :meth:`trim_logs`'s counts."""
         now = now or utcnow()
-        out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0}
+        out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0,
+               "schedule_skips": 0, "schedules_left": 0}
         self._lost_nodes(now, out)
         self._deadlines(now, out)
         if self.schedulers:
@@ -102,8 +119,10 @@ class Reconciler:
         out["idle_lines"] = self.meter_idle(now)
         if self.settings.retention_days > 0:
             out["purged"] = self.purge_finished(now)
+        out["log_budget"] = self.trim_logs()
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
-        if out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs"):
+        if (out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs")
+                or out["log_budget"]["logs_trimmed"]):
             log.info("reconciler: %s", out)
         return out
 
@@ -128,6 +147,21 @@ class Reconciler:
                                           now)
             h += timedelta(hours=1)
         return n
+
+    # ------------------------------------------------------------------ 6. log budgets
+    def trim_logs(self) -> dict[str, int]:
+        """Keep every team's stored logs within its ``quotas.log_bytes``, oldest first
+        (:func:`broker.service.log_budget.enforce_log_budgets`, at most :data:`LOG_TRIMS_PER_PASS` logs a pass).
+        Returns its counts; a failure is logged and the rest of the pass goes on."""
+        from broker.service.log_budget import enforce_log_budgets
+
+        try:
+            return enforce_log_budgets(self.store, self.settings.quotas,
+                                       int(getattr(self.settings, "log_trim_keep_bytes", 64 * 1024)),
+                                       LOG_TRIMS_PER_PASS)
+        except Exception:
+            log.exception("log budgets: trimming failed; the next pass tries again")
+            return {"teams_over": 0, "logs_trimmed": 0, "bytes_freed": 0}
 
     # ------------------------------------------------------------------ 5. retention
     def purge_finished(self, now: datetime | None = None) -> dict[str, int]:
@@ -200,17 +234,33 @@ class Reconciler:
     # ------------------------------------------------------------------ 4. recurring runs
     def _schedules(self, now: datetime, out: dict) -> None:
         from broker.recurring import due_fires, next_fire
+        from broker.service.limits import QuotaExceeded, priority_refusal
 
+        per_pass = int(getattr(self.settings, "schedule_runs_per_pass", 100))
+        quotas = self.settings.quotas
         with self.store.session() as s:
-            due = repo.due_schedules(s, now)
+            due = repo.due_schedules(s, now, per_pass)
+        out["schedules_left"] = int(len(due) >= per_pass)
         for sid, team, cron, tz, spec, last, created, nxt in due:
             fires = []
             try:
                 fires = due_fires(cron, tz, last, created, now, max_catchup=1)
                 for fire in fires:
                     run_spec = JobSpec.model_validate({**spec, "team": team})
-                    _, created_job = self.store.submit(team, run_spec, now=now, schedule_id=sid,
-                                                       idempotency_key=f"schedule:{sid}:{fire.isoformat()}")
+                    refused = priority_refusal(quotas, team, run_spec.priority_class)
+                    if refused is not None:
+                        self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {refused}",
+                                   "quotas.priority_classes", now, out)
+                        continue
+                    try:
+                        _, created_job = self.store.submit(
+                            team, run_spec, now=now, schedule_id=sid,
+                            idempotency_key=f"schedule:{sid}:{fire.isoformat()}",
+                            max_unfinished=quotas.for_team(team).max_queued_jobs,
+                            quota_retry_after_s=quotas.quota_retry_after_s)
+                    except QuotaExceeded as e:
+                        self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {e}", e.limit, now, out)
+                        continue
                     out["scheduled"] += created_job
                 new_next = next_fire(cron, tz, now)
             except Exception as e:  # one bad schedule must not stop the others; it is paused with the reason
@@ -222,3 +272,11 @@ class Reconciler:
                 continue
             with self.store.session() as s:
                 repo.advance_schedule(s, sid, nxt, new_next, fires[-1] if fires else last)
+
+    def _skip(self, sid: str, team: str, fire: datetime, reason: str, limit: str, now: datetime, out: dict) -> None:
+        """Record a skipped fire (:func:`broker.service.store.attempts.skip_schedule_fire`) and count it."""
+        if self._skip_log.due():  # a team over quota skips every fire: one line a minute, the rest in the audit log
+            log.warning("schedule %s (team %s): %s", sid, team, reason)
+        with self.store.session() as s:
+            repo.skip_schedule_fire(s, sid, team, fire, reason, limit, now)
+        out["schedule_skips"] += 1

@@ -311,3 +311,38 @@ def test_a_backwards_range_is_rejected(cron):
     """Standard cron rejects "5-1"; croniter would wrap it around (found by a fresh user)."""
     with pytest.raises(ScheduleError, match="runs backwards"):
         validate_cron(cron)
+
+
+# ----------------------------------------------------------------------------- the steady-offset fast path
+@pytest.mark.parametrize("tz", ["UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe", "Antarctica/Troll"])
+def test_fast_path_gives_the_general_walks_fires_around_2026_transitions(tz, monkeypatch):
+    """Away from an offset change a fire is the cron's wall-clock match (one croniter step instead of the
+    ~360 of the MAX_SHIFT walk: an every-minute schedule took 36 ms a fire); near one, the general walk.
+    Both give the same instants every 7 minutes across +-7 h of each 2026 transition of ``tz``."""
+    import broker.recurring as rec
+
+    z = ZoneInfo(tz)
+    starts = [datetime(2026, 1, 1, tzinfo=timezone.utc)]
+    t = starts[0]
+    while t.year == 2026:  # the 2026 transitions of tz, to the minute
+        nxt = t + timedelta(hours=6)
+        if t.astimezone(z).utcoffset() != nxt.astimezone(z).utcoffset():
+            lo, hi = t, nxt
+            while hi - lo > timedelta(minutes=1):
+                mid = lo + (hi - lo) / 2
+                lo, hi = (mid, hi) if mid.astimezone(z).utcoffset() == lo.astimezone(z).utcoffset() else (lo, mid)
+            starts.append(hi)
+        t = nxt
+    crons = ["* * * * *", "*/15 * * * *", "30 2 * * *", "0 * * * *", "5 1-3 * * *"]
+    fast = {}
+    for c in starts:
+        for k in range(-60, 61):
+            base = c + timedelta(minutes=7 * k)
+            for cron in crons:
+                fast[(base, cron)] = (next_fire(cron, tz, base),
+                                      due_fires(cron, tz, base - timedelta(minutes=61), base - timedelta(days=9), base))
+    monkeypatch.setattr(rec, "_steady", lambda *a: False)
+    slow = {(base, cron): (next_fire(cron, tz, base),
+                           due_fires(cron, tz, base - timedelta(minutes=61), base - timedelta(days=9), base))
+            for base, cron in fast}
+    assert fast == slow and len(fast) == len(starts) * 121 * len(crons)

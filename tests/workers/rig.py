@@ -71,7 +71,10 @@ class Rig:
         # the broker's services as the API tells the agents (GET /v1/node/config: blocked_endpoints): the test
         # Redis and PostgreSQL, which the agents' nftables tables keep their jobs from
         self.settings = BrokerSettings(state_dir=tmp_path / "state", cancel_grace_s=1.0, heartbeat_interval_s=0.2,
-                                       jobs={"root": str(tmp_path / "jobs")}, redis_url=REDIS_URL, database_url=PG_URL)
+                                       jobs={"root": str(tmp_path / "jobs")}, redis_url=REDIS_URL, database_url=PG_URL,
+                                       # team ml may use every priority class (the preemption tests submit critical)
+                                       quotas={"per_team": {"ml": {"priority_classes": ["low", "normal", "high",
+                                                                                        "critical"]}}})
         self.api = ApiServer(store, self.settings).start()
         self.tokens = {n: create_node_token(store, n) for n in nodes}
         self.backends = {n: FakeNvmlBackend(gpu_count=g) for n, g in nodes.items()}

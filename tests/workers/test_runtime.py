@@ -163,7 +163,21 @@ def test_the_log_file_stops_at_log_max_bytes_and_the_job_is_not_blocked(rt):
     a = wait_exit(rt, k, timeout=30)
     assert a.exit_code == 0
     data = a.log_path.read_bytes()
-    assert len(data) == 4096 and data.startswith(b"first\nxxx")
+    # the head (4096 - 2048 - 64 reserved for the marker = 1984 bytes), the marker, the tail (2048 bytes, with the
+    # last line: a crash's traceback is kept); 6 + 64 MiB + 5 bytes written, 67,104,843 of them dropped
+    assert data == (b"first\n" + b"x" * 1978 + b"\n[fedbroker: ... 67104843 bytes dropped ...]\n"
+                    + b"x" * 2043 + b"done\n")
+    assert len(data) == 4077 < 4096
+
+
+def test_a_log_under_the_cap_is_kept_whole(rt):
+    k = AttemptKey("small", 1)
+    rt.launch(k, py("""
+        import os
+        os.write(1, b"a" * 3000 + b"\\nend\\n")
+    """), log_max_bytes=4096)
+    a = wait_exit(rt, k, timeout=30)
+    assert a.exit_code == 0 and a.log_path.read_bytes() == b"a" * 3000 + b"\nend\n"
 
 
 def test_a_job_that_exits_while_an_escaped_child_holds_its_output_still_ends(rt):

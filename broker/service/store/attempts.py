@@ -7,7 +7,7 @@ decides the transaction; job state moves themselves stay :meth:`JobStore.cas` / 
 * node work — :func:`onprem_work_rows` (what :func:`broker.service.attempts.node_work` lists);
 * scheduler pools — :func:`scheduler_attempts`, :func:`set_external_id`;
 * reconciler — :func:`jobs_in_states`, :func:`mark_silent_nodes_lost`, :func:`lost_node_names`,
-  :func:`due_schedules`, :func:`pause_schedule`, :func:`advance_schedule`, :func:`purge_finished`.
+  :func:`due_schedules`, :func:`skip_schedule_fire`, :func:`pause_schedule`, :func:`advance_schedule`, :func:`purge_finished`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from broker.service.store.core import JobStore
-from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, Node, Schedule
+from broker.service.store.tables import Attempt, AuditEvent, CloudInstance, Job, JobEvent, JobLog, Node, Schedule
 
 __all__ = ["job_row", "reload", "attempt_row", "add_attempt", "bump_with_event", "onprem_work_rows", "jobs_in_states",
            "scheduler_attempts", "set_external_id",
-           "mark_silent_nodes_lost", "lost_node_names", "due_schedules", "pause_schedule", "advance_schedule",
+           "mark_silent_nodes_lost", "lost_node_names", "due_schedules", "skip_schedule_fire", "pause_schedule",
+           "advance_schedule",
            "purge_finished"]
 
 
@@ -133,11 +134,39 @@ def lost_node_names(s: Session) -> set[str]:
     return set(s.execute(select(Node.name).where(Node.state == "lost")).scalars())
 
 
-def due_schedules(s: Session, now: datetime) -> list[tuple]:
+def due_schedules(s: Session, now: datetime, limit: int | None = None) -> list[tuple]:
     """Inside ``s``: the enabled schedules whose next fire is at or before ``now``, as tuples ``(id, team, cron,
-    timezone, spec, last_fire_at, created_at, next_fire_at)``."""
-    due = s.execute(select(Schedule).where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now)).scalars().all()
-    return [(d.id, d.team, d.cron, d.timezone, d.spec, d.last_fire_at, d.created_at, d.next_fire_at) for d in due]
+    timezone, spec, last_fire_at, created_at, next_fire_at)``.
+
+    With ``limit``, at most that many, round-robin across teams: every team's earliest due schedule (by
+    ``next_fire_at``, then id) before any team's second, and so on (``row_number()`` per team, one query), so
+    a team with 1,000 due schedules and one with 1 share a pass of 100 as 99 + 1. Without it, all of them
+    in that order."""
+    rn = func.row_number().over(partition_by=Schedule.team,
+                                order_by=(Schedule.next_fire_at, Schedule.id)).label("rn")
+    ranked = (select(Schedule.id.label("id"), rn, Schedule.next_fire_at.label("at"))
+              .where(Schedule.enabled.is_(True), Schedule.next_fire_at <= now).subquery())
+    order = select(ranked.c.id).order_by(ranked.c.rn, ranked.c.at, ranked.c.id)
+    if limit is not None:
+        order = order.limit(limit)
+    ids = list(s.execute(order).scalars())
+    rows = {d.id: d for d in s.execute(select(Schedule).where(Schedule.id.in_(ids))).scalars()} if ids else {}
+    return [(d.id, d.team, d.cron, d.timezone, d.spec, d.last_fire_at, d.created_at, d.next_fire_at)
+            for d in (rows[i] for i in ids)]
+
+
+def skip_schedule_fire(s: Session, schedule_id: str, team: str, fire: datetime, reason: str, limit: str,
+                       now: datetime) -> None:
+    """Inside ``s``: record that the reconciler skipped ``schedule_id``'s fire at ``fire`` (UTC) for ``reason``
+    (at most 2000 characters kept): the schedule's ``last_skip_at``/``last_skip_reason`` (its ``list``/``get``)
+    and one ``schedule.skip`` audit event (actor kind ``reconciler``; detail ``team``, ``fire``, ``limit``, the
+    dotted setting that refused, and ``reason``)."""
+    s.execute(update(Schedule).where(Schedule.id == schedule_id)
+              .values(last_skip_at=fire, last_skip_reason=reason[:2000]))
+    s.execute(insert(AuditEvent).values(at=now, actor_token_id=None, actor_team="", actor_kind="reconciler",
+                                        action="schedule.skip", target=schedule_id,
+                                        detail={"team": team, "fire": fire.isoformat(), "limit": limit,
+                                                "reason": reason[:2000]}))
 
 
 def pause_schedule(s: Session, schedule_id: str, last_error: str) -> None:

@@ -15,6 +15,7 @@ Exceptions::
      +-- ScheduleNotFound   no such schedule, or not visible to the asking team
      +-- ScheduleConflict   the team already has a schedule of that name
      +-- InvalidSchedule    bad schedule name, cron, time zone, or an absolute instant in its spec
+    broker.service.store.quota.ScheduleCapExceeded  create_schedule over the team's quotas.max_schedules
      +-- broker.service.tokens.TokenError  token operations (unknown, expired, forbidden, bootstrap refused, ...)
     broker.states.InvalidTransition (ValueError)
     broker.service.store.quota.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs
@@ -40,7 +41,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule,
                                         utcnow)
-from broker.service.store.quota import quota_exceeded
+from broker.service.store.quota import ScheduleCapExceeded, quota_exceeded
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 from broker.model import JobSpec, default_slack_s, short_repr
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
@@ -232,7 +233,8 @@ def _new_job_view(row: dict, spec: JobSpec) -> JobView:
 def _schedule_view(r: Schedule) -> ScheduleView:
     return ScheduleView(id=r.id, team=r.team, name=r.name, cron=r.cron, timezone=r.timezone,
                         spec=_stored_spec(r.spec), enabled=r.enabled, next_fire_at=r.next_fire_at,
-                        last_fire_at=r.last_fire_at, created_at=r.created_at, last_error=r.last_error)
+                        last_fire_at=r.last_fire_at, created_at=r.created_at, last_error=r.last_error,
+                        last_skip_at=r.last_skip_at, last_skip_reason=r.last_skip_reason)
 
 
 def _new_job_row(team: str, spec: JobSpec, idempotency_key: str | None, now: datetime,
@@ -796,12 +798,27 @@ class JobStore:
         return sorted(cancelled), sorted(requested), more
 
     # ------------------------------------------------------------------ logs
-    def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str) -> bool:
+    def append_log(self, job_id: str, attempt: int, rank: int, seq: int, data: str,
+                   max_bytes: int | None = None) -> bool:
         """Store one log chunk; a chunk already stored (same job, attempt, rank, seq) is ignored. Returns whether stored.
-        Each NUL of ``data`` is stored as U+FFFD (:func:`storable_text`): a job's output is whatever it printed."""
+        Each NUL of ``data`` is stored as U+FFFD (:func:`storable_text`): a job's output is whatever it printed.
+
+        With ``max_bytes`` (``settings.log_max_bytes``) the attempt rank's log is kept within it in the same
+        transaction: over it, its head (``max_bytes - max_bytes // 2 - 64`` bytes) and tail (``max_bytes // 2``)
+        stay, in whole chunks, and one ``[fedbroker: ... N bytes dropped ...]`` chunk stands for the rest
+        (:func:`broker.service.store.logs.trim_log`), whatever a node ships."""
+        from broker.log_marker import MARKER_MAX_BYTES
+        from broker.service.store import logs
+
+        text_ = storable_text(data)
         try:
             with self.session() as s:
-                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=storable_text(data)))
+                s.add(JobLog(job_id=job_id, attempt=attempt, rank=rank, seq=seq, data=text_,
+                             bytes=len(text_.encode("utf-8", "surrogatepass"))))
+                s.flush()
+                if max_bytes and logs.log_bytes(s, job_id, attempt, rank) > max_bytes:
+                    logs.trim_log(s, job_id, attempt, rank, max(max_bytes - max_bytes // 2 - MARKER_MAX_BYTES, 0),
+                                  max_bytes // 2)
             return True
         except IntegrityError:
             return False
@@ -888,7 +905,8 @@ class JobStore:
 
     # ------------------------------------------------------------------ schedules
     def create_schedule(self, team: str, name: str, cron: str, timezone: str, spec: JobSpec,
-                        now: datetime | None = None, actor: Principal | None = None) -> ScheduleView:
+                        now: datetime | None = None, actor: Principal | None = None,
+                        max_schedules: int | None = None) -> ScheduleView:
         """Store a recurring run: every fire of ``cron`` (read in ``timezone``'s local wall-clock
         time, DST rules of :mod:`broker.recurring`) submits ``spec`` as a job of ``team`` (the
         reconciler does it, with the idempotency key ``schedule:<id>:<fire instant>``).
@@ -904,6 +922,9 @@ class JobStore:
             now: aware creation instant (default: the current time); the first fire is the first
                 one strictly after it.
             actor: the API's caller; a ``schedule.create`` audit event is written in the same transaction.
+            max_schedules: the team's ``quotas.max_schedules`` (``None`` = no cap): its schedules are counted
+                in the same transaction (on PostgreSQL under a per-team advisory lock, so concurrent creates
+                cannot pass it together).
 
         Returns:
             ScheduleView: enabled, ``next_fire_at = next_fire(cron, timezone, now)`` (UTC), never fired.
@@ -912,6 +933,7 @@ class JobStore:
             InvalidSchedule: bad name, cron or time zone, or an absolute instant in ``spec``
                 (:func:`check_schedule`).
             ScheduleConflict: ``team`` already has a schedule called ``name``.
+            broker.service.store.quota.ScheduleCapExceeded: ``team`` already holds ``max_schedules``.
             ValueError: ``now`` is naive.
         """
         from broker.recurring import next_fire
@@ -926,6 +948,12 @@ class JobStore:
                        next_fire_at=next_fire(cron, tz, now), last_fire_at=None, created_at=now)
         try:
             with self.session() as s:
+                if max_schedules:
+                    if self.engine.dialect.name == "postgresql":  # one create at a time per team counts
+                        s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"), {"k": f"schedules:{team}"})
+                    held = s.execute(select(func.count()).select_from(Schedule).where(Schedule.team == team)).scalar_one()
+                    if held >= max_schedules:
+                        raise ScheduleCapExceeded(team, max_schedules, held)
                 s.add(row)
                 s.flush()
                 if actor is not None:

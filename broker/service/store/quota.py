@@ -7,21 +7,23 @@ The store counts a team's unfinished jobs in the submit's own transaction
 
 from __future__ import annotations
 
-__all__ = ["LimitExceeded", "QuotaExceeded", "quota_exceeded"]
+__all__ = ["LimitExceeded", "QuotaExceeded", "ScheduleCapExceeded", "quota_exceeded"]
 
 
 class LimitExceeded(Exception):
     """A team hit one of its limits; answered 429 with ``Retry-After: retry_after_s``.
 
     Attributes:
-        limit: the dotted setting that refused (``"quotas.submits_per_s"``, ``"quotas.max_queued_jobs"``).
-        retry_after_s: whole seconds to wait before trying again (>= 1).
+        limit: the dotted setting that refused (``"quotas.submits_per_s"``, ``"quotas.max_queued_jobs"``,
+            ``"quotas.max_schedules"``).
+        retry_after_s: whole seconds to wait before trying again (>= 1); ``None`` when waiting cannot help
+            (the schedule cap: delete a schedule first), answered without ``Retry-After``.
     """
 
-    def __init__(self, message: str, limit: str, retry_after_s: int):
+    def __init__(self, message: str, limit: str, retry_after_s: int | None):
         super().__init__(message)
         self.limit = limit
-        self.retry_after_s = max(1, int(retry_after_s))
+        self.retry_after_s = None if retry_after_s is None else max(1, int(retry_after_s))
 
     def body(self) -> dict:
         """The 429 response body: ``{"detail", "limit", "retry_after_s"}``."""
@@ -38,3 +40,13 @@ def quota_exceeded(team: str, limit: int, unfinished: int, n: int, retry_after_s
         f"quotas.max_queued_jobs: team {team!r} may hold {limit} unfinished jobs and holds {unfinished}; "
         f"{'this submit' if n == 1 else f'these {n} jobs'} would exceed it (retry after {retry_after_s} s, "
         f"or cancel jobs)", "quotas.max_queued_jobs", retry_after_s)
+
+
+class ScheduleCapExceeded(LimitExceeded):
+    """The team already holds ``quotas.max_schedules`` schedules (enabled or paused); nothing was stored. No
+    ``retry_after_s``: waiting frees no place (the SDK raises at once instead of retrying)."""
+
+    def __init__(self, team: str, limit: int, held: int):
+        super().__init__(f"quotas.max_schedules: team {team!r} may hold {limit} schedules and holds {held}; "
+                         f"delete one first (fedbroker schedule delete) or ask for a higher quota",
+                         "quotas.max_schedules", None)

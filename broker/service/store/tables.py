@@ -206,6 +206,10 @@ class JobLog(Base):
     rank: Mapped[int] = mapped_column(Integer, default=0)
     seq: Mapped[int] = mapped_column(Integer)
     data: Mapped[str] = mapped_column(Text)
+    #: UTF-8 size of ``data`` (what the team's ``quotas.log_bytes`` budget sums)
+    bytes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: > 0: this chunk is the marker of a trimmed log, standing for that many dropped bytes (:mod:`broker.service.log_budget`)
+    dropped_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (UniqueConstraint("job_id", "attempt", "rank", "seq", name="uq_job_logs_chunk"),)
 
@@ -303,6 +307,9 @@ class Schedule(Base):
     created_at: Mapped[datetime]
     #: why the reconciler paused it (its run could not be created), until it is resumed
     last_error: Mapped[str | None] = mapped_column(Text)
+    #: the last fire the reconciler skipped (UTC) and why (the team's queued-jobs quota or priority entitlement)
+    last_skip_at: Mapped[datetime | None]
+    last_skip_reason: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (UniqueConstraint("team", "name", name="uq_schedules_team_name"),)
 

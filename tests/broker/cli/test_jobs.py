@@ -28,7 +28,7 @@ gpus_per_node: 4
 nodes: 2
 gpu_types: [V100, A100]
 estimated_duration_s: 7200
-priority_class: high
+priority_class: low
 deadline: 2099-01-01T00:00:00Z
 """
 

@@ -61,7 +61,7 @@ def test_submit_201_with_exact_fields(client, make_team, submitted):
     dl = future(30)
     spec = {"name": "resnet50", "image": "ghcr.io/acme/train:1.2", "command": ["python", "train.py", "--epochs", "3"],
             "gpus_per_node": 4, "nodes": 2, "gpu_types": ["A100"], "estimated_duration_s": 7200, "deadline": dl.isoformat(),
-            "priority_class": "high", "spot_allowed": False}
+            "priority_class": "low", "spot_allowed": False}
     r = client.post("/v1/jobs", json={"spec": spec}, headers=h)
     assert r.status_code == 201, r.text
     j = r.json()
@@ -72,7 +72,7 @@ def test_submit_201_with_exact_fields(client, make_team, submitted):
     assert j["name"] == "resnet50"
     assert j["spec"]["command"] == ["python", "train.py", "--epochs", "3"]
     assert (j["spec"]["gpus_per_node"], j["spec"]["nodes"], j["spec"]["gpu_types"]) == (4, 2, ["A100"])
-    assert j["spec"]["priority_class"] == "high" and j["spec"]["spot_allowed"] is False
+    assert j["spec"]["priority_class"] == "low" and j["spec"]["spot_allowed"] is False
     assert datetime.fromisoformat(j["deadline"]) == dl
     assert (j["attempt"], j["placement"], j["started_at"], j["finished_at"], j["exit_code"]) == (0, None, None, None, None)
     assert j["idempotency_key"] is None and j["cancel_requested"] is False

@@ -59,13 +59,14 @@ def _count(store, team: str) -> int:
 def test_quota_settings_per_team_overrides_and_unlimited():
     q = QuotaSettings(max_queued_jobs=100, submits_per_s=5, burst=20,
                       per_team={"vision": {"submits_per_s": 0}, "nlp": {"max_queued_jobs": None, "burst": 50}})
-    assert q.for_team("other") == TeamLimits(max_queued_jobs=100, submits_per_s=5.0, burst=20)
-    assert q.for_team("vision") == TeamLimits(max_queued_jobs=100, submits_per_s=None, burst=None)
-    assert q.for_team("nlp") == TeamLimits(max_queued_jobs=None, submits_per_s=5.0, burst=50)
+    caps = {"max_schedules": 100, "log_bytes": 2 ** 30}  # the defaults of the schedule cap and log budget
+    assert q.for_team("other") == TeamLimits(max_queued_jobs=100, submits_per_s=5.0, burst=20, **caps)
+    assert q.for_team("vision") == TeamLimits(max_queued_jobs=100, submits_per_s=None, burst=None, **caps)
+    assert q.for_team("nlp") == TeamLimits(max_queued_jobs=None, submits_per_s=5.0, burst=50, **caps)
     # a rate without a burst: the bucket holds one second of submits
     assert QuotaSettings(submits_per_s=2.5, burst=0).for_team("x").burst == 3
     assert BrokerSettings.model_construct().quotas.for_team("x") == TeamLimits(
-        max_queued_jobs=10000, submits_per_s=50.0, burst=200)
+        max_queued_jobs=10000, submits_per_s=50.0, burst=200, **caps)
 
 
 def test_quota_settings_errors_name_the_key(tmp_path):
