@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from broker.service.limits import TOKEN_BUCKET_LUA
+from broker.service.limits import CLOCK_SLACK_S, TOKEN_BUCKET_LUA
 from broker.service.signal_settings import BUNDLED, CLOUD_SOURCES, KEY_ENVS, SignalsSettings
 from broker.service.store import signals as rows
 from broker.service.store.signals import CachedHour
@@ -212,7 +212,9 @@ class SignalCache:
         while True:
             try:
                 ok, value = self._bucket(keys=[f"{self.prefix}bucket:{name}"],
-                                         args=[repr(opts.requests_per_s), opts.burst, 1])
+                                         # one request a call: its debt is at most 1 token (the script's
+                                         # largest batch), a time ahead of Redis's clock is forged
+                                         args=[repr(opts.requests_per_s), opts.burst, 1, 1, CLOCK_SLACK_S])
             except redis_lib.RedisError:
                 return  # fail open: the source's own limit still answers 429
             if int(ok) == 1:
