@@ -55,6 +55,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from providers.base import pool_time_limit_s
 from providers.launch import RENDEZVOUS_PORT as _LAUNCH_PORT
@@ -73,6 +74,8 @@ SUPERVISE_S = 0.5
 WORK_WAIT_S = 5.0
 #: longest wait between tries while the API cannot be reached, seconds
 MAX_BACKOFF_S = 10.0
+#: seconds between checks that this agent's nftables table is still installed (:meth:`NodeAgent.keep_guard`)
+GUARD_CHECK_S = 10.0
 #: an attempt must look lost (shim gone, no exit code) this long before it is reported lost, seconds
 LOST_CONFIRM_S = 2.0
 #: torchrun/NCCL rendezvous port on rank 0 (the c10d default)
@@ -182,6 +185,10 @@ class NodeAgent:
         self.jobs_root = prepare_jobs_root(jobs_root(jobs.root, self.state_dir), users)
         if agent_is_root():  # the broker's services out of the jobs' reach (workers.network_guard, PrivateView)
             eps = list(cfg.get("blocked_endpoints") or [])
+            api = urlsplit(self.api.api_url)  # jobs need not talk to the broker's API either (a job's slow-loris
+            if api.hostname:                  # filled its connection cap: heartbeats got 503, the node was lost)
+                eps.append({"setting": "the agent's api_url", "host": api.hostname,
+                            "port": api.port or (443 if api.scheme == "https" else 80)})
             uids = [jobs.uid_range, *((u.uid, u.uid) for u in users if not u.dynamic)]
             self.guard = NetworkGuard(self.name, uids, eps)
             self.guard.install()
@@ -478,6 +485,7 @@ class NodeAgent:
         self._watcher.start()
 
     def _loop(self) -> None:
+        guard_checked = time.monotonic()
         while True:
             t0 = time.monotonic()
             self._wake.clear()
@@ -485,6 +493,9 @@ class NodeAgent:
                 self.supervise_once()
             except Exception:
                 log.exception("supervision step failed")
+            if self.guard is not None and t0 - guard_checked >= GUARD_CHECK_S:
+                guard_checked = t0
+                self.keep_guard()
             # one step every SUPERVISE_S, or at once when the work changed (a slow step is followed
             # at once, after a short pause)
             self._wake.wait(max(SUPERVISE_S - (time.monotonic() - t0), 0.05))
@@ -519,6 +530,21 @@ class NodeAgent:
             self._thread.join(timeout=10)
         self.runtime.close()  # the spare shim exits
         self.remove_guard()
+
+    def keep_guard(self) -> bool:
+        """Install this agent's nftables table again when it is gone (someone ran ``nft flush ruleset``, or deleted
+        it); True when it is there now. Checked every ``GUARD_CHECK_S`` by the supervision loop; errors are logged."""
+        if self.guard is None:
+            return True
+        try:
+            if self.guard.installed() is not None:
+                return True
+            log.warning("network guard: table inet %s was gone: installing it again", self.guard.table)
+            self.guard.install()
+            return True
+        except Exception as e:  # noqa: BLE001 - NetworkGuardError, nft timing out: the next check tries again
+            log.error("%s", e)
+            return False
 
     def remove_guard(self) -> bool:
         """Delete this agent's nftables table unless a job still runs here; True when it is gone. Errors are

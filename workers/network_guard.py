@@ -3,7 +3,7 @@
 A job on an agent host that reached the broker's password-less Redis stopped intake for every team
 (``SET fedbroker:planner-lock x EX 300``) and locked another team out of submitting
 (``HSET fedbroker:rate:victim ...``). A root agent therefore installs one table of its own,
-``inet fedbroker_agent_<node>``, with one ``output`` chain that answers a TCP reset (``connect()``:
+``inet fedbroker_agent_<node>_<hash of what it guards>``, with one ``output`` chain that answers a TCP reset (``connect()``:
 "Connection refused") to a socket owned by a job uid (``meta skuid``: ``jobs.uid_range`` and every configured
 job user) that connects
 
@@ -42,12 +42,18 @@ class NetworkGuardError(RuntimeError):
     """The agent's nftables table could not be installed (or removed); the message says why and what to do."""
 
 
-def table_name(node: str) -> str:
+def table_name(node: str, guards: str = "") -> str:
     """``fedbroker_agent_<node>``: the node name with every character nft names do not take as ``_``, and, when
-    that changed it or it is long, 8 hex digits of its SHA-256 (two node names never share a table)."""
+    that changed it or it is long, 8 hex digits of its SHA-256 (two node names never share a table). With
+    ``guards`` (what the table guards: its uids and ports, :attr:`NetworkGuard.guards`), 8 more hex digits of
+    that: two brokers' agents on one host under the same node name (each broker names it after the host) keep two
+    tables, and one stopping deletes its own only (it deleted the other's: a hostile review's jobs then reached
+    the other broker's PostgreSQL); the same agent restarted with the same settings finds its own again."""
     safe = re.sub(r"[^A-Za-z0-9_]", "_", node)[:40]
     if safe != node:
         safe += "_" + hashlib.sha256(node.encode()).hexdigest()[:8]
+    if guards:
+        safe += "_" + hashlib.sha256(guards.encode()).hexdigest()[:8]
     return f"fedbroker_agent_{safe}"
 
 
@@ -80,10 +86,15 @@ class NetworkGuard:
     """
 
     def __init__(self, node: str, uids, endpoints, nft: str = "nft"):
-        self.table = table_name(node)
         self.uids = sorted({(int(lo), int(hi)) for lo, hi in uids})
         self.endpoints = [e for e in endpoints if e.get("port")]
         self.nft = nft
+        self.table = table_name(node, self.guards)
+
+    @property
+    def guards(self) -> str:
+        """What this table guards, as text (its name's second hash): the uid set and each endpoint's host:port."""
+        return self._uid_set() + " " + ",".join(sorted(f"{e.get('host')}:{e['port']}" for e in self.endpoints))
 
     def _uid_set(self) -> str:
         return "{ " + ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.uids) + " }"

@@ -16,6 +16,7 @@ import pwd
 import re
 import shutil
 import socket
+import subprocess
 import stat
 import time
 from pathlib import Path
@@ -267,7 +268,8 @@ def test_a_job_cannot_reach_the_brokers_redis_or_database_but_other_ports(pg_sto
     """Finding #2 of issue 20: on cb5ea98 a job's socket to 127.0.0.1:6379 reached the password-less Redis (and
     ``SET fedbroker:planner-lock x EX 300`` stopped intake for 5 min). Now the agent's nftables table refuses the
     job's uid the broker's Redis and PostgreSQL, on every local address and over their UNIX sockets, while
-    another port still connects (and root still reaches Redis)."""
+    another port still connects (and root still reaches Redis). The agent's own API is refused to jobs too (a
+    job's slow-loris on it filled the API's connection cap: heartbeats got 503 and the node was declared lost)."""
     other = socket.socket()
     other.bind(("127.0.0.1", 0))
     other.listen(8)
@@ -276,7 +278,8 @@ def test_a_job_cannot_reach_the_brokers_redis_or_database_but_other_ports(pg_sto
     (tmp_path / "probe.py").write_text(_PROBE)
     os.chmod(tmp_path / "probe.py", 0o644)
     pg_socket = "/var/run/postgresql/.s.PGSQL.5432"
-    targets = ["127.0.0.1:6379", "127.0.0.1:5432", "[::1]:6379", f"127.0.0.1:{port}", pg_socket]
+    api = f"127.0.0.1:{rig.api.port}"
+    targets = ["127.0.0.1:6379", "127.0.0.1:5432", "[::1]:6379", api, f"127.0.0.1:{port}", pg_socket]
     script = (f"/usr/bin/python3 {tmp_path / 'probe.py'} {' '.join(targets)}; "
               "redis-cli -h 127.0.0.1 -p 6379 ping 2>&1; ls -A /var/run/postgresql | wc -l")
     jid = pg_store.submit("evil", sh(script))[0].id
@@ -284,6 +287,7 @@ def test_a_job_cannot_reach_the_brokers_redis_or_database_but_other_ports(pg_sto
     log = "".join(t for _, t in pg_store.log_chunks(jid, 1))
     assert log == ("127.0.0.1:6379 ConnectionRefusedError\n127.0.0.1:5432 ConnectionRefusedError\n"
                    "[::1]:6379 ConnectionRefusedError\n"
+                   f"{api} ConnectionRefusedError\n"
                    f"127.0.0.1:{port} ok\n"
                    f"{pg_socket} FileNotFoundError\n"
                    "Could not connect to Redis at 127.0.0.1:6379: Connection refused\n"
@@ -291,7 +295,13 @@ def test_a_job_cannot_reach_the_brokers_redis_or_database_but_other_ports(pg_sto
     assert redis.Redis.from_url(REDIS_URL).ping()  # root (the broker, the agent) is not matched
     assert os.path.exists(pg_socket)  # hidden from the job only
     table = rig.agents["n1"].guard.installed()
-    assert "meta skuid 61184-65519 tcp dport { 5432, 6379 } fib daddr type local" in table
+    assert f"meta skuid 61184-65519 tcp dport {{ 5432, 6379, {rig.api.port} }} fib daddr type local" in table
+    guard = rig.agents["n1"].guard  # someone deletes the table (nft flush ruleset): the agent's check puts it back
+    subprocess.run(["nft", "delete", "table", "inet", guard.table], check=True)
+    assert guard.installed() is None
+    assert rig.agents["n1"].keep_guard()
+    assert f"meta skuid 61184-65519 tcp dport {{ 5432, 6379, {rig.api.port} }} fib daddr type local" in (
+        guard.installed() or "")
     other.close()
 
 

@@ -45,6 +45,8 @@ def test_table_name_is_an_nft_identifier():
     assert table_name("n1") == "fedbroker_agent_n1"
     assert table_name("gpu-07.rack2") == "fedbroker_agent_gpu_07_rack2_" + __import__("hashlib").sha256(
         b"gpu-07.rack2").hexdigest()[:8]
+    assert table_name("n1", "{ 61184-65519 } 127.0.0.1:6379") == "fedbroker_agent_n1_" + __import__(
+        "hashlib").sha256(b"{ 61184-65519 } 127.0.0.1:6379").hexdigest()[:8]
 
 
 def test_ruleset_blocks_local_ports_and_remote_addresses_for_the_job_uids():
@@ -54,9 +56,11 @@ def test_ruleset_blocks_local_ports_and_remote_addresses_for_the_job_uids():
            {"setting": "database_url", "host": None, "port": None, "socket": "/var/run/postgresql"}]
     g = NetworkGuard("n1", [(61184, 65519), (1, 1)], eps)
     who = "meta skuid { 1, 61184-65519 }"
+    assert g.guards == "{ 1, 61184-65519 } 10.0.0.9:5432,127.0.0.1:6379,fd00::7:5432"
+    t = table_name("n1", g.guards)
     assert g.ruleset() == (
-        "table inet fedbroker_agent_n1\ndelete table inet fedbroker_agent_n1\n"
-        "table inet fedbroker_agent_n1 {\n  chain output {\n"
+        f"table inet {t}\ndelete table inet {t}\n"
+        f"table inet {t} {{\n  chain output {{\n"
         "    type filter hook output priority filter; policy accept;\n"
         f"    {who} tcp dport {{ 5432, 6379 }} fib daddr type local counter reject with tcp reset\n"
         f"    {who} ip daddr {{ 10.0.0.9 }} tcp dport 5432 counter reject with tcp reset\n"
@@ -123,3 +127,22 @@ def test_the_agents_table_stays_while_a_job_runs_and_goes_when_it_stops_idle(pg_
     r.until(lambda: r.state(jid) == "cancelled", what="the cancel")
     fresh.stop()
     assert fresh.guard.installed() is None  # nothing runs: the table is gone
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nft")
+def test_two_brokers_agents_under_one_node_name_keep_their_own_tables():
+    """A hostile review ran a second broker's quick start on a host whose first broker named its node the same:
+    the second agent replaced the first's table and deleted it on stop, and the first broker's jobs reached its
+    PostgreSQL. Each table is named after what it guards: the second one stopping leaves the first in place."""
+    first = NetworkGuard("guard-twin", [(59970, 59979)], [{"setting": "redis_url", "host": "127.0.0.1", "port": 6391}])
+    second = NetworkGuard("guard-twin", [(59980, 59989)], [{"setting": "redis_url", "host": "127.0.0.1", "port": 6392}])
+    try:
+        first.install()
+        second.install()
+        assert first.table != second.table
+        second.remove()
+        assert second.installed() is None
+        assert "meta skuid 59970-59979 tcp dport 6391 " in (first.installed() or "")
+    finally:
+        first.remove()
+        second.remove()
