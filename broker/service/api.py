@@ -85,7 +85,7 @@ from broker.service.auth_cache import TokenCache
 from broker.batch import BatchItemResult, BatchRequest, BatchResponse
 from broker.bulk_cancel import CancelManyRequest, CancelManyResponse
 from broker.states import TERMINAL_STATES
-from broker.service.limits import LimitBody, LimitExceeded, RateLimiter, priority_refusal
+from broker.service.limits import LimitBody, LimitExceeded, RateLimiter, priority_refusal, time_limit_refusal
 from broker.service.metrics import CONTENT_TYPE, SCRAPE_CACHE_S, ScrapeCache
 from broker.schemas import (ErrorBody, ExplainView, JobView, LogsView, NodeCapacityView, NodeView, ScheduleRequest,
                             ScheduleView, SubmitRequest)
@@ -392,6 +392,12 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         an admin token may use any class."""
         return None if who.admin else priority_refusal(settings.quotas, team, spec.priority_class)
 
+    def unholdable(spec: JobSpec, team: str, cap) -> tuple[str, Any, str] | None:
+        """Why ``spec`` of ``team`` is refused with a 422 before it is stored, as ``(field, value, message)``:
+        a wall-clock limit over the team's ``quotas.max_time_limit_s`` (every token), or no known node can ever
+        hold it (``cap``, :func:`broker.service.feasibility.never_fits`); ``None`` when neither."""
+        return time_limit_refusal(settings.quotas, team, spec) or (never_fits(spec, cap) if cap is not None else None)
+
     def quota_of(team: str) -> int | None:
         """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
         return settings.quotas.for_team(team).max_queued_jobs
@@ -462,7 +468,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         of the same spec returns the first job with 200; the same key with another spec is 409.
         403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes`` (the detail names the
         allowed classes; an admin token may use any).
-        422 for a ``deadline`` not after now or a ``not_after`` in the past; 429 (``Retry-After``)
+        422 for a ``deadline`` not after now or a ``not_after`` in the past, a wall-clock limit (``time_limit_s``,
+        else from ``estimated_duration_s``) over the team's ``quotas.max_time_limit_s``; 429 (``Retry-After``)
         over the team's submit rate or queued-jobs quota, except for a replay of an existing job.
         """
         spec = body.spec
@@ -492,8 +499,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise late
             return _json(existing, 200)
         cap = await run_in_threadpool(capacity_of) if capacity_of is not None else None
-        refused = never_fits(spec, cap) if cap is not None else None
-        if refused is not None:  # no known node can ever hold it (broker.service.feasibility)
+        refused = unholdable(spec, team, cap)
+        if refused is not None:  # over the team's time-limit ceiling, or no known node can ever hold it
             raise _unprocessable(*refused)
         if rate_limiter is not None and rate_limiter.limits(team).submits_per_s is not None:  # Redis: off the loop
             await run_in_threadpool(
@@ -570,7 +577,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                         "type": "value_error", "loc": ("body", "items", i, "spec", f), "input": v,
                         "msg": f"items.{i}.spec.{f}={short_repr(v)}: {why}"})])
                 continue
-            refused = never_fits(spec, cap) if cap is not None else None
+            refused = unholdable(spec, t, cap)
             if refused is not None:
                 f, v, why = refused
                 results[i] = BatchItemResult(index=i, status=422, detail=[_describe({
@@ -814,7 +821,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
 
         422 naming the field for a bad ``name``, ``cron`` or ``timezone`` and for absolute
         instants in the spec (``spec.deadline``, ``spec.earliest_start``/``not_before``,
-        ``spec.not_after``: give ``slack_s``); 409 if the team already has a schedule of that name;
+        ``spec.not_after``: give ``slack_s``) and for a wall-clock limit over the team's ``quotas.max_time_limit_s``;
+        409 if the team already has a schedule of that name;
         403 for a ``spec.priority_class`` above the team's ``quotas.priority_classes``;
         429 over the team's submit rate (a schedule creation costs one submit) or when the team already holds
         ``quotas.max_schedules`` schedules (``limit: quotas.max_schedules``, no ``Retry-After``: delete one).
@@ -823,6 +831,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         refused = entitled(body.spec, team, who)
         if refused is not None:
             raise HTTPException(403, refused)
+        too_long = time_limit_refusal(settings.quotas, team, body.spec)
+        if too_long is not None:
+            raise _unprocessable(*too_long)
         charge(team, 1)
         try:
             sched = store.create_schedule(team, body.name, body.cron, body.timezone, body.spec, now=_utcnow(),

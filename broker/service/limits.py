@@ -54,9 +54,11 @@ from broker.batch import MAX_BATCH_ITEMS
 from broker.service.log_throttle import LogThrottle
 from broker.service.settings import QuotaSettings, TeamLimits
 from broker.service.store.quota import LimitExceeded, QuotaExceeded, quota_exceeded
+from providers.base import pool_time_limit_s
 
 __all__ = ["LimitExceeded", "RateLimitExceeded", "QuotaExceeded", "RateLimiter", "LimitBody", "TOKEN_BUCKET_LUA",
-           "quota_exceeded", "priority_refusal"]
+           "quota_exceeded", "priority_refusal",
+           "time_limit_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,28 @@ def priority_refusal(quotas: QuotaSettings, team: str, priority_class, field: st
     names = ", ".join(c.value for c in sorted(allowed, key=lambda c: c.rank))
     return (f"{field}={getattr(priority_class, 'value', priority_class)!r}: team {team!r} may use {names} "
             f"(an operator grants more in quotas.per_team.{team}.priority_classes)")
+
+
+def time_limit_refusal(quotas: QuotaSettings, team: str, spec, prefix: str = "spec.") -> tuple[str, float, str] | None:
+    """Why ``spec`` (a :class:`broker.model.JobSpec`) of ``team`` asks for a longer wall-clock limit than the team's
+    ``quotas.max_time_limit_s``, as ``(field, value, message)`` for a 422, or ``None`` when it fits (or there is no
+    ceiling). The limit is the one the agent and the pools enforce (:func:`providers.base.pool_time_limit_s`): the
+    spec's ``time_limit_s``, else ``estimated_duration_s x 1.2 + 300 s``; the field named is the one that set it
+    (``prefix`` + ``time_limit_s`` or ``estimated_duration_s``). E.g. ``time_limit_s=31000000`` with the default
+    7 days -> ``("spec.time_limit_s", 31000000.0, "... at most 604800 s (quotas.max_time_limit_s) ...")``."""
+    ceiling = quotas.for_team(team).max_time_limit_s
+    if ceiling is None:
+        return None
+    limit = pool_time_limit_s(spec.estimated_duration_s, time_limit_s=spec.time_limit_s)
+    if limit <= ceiling:
+        return None
+    if spec.time_limit_s is not None:
+        return (f"{prefix}time_limit_s", spec.time_limit_s,
+                f"longer than team {team!r} may ask for: at most {ceiling:g} s (quotas.max_time_limit_s)")
+    return (f"{prefix}estimated_duration_s", spec.estimated_duration_s,
+            f"its default time limit ({limit:g} s: the estimate x 1.2 + 300 s) is longer than team {team!r} may ask "
+            f"for, at most {ceiling:g} s (quotas.max_time_limit_s); split the run at checkpoints or ask an operator "
+            f"for quotas.per_team.{team}.max_time_limit_s")
 
 
 #: seconds a bucket's ``at`` may lie ahead of Redis's clock before the bucket is taken as forged (``at`` is written from

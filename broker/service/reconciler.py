@@ -22,7 +22,7 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    ``schedule_runs_per_pass`` schedules per pass, round-robin across teams (each team's earliest due fire
    first, :func:`broker.service.store.attempts.due_schedules`); the others fire in the next passes. A run
    counts against its team's ``quotas.max_queued_jobs`` like any submit, and its priority class must be
-   within the team's ``quotas.priority_classes``: otherwise the fire is skipped (no job), the schedule moves
+   within the team's ``quotas.priority_classes`` and its time limit within ``quotas.max_time_limit_s``: otherwise the fire is skipped (no job), the schedule moves
    on to its next fire, and the skip is recorded on the schedule (``last_skip_at``, ``last_skip_reason``)
    and as a ``schedule.skip`` audit event.
 4b. **Idle on-prem GPUs**: each closed UTC hour, one ``idle_amortised`` usage line per registered node with GPUs
@@ -234,7 +234,7 @@ class Reconciler:
     # ------------------------------------------------------------------ 4. recurring runs
     def _schedules(self, now: datetime, out: dict) -> None:
         from broker.recurring import due_fires, next_fire
-        from broker.service.limits import QuotaExceeded, priority_refusal
+        from broker.service.limits import QuotaExceeded, priority_refusal, time_limit_refusal
 
         per_pass = int(getattr(self.settings, "schedule_runs_per_pass", 100))
         quotas = self.settings.quotas
@@ -251,6 +251,12 @@ class Reconciler:
                     if refused is not None:
                         self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {refused}",
                                    "quotas.priority_classes", now, out)
+                        continue
+                    too_long = time_limit_refusal(quotas, team, run_spec)
+                    if too_long is not None:  # the ceiling was lowered after the schedule was created
+                        f, v, why = too_long
+                        self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {f}={v!r}: {why}",
+                                   "quotas.max_time_limit_s", now, out)
                         continue
                     try:
                         _, created_job = self.store.submit(

@@ -376,6 +376,7 @@ class TeamQuota(BaseModel):
     max_schedules: int | None = Field(None, ge=0)
     log_bytes: int | None = Field(None, ge=0)
     priority_classes: tuple[PriorityClass, ...] | None = Field(None, min_length=1)
+    max_time_limit_s: float | None = Field(None, ge=0, le=366 * 86400.0)
 
 
 class FinanceSettings(BaseModel):
@@ -422,6 +423,11 @@ class QuotaSettings(BaseModel):
             token may use any); a class above them answers 403 naming ``spec.priority_class`` and the allowed
             classes, and the planner never ranks (or lets preempt) a stored job above its team's highest
             class. Default ``[low, normal]``: grant ``high``/``critical`` per team (``per_team.<team>``).
+        max_time_limit_s: the longest wall-clock limit an attempt of a team's job may have, seconds (Slurm's
+            partition ``MaxTime``): a job whose limit (its ``time_limit_s``, else ``estimated_duration_s x 1.2 +
+            300 s``, :func:`providers.base.pool_time_limit_s`) is longer answers 422 naming the field, and a
+            schedule's fire is skipped. Default 7 days (604,800 s): a member's 31,000,000 s limit once held a node
+            for a year and told the team waiting behind it "expected start in 8611 h".
         per_team: ``team -> TeamQuota`` overrides.
 
     The rate limit needs Redis: while Redis is unreachable submits are let through (fail open) with a
@@ -437,13 +443,14 @@ class QuotaSettings(BaseModel):
     max_schedules: int | None = Field(100, ge=0)
     log_bytes: int | None = Field(1024 ** 3, ge=0)
     priority_classes: tuple[PriorityClass, ...] = Field((PriorityClass.low, PriorityClass.normal), min_length=1)
+    max_time_limit_s: float | None = Field(7 * 86400.0, ge=0, le=366 * 86400.0)
     per_team: dict[str, TeamQuota] = Field(default_factory=dict)
 
     def for_team(self, team: str) -> "TeamLimits":
         """The limits that apply to ``team`` (its overrides over the section's values), ``None`` = unlimited."""
         o = self.per_team.get(team)
         vals = {k: getattr(self, k) for k in ("max_queued_jobs", "submits_per_s", "burst", "max_schedules",
-                                              "log_bytes", "priority_classes")}
+                                              "log_bytes", "priority_classes", "max_time_limit_s")}
         if o is not None:
             vals.update({k: getattr(o, k) for k in o.model_fields_set})
         rate = vals["submits_per_s"] or None
@@ -453,7 +460,8 @@ class QuotaSettings(BaseModel):
         return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None, submits_per_s=rate,
                           burst=burst if rate is not None else None, max_schedules=vals["max_schedules"] or None,
                           log_bytes=vals["log_bytes"] or None,
-                          priority_classes=tuple(vals["priority_classes"] or self.priority_classes))
+                          priority_classes=tuple(vals["priority_classes"] or self.priority_classes),
+                          max_time_limit_s=vals["max_time_limit_s"] or None)
 
 
 class TeamLimits(BaseModel):
@@ -467,6 +475,7 @@ class TeamLimits(BaseModel):
     max_schedules: int | None = None
     log_bytes: int | None = None
     priority_classes: tuple[PriorityClass, ...] = (PriorityClass.low, PriorityClass.normal)
+    max_time_limit_s: float | None = None
 
     @property
     def max_priority_rank(self) -> int:

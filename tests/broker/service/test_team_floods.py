@@ -325,3 +325,51 @@ def test_a_running_job_above_its_entitlement_is_preempted_as_its_entitled_class(
     cycle.run()
     reasons = [e.reason for e in pg_store.events(low)]
     assert f"preemption requested for {high}" in reasons, reasons
+
+
+# ----------------------------------------------------------------------------- 5. the time-limit ceiling
+def test_time_limit_over_the_team_ceiling_is_422_naming_the_field_for_every_token(pg_store, api):
+    """Hostile pass of 2026-12-04 (B4): ``time_limit_s: 31000000`` was accepted and held a node for a year. The
+    ceiling is 7 days by default; the estimate's default limit counts too: (503,750 s x 1.2) + 300 s = 604,800 s
+    exactly fits, 503,751 s (604,801.2 s) does not."""
+    team, long = new_team(), new_team()
+    c = api(settings(per_team={long: TeamQuota(max_time_limit_s=30 * 86400)}))
+    h, g = member(pg_store, team), member(pg_store, long)
+    r = c.post("/v1/jobs", json={"spec": {**RUN, "time_limit_s": 31_000_000}}, headers=h)
+    assert r.status_code == 422, r.text
+    assert [(e["loc"], e["msg"]) for e in r.json()["detail"]] == [(["body", "spec", "time_limit_s"], (
+        f"spec.time_limit_s=31000000.0: longer than team {team!r} may ask for: at most 604800 s "
+        f"(quotas.max_time_limit_s)"))]
+    r = c.post("/v1/jobs", json={"spec": {**RUN, "estimated_duration_s": 503_751}}, headers=h)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["loc"] == ["body", "spec", "estimated_duration_s"]
+    assert r.json()["detail"][0]["msg"].startswith(
+        "spec.estimated_duration_s=503751.0: its default time limit (604801 s: the estimate x 1.2 + 300 s) is longer")
+    # an admin token is held to the same ceiling (it is the site's, not an entitlement)
+    r = c.post("/v1/jobs", json={"spec": {**RUN, "team": team, "time_limit_s": 604_801}}, headers=auth(ADMIN))
+    assert r.status_code == 422
+    assert pg_store.list_jobs(team=team) == []
+    for spec in ({"estimated_duration_s": 503_750}, {"time_limit_s": 604_800, "estimated_duration_s": 600_000}):
+        assert c.post("/v1/jobs", json={"spec": {**RUN, **spec}}, headers=h).status_code == 201
+    # the per-team override lets 30 days in; a batch item and a schedule over the ceiling are refused the same way
+    assert c.post("/v1/jobs", json={"spec": {**RUN, "time_limit_s": 2_000_000}}, headers=g).status_code == 201
+    r = c.post("/v1/jobs:batch", json={"items": [{"spec": RUN}, {"spec": {**RUN, "time_limit_s": 31_000_000}}]},
+               headers=h)
+    assert [x["status"] for x in r.json()["results"]] == [201, 422]
+    assert r.json()["results"][1]["detail"][0]["msg"].startswith("items.1.spec.time_limit_s=31000000.0: longer than")
+    r = c.post("/v1/schedules", json=every_minute("long", time_limit_s=31_000_000), headers=h)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "spec", "time_limit_s"]
+    assert pg_store.schedules(team) == []
+    assert BrokerSettings().quotas.for_team("anyone").max_time_limit_s == 604_800
+
+
+def test_schedule_fire_after_the_ceiling_was_lowered_is_skipped(pg_store):
+    team = new_team()
+    sid = pg_store.create_schedule(team, "long", "* * * * *", "UTC", JobSpec(**{**RUN, "time_limit_s": 86_400}),
+                                   now=T0).id
+    out = Reconciler(pg_store, settings(max_time_limit_s=3600)).run(FIRE)
+    assert (out["scheduled"], out["schedule_skips"]) == (0, 1)
+    assert pg_store.list_jobs(team=team) == []
+    assert pg_store.get_schedule(sid).last_skip_reason == (
+        f"fire at 2026-12-04T03:01:00+00:00 skipped: spec.time_limit_s=86400.0: longer than team {team!r} may ask "
+        f"for: at most 3600 s (quotas.max_time_limit_s)")
