@@ -355,11 +355,18 @@ def register(app: typer.Typer) -> None:
         if not 1 <= limit <= 1000:
             fail(f"--limit={limit}: must be between 1 and 1000", 2)
         c = client(url, token)
-        jobs = call(c, c.list, team=team, state=state or None, limit=limit)
+        # one job past the limit says whether the list was cut (the API serves at most 1000 a page)
+        jobs = call(c, c.list, team=team, state=state or None, limit=min(limit + 1, 1000))
+        more = len(jobs) > limit or (limit == 1000 and len(jobs) == 1000 and bool(
+            call(c, c.list, team=team, state=state or None, limit=1, offset=1000)))
+        jobs = jobs[:limit]
         if as_json:
             echo_json(jobs)
             return
         current_console().print(_jobs_table(jobs))
+        if more:
+            current_console().print(f"showing the newest {limit} jobs; more match (--limit up to 1000, --state, --team)",
+                                highlight=False)
 
     @app.command()
     def cancel(job_id: Optional[str] = typer.Argument(None, help="job-0123456789abcdef (or --all/--state/--name)"),

@@ -104,6 +104,18 @@ def test_list_fits_80_and_200_columns_one_line_per_job(run, store):
                         f"{deadline} │ {LONG_REASON[:47]}… ")
 
 
+def test_list_says_when_it_was_cut_at_the_limit(run, store):
+    """New-user note of 2026-12-04: ``list`` showed 50 of 60 jobs and did not say so."""
+    ids = [store.submit(run.team, JobSpec(name=f"j{i}", command=["true"]))[0].id for i in range(3)]
+    cut = run("list", "--limit", "2")
+    assert cut.exit_code == 0, cut.output
+    assert cut.stdout.splitlines()[-1] == "showing the newest 2 jobs; more match (--limit up to 1000, --state, --team)"
+    assert ids[0] not in cut.stdout and ids[2] in cut.stdout and ids[1] in cut.stdout
+    whole = run("list", "--limit", "3")
+    assert "more match" not in whole.stdout and all(i in whole.stdout for i in ids)
+    assert len(__import__("json").loads(run("list", "--limit", "2", "--json").stdout)) == 2
+
+
 def test_explain_fits_80_columns(run, store):
     j, _ = store.submit(run.team, JobSpec(command=["true"], gpus_per_node=8))
     chosen = OptionEstimate("onprem", "toronto", 1.7e9, 0.0, 3600.0, 2.85, 3.12, 0.094, 2.87)
