@@ -126,19 +126,52 @@ INT32_MAX = 2**31 - 1
 
 #: text without NUL (what :func:`_text` checks), as a JSON-schema pattern
 _NO_NUL = r"^[^\x00]*$"
-#: one line of text a terminal shows as it is (what :func:`_line` checks): no C0 or C1 control character
-#: (ESC, BEL, NUL, newline, ...), as a JSON-schema pattern
-NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+#: the C0 and C1 control characters (ESC, BEL, NUL, newline, DEL, CSI, ...): a terminal acts on them
 CONTROL_CHAR_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: the Unicode format characters (general category ``Cf``, Unicode 14.0: Python 3.11's :mod:`unicodedata`) as
+#: inclusive code-point ranges: invisible, and the bidirectional ones reorder what follows them (U+202E
+#: RIGHT-TO-LEFT OVERRIDE shows ``job\u202egnp.exe`` as ``jobexe.png``; U+2066-2069 isolates, U+200B-200F
+#: zero-width space/joiners and marks, U+FEFF, U+E0001-E007F tags). ``tests/broker/test_model.py`` checks the
+#: table against the running Python's ``unicodedata``.
+FORMAT_CHAR_RANGES = ((0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
+                      (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E), (0x200B, 0x200F), (0x202A, 0x202E),
+                      (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD),
+                      (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+                      (0xE0001, 0xE0001), (0xE0020, 0xE007F))
+# the characters themselves (not \u escapes: Python's re, pydantic's Rust regex and an ECMAScript "u" regex
+# all read a literal astral character in a class; only Python and Rust read \U0001D173)
+_FORMAT_CLASS = "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in FORMAT_CHAR_RANGES)
+#: one line of text a terminal shows as it is (what :func:`one_line` and :func:`line_problem` check): no control
+#: character and no format character, as a JSON-schema pattern. Every one-line field a user gives and others
+#: see uses it: a job's ``name``, ``gpu_types`` and ``allowed_regions`` (also inside a schedule's spec), a
+#: token's ``label``, the bulk cancel's ``name`` filter. (Team, project, schedule and node names are ASCII:
+#: ``TEAM_RE``, ``SCHEDULE_NAME_RE``.)
+LINE_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f" + _FORMAT_CLASS + "]*$"
+#: a character :data:`LINE_PATTERN` refuses
+NOT_LINE_CHAR_RE = re.compile("[\\x00-\\x1f\\x7f-\\x9f" + _FORMAT_CLASS + "]")
 #: the schema of a GPU type or region name in a spec
-_SHORT_NAME = {"type": "string", "maxLength": 64, "pattern": NO_CONTROL_PATTERN}
+_SHORT_NAME = {"type": "string", "maxLength": 64, "pattern": LINE_PATTERN}
+
+
+def line_problem(v: str) -> str | None:
+    """Why ``v`` cannot be shown as one line of a terminal or web page as it is (its first control character,
+    by ``repr``, or format character, by code point), or ``None``: the rule of :data:`LINE_PATTERN`. Callers
+    prefix ``field=value:``."""
+    m = NOT_LINE_CHAR_RE.search(v)
+    if m is None:
+        return None
+    ch = m.group()
+    if CONTROL_CHAR_RE.match(ch):
+        return f"contains the control character {ch!r}"
+    return f"contains the format character U+{ord(ch):04X}"
 
 
 def _no_control(schema: dict) -> None:
-    """State "no control character" on the string variant of an optional text field's schema."""
+    """State :data:`LINE_PATTERN` (no control or format character) on the string variant of an optional text
+    field's schema."""
     for variant in schema.get("anyOf", [schema]):
         if variant.get("type") == "string":
-            variant["pattern"] = NO_CONTROL_PATTERN
+            variant["pattern"] = LINE_PATTERN
 
 
 def short_repr(value: Any, limit: int = 200) -> str:
@@ -175,13 +208,14 @@ def _text(v: str, field: str, max_len: int) -> str:
     return v
 
 
-def _line(v: str, field: str, max_len: int) -> str:
-    """``v`` if it is :func:`_text` and holds no control character (a name shown in a terminal: an ESC
-    sequence in it would drive the reader's terminal), else ``ValueError`` naming ``field``."""
+def one_line(v: str, field: str, max_len: int) -> str:
+    """``v`` if it is :func:`_text` and holds no control or format character (:func:`line_problem`: a name
+    shown in a terminal or on the finance page: an ESC sequence in it would drive the reader's terminal, a
+    U+202E would show it reversed), else ``ValueError`` naming ``field``, the value and the character."""
     _text(v, field, max_len)
-    m = CONTROL_CHAR_RE.search(v)
-    if m:
-        raise ValueError(f"{field}={v[:40]!r}: contains the control character {m.group()!r}")
+    problem = line_problem(v)
+    if problem is not None:
+        raise ValueError(f"{field}={v[:40]!r}: {problem}")
     return v
 
 
@@ -291,13 +325,13 @@ class JobSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        return None if v is None else _line(v, "name", 200)
+        return None if v is None else one_line(v, "name", 200)
 
     @field_validator("gpu_types", "allowed_regions")
     @classmethod
     def _short_names(cls, v: tuple[str, ...], info) -> tuple[str, ...]:
         for i, x in enumerate(v):
-            _line(x, f"{info.field_name}[{i}]", 64)
+            one_line(x, f"{info.field_name}[{i}]", 64)
         return v
 
     @field_validator("team")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from broker.model import NO_CONTROL_PATTERN, JobSpec
+from broker.model import LINE_PATTERN, JobSpec, one_line
 
 __all__ = ["SubmitRequest", "JobView", "JobEventView", "AttemptView", "ExplainView", "LogsView", "NodeView",
            "decision_brief", "with_earlier", "latest_decisions",
@@ -308,9 +308,15 @@ class TokenCreateRequest(BaseModel):
 
     team: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     kind: TokenKind = "member"
-    label: str = Field("", max_length=200, pattern=NO_CONTROL_PATTERN)
+    label: str = Field("", max_length=200, json_schema_extra={"pattern": LINE_PATTERN})
     ttl_s: int | None = Field(None, ge=60, le=TOKEN_MAX_TTL_S)
     node: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, v: str) -> str:
+        # shown by `fedbroker tokens list`: a job name's rule, with its message naming the character
+        return one_line(v, "label", 200)
 
 
 class TokenRotateRequest(BaseModel):

@@ -34,7 +34,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from broker.service import attempts
-from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, NO_CONTROL_PATTERN
+from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, LINE_PATTERN
 from broker.service.store.core import JobStore, storable_text
 from broker.service.service_endpoints import service_endpoints
 from broker.service.tokens import node_of_token
@@ -68,14 +68,14 @@ class NodeHeartbeat(BaseModel):
     """A node's inventory and telemetry, as its agent read them from NVML."""
 
     model_config = ConfigDict(extra="forbid")
-    pool: str = Field(min_length=1, max_length=63, pattern=NO_CONTROL_PATTERN,
+    pool: str = Field(min_length=1, max_length=63, pattern=LINE_PATTERN,
                       description="on-prem pool of the node (in the cluster file)")
-    gpu_type: str = Field(min_length=1, max_length=32, pattern=NO_CONTROL_PATTERN)
+    gpu_type: str = Field(min_length=1, max_length=32, pattern=LINE_PATTERN)
     gpu_count: int = Field(ge=0, le=64)
     gpu_memory_gb: float = Field(ge=0, le=10000)
     healthy_gpus: list[Annotated[int, Field(ge=0, le=63)]] = Field(
         max_length=64, description="indexes of the healthy GPUs: distinct, each below gpu_count")
-    agent_id: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL_PATTERN)
+    agent_id: str = Field(min_length=1, max_length=200, pattern=LINE_PATTERN)
     telemetry: dict[str, Any] | None = None
 
     @model_validator(mode="after")

@@ -34,6 +34,10 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    oldest first, at most ``retention_batch`` jobs per pass in one short transaction (rows another
    writer holds are skipped, ``FOR UPDATE SKIP LOCKED``); a job with a cloud instance not yet
    terminated is kept until it is. Nothing is archived (see ``BrokerSettings.retention_days``).
+5a. **Audit retention** (``audit_retention_days`` > 0, default 400): audit events recorded more than
+   ``audit_retention_days`` ago are deleted, oldest first, at most ``audit_retention_batch`` per pass in one
+   short transaction (:func:`broker.service.store.tokens.purge_audit_events`). Independent of job retention:
+   the audit log outlives the jobs it names.
 6. **Log budgets**: a team whose stored logs pass its ``quotas.log_bytes`` has its oldest logs trimmed to
    their head and tail (``log_trim_keep_bytes`` each), then to a marker, until it is within it
    (:mod:`broker.service.log_budget`).
@@ -51,6 +55,7 @@ from broker.service import ledger
 from broker.service.lifecycle import requeue_lost
 from broker.service.log_throttle import LogThrottle
 from broker.service.store import attempts as repo
+from broker.service.store import tokens as audit_repo
 from broker.service.store import usage as usage_repo
 from broker.service.store.core import JobStore
 from broker.service.store.tables import utcnow
@@ -93,7 +98,8 @@ class Reconciler:
         ``idle_lines`` (:meth:`meter_idle`), and ``changed`` (their sum less
         re-dispatches, idle lines not counted); with retention on,
         ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
-        ``cloud_instances``); ``log_budget``: :meth:`trim_logs`'s counts."""
+        ``cloud_instances``); with audit retention on, ``audit_purged``: audit events deleted by
+        :meth:`purge_audit`; ``log_budget``: :meth:`trim_logs`'s counts."""
         now = now or utcnow()
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0,
                "schedule_skips": 0, "schedules_left": 0}
@@ -119,9 +125,11 @@ class Reconciler:
         out["idle_lines"] = self.meter_idle(now)
         if self.settings.retention_days > 0:
             out["purged"] = self.purge_finished(now)
+        if float(getattr(self.settings, "audit_retention_days", 0.0)) > 0:
+            out["audit_purged"] = self.purge_audit(now)
         out["log_budget"] = self.trim_logs()
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
-        if (out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs")
+        if (out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs") or out.get("audit_purged")
                 or out["log_budget"]["logs_trimmed"]):
             log.info("reconciler: %s", out)
         return out
@@ -178,6 +186,18 @@ class Reconciler:
         with self.store.session() as s:
             return repo.purge_finished(s, sorted(x.value for x in TERMINAL_STATES), cutoff,
                                        int(self.settings.retention_batch), LIVE_INSTANCE_STATES)
+
+    # ------------------------------------------------------------------ 5a. audit retention
+    def purge_audit(self, now: datetime | None = None) -> int:
+        """Delete up to ``settings.audit_retention_batch`` audit events recorded (``at``) more than
+        ``settings.audit_retention_days`` days before ``now`` (one exactly at the cutoff is kept), oldest first,
+        in one transaction. A no-op when ``audit_retention_days`` is 0. Returns the events deleted."""
+        days = float(getattr(self.settings, "audit_retention_days", 0.0))
+        if days <= 0:
+            return 0
+        cutoff = (now or utcnow()) - timedelta(days=days)
+        with self.store.session() as s:
+            return audit_repo.purge_audit_events(s, cutoff, int(self.settings.audit_retention_batch))
 
     # ------------------------------------------------------------------ 1. lost nodes
     def _lost_nodes(self, now: datetime, out: dict) -> None:

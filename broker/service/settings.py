@@ -551,6 +551,14 @@ class BrokerSettings(BaseSettings):
             (8 half-lives), so with less than that the oldest usage (weight < 5 % at 30 days) is
             forgotten early. ``0`` keeps everything forever. Default 30.
         retention_batch: most jobs one reconciler pass deletes (one short transaction).
+        audit_retention_days: days an audit event (``audit_events``: token, job, schedule and budget changes;
+            ``fedbroker audit``, ``GET /v1/audit``) is kept after it was recorded (its ``at``); then the reconciler
+            deletes it. Independent of ``retention_days``: the audit log outlives the jobs it names, as an audit
+            trail is commonly kept a year or more (SOC 2 reviews a 12-month period; PCI DSS 10.5.1 asks for 12
+            months). ``0`` keeps every event forever. Default 400 (a year and a month of slack).
+        audit_retention_batch: most audit events one reconciler pass deletes (one short transaction, oldest
+            first). Default 5,000: a pass every ``reconcile_interval_s`` (5 s) purges up to 1,000 events/s, 20x one
+            team's default sustained ``quotas.submits_per_s`` (each submit writes one event).
         schedule_runs_per_pass: most scheduled runs one reconciler pass creates, round-robin across teams
             (each team's earliest due fire first); the rest fire in the next passes. Default 100 (a run took
             ~14 ms to create on 2 loaded cores: one pass stays near 1.5 s however many schedules are due).
@@ -603,6 +611,8 @@ class BrokerSettings(BaseSettings):
     intake_per_cycle: int = Field(200, ge=0, le=1_000_000)
     retention_days: float = Field(30.0, ge=0, le=36_500)
     retention_batch: int = Field(500, ge=1, le=100_000)
+    audit_retention_days: float = Field(400.0, ge=0, le=36_500)
+    audit_retention_batch: int = Field(5000, ge=1, le=100_000)
     schedule_runs_per_pass: int = Field(100, ge=1, le=100_000)
     quotas: QuotaSettings = Field(default_factory=QuotaSettings)
     finance: FinanceSettings = Field(default_factory=FinanceSettings)

@@ -50,7 +50,7 @@ import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
-from broker.model import CONTROL_CHAR_RE, TEAM_RE, TOKEN_ID_PATTERN, WEEK_S, short_repr
+from broker.model import TEAM_RE, TOKEN_ID_PATTERN, WEEK_S, line_problem, short_repr
 from broker.schemas import TOKEN_KINDS, TOKEN_MAX_TTL_S, AuditEventView, CreatedToken, TokenView
 from broker.service.store import tokens as repo
 from broker.service.store.core import JobStore, StoreError
@@ -202,8 +202,9 @@ def _check_fields(team: str, kind: str, label: str, node: str | None) -> None:
         raise InvalidTokenRequest("kind", kind, f"one of {', '.join(TOKEN_KINDS)}")
     if len(label) > 200:
         raise InvalidTokenRequest("label", label[:20] + "...", "at most 200 characters")
-    if CONTROL_CHAR_RE.search(label):
-        raise InvalidTokenRequest("label", label[:40], "contains a control character (ESC, BEL, NUL, newline, ...)")
+    problem = line_problem(label)
+    if problem is not None:  # shown by `fedbroker tokens list` (the rule of a job's name)
+        raise InvalidTokenRequest("label", label[:40], problem)
     if kind == "node":
         if not node or not _NAME_RE.match(node):
             raise InvalidTokenRequest("node", node, "a node token needs the node's name (1-63 letters, digits, "

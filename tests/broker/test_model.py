@@ -100,3 +100,101 @@ def test_wait_text_never_rounds_seconds_to_zero_minutes():
 
     assert [wait_text(s) for s in (0.0, 40.0, 119.0, 222.0, 7199.0, 18720.0)] == [
         "0 s", "40 s", "119 s", "3.7 min", "120.0 min", "5.2 h"]
+
+
+# ----------------------------------------------------------------------------- one-line text (issue #20 B7)
+def _msg(**spec) -> str:
+    """The message of the one error ``JobSpec(command=["true"], **spec)`` raises."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as e:
+        JobSpec(command=["true"], **spec)
+    [err] = e.value.errors()
+    return str(err["ctx"]["error"])
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ({"name": "abc\u202e"}, "name='abc\\u202e': contains the format character U+202E"),  # RIGHT-TO-LEFT OVERRIDE
+    ({"name": "train\u202egnp.exe"}, "name='train\\u202egnp.exe': contains the format character U+202E"),
+    ({"name": "a\u2066b\u2069"}, "name='a\\u2066b\\u2069': contains the format character U+2066"),  # first: LRI
+    ({"name": "zero\u200bwidth"}, "name='zero\\u200bwidth': contains the format character U+200B"),
+    ({"name": "\ufeffbom"}, "name='\\ufeffbom': contains the format character U+FEFF"),
+    ({"name": "tag\U000e0041"}, "name='tag\\U000e0041': contains the format character U+E0041"),  # astral
+    ({"name": "soft\u00adhyphen"}, "name='soft\\xadhyphen': contains the format character U+00AD"),
+    ({"gpu_types": ["A100", "H100\u200d"]}, "gpu_types[1]='H100\\u200d': contains the format character U+200D"),
+    ({"allowed_regions": ["us-east-1\u200e"]},
+     "allowed_regions[0]='us-east-1\\u200e': contains the format character U+200E"),
+    # control characters keep their message (the character's repr)
+    ({"name": "a\x1b[2J"}, "name='a\\x1b[2J': contains the control character '\\x1b'"),
+    ({"name": "a\u200bb\x07"}, "name='a\\u200bb\\x07': contains the format character U+200B"),  # the first one
+])
+def test_one_line_fields_refuse_format_characters_naming_field_value_and_code_point(spec, msg):
+    assert _msg(**spec) == msg
+
+
+@pytest.mark.parametrize("name", ["Übung-日本", "résumé v2", "обучение", "训练任务 #3", "مهمة-١", "עבודה",
+                                  "🚀 llama-70b", "e\u0301", "tab-free  spaces"])
+def test_ordinary_non_ascii_names_are_accepted(name):
+    # right-to-left letters (Arabic, Hebrew) and combining marks are letters and marks, not format characters
+    assert JobSpec(command=["true"], name=name, gpu_types=[name[:64]], allowed_regions=[name[:64]]).name == name
+
+
+def test_the_format_character_table_is_unicode_category_cf():
+    import sys
+    import unicodedata
+
+    cf = {c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"}
+    table = {c for a, b in model.FORMAT_CHAR_RANGES for c in range(a, b + 1)}
+    assert table == cf, (f"update broker.model.FORMAT_CHAR_RANGES to Unicode {unicodedata.unidata_version}: "
+                         f"missing {sorted(map(hex, cf - table))}, extra {sorted(map(hex, table - cf))}")
+
+
+def _no_cf_no_cc():
+    from hypothesis import strategies as st
+
+    return st.text(st.characters(exclude_categories=("Cc", "Cf", "Cs")), max_size=31)  # 63 with the Cf: fits a gpu type (64)
+
+
+def test_any_text_with_a_format_character_is_refused_naming_the_field():
+    import unicodedata
+
+    from hypothesis import given, settings, strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(head=_no_cf_no_cc(), tail=_no_cf_no_cc(), ch=st.characters(categories=("Cf",)),
+           field=st.sampled_from(["name", "gpu_types", "allowed_regions"]))
+    def check(head, tail, ch, field):
+        assert unicodedata.category(ch) == "Cf"
+        v = head + ch + tail
+        msg = _msg(**{field: v if field == "name" else ["ok", v]})
+        shown = f"{field}[1]" if field != "name" else field
+        assert msg == f"{shown}={v[:40]!r}: contains the format character U+{ord(ch):04X}"
+        assert model.line_problem(v) == f"contains the format character U+{ord(ch):04X}"
+
+    check()
+
+
+def test_the_schema_pattern_is_the_validator():
+    """``LINE_PATTERN`` (the JSON schema's, what schemathesis generates from) accepts exactly the strings
+    :func:`broker.model.line_problem` passes, after a JSON round trip (as a client reads /openapi.json)."""
+    import json
+    import re
+
+    from hypothesis import given, settings, strategies as st
+
+    # fullmatch: JSON schema's ECMAScript "$" is the end of the text; Python's also matches before a final "\n"
+    pattern = re.compile(json.loads(json.dumps(model.LINE_PATTERN)))
+    assert json.loads(json.dumps(model.LINE_PATTERN, ensure_ascii=True)) == model.LINE_PATTERN
+    for a, b in model.FORMAT_CHAR_RANGES:  # each range's ends and the characters just outside it
+        for c in (a - 1, a, b, b + 1):
+            assert (pattern.fullmatch(chr(c)) is None) == (model.line_problem(chr(c)) is not None), hex(c)
+
+    @settings(max_examples=500, deadline=None)
+    @given(v=st.text(st.characters(exclude_categories=("Cs",)), max_size=30))
+    def check(v):
+        assert (pattern.fullmatch(v) is not None) == (model.line_problem(v) is None)
+
+    check()
+    schema = JobSpec.model_json_schema()["properties"]
+    assert schema["name"]["anyOf"][0]["pattern"] == model.LINE_PATTERN
+    assert schema["gpu_types"]["items"]["pattern"] == schema["allowed_regions"]["items"]["pattern"] == model.LINE_PATTERN

@@ -6,7 +6,8 @@ in, so a token change and its audit event share the caller's transaction.
 
 * :class:`Principal` — who calls the API (a token's kind, team, node, public id, expiry);
 * :func:`hash_token` — how a secret is stored (SHA-256 hex);
-* audit: :func:`audit_row`, :func:`audit` (one event in a session), :func:`audit_event_rows`;
+* audit: :func:`audit_row`, :func:`audit` (one event in a session), :func:`audit_event_rows`,
+  :func:`purge_audit_events` (the reconciler's audit retention);
 * tokens: :func:`add_token`, :func:`lock_tokens_for_bootstrap`, :func:`usable_admin_exists`, :func:`by_hash`,
   :func:`touch_last_used`, :func:`token_rows`, :func:`token_for_update`, :func:`node_token_rows`.
 """
@@ -18,13 +19,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from broker.service.store.tables import ApiToken, AuditEvent, utcnow
 
-__all__ = ["Principal", "hash_token", "audit_row", "audit", "audit_event_rows", "add_token",
+__all__ = ["Principal", "hash_token", "audit_row", "audit", "audit_event_rows", "purge_audit_events", "add_token",
            "lock_tokens_for_bootstrap", "usable_admin_exists", "by_hash", "touch_last_used", "token_rows",
            "token_for_update", "node_token_rows"]
 
@@ -96,6 +97,16 @@ def audit_event_rows(s: Session, since: datetime | None, limit: int, action: str
     if action is not None:
         q = q.where(AuditEvent.action == action)
     return list(s.execute(q).scalars())
+
+
+def purge_audit_events(s: Session, cutoff: datetime, limit: int) -> int:
+    """Inside ``s``: delete up to ``limit`` audit events recorded before ``cutoff`` (``at < cutoff``, UTC;
+    one at ``cutoff`` is kept), oldest first (by ``at``, then ``id``; the ``ix_audit_events_at`` index finds
+    them). Rows another writer holds are skipped (``FOR UPDATE SKIP LOCKED``; PostgreSQL). Returns the rows
+    deleted."""
+    ids = select(AuditEvent.id).where(AuditEvent.at < cutoff).order_by(AuditEvent.at, AuditEvent.id) \
+        .limit(int(limit)).with_for_update(skip_locked=True)
+    return s.execute(delete(AuditEvent).where(AuditEvent.id.in_(ids.scalar_subquery()))).rowcount
 
 
 # ----------------------------------------------------------------------------- tokens

@@ -558,6 +558,11 @@ def test_sqlite_validation_stores_nothing(tmp_path):
     # a name is shown in terminals (fedbroker list): an ESC sequence would drive the reader's terminal
     (b'{"spec": {"command": ["true"], "name": "\\u001b]0;PWNED\\u0007\\u001b[2J"}}', ["body", "spec", "name"],
      "spec.name='\\x1b]0;PWNED\\x07\\x1b[2J': contains the control character '\\x1b'"),
+    # a bidirectional override shows "train\u202egnp.exe" as "trainexe.png" (issue #20 B7)
+    (b'{"spec": {"command": ["true"], "name": "train\\u202egnp.exe"}}', ["body", "spec", "name"],
+     "spec.name='train\\u202egnp.exe': contains the format character U+202E"),
+    (b'{"spec": {"command": ["true"], "gpu_types": ["A100\\u200b"]}}', ["body", "spec", "gpu_types"],
+     "spec.gpu_types[0]='A100\\u200b': contains the format character U+200B"),
 ])
 def test_submit_rejects_non_finite_huge_or_unencodable_values(client, make_team, store, raw, loc, start):
     """Found by a fresh user: these once gave 500s, or were stored and broke every later list."""

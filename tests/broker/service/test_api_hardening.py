@@ -13,7 +13,7 @@ with warnings.catch_warnings():
 
 from broker.service.api import create_app
 from broker.service.jsonbody import MAX_BODY_BYTES, DuplicateJsonKey, loads_strict
-from broker.model import JobSpec
+from broker.model import LINE_PATTERN, JobSpec
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,9 @@ def test_the_schema_states_the_rules_the_server_enforces(client):
     no_nul = {"pattern": r"^[^\x00]*$"}
     assert spec["command"]["prefixItems"] == [{"type": "string", "minLength": 1, **no_nul}]
     assert spec["command"]["items"] == {"type": "string", **no_nul}
-    one_line = {"pattern": r"^[^\x00-\x1f\x7f-\x9f]*$"}  # names are shown in terminals: no control character
+    # names are shown in terminals and on the finance page: no control or format character (broker.model)
+    one_line = {"pattern": LINE_PATTERN}
+    assert LINE_PATTERN.startswith(r"^[^\x00-\x1f\x7f-\x9f") and "\u202e" in LINE_PATTERN
     assert spec["gpu_types"]["items"] == {"type": "string", "maxLength": 64, **one_line}
     assert spec["name"]["anyOf"][0] == {"type": "string", "maxLength": 200, **one_line}
     assert spec["image"]["pattern"].startswith("^[a-z0-9]+")

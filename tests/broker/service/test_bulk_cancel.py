@@ -105,6 +105,9 @@ def test_another_team_an_empty_filter_or_a_finished_state_is_refused(store, serv
         c.cancel_many(state="succeeded")
     assert ("states='succeeded': a succeeded job is finished and cannot be cancelled; the unfinished states are "
             "submitted, queued, deferred, provisioning, starting, running, interrupted") in str(e.value)
+    with pytest.raises(ValidationFailed) as e:  # no job has such a name (the rule of a job's name): 422
+        c.cancel_many(name="sweep\u202e")
+    assert "name='sweep\\u202e': contains the format character U+202E" in str(e.value)
     with pytest.raises(ValidationFailed) as e:
         c.cancel_many(state="sleeping")
     assert "states='sleeping': not a job state" in str(e.value)

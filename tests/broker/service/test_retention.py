@@ -1,13 +1,14 @@
 """Retention (issue #9 item 7): the reconciler deletes jobs finished more than ``retention_days`` ago with
-their events, logs, attempts and cloud-instance records, in bounded batches; PostgreSQL and SQLite."""
+their events, logs, attempts and cloud-instance records, in bounded batches; PostgreSQL and SQLite. Audit
+retention (issue #20 B8): audit events older than ``audit_retention_days`` go the same way."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 
-from broker.service.store.tables import Attempt, CloudInstance, Job, JobEvent, JobLog, utcnow
+from broker.service.store.tables import Attempt, AuditEvent, CloudInstance, Job, JobEvent, JobLog, utcnow
 from broker.model import JobSpec
 from broker.service.reconciler import Reconciler
 from broker.service.settings import BrokerSettings
@@ -95,6 +96,82 @@ def test_retention_settings_are_bounded():
 
     st = BrokerSettings()
     assert (st.retention_days, st.retention_batch, st.intake_batch, st.intake_per_cycle) == (30.0, 500, 250, 200)
-    for bad in ({"retention_days": -1}, {"retention_batch": 0}, {"intake_batch": 0}, {"intake_per_cycle": -1}):
+    assert (st.audit_retention_days, st.audit_retention_batch) == (400.0, 5000)
+    for bad in ({"retention_days": -1}, {"retention_batch": 0}, {"intake_batch": 0}, {"intake_per_cycle": -1},
+                {"audit_retention_days": -1}, {"audit_retention_days": 36_501}, {"audit_retention_batch": 0},
+                {"audit_retention_batch": 100_001}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
             BrokerSettings(**bad)
+
+
+# ----------------------------------------------------------------------------- audit retention (issue #20 B8)
+def _audit_rows(store, ats) -> list[int]:
+    """One ``job.cancel`` audit event per instant of ``ats`` (in that order); their ids."""
+    from broker.service.store.tokens import audit_row
+
+    with store.session() as s:
+        return [s.execute(insert(AuditEvent).values(**audit_row(None, "job.cancel", f"job-{i:016x}", {"n": i}, at))
+                          .returning(AuditEvent.id)).scalar_one() for i, at in enumerate(ats)]
+
+
+def _audit_ids(store) -> list[int]:
+    with store.session() as s:
+        return sorted(s.execute(select(AuditEvent.id)).scalars())
+
+
+def test_audit_events_older_than_audit_retention_days_are_purged_in_batches(pg_store):
+    store = pg_store
+    now = utcnow()
+    cutoff = now - timedelta(days=400)
+    ids = _audit_rows(store, [cutoff - timedelta(days=100), now, cutoff - timedelta(seconds=1),  # 0, 2: old
+                              cutoff,  # exactly at the cutoff: kept
+                              cutoff - timedelta(microseconds=1),  # 4: old
+                              cutoff + timedelta(microseconds=1), now - timedelta(days=30)])  # kept
+    rec = Reconciler(store, BrokerSettings(retention_days=30, audit_retention_batch=2))
+    out = rec.run(now)
+    assert out["audit_purged"] == 2  # the two oldest: 0 then 2
+    assert _audit_ids(store) == [ids[1], ids[3], ids[4], ids[5], ids[6]]
+    assert rec.run(now)["audit_purged"] == 1  # 4, a microsecond before the cutoff
+    assert rec.run(now)["audit_purged"] == 0
+    assert _audit_ids(store) == [ids[1], ids[3], ids[5], ids[6]]
+    assert rec.purge_audit(now + timedelta(microseconds=1)) == 1  # a microsecond later the cutoff row goes
+    assert _audit_ids(store) == [ids[1], ids[5], ids[6]]
+    # job retention is off: audit retention still runs (they are independent)
+    rec = Reconciler(store, BrokerSettings(retention_days=0, audit_retention_days=1))
+    out = rec.run(now)
+    assert "purged" not in out and out["audit_purged"] == 2  # 5 and 6; the row at now stays
+    assert _audit_ids(store) == [ids[1]]
+
+
+def test_audit_retention_batch_bounds_each_pass(pg_store):
+    store = pg_store
+    now = utcnow()
+    old = now - timedelta(days=401)
+    ids = _audit_rows(store, [old - timedelta(seconds=i) for i in range(25)] + [now] * 3)
+    rec = Reconciler(store, BrokerSettings(audit_retention_batch=10))
+    assert [rec.run(now)["audit_purged"] for _ in range(4)] == [10, 10, 5, 0]
+    keep = ids[25:]
+    assert _audit_ids(store) == keep
+    # oldest first: ids[i] is i seconds older than ids[0], so one batch of 10 takes ids[15:25]
+    ids = _audit_rows(store, [old - timedelta(seconds=i) for i in range(25)])
+    assert rec.purge_audit(now) == 10
+    assert _audit_ids(store) == keep + ids[:15]
+
+
+def test_audit_retention_days_zero_keeps_every_event(any_store):
+    store = any_store
+    now = utcnow()
+    ids = _audit_rows(store, [now - timedelta(days=36_000), now - timedelta(days=401), now])
+    rec = Reconciler(store, BrokerSettings(audit_retention_days=0))
+    out = rec.run(now)
+    assert "audit_purged" not in out
+    assert rec.purge_audit(now) == 0
+    assert _audit_ids(store) == ids
+
+
+def test_audit_retention_on_sqlite(sqlite_store):
+    now = utcnow()
+    ids = _audit_rows(sqlite_store, [now - timedelta(days=500), now - timedelta(days=401), now - timedelta(days=399)])
+    rec = Reconciler(sqlite_store, BrokerSettings(audit_retention_batch=1))
+    assert [rec.run(now)["audit_purged"] for _ in range(3)] == [1, 1, 0]
+    assert _audit_ids(sqlite_store) == ids[2:]

@@ -270,6 +270,10 @@ def test_duplicate_name_is_409_within_a_team(client, make_team, store):
     (nightly(spec={**SPEC, "not_after": "2099-01-01T00:00:00Z"}), ["body", "spec", "not_after"],
      "spec.not_after='2099-01-01T00:00:00+00:00': a recurring run's spec cannot hold an absolute latest start"),
     (nightly(name="bad name!"), ["body", "name"], "name='bad name!': 1-200 letters, digits"),
+    # a schedule's name is ASCII; its spec's name follows a job's rule: no format character (issue #20 B7)
+    (nightly(name="nightly\u202e"), ["body", "name"], "name='nightly\\u202e': 1-200 letters, digits"),
+    (nightly(spec={**SPEC, "name": "nightly\u202egnp.exe"}), ["body", "spec", "name"],
+     "spec.name='nightly\\u202egnp.exe': contains the format character U+202E"),
     (nightly(spec={**SPEC, "gpus_per_node": 0}), ["body", "spec", "gpus_per_node"],
      "spec.gpus_per_node=0: Input should be greater than or equal to 1"),
     ({**nightly(), "paused": True}, ["body", "paused"], "paused=True: Extra inputs are not permitted"),

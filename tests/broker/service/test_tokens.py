@@ -165,8 +165,18 @@ def test_admin_creates_any_kind_and_validation_names_the_field(client, store):
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "kind"]
     r = client.post("/v1/tokens", json={"team": team, "label": "ci\x1b[2J"}, headers=auth(ADMIN))
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "label"]  # shown by tokens list
-    with pytest.raises(T.InvalidTokenRequest, match=r"label='ci\\x07': contains a control character"):
+    with pytest.raises(T.InvalidTokenRequest) as e:
         T.create_token(store, team, label="ci\x07")
+    assert str(e.value) == "label='ci\\x07': contains the control character '\\x07'"
+    # a format character (issue #20 B7): the rule of a job's name (broker.model.line_problem)
+    for label, cp in (("ci\u202eexe.png", "U+202E"), ("ci\U000e0041", "U+E0041")):
+        r = client.post("/v1/tokens", json={"team": team, "label": label}, headers=auth(ADMIN))
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "label"]
+        assert r.json()["detail"][0]["msg"] == f"label={label!r}: contains the format character {cp}"
+    with pytest.raises(T.InvalidTokenRequest) as e:
+        T.create_token(store, team, label="ci\u2066x")
+    assert str(e.value) == "label='ci\\u2066x': contains the format character U+2066"
+    assert T.create_token(store, team, label="Übung-日本 CI").label == "Übung-日本 CI"
     # an instant UTC cannot hold (year 1 with an offset): 422 naming it, once a 500
     r = client.get("/v1/audit", params={"since": "0001-01-01T00:00:00+01:00"}, headers=auth(ADMIN))
     assert r.status_code == 422 and r.json()["detail"][0]["msg"].startswith("since='0001-01-01T00:00:00+01:00'")
