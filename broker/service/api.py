@@ -859,16 +859,20 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         return sched
 
     @app.post("/v1/schedules/{schedule_id}/pause", response_model=ScheduleView, tags=["schedules"],
-              responses=_SCHEDULE_ERRORS)
+              responses={**_SCHEDULE_ERRORS, **_LIMITED})
     def pause_schedule(sched: Sched, who: Caller) -> ScheduleView:
-        """Pause a schedule: it creates no jobs until resumed (``enabled`` false). Pausing a paused one is a no-op."""
+        """Pause a schedule: it creates no jobs until resumed (``enabled`` false). Pausing a paused one is a no-op.
+        Costs one submit of the team's rate limit, as a resume does (429 over it): each writes an audit row, and
+        a member toggling one schedule once wrote 177 rows/s."""
+        charge(sched.team, 1)
         return store.set_schedule_enabled(sched.id, False, None if who.admin else who.team, now=_utcnow(), actor=who)
 
     @app.post("/v1/schedules/{schedule_id}/resume", response_model=ScheduleView, tags=["schedules"],
-              responses=_SCHEDULE_ERRORS)
+              responses={**_SCHEDULE_ERRORS, **_LIMITED})
     def resume_schedule(sched: Sched, who: Caller) -> ScheduleView:
         """Resume a paused schedule: its next fire is the first one after now; fires missed while
-        paused are skipped. Resuming an enabled schedule is a no-op."""
+        paused are skipped. Resuming an enabled schedule is a no-op. Costs one submit (429 over the rate)."""
+        charge(sched.team, 1)
         return store.set_schedule_enabled(sched.id, True, None if who.admin else who.team, now=_utcnow(), actor=who)
 
     @app.delete("/v1/schedules/{schedule_id}", status_code=204, response_class=Response, tags=["schedules"],

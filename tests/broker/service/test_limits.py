@@ -101,6 +101,25 @@ def test_fourth_submit_over_burst_3_is_429_retry_after_1(store):
     assert _count(store, team) == 3
 
 
+def test_schedule_pause_and_resume_cost_a_submit_each(store):
+    """Hostile pass of 2026-12-04 (B8): toggling one schedule wrote 177 audit rows/s, past the submit rate. With
+    a burst of 3: the create and two toggles pass, the third toggle is 429 and writes no audit row."""
+    from broker.service.store.tables import AuditEvent
+
+    quotas = QuotaSettings(submits_per_s=0.01, burst=3, max_queued_jobs=0)
+    team, h = _team(store)
+    with _client(store, quotas, _limiter(quotas)) as c:
+        sid = c.post("/v1/schedules", json={"name": "n", "cron": "@daily", "spec": SPEC}, headers=h).json()["id"]
+        assert c.post(f"/v1/schedules/{sid}/pause", headers=h).status_code == 200
+        assert c.post(f"/v1/schedules/{sid}/resume", headers=h).status_code == 200
+        r = c.post(f"/v1/schedules/{sid}/pause", headers=h)
+        assert r.status_code == 429 and r.json()["limit"] == "quotas.submits_per_s", r.text
+        assert c.get(f"/v1/schedules/{sid}", headers=h).json()["enabled"] is True  # nothing changed
+    with store.session() as s:
+        rows = s.execute(select(AuditEvent.action).where(AuditEvent.target == sid).order_by(AuditEvent.id)).scalars()
+        assert [a for a in rows if a.startswith("schedule.")] == ["schedule.create", "schedule.pause", "schedule.resume"]
+
+
 def test_rate_limit_retry_after_rounds_up_and_per_team_override(store):
     quotas = QuotaSettings(submits_per_s=0.25, burst=1, max_queued_jobs=0,
                            per_team={"unlimited-team": {"submits_per_s": 0}})
