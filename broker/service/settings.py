@@ -512,7 +512,8 @@ class BrokerSettings(BaseSettings):
             so set ``0`` there and let the proxy cap per client (nginx ``limit_conn``). An IPv6 address counts on
             its own (a host with a /64 has many); an IPv4-mapped ``::ffff:a.b.c.d`` counts as ``a.b.c.d``.
             Loopback is capped too: on one machine the agent (2 connections: its loop and its long-poll), the SDK
-            (one keep-alive connection per session) and the CLI are all ``127.0.0.1``, far below 64. Default 64,
+            (one keep-alive connection per session) and the CLI are all ``127.0.0.1``, far below 64. Node agents
+            behind one NAT address share it: keep it above twice their number. Default 64,
             lowered to ``api_max_connections`` when that is set below 64 and this is not given.
         cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
             register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
