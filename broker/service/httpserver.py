@@ -20,19 +20,36 @@ bounds only a head still incomplete in its buffer) and the body limit of :class:
 the server. Connections are cheap (asyncio), so partial-header
 connections below the cap do not delay other requests (``tests/broker/service/test_httpserver.py``).
 
-A reverse proxy in front (nginx ``client_header_timeout``/``client_body_timeout``) is the usual
+What stops one client from filling the cap — ``limit_concurrency`` is one cap for the whole process, so one
+host holding ``api_max_connections`` slow connections (each within the read timeouts, reopened as they are cut)
+or idle keep-alive ones turned every other team's request into a 503, and a node agent whose heartbeats fail for
+``node_lost_after_s`` gets its node declared lost and its jobs requeued (:mod:`broker.service.reconciler`). Both
+protocols also count the open connections of each client address (:func:`open_connections_by_peer`, one count per
+process, taken in ``connection_made`` and given back in ``connection_lost``): a connection past
+``api_max_connections_per_peer`` (:class:`broker.service.settings.BrokerSettings`) is answered
+:data:`PEER_REFUSAL` (503, ``Retry-After`` :data:`PEER_RETRY_AFTER_S` s, ``Connection: close``) and closed at
+once, before any byte of it is parsed or reaches the app; the refusal is logged at most once a minute per address.
+The address is the TCP peer's (``X-Forwarded-For`` is never read: behind a proxy every client is the proxy, so
+set the per-peer cap to 0 there and cap per client in the proxy); an IPv4-mapped IPv6 address counts as its
+IPv4 one; a connection without a peer address (a Unix socket) is not counted.
+
+A reverse proxy in front (nginx ``client_header_timeout``/``client_body_timeout``, ``limit_conn``) is the usual
 production layout and does the same; these limits hold without one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["GuardedH11Protocol", "GuardedHttpToolsProtocol", "server_config", "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S",
-           "KEEP_ALIVE_S", "MAX_HEADER_BYTES"]
+from broker.service.log_throttle import KeyedLogThrottle
+
+__all__ = ["GuardedH11Protocol", "GuardedHttpToolsProtocol", "server_config", "open_connections_by_peer",
+           "HEADER_TIMEOUT_S", "BODY_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_HEADER_BYTES", "PEER_RETRY_AFTER_S",
+           "PEER_REFUSAL"]
 
 log = logging.getLogger("fedbroker.api.server")
 
@@ -44,6 +61,74 @@ BODY_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5
 #: largest request head (request line + headers), bytes; larger is a 400
 MAX_HEADER_BYTES = 16 * 1024
+#: seconds a client refused for its address's connection cap is told to wait (``Retry-After``): an idle
+#: keep-alive connection of that address is closed within :data:`KEEP_ALIVE_S`
+PEER_RETRY_AFTER_S = KEEP_ALIVE_S
+_PEER_BODY = b"too many connections from your address (api_max_connections_per_peer); retry later\n"
+#: the whole answer to a connection over its address's cap, written before the connection is closed
+PEER_REFUSAL = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"retry-after: %d\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                % (PEER_RETRY_AFTER_S, len(_PEER_BODY))) + _PEER_BODY
+
+#: open connections per client address, this process (every server in it); guarded by _peers_lock
+_open_by_peer: dict[str, int] = {}
+_peers_lock = threading.Lock()
+#: one refusal line a minute per address, at most 1024 addresses remembered
+_refusal_log = KeyedLogThrottle(60.0, max_keys=1024)
+
+
+def open_connections_by_peer() -> dict[str, int]:
+    """A copy of the per-address count of open connections of this process (addresses with none are absent)."""
+    with _peers_lock:
+        return dict(_open_by_peer)
+
+
+def _peer_address(host: str) -> str:
+    """The address a connection counts against: ``host``, an IPv4-mapped IPv6 ``::ffff:a.b.c.d`` as ``a.b.c.d``."""
+    if host.startswith("::ffff:") and "." in host:
+        return host[7:]
+    return host
+
+
+class _PeerCap:
+    """Mixin of a uvicorn HTTP protocol: the per-address connection cap (``config.fedbroker_max_connections_per_peer``,
+    set by :func:`server_config`; 0 or absent = no cap). ``_admit`` runs at the end of ``connection_made``,
+    ``_release`` first in ``connection_lost`` (and before a WebSocket upgrade hands the transport over, when no
+    ``connection_lost`` would come); only an admitted connection is counted, and ``_release`` gives its count back once."""
+
+    _peer: str | None = None  # the address this connection is counted against, until released
+    _refused = False
+
+    def _admit(self) -> bool:
+        """Count this connection against its address, or answer :data:`PEER_REFUSAL` and close it (``False``)."""
+        cap = getattr(self.config, "fedbroker_max_connections_per_peer", 0) or 0
+        if cap <= 0 or not self.client:
+            return True
+        peer = _peer_address(self.client[0])
+        with _peers_lock:
+            n = _open_by_peer.get(peer, 0)
+            if n < cap:
+                _open_by_peer[peer] = n + 1
+                self._peer = peer
+                return True
+        self._refused = True
+        if _refusal_log.due(peer):
+            log.warning("refusing connections from %s: %d open from that address, api_max_connections_per_peer=%d "
+                        "(503, Retry-After %d s; logged once a minute per address)", peer, n, cap, PEER_RETRY_AFTER_S)
+        self.transport.write(PEER_REFUSAL)
+        self.transport.close()
+        return False
+
+    def _release(self) -> None:
+        peer, self._peer = self._peer, None
+        if peer is None:
+            return
+        with _peers_lock:
+            n = _open_by_peer.get(peer, 0) - 1
+            if n > 0:
+                _open_by_peer[peer] = n
+            else:
+                _open_by_peer.pop(peer, None)
 
 
 class _ReadDeadlines:
@@ -78,21 +163,31 @@ class _ReadDeadlines:
         self.transport.close()
 
 
-class GuardedH11Protocol(_ReadDeadlines, H11Protocol):
+class GuardedH11Protocol(_PeerCap, _ReadDeadlines, H11Protocol):
     """uvicorn's h11 protocol with header and body read timeouts (class attributes, seconds; a
-    subclass may change them): a request not read in time closes the connection."""
+    subclass may change them): a request not read in time closes the connection; and the per-address
+    connection cap (:class:`_PeerCap`)."""
 
     def connection_made(self, transport) -> None:  # noqa: D102 - asyncio.Protocol
         super().connection_made(transport)
-        self._watch()
+        if self._admit():
+            self._watch()
 
     def data_received(self, data: bytes) -> None:  # noqa: D102 - asyncio.Protocol
+        if self._refused:  # answered and closing: nothing of it is parsed
+            return
         super().data_received(data)
         self._watch()
 
     def connection_lost(self, exc) -> None:  # noqa: D102 - asyncio.Protocol
+        self._release()
         self._cancel()
         super().connection_lost(exc)
+
+    def handle_websocket_upgrade(self, event) -> None:  # noqa: D102 - the transport goes to another protocol
+        self._release()
+        self._cancel()
+        super().handle_websocket_upgrade(event)
 
     def _watch(self) -> None:
         """The phase h11 is in: reading a request's headers (IDLE) or its body (SEND_BODY), or neither."""
@@ -106,19 +201,32 @@ except ImportError:  # pragma: no cover - httptools is optional
     HttpToolsProtocol = None
 
 if HttpToolsProtocol is not None:
-    class GuardedHttpToolsProtocol(_ReadDeadlines, HttpToolsProtocol):
-        """uvicorn's httptools protocol (the faster parser) with the same read timeouts, and a request head
-        over :data:`MAX_HEADER_BYTES` answered 400 (httptools has no limit of its own)."""
+    class GuardedHttpToolsProtocol(_PeerCap, _ReadDeadlines, HttpToolsProtocol):
+        """uvicorn's httptools protocol (the faster parser) with the same read timeouts and per-address
+        connection cap, and a request head over :data:`MAX_HEADER_BYTES` answered 400 (httptools has no limit
+        of its own)."""
 
         _head_bytes = 0
 
         def connection_made(self, transport) -> None:  # noqa: D102 - asyncio.Protocol
             super().connection_made(transport)
-            self._enter("headers")
+            if self._admit():
+                self._enter("headers")
+
+        def data_received(self, data: bytes) -> None:  # noqa: D102 - asyncio.Protocol
+            if self._refused:  # answered and closing: nothing of it is parsed
+                return
+            super().data_received(data)
 
         def connection_lost(self, exc) -> None:  # noqa: D102 - asyncio.Protocol
+            self._release()
             self._cancel()
             super().connection_lost(exc)
+
+        def handle_websocket_upgrade(self) -> None:  # noqa: D102 - the transport goes to another protocol
+            self._release()
+            self._cancel()
+            super().handle_websocket_upgrade()
 
         def on_message_begin(self) -> None:  # noqa: D102 - parser callback
             super().on_message_begin()
@@ -152,7 +260,8 @@ else:  # pragma: no cover
 
 def server_config(app, settings, log_level: str = "warning", **extra):
     """The ``uvicorn.Config`` of ``fedbroker serve api`` for ``app`` and ``settings`` (``api_host``,
-    ``api_port``, ``api_certfile``/``api_keyfile`` for TLS, ``api_max_connections`` per process);
+    ``api_port``, ``api_certfile``/``api_keyfile`` for TLS, ``api_max_connections`` and
+    ``api_max_connections_per_peer`` per process; no WebSocket: the API has no WebSocket route);
     ``extra``: more ``uvicorn.Config`` arguments (``workers``, ``factory`` with an import string ``app``).
     Raises ``ValueError`` naming the setting when only one of the TLS files is given or a file does not exist."""
     import uvicorn
@@ -164,9 +273,14 @@ def server_config(app, settings, log_level: str = "warning", **extra):
     for name, path in (("api_certfile", cert), ("api_keyfile", key)):
         if path is not None and not path.is_file():
             raise ValueError(f"{name}={str(path)!r}: no such file")
-    return uvicorn.Config(
+    cfg = uvicorn.Config(
         app, host=settings.api_host, port=settings.api_port, log_level=log_level, access_log=False,
-        http=GuardedHttpToolsProtocol or GuardedH11Protocol, timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=settings.api_max_connections,
+        http=GuardedHttpToolsProtocol or GuardedH11Protocol, ws="none", timeout_keep_alive=KEEP_ALIVE_S,
+        limit_concurrency=settings.api_max_connections,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES, timeout_graceful_shutdown=10,
         ssl_certfile=str(cert) if cert else None, ssl_keyfile=str(key) if key else None,
         log_config=None, **extra)  # uvicorn logs through the root handlers, so the secret filter (broker.service.redact) sees them
+    # read by the guarded protocols (uvicorn hands them the config); an attribute pickles with the config to
+    # the worker processes of --workers N
+    cfg.fedbroker_max_connections_per_peer = int(getattr(settings, "api_max_connections_per_peer", 0))
+    return cfg

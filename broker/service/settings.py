@@ -502,6 +502,19 @@ class BrokerSettings(BaseSettings):
             (give both or neither; ``--certfile/--keyfile`` override them).
         api_max_connections: open connections ``serve api`` holds at most; a request above it is a 503
             (read timeouts and keep-alive limits: :mod:`broker.service.httpserver`).
+        api_max_connections_per_peer: open connections ``serve api`` holds at most from one client address (per
+            API process; ``0`` = no per-address cap; at most ``api_max_connections``). One more is answered a short
+            503 with ``Retry-After`` and closed before it reaches the app, so one host holding slow or idle
+            connections cannot fill ``api_max_connections`` for every other team (and for node agents, whose
+            heartbeats failing for ``node_lost_after_s`` get their node declared lost): it would take
+            ``api_max_connections / api_max_connections_per_peer`` addresses (1000 / 64: 16). It counts the TCP
+            peer (``X-Forwarded-For`` is not trusted): behind a reverse proxy every client is the proxy's address,
+            so set ``0`` there and let the proxy cap per client (nginx ``limit_conn``). An IPv6 address counts on
+            its own (a host with a /64 has many); an IPv4-mapped ``::ffff:a.b.c.d`` counts as ``a.b.c.d``.
+            Loopback is capped too: on one machine the agent (2 connections: its loop and its long-poll), the SDK
+            (one keep-alive connection per session) and the CLI are all ``127.0.0.1``, far below 64. Node agents
+            behind one NAT address share it: keep it above twice their number. Default 64,
+            lowered to ``api_max_connections`` when that is set below 64 and this is not given.
         cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
             register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
         planner: the planner's settings (policy, carbon price, ...), see :class:`PlannerConfig`.
@@ -584,6 +597,7 @@ class BrokerSettings(BaseSettings):
     api_certfile: Path | None = None
     api_keyfile: Path | None = None
     api_max_connections: int = Field(1000, ge=1, le=100_000)
+    api_max_connections_per_peer: int = Field(64, ge=0, le=100_000)
     cluster: Path | None = None
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     cloud_providers: tuple[str, ...] = ()
@@ -634,6 +648,16 @@ class BrokerSettings(BaseSettings):
         if len(set(v)) != len(v):
             raise ValueError(f"cloud_providers={list(v)!r}: lists a provider twice")
         return v
+
+    @model_validator(mode="after")
+    def _per_peer_cap(self) -> "BrokerSettings":
+        if self.api_max_connections_per_peer > self.api_max_connections:
+            if "api_max_connections_per_peer" in self.model_fields_set:
+                raise ValueError(f"api_max_connections_per_peer={self.api_max_connections_per_peer} is above "
+                                 f"api_max_connections={self.api_max_connections}: a per-address cap must be at most "
+                                 f"the cap of the whole process (0 = no per-address cap)")
+            self.api_max_connections_per_peer = self.api_max_connections  # the default, under a small global cap
+        return self
 
     @model_validator(mode="after")
     def _provider_sections(self) -> "BrokerSettings":

@@ -16,7 +16,9 @@ Cost, per API process, whatever the number of agents waiting (:class:`WorkWatch`
 
 A waiting request holds no thread (the route is ``async``; the queries run in the thread pool),
 only its connection: an agent holds two (its loop's and its long-poll's), so keep
-``api_max_connections`` (per API process) above twice the number of agents. Changes that do not
+``api_max_connections`` (per API process) above twice the number of agents, and
+``api_max_connections_per_peer`` above twice the number of agents that reach the API from one address
+(behind one NAT gateway; 64 by default: 32 such agents). Changes that do not
 move a job's version (none today) are seen when the wait ends.
 """
 

@@ -195,3 +195,21 @@ def test_a_url_password_in_a_bad_setting_is_masked(tmp_path):
         load_settings(p)
     assert "pa55w0rd" not in str(e.value)
     assert str(e.value).startswith("setting cloud.report_url='ftp://user:***@[::1': "), str(e.value)
+
+
+def test_api_max_connections_per_peer_default_and_bounds(tmp_path, monkeypatch):
+    assert load_settings(state_dir=tmp_path).api_max_connections_per_peer == 64
+    assert load_settings(state_dir=tmp_path, api_max_connections_per_peer=0).api_max_connections_per_peer == 0
+    # the default under a smaller process cap is lowered to it; a value given above it is an error naming both
+    assert load_settings(state_dir=tmp_path, api_max_connections=20).api_max_connections_per_peer == 20
+    assert load_settings(state_dir=tmp_path, api_max_connections=20,
+                         api_max_connections_per_peer=20).api_max_connections_per_peer == 20
+    with pytest.raises(SettingsError) as e:
+        load_settings(state_dir=tmp_path, api_max_connections=20, api_max_connections_per_peer=21)
+    assert str(e.value) == ("settings: api_max_connections_per_peer=21 is above api_max_connections=20: a per-address "
+                            "cap must be at most the cap of the whole process (0 = no per-address cap)")
+    with pytest.raises(SettingsError) as e:
+        load_settings(state_dir=tmp_path, api_max_connections_per_peer=-1)
+    assert str(e.value) == "setting api_max_connections_per_peer=-1: Input should be greater than or equal to 0"
+    monkeypatch.setenv("FEDBROKER_API_MAX_CONNECTIONS_PER_PEER", "8")
+    assert load_settings(state_dir=tmp_path).api_max_connections_per_peer == 8
