@@ -21,10 +21,11 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once. At most
    ``schedule_runs_per_pass`` schedules per pass, round-robin across teams (each team's earliest due fire
    first, :func:`broker.service.store.attempts.due_schedules`); the others fire in the next passes. A run
-   counts against its team's ``quotas.max_queued_jobs`` like any submit, and its priority class must be
-   within the team's ``quotas.priority_classes`` and its time limit within ``quotas.max_time_limit_s``: otherwise the fire is skipped (no job), the schedule moves
-   on to its next fire, and the skip is recorded on the schedule (``last_skip_at``, ``last_skip_reason``)
-   and as a ``schedule.skip`` audit event.
+   counts against its team's ``quotas.max_queued_jobs`` and ``quotas.max_queued_spec_bytes`` like any submit,
+   and its priority class must be within the team's ``quotas.priority_classes`` and its time limit within
+   ``quotas.max_time_limit_s``: otherwise the fire is skipped (no job), the schedule moves on to its next fire,
+   and the skip is recorded on the schedule (``last_skip_at``, ``last_skip_reason``) and as a ``schedule.skip``
+   audit event.
 4b. **Idle on-prem GPUs**: each closed UTC hour, one ``idle_amortised`` usage line per registered node with GPUs
    no running attempt held (:func:`broker.service.ledger.meter_pool_idle`), written once (the ledger's key);
    the first pass meters the last :data:`IDLE_LOOKBACK_H` hours, later ones the hours since the last line
@@ -258,11 +259,12 @@ class Reconciler:
                         self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {f}={v!r}: {why}",
                                    "quotas.max_time_limit_s", now, out)
                         continue
+                    lim = quotas.for_team(team)
                     try:
                         _, created_job = self.store.submit(
                             team, run_spec, now=now, schedule_id=sid,
                             idempotency_key=f"schedule:{sid}:{fire.isoformat()}",
-                            max_unfinished=quotas.for_team(team).max_queued_jobs,
+                            max_unfinished=lim.max_queued_jobs, max_spec_bytes=lim.max_queued_spec_bytes,
                             quota_retry_after_s=quotas.quota_retry_after_s)
                     except QuotaExceeded as e:
                         self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {e}", e.limit, now, out)

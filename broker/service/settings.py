@@ -371,6 +371,7 @@ class TeamQuota(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_queued_jobs: int | None = Field(None, ge=0)
+    max_queued_spec_bytes: int | None = Field(None, ge=0)
     submits_per_s: float | None = Field(None, ge=0)
     burst: int | None = Field(None, ge=0)
     max_schedules: int | None = Field(None, ge=0)
@@ -408,12 +409,19 @@ class QuotaSettings(BaseModel):
         max_queued_jobs: unfinished jobs (any state but succeeded/failed/cancelled,
             :data:`broker.states.UNFINISHED_STATES`) a team may hold; a submit that would exceed it
             answers 429 (``Retry-After: quota_retry_after_s``). Checked in the submit transaction.
+        max_queued_spec_bytes: bytes of job spec a team's unfinished jobs may hold in the store, summed over them:
+            each job's stored JSON spec (the UTF-8 length of ``json.dumps(spec)``, ASCII as Python writes it, which
+            is PostgreSQL's ``octet_length(spec::text)``; :func:`broker.service.store.quota.spec_bytes`). A submit
+            (single, batch, schedule fire) that would exceed it answers 429 ``quotas.max_queued_spec_bytes`` like
+            ``max_queued_jobs``, in the same transaction. Default 256 MiB (268,435,456): a command may hold 1 MiB
+            of argv (:data:`broker.model.MAX_ARGV_BYTES`), so 10,000 queued jobs of one team once stood for
+            ~10 GB of specs (hostile pass B3 of issue #20); 256 MiB is 10,000 specs of 26 KiB or 256 of 1 MiB.
         submits_per_s: sustained submits per second per team (token bucket in Redis, shared by every
             API process); a batch charges one token per new item. Over it: 429 with ``Retry-After``.
         burst: bucket size, submits. A batch bigger than ``burst`` is let in once the bucket is full and
             leaves it in debt (so the long-run rate still holds). ``0``/``null`` with a rate: one second of
             submits, ``ceil(submits_per_s)``.
-        quota_retry_after_s: the ``Retry-After`` of a queued-jobs 429, seconds.
+        quota_retry_after_s: the ``Retry-After`` of a queued-jobs or spec-bytes 429, seconds.
         max_schedules: schedules a team may hold (enabled or paused); a create over it answers 429
             ``quotas.max_schedules``. Default 100 (1,200 every-minute schedules of one team once held the
             reconciler ~17 s a minute).
@@ -431,12 +439,14 @@ class QuotaSettings(BaseModel):
         per_team: ``team -> TeamQuota`` overrides.
 
     The rate limit needs Redis: while Redis is unreachable submits are let through (fail open) with a
-    warning in the API's log at most once a minute; the queued-jobs quota still holds (it is in the database).
+    warning in the API's log at most once a minute; the queued-jobs and spec-bytes quotas still hold (they are in
+    the database).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     max_queued_jobs: int | None = Field(10000, ge=0)
+    max_queued_spec_bytes: int | None = Field(256 * 1024 ** 2, ge=0)
     submits_per_s: float | None = Field(50.0, ge=0)
     burst: int | None = Field(200, ge=0)
     quota_retry_after_s: int = Field(30, ge=1, le=3600)
@@ -449,7 +459,7 @@ class QuotaSettings(BaseModel):
     def for_team(self, team: str) -> "TeamLimits":
         """The limits that apply to ``team`` (its overrides over the section's values), ``None`` = unlimited."""
         o = self.per_team.get(team)
-        vals = {k: getattr(self, k) for k in ("max_queued_jobs", "submits_per_s", "burst", "max_schedules",
+        vals = {k: getattr(self, k) for k in ("max_queued_jobs", "max_queued_spec_bytes", "submits_per_s", "burst", "max_schedules",
                                               "log_bytes", "priority_classes", "max_time_limit_s")}
         if o is not None:
             vals.update({k: getattr(o, k) for k in o.model_fields_set})
@@ -457,7 +467,8 @@ class QuotaSettings(BaseModel):
         burst = vals["burst"] or None
         if rate is not None and burst is None:
             burst = max(1, math.ceil(rate))
-        return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None, submits_per_s=rate,
+        return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None,
+                          max_queued_spec_bytes=vals["max_queued_spec_bytes"] or None, submits_per_s=rate,
                           burst=burst if rate is not None else None, max_schedules=vals["max_schedules"] or None,
                           log_bytes=vals["log_bytes"] or None,
                           priority_classes=tuple(vals["priority_classes"] or self.priority_classes),
@@ -470,6 +481,7 @@ class TeamLimits(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     max_queued_jobs: int | None = None
+    max_queued_spec_bytes: int | None = None
     submits_per_s: float | None = None
     burst: int | None = None
     max_schedules: int | None = None
