@@ -21,7 +21,9 @@ _DONE = "('succeeded', 'failed', 'cancelled')"
 # Insert and delete: the rows that count, their bytes summed per team. Update: only the rows whose counting changes
 # (a job that finishes, or moves team, or whose spec changes: spec_hash differs) are joined by id and measured, so the
 # planner's updates of many waiting jobs (its decision record) never read their specs (octet_length of json::text
-# detoasts the value). A job's id never changes. Counter rows are written in team order, as in 0007.
+# detoasts the value). A job's id never changes. Counter rows are written in team order, as in 0007. Measured on
+# 2 loaded cores (PostgreSQL 15): a 1,000-job COPY 88-91 ms and a single submit ~0.9 ms before and after; an UPDATE
+# of 10,400 waiting rows that finishes none 190-200 ms -> 230-245 ms (the join of the transition tables).
 _INS = f"""
 CREATE OR REPLACE FUNCTION fedbroker_usage_ins() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
