@@ -131,7 +131,7 @@ def test_a_small_budget_refuses_the_next_submit_with_the_exact_detail(pg_store):
                                              f"unfinished jobs' specs and holds 1216; these 3 jobs (1674 bytes) would "
                                              f"exceed it")
     assert stored_bytes(pg_store, team) == (2, 1216)
-    assert pg_store.list_jobs(team=team, limit=10).__len__() == 3  # a, the second SPEC, big(96)
+    assert len(pg_store.list_jobs(team=team, limit=10)) == 3  # a, the second SPEC, big(96)
 
 
 def test_the_job_count_is_checked_before_the_bytes(pg_store):
