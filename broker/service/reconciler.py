@@ -35,6 +35,11 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    oldest first, at most ``retention_batch`` jobs per pass in one short transaction (rows another
    writer holds are skipped, ``FOR UPDATE SKIP LOCKED``); a job with a cloud instance not yet
    terminated is kept until it is. Nothing is archived (see ``BrokerSettings.retention_days``).
+5b. **Stored spec budgets**: a team whose stored jobs' specs (finished ones included, ``team_usage.stored_spec_bytes``)
+   pass its ``quotas.stored_spec_bytes`` has its oldest finished jobs deleted as retention deletes them (the same
+   store function, the usage ledger kept) until it is within it, at most ``retention_batch`` jobs a pass over all
+   teams, one transaction per team; unfinished jobs are never deleted (``quotas.max_queued_spec_bytes`` bounds
+   them), nor jobs with a live cloud instance; one log line per team (:meth:`Reconciler.purge_over_spec_budget`).
 6. **Log budgets**: a team whose stored logs pass its ``quotas.log_bytes`` has its oldest logs trimmed to
    their head and tail (``log_trim_keep_bytes`` each), then to a marker, until it is within it
    (:mod:`broker.service.log_budget`).
@@ -94,7 +99,8 @@ class Reconciler:
         ``idle_lines`` (:meth:`meter_idle`), and ``changed`` (their sum less
         re-dispatches, idle lines not counted); with retention on,
         ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
-        ``cloud_instances``); ``log_budget``: :meth:`trim_logs`'s counts."""
+        ``cloud_instances``); ``spec_budget``: :meth:`purge_over_spec_budget`'s counts; ``log_budget``:
+        :meth:`trim_logs`'s counts."""
         now = now or utcnow()
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0,
                "schedule_skips": 0, "schedules_left": 0}
@@ -120,10 +126,11 @@ class Reconciler:
         out["idle_lines"] = self.meter_idle(now)
         if self.settings.retention_days > 0:
             out["purged"] = self.purge_finished(now)
+        out["spec_budget"] = self.purge_over_spec_budget()
         out["log_budget"] = self.trim_logs()
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
         if (out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs")
-                or out["log_budget"]["logs_trimmed"]):
+                or out["spec_budget"]["jobs_deleted"] or out["log_budget"]["logs_trimmed"]):
             log.info("reconciler: %s", out)
         return out
 
@@ -179,6 +186,40 @@ class Reconciler:
         with self.store.session() as s:
             return repo.purge_finished(s, sorted(x.value for x in TERMINAL_STATES), cutoff,
                                        int(self.settings.retention_batch), LIVE_INSTANCE_STATES)
+
+    # ------------------------------------------------------------------ 5b. stored spec budgets
+    def purge_over_spec_budget(self) -> dict[str, int]:
+        """For every team whose stored jobs' specs pass its ``quotas.stored_spec_bytes``: delete its oldest finished
+        jobs (``finished_at``, then id) with their events, logs, attempts and cloud-instance records, as retention
+        does (:func:`broker.service.store.attempts.purge_finished`; usage records kept), until it is within it; at
+        most ``settings.retention_batch`` jobs in this call, one transaction per team, teams in name order. Jobs
+        with a live cloud instance and rows another writer holds are skipped. Returns ``{"teams_over",
+        "jobs_deleted", "bytes_freed"}``; a failure is logged and the rest of the pass goes on."""
+        out = {"teams_over": 0, "jobs_deleted": 0, "bytes_freed": 0}
+        left = int(self.settings.retention_batch)
+        try:
+            with self.store.session() as s:
+                held = repo.team_stored_spec_bytes(s)
+            for team in sorted(held):
+                budget = self.settings.quotas.for_team(team).stored_spec_bytes
+                if not budget or held[team] <= budget:
+                    continue
+                out["teams_over"] += 1
+                if left <= 0:
+                    continue
+                with self.store.session() as s:
+                    got = repo.purge_finished(s, sorted(x.value for x in TERMINAL_STATES), None, left,
+                                              LIVE_INSTANCE_STATES, team=team, free_bytes=held[team] - budget)
+                left -= got["jobs"]
+                out["jobs_deleted"] += got["jobs"]
+                out["bytes_freed"] += got["spec_bytes"]
+                log.info("stored spec budget: team %r held %d bytes of job specs over its quotas.stored_spec_bytes "
+                         "%d; deleted its %d oldest finished jobs (%d bytes)%s", team, held[team], budget,
+                         got["jobs"], got["spec_bytes"],
+                         "" if held[team] - got["spec_bytes"] <= budget else "; still over, the next pass goes on")
+        except Exception:
+            log.exception("stored spec budgets: deleting failed; the next pass tries again")
+        return out
 
     # ------------------------------------------------------------------ 1. lost nodes
     def _lost_nodes(self, now: datetime, out: dict) -> None:

@@ -78,12 +78,13 @@ def client(store: JobStore, quotas: QuotaSettings) -> TestClient:
 # ----------------------------------------------------------------------------- settings
 def test_default_and_per_team_override():
     assert QuotaSettings().max_queued_spec_bytes == 256 * MIB == 268_435_456
-    q = QuotaSettings(max_queued_spec_bytes=10_000, per_team={"vision": TeamQuota(max_queued_spec_bytes=0),
+    q = QuotaSettings(max_queued_spec_bytes=10_000, per_team={"vision": TeamQuota(max_queued_spec_bytes=0,
+                                                                                  stored_spec_bytes=0),
                                                               "nlp": TeamQuota(max_queued_spec_bytes=5_000)})
     assert q.for_team("other").max_queued_spec_bytes == 10_000
     assert q.for_team("vision").max_queued_spec_bytes is None  # 0 = unlimited
     assert q.for_team("nlp").max_queued_spec_bytes == 5_000
-    assert QuotaSettings(max_queued_spec_bytes=None).for_team("x").max_queued_spec_bytes is None
+    assert QuotaSettings(max_queued_spec_bytes=None, stored_spec_bytes=None).for_team("x").max_queued_spec_bytes is None
     assert TeamLimits().max_queued_spec_bytes is None
 
 
@@ -151,7 +152,7 @@ def test_per_team_override_through_the_api(pg_store):
     small, free, other = new_team(), new_team(), new_team()
     quotas = QuotaSettings(max_queued_spec_bytes=B, submits_per_s=0,  # one SPEC per team by default
                            per_team={small: TeamQuota(max_queued_spec_bytes=B - 1),  # not even one
-                                     free: TeamQuota(max_queued_spec_bytes=0)})        # unlimited
+                                     free: TeamQuota(max_queued_spec_bytes=0, stored_spec_bytes=0)})  # unlimited
     with client(pg_store, quotas) as c:
         codes = {t: [c.post("/v1/jobs", json={"spec": SPEC}, headers=auth(create_token(pg_store, t).token)).status_code
                      for _ in range(3)] for t in (small, free, other)}
