@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -69,6 +69,24 @@ def usage(store: JobStore, *teams: str) -> dict[str, tuple[int, int]]:
         rows = s.execute(text("SELECT team, unfinished, spec_bytes FROM team_usage WHERE team = ANY(:t)"),
                          {"t": list(teams)}).all()
     return {t: (n, b) for t, n, b in rows}
+
+
+def stored_all(store: JobStore, team: str) -> tuple[int, int]:
+    """``(jobs, spec bytes)`` of all of ``team``'s stored jobs, finished ones included, counted from ``jobs``."""
+    with store.session() as s:
+        length = ("octet_length(spec::text)" if store.engine.dialect.name == "postgresql"
+                  else "length(CAST(spec AS BLOB))")
+        n, b = s.execute(text(f"SELECT count(*), coalesce(sum({length}), 0) FROM jobs WHERE team = :t"),
+                         {"t": team}).one()
+    return int(n), int(b)
+
+
+def stored_usage(store: JobStore, *teams: str) -> dict[str, int]:
+    """team -> team_usage.stored_spec_bytes (triggers, migration 0017)."""
+    with store.session() as s:
+        rows = s.execute(text("SELECT team, stored_spec_bytes FROM team_usage WHERE team = ANY(:t)"),
+                         {"t": list(teams)}).all()
+    return {t: int(b) for t, b in rows}
 
 
 def client(store: JobStore, quotas: QuotaSettings) -> TestClient:
@@ -205,6 +223,7 @@ def test_team_usage_spec_bytes_follow_every_change(pg_store):
     def both() -> dict:
         got = usage(pg_store, a, b)
         assert got == {t: v for t in (a, b) if (v := stored_bytes(pg_store, t)) != (0, 0) or t in got}
+        assert stored_usage(pg_store, a, b) == {t: stored_all(pg_store, t)[1] for t in got}  # finished ones too
         return got
 
     small, large = JobSpec.model_validate(SPEC), JobSpec.model_validate(big(996))  # 558 and 1,558 bytes
@@ -229,6 +248,7 @@ def test_team_usage_spec_bytes_follow_every_change(pg_store):
     with pg_store.session() as s:
         s.execute(Job.__table__.delete().where(Job.team.in_([a, b])))
     assert usage(pg_store, a, b) == {a: (0, 0), b: (0, 0)}
+    assert stored_usage(pg_store, a, b) == {a: 0, b: 0}
 
 
 def test_migration_0017_backfills_and_downgrades():
@@ -242,11 +262,13 @@ def test_migration_0017_backfills_and_downgrades():
         st.request_cancel(done.id)  # finished: not counted
         st.migrate()
         assert usage(st, team) == {team: (2, 558 + 1558)}
+        assert stored_usage(st, team) == {team: 2 * 558 + 1558}  # the finished one too
         st.submit(team, JobSpec.model_validate(SPEC))
         assert usage(st, team) == {team: (3, 2674)}
+        assert stored_usage(st, team) == {team: 3 * 558 + 1558}
         _downgrade(st, "0016")  # back to 0007's counters: the job count still follows
         with st.session() as s:
-            assert "spec_bytes" not in {r[0] for r in s.execute(text(
+            assert not {"spec_bytes", "stored_spec_bytes"} & {r[0] for r in s.execute(text(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = 'team_usage' "
                 "AND table_schema = current_schema()"))}
         st.submit(team, JobSpec.model_validate(SPEC))
@@ -288,3 +310,99 @@ def test_a_fire_over_the_spec_bytes_is_skipped_with_its_reason(pg_store):
         f"of unfinished jobs' specs and holds 558; this submit (560 bytes) would exceed it (retry after 30 s, or cancel "
         f"jobs; a spec's bytes are its stored JSON)")
     assert usage(pg_store, team) == {team: (1, 558)}
+
+
+# ----------------------------------------------------------------------------- the stored budget
+def test_stored_spec_bytes_default_override_and_its_check_against_the_queued_budget():
+    assert QuotaSettings().stored_spec_bytes == 1024 ** 3 == 1_073_741_824
+    q = QuotaSettings(per_team={"v": TeamQuota(stored_spec_bytes=10_000, max_queued_spec_bytes=10_000),
+                                "w": TeamQuota(stored_spec_bytes=0, max_queued_spec_bytes=0)})
+    assert (q.for_team("v").stored_spec_bytes, q.for_team("w").stored_spec_bytes) == (10_000, None)
+    assert q.for_team("x").stored_spec_bytes == 1_073_741_824
+    assert TeamLimits().stored_spec_bytes is None
+    from pydantic import ValidationError
+    with pytest.raises(ValidationError, match=r"quotas.per_team.v: max_queued_spec_bytes \(10001\) must be set and "
+                                              r"at most stored_spec_bytes \(10000\)"):
+        QuotaSettings(per_team={"v": TeamQuota(stored_spec_bytes=10_000, max_queued_spec_bytes=10_001)})
+    with pytest.raises(ValidationError, match=r"quotas: max_queued_spec_bytes \(unlimited\) must be set and at most "
+                                              r"stored_spec_bytes \(1073741824\)"):
+        QuotaSettings(max_queued_spec_bytes=0)
+    with pytest.raises(ValidationError, match=r"quotas: max_queued_spec_bytes \(268435456\) must be set and at "
+                                              r"most stored_spec_bytes \(1000\)"):
+        BrokerSettings(quotas={"stored_spec_bytes": 1000})
+
+
+def _ledger_line(store: JobStore, job_id: str, team: str) -> None:
+    from broker.service.store.tables import UsageRow
+
+    t = datetime(2026, 12, 1, tzinfo=UTC)
+    with store.session() as s:
+        s.add(UsageRow(job_id=job_id, attempt=1, rank=0, line="gpu", resource="V100", team=team, project=None,
+                          start=t, end=t + timedelta(hours=1), provider="onprem", gpu_type="V100", gpu_count=1,
+                          run_s=3600.0, billed_s=3600.0, pricing_unit="hour", billed_usd=1.5, estimate_reasons=[],
+                          recorded_at=t))
+
+
+def test_a_pass_deletes_the_oldest_finished_jobs_down_to_the_stored_budget(any_store, caplog):
+    """Submit-and-cancel past quotas.stored_spec_bytes = 5 B: each pass deletes the team's oldest finished jobs
+    (at most retention_batch = 3) until it holds 5 B; its unfinished job, a finished job whose cloud instance is
+    live, and another team's jobs stay; the counter follows; the usage ledger stays."""
+    from broker.service.store.tables import Attempt, CloudInstance, UsageRow
+
+    store = any_store
+    pg = store.engine.dialect.name == "postgresql"
+    now = datetime.now(UTC).replace(microsecond=0)
+    team, other = new_team(), new_team()
+    st = BrokerSettings(retention_batch=3, quotas=QuotaSettings(per_team={
+        team: TeamQuota(stored_spec_bytes=5 * B, max_queued_spec_bytes=2 * B)}))
+    spec = JobSpec.model_validate(SPEC)
+    done = []
+    for i in range(8):  # submit, cancel; finished in this order, an hour apart
+        jid = store.submit(team, spec, now=now - timedelta(hours=10))[0].id
+        assert store.transition(jid, "cancelled", "cancelled by user", finished_at=now - timedelta(hours=9 - i))
+        done.append(jid)
+    waiting = store.submit(team, spec, now=now - timedelta(hours=10))[0].id  # unfinished, the oldest submit
+    theirs = [store.submit(other, spec, now=now - timedelta(hours=20))[0].id for _ in range(3)]
+    for jid in theirs:
+        assert store.transition(jid, "cancelled", "cancelled", finished_at=now - timedelta(hours=19))
+    assert store.append_log(done[0], 1, 0, 0, "line\n")
+    _ledger_line(store, done[0], team)
+    _ledger_line(store, done[2], team)
+    with store.session() as s:
+        s.add(Attempt(job_id=done[0], number=1, kind="onprem", pool="local", offer_id=None, nodes=[],
+                      gpu_type="V100", gpus=1, created_at=now, rank_exits={}, reason=""))
+        s.add(CloudInstance(job_id=done[1], attempt=1, rank=0, offer_id="aws:us-east-1a:p3.2xlarge:spot",
+                            provider="aws", region="us-east-1", zone="us-east-1a", instance_type="p3.2xlarge",
+                            market="spot", idempotency_token=f"tok-{done[1]}", state="running",
+                            created_at=now, updated_at=now, history=[]))
+    assert stored_all(store, team) == (9, 9 * B) and stored_all(store, other) == (3, 3 * B)
+    if pg:
+        assert stored_usage(store, team, other) == {team: 9 * B, other: 3 * B}
+
+    rec = Reconciler(store, st)
+    with caplog.at_level("INFO", logger="fedbroker.reconciler"):
+        out = rec.run(now)
+    # 4 B over: the 4 oldest finished but done[1] (its instance is live), at most 3 this pass
+    assert out["spec_budget"] == {"teams_over": 1, "jobs_deleted": 3, "bytes_freed": 3 * B}
+    assert out["purged"]["jobs"] == 0  # retention (30 days) deletes none of them
+    assert [r.getMessage() for r in caplog.records if "stored spec budget" in r.getMessage()] == [
+        f"stored spec budget: team {team!r} held {9 * B} bytes of job specs over its quotas.stored_spec_bytes "
+        f"{5 * B}; deleted its 3 oldest finished jobs ({3 * B} bytes); still over, the next pass goes on"]
+    left = {j.id for j in store.list_jobs(team=team, limit=100)}
+    assert left == {done[1], *done[4:], waiting}
+    assert stored_all(store, team) == (6, 6 * B)
+    if pg:
+        assert stored_usage(store, team, other) == {team: 6 * B, other: 3 * B}
+    assert store.events(done[0]) == [] and store.log_chunks(done[0], 1) == [] and store.attempts(done[0]) == []
+
+    assert rec.run(now)["spec_budget"] == {"teams_over": 1, "jobs_deleted": 1, "bytes_freed": B}  # done[4]
+    assert {j.id for j in store.list_jobs(team=team, limit=100)} == {done[1], *done[5:], waiting}
+    assert stored_all(store, team) == (5, 5 * B)
+    assert rec.run(now)["spec_budget"] == {"teams_over": 0, "jobs_deleted": 0, "bytes_freed": 0}  # within: 5 B
+    assert {j.id for j in store.list_jobs(team=other, limit=100)} == set(theirs)
+    if pg:
+        assert stored_usage(store, team, other) == {team: 5 * B, other: 3 * B}
+        assert usage(store, team) == {team: (1, B)}  # the queued budget: the waiting job alone
+    with store.session() as s:  # the ledger keeps the deleted jobs' lines (finance)
+        assert sorted(s.execute(select(UsageRow.job_id).where(UsageRow.team == team)).scalars()) == sorted(
+            [done[0], done[2]])
