@@ -110,8 +110,9 @@ class BrokerUnavailable(BrokerError):
 
 
 class RateLimited(BrokerError):
-    """429: the team's submit rate (``quotas.submits_per_s``) or queued-jobs quota (``quotas.max_queued_jobs``)
-    still refused after the client waited ``max_rate_wait_s`` in total.
+    """429: the team's submit rate (``quotas.submits_per_s``), queued-jobs quota (``quotas.max_queued_jobs``) or
+    spec-bytes quota (``quotas.max_queued_spec_bytes``) still refused after the client waited ``max_rate_wait_s``
+    in total.
 
     Attributes:
         retry_after: the server's last ``Retry-After``, seconds (``None`` if it sent none).

@@ -263,7 +263,8 @@ class ScheduleView(BaseModel):
     job, or skipped it: ``last_skip_at``; ``None`` before the first); ``spec`` is the job every fire submits (its
     ``team`` is the schedule's); ``last_error`` says why the reconciler paused it, if it did;
     ``last_skip_at``/``last_skip_reason``: the last fire the reconciler skipped (UTC) and why (the team held
-    ``quotas.max_queued_jobs`` unfinished jobs, or the spec's priority class is above the team's entitlement).
+    ``quotas.max_queued_jobs`` unfinished jobs or ``quotas.max_queued_spec_bytes`` bytes of their specs, or the spec's
+    priority class is above the team's entitlement).
     """
 
     id: str

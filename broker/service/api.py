@@ -46,7 +46,8 @@ beats see it. A schedule's spec holds no absolute instants (``deadline``,
 is its fire instant + ``estimated_duration_s`` + ``slack_s``.
 
 Limits (:mod:`broker.service.limits`, ``settings.quotas``): submits (``POST /v1/jobs``, each new item of a
-batch, ``POST /v1/schedules``) over the team's rate, and new jobs over its queued-jobs quota, answer
+batch, ``POST /v1/schedules``) over the team's rate, and new jobs over its queued-jobs quota
+(``quotas.max_queued_jobs``) or the bytes of its unfinished jobs' specs (``quotas.max_queued_spec_bytes``), answer
 429 with ``Retry-After`` (seconds) and ``{"detail", "limit", "retry_after_s"}``; an idempotent replay
 of an existing job is never refused. A team holding ``quotas.max_schedules`` schedules gets 429 on
 ``POST /v1/schedules`` without ``Retry-After``; a ``spec.priority_class`` outside the team's
@@ -117,7 +118,8 @@ _ERRORS = {401: {"model": ErrorBody, "description": "missing, unknown, revoked o
            403: {"model": ErrorBody, "description": "this token's kind may not use this route (read-only: GET only; "
                                                     "node: no job or schedule route)"},
            404: {"model": ErrorBody, "description": "no such job visible to the caller"}}
-_LIMITED = {429: {"model": LimitBody, "description": "the team's submit rate or queued-jobs quota is exceeded; "
+_LIMITED = {429: {"model": LimitBody, "description": "the team's submit rate, queued-jobs quota or spec-bytes "
+                                                     "quota is exceeded; "
                                                      "retry after the Retry-After header's seconds"}}
 _SCHEDULE_ERRORS = {401: _ERRORS[401], 403: _ERRORS[403],
                     404: {"model": ErrorBody, "description": "no such schedule visible to the caller"}}
@@ -398,9 +400,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         hold it (``cap``, :func:`broker.service.feasibility.never_fits`); ``None`` when neither."""
         return time_limit_refusal(settings.quotas, team, spec) or (never_fits(spec, cap) if cap is not None else None)
 
-    def quota_of(team: str) -> int | None:
-        """``team``'s ``quotas.max_queued_jobs`` (``None`` = unlimited)."""
-        return settings.quotas.for_team(team).max_queued_jobs
+    def quota_of(team: str) -> tuple[int | None, int | None]:
+        """``team``'s ``(quotas.max_queued_jobs, quotas.max_queued_spec_bytes)`` (``None`` = unlimited)."""
+        lim = settings.quotas.for_team(team)
+        return lim.max_queued_jobs, lim.max_queued_spec_bytes
 
     # ------------------------------------------------------------------ health
     @app.get("/healthz", tags=["health"],
@@ -470,7 +473,8 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         allowed classes; an admin token may use any).
         422 for a ``deadline`` not after now or a ``not_after`` in the past, a wall-clock limit (``time_limit_s``,
         else from ``estimated_duration_s``) over the team's ``quotas.max_time_limit_s``; 429 (``Retry-After``)
-        over the team's submit rate or queued-jobs quota, except for a replay of an existing job.
+        over the team's submit rate, queued-jobs quota or spec-bytes quota (``quotas.max_queued_spec_bytes``), except
+        for a replay of an existing job.
         """
         spec = body.spec
         key = body.idempotency_key
@@ -506,9 +510,10 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             await run_in_threadpool(
                 charge, team, 1, (lambda: int(exists(team, key, spec))) if key is not None else None)
         # stored with the other submits in flight in this process, one transaction for all (group_commit)
+        max_jobs, max_bytes = quota_of(team)
         job, created = await submits.submit(SubmitItem(
-            team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who,
-            max_unfinished=quota_of(team), quota_retry_after_s=settings.quotas.quota_retry_after_s))
+            team, spec, idempotency_key=key, now=now, not_after=spec.not_after, actor=who, max_unfinished=max_jobs,
+            quota_retry_after_s=settings.quotas.quota_retry_after_s, max_spec_bytes=max_bytes))
         if cap is not None:  # an infeasible deadline, no node known to hold it: said in the answer
             job = with_warnings(job, cap, now)
         # the view was built from the validated spec: serialise it directly (FastAPI would dump,
@@ -525,7 +530,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
         with another spec, 422 invalid (errors name
         ``items.<i>.<field>``). A bad item does not stop the others. The new jobs are stored in one
         transaction; 429 for the whole batch (nothing stored) when they exceed the team's submit rate
-        (one token per new job) or queued-jobs quota. All items must belong to one team."""
+        (one token per new job), queued-jobs quota or spec-bytes quota. All items must belong to one team."""
         now = _utcnow()
         results: list[BatchItemResult | None] = [None] * len(body.items)
         accepted: list[tuple[int, JobSpec, str | None]] = []
@@ -590,8 +595,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
             keyed = [(sp, k) for _, sp, k in accepted if k is not None]
 
             charge(team, len(accepted), lambda: sum(exists(team, k, sp) for sp, k in keyed))
+            max_jobs, max_bytes = quota_of(team)
             out = store.submit_many(team, [(sp, k, sp.not_after) for _, sp, k in accepted], now=now,
-                                    actor=who, max_unfinished=quota_of(team),
+                                    actor=who, max_unfinished=max_jobs, max_spec_bytes=max_bytes,
                                     quota_retry_after_s=settings.quotas.quota_retry_after_s)
             first_new = None
             for (i, _, _), r in zip(accepted, out):

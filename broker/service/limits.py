@@ -38,7 +38,8 @@ Exceptions::
 
     LimitExceeded (Exception)     limit (dotted setting name), retry_after_s (int >= 1), str(e) the detail
      +-- RateLimitExceeded        quotas.submits_per_s
-     +-- QuotaExceeded            quotas.max_queued_jobs (raised by the store: broker.service.store.quota)
+     +-- QuotaExceeded            quotas.max_queued_jobs, quotas.max_queued_spec_bytes (raised by the store:
+                                  broker.service.store.quota)
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    ``schedule:<id>:<fire instant>`` — two beats or a retried pass create it once. At most
    ``schedule_runs_per_pass`` schedules per pass, round-robin across teams (each team's earliest due fire
    first, :func:`broker.service.store.attempts.due_schedules`); the others fire in the next passes. A run
-   counts against its team's ``quotas.max_queued_jobs`` like any submit, and its priority class must be
-   within the team's ``quotas.priority_classes`` and its time limit within ``quotas.max_time_limit_s``: otherwise the fire is skipped (no job), the schedule moves
-   on to its next fire, and the skip is recorded on the schedule (``last_skip_at``, ``last_skip_reason``)
-   and as a ``schedule.skip`` audit event.
+   counts against its team's ``quotas.max_queued_jobs`` and ``quotas.max_queued_spec_bytes`` like any submit,
+   and its priority class must be within the team's ``quotas.priority_classes`` and its time limit within
+   ``quotas.max_time_limit_s``: otherwise the fire is skipped (no job), the schedule moves on to its next fire,
+   and the skip is recorded on the schedule (``last_skip_at``, ``last_skip_reason``) and as a ``schedule.skip``
+   audit event.
 4b. **Idle on-prem GPUs**: each closed UTC hour, one ``idle_amortised`` usage line per registered node with GPUs
    no running attempt held (:func:`broker.service.ledger.meter_pool_idle`), written once (the ledger's key);
    the first pass meters the last :data:`IDLE_LOOKBACK_H` hours, later ones the hours since the last line
@@ -38,6 +39,11 @@ One pass (:meth:`Reconciler.run`, every ``reconcile_interval_s`` from beat; idem
    ``audit_retention_days`` ago are deleted, oldest first, at most ``audit_retention_batch`` per pass in one
    short transaction (:func:`broker.service.store.tokens.purge_audit_events`). Independent of job retention:
    the audit log outlives the jobs it names.
+5b. **Stored spec budgets**: a team whose stored jobs' specs (finished ones included, ``team_usage.stored_spec_bytes``)
+   pass its ``quotas.stored_spec_bytes`` has its oldest finished jobs deleted as retention deletes them (the same
+   store function, the usage ledger kept) until it is within it, at most ``retention_batch`` jobs a pass over all
+   teams, one transaction per team; unfinished jobs are never deleted (``quotas.max_queued_spec_bytes`` bounds
+   them), nor jobs with a live cloud instance; one log line per team (:meth:`Reconciler.purge_over_spec_budget`).
 6. **Log budgets**: a team whose stored logs pass its ``quotas.log_bytes`` has its oldest logs trimmed to
    their head and tail (``log_trim_keep_bytes`` each), then to a marker, until it is within it
    (:mod:`broker.service.log_budget`).
@@ -99,7 +105,8 @@ class Reconciler:
         re-dispatches, idle lines not counted); with retention on,
         ``purged``: rows deleted by :meth:`purge_finished` (``jobs``, ``events``, ``logs``, ``attempts``,
         ``cloud_instances``); with audit retention on, ``audit_purged``: audit events deleted by
-        :meth:`purge_audit`; ``log_budget``: :meth:`trim_logs`'s counts."""
+        :meth:`purge_audit`; ``spec_budget``: :meth:`purge_over_spec_budget`'s counts; ``log_budget``:
+        :meth:`trim_logs`'s counts."""
         now = now or utcnow()
         out = {"lost_nodes": 0, "requeued": 0, "redispatched": 0, "timed_out": 0, "scheduled": 0,
                "schedule_skips": 0, "schedules_left": 0}
@@ -127,10 +134,11 @@ class Reconciler:
             out["purged"] = self.purge_finished(now)
         if float(getattr(self.settings, "audit_retention_days", 0.0)) > 0:
             out["audit_purged"] = self.purge_audit(now)
+        out["spec_budget"] = self.purge_over_spec_budget()
         out["log_budget"] = self.trim_logs()
         out["changed"] = out["lost_nodes"] + out["requeued"] + out["timed_out"] + out["scheduled"]
         if (out["changed"] or out["redispatched"] or out.get("purged", {}).get("jobs") or out.get("audit_purged")
-                or out["log_budget"]["logs_trimmed"]):
+                or out["spec_budget"]["jobs_deleted"] or out["log_budget"]["logs_trimmed"]):
             log.info("reconciler: %s", out)
         return out
 
@@ -198,6 +206,40 @@ class Reconciler:
         cutoff = (now or utcnow()) - timedelta(days=days)
         with self.store.session() as s:
             return audit_repo.purge_audit_events(s, cutoff, int(self.settings.audit_retention_batch))
+
+    # ------------------------------------------------------------------ 5b. stored spec budgets
+    def purge_over_spec_budget(self) -> dict[str, int]:
+        """For every team whose stored jobs' specs pass its ``quotas.stored_spec_bytes``: delete its oldest finished
+        jobs (``finished_at``, then id) with their events, logs, attempts and cloud-instance records, as retention
+        does (:func:`broker.service.store.attempts.purge_finished`; usage records kept), until it is within it; at
+        most ``settings.retention_batch`` jobs in this call, one transaction per team, teams in name order. Jobs
+        with a live cloud instance and rows another writer holds are skipped. Returns ``{"teams_over",
+        "jobs_deleted", "bytes_freed"}``; a failure is logged and the rest of the pass goes on."""
+        out = {"teams_over": 0, "jobs_deleted": 0, "bytes_freed": 0}
+        left = int(self.settings.retention_batch)
+        try:
+            with self.store.session() as s:
+                held = repo.team_stored_spec_bytes(s)
+            for team in sorted(held):
+                budget = self.settings.quotas.for_team(team).stored_spec_bytes
+                if not budget or held[team] <= budget:
+                    continue
+                out["teams_over"] += 1
+                if left <= 0:
+                    continue
+                with self.store.session() as s:
+                    got = repo.purge_finished(s, sorted(x.value for x in TERMINAL_STATES), None, left,
+                                              LIVE_INSTANCE_STATES, team=team, free_bytes=held[team] - budget)
+                left -= got["jobs"]
+                out["jobs_deleted"] += got["jobs"]
+                out["bytes_freed"] += got["spec_bytes"]
+                log.info("stored spec budget: team %r held %d bytes of job specs over its quotas.stored_spec_bytes "
+                         "%d; deleted its %d oldest finished jobs (%d bytes)%s", team, held[team], budget,
+                         got["jobs"], got["spec_bytes"],
+                         "" if held[team] - got["spec_bytes"] <= budget else "; still over, the next pass goes on")
+        except Exception:
+            log.exception("stored spec budgets: deleting failed; the next pass tries again")
+        return out
 
     # ------------------------------------------------------------------ 1. lost nodes
     def _lost_nodes(self, now: datetime, out: dict) -> None:
@@ -278,11 +320,12 @@ class Reconciler:
                         self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {f}={v!r}: {why}",
                                    "quotas.max_time_limit_s", now, out)
                         continue
+                    lim = quotas.for_team(team)
                     try:
                         _, created_job = self.store.submit(
                             team, run_spec, now=now, schedule_id=sid,
                             idempotency_key=f"schedule:{sid}:{fire.isoformat()}",
-                            max_unfinished=quotas.for_team(team).max_queued_jobs,
+                            max_unfinished=lim.max_queued_jobs, max_spec_bytes=lim.max_queued_spec_bytes,
                             quota_retry_after_s=quotas.quota_retry_after_s)
                     except QuotaExceeded as e:
                         self._skip(sid, team, fire, f"fire at {fire.isoformat()} skipped: {e}", e.limit, now, out)

@@ -371,6 +371,8 @@ class TeamQuota(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_queued_jobs: int | None = Field(None, ge=0)
+    max_queued_spec_bytes: int | None = Field(None, ge=0)
+    stored_spec_bytes: int | None = Field(None, ge=0)
     submits_per_s: float | None = Field(None, ge=0)
     burst: int | None = Field(None, ge=0)
     max_schedules: int | None = Field(None, ge=0)
@@ -408,12 +410,25 @@ class QuotaSettings(BaseModel):
         max_queued_jobs: unfinished jobs (any state but succeeded/failed/cancelled,
             :data:`broker.states.UNFINISHED_STATES`) a team may hold; a submit that would exceed it
             answers 429 (``Retry-After: quota_retry_after_s``). Checked in the submit transaction.
+        max_queued_spec_bytes: bytes of job spec a team's unfinished jobs may hold in the store, summed over them:
+            each job's stored JSON spec (the UTF-8 length of ``json.dumps(spec)``, ASCII as Python writes it, which
+            is PostgreSQL's ``octet_length(spec::text)``; :func:`broker.service.store.quota.spec_bytes`). A submit
+            (single, batch, schedule fire) that would exceed it answers 429 ``quotas.max_queued_spec_bytes`` like
+            ``max_queued_jobs``, in the same transaction. Default 256 MiB (268,435,456): a command may hold 1 MiB
+            of argv (:data:`broker.model.MAX_ARGV_BYTES`), so 10,000 queued jobs of one team once stood for
+            ~10 GB of specs (hostile pass B3 of issue #20); 256 MiB is 10,000 specs of 26 KiB or 256 of 1 MiB.
+        stored_spec_bytes: bytes of job spec (counted as ``max_queued_spec_bytes`` counts them) all of a team's stored
+            jobs may hold, finished ones included: a finished job leaves the queued budget at once but its spec stays
+            until ``retention_days`` deletes it, so "submit 1 MiB, cancel" at the submit rate once grew the store
+            ~4 TB in 30 days. Over it, each reconciler pass deletes the team's oldest finished jobs (as retention
+            does, at most ``retention_batch`` a pass) until it is within it; unfinished jobs are never deleted
+            (``max_queued_spec_bytes`` bounds them, and must be set and not above this one). Default 1 GiB.
         submits_per_s: sustained submits per second per team (token bucket in Redis, shared by every
             API process); a batch charges one token per new item. Over it: 429 with ``Retry-After``.
         burst: bucket size, submits. A batch bigger than ``burst`` is let in once the bucket is full and
             leaves it in debt (so the long-run rate still holds). ``0``/``null`` with a rate: one second of
             submits, ``ceil(submits_per_s)``.
-        quota_retry_after_s: the ``Retry-After`` of a queued-jobs 429, seconds.
+        quota_retry_after_s: the ``Retry-After`` of a queued-jobs or spec-bytes 429, seconds.
         max_schedules: schedules a team may hold (enabled or paused); a create over it answers 429
             ``quotas.max_schedules``. Default 100 (1,200 every-minute schedules of one team once held the
             reconciler ~17 s a minute).
@@ -431,12 +446,15 @@ class QuotaSettings(BaseModel):
         per_team: ``team -> TeamQuota`` overrides.
 
     The rate limit needs Redis: while Redis is unreachable submits are let through (fail open) with a
-    warning in the API's log at most once a minute; the queued-jobs quota still holds (it is in the database).
+    warning in the API's log at most once a minute; the queued-jobs and spec-bytes quotas still hold (they are in
+    the database).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     max_queued_jobs: int | None = Field(10000, ge=0)
+    max_queued_spec_bytes: int | None = Field(256 * 1024 ** 2, ge=0)
+    stored_spec_bytes: int | None = Field(1024 ** 3, ge=0)
     submits_per_s: float | None = Field(50.0, ge=0)
     burst: int | None = Field(200, ge=0)
     quota_retry_after_s: int = Field(30, ge=1, le=3600)
@@ -446,18 +464,39 @@ class QuotaSettings(BaseModel):
     max_time_limit_s: float | None = Field(7 * 86400.0, ge=0, le=366 * 86400.0)
     per_team: dict[str, TeamQuota] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _queued_within_stored(self) -> "QuotaSettings":
+        """The stored-spec budget can only be kept if the unfinished jobs' specs stay below it: for the section and
+        every team with a ``stored_spec_bytes``, ``max_queued_spec_bytes`` must be set and not above it."""
+        for team in (None, *sorted(self.per_team)):
+            if team is None:
+                queued, stored, where = self.max_queued_spec_bytes or None, self.stored_spec_bytes or None, "quotas"
+            else:
+                lim = self.for_team(team)
+                queued, stored, where = lim.max_queued_spec_bytes, lim.stored_spec_bytes, f"quotas.per_team.{team}"
+            if stored is not None and (queued is None or queued > stored):
+                raise ValueError(
+                    f"{where}: max_queued_spec_bytes ({'unlimited' if queued is None else queued}) must be set and "
+                    f"at most stored_spec_bytes ({stored}): the reconciler keeps stored_spec_bytes by deleting "
+                    f"finished jobs only, so unfinished jobs' specs must fit within it (or set stored_spec_bytes "
+                    f"to 0, unlimited)")
+        return self
+
     def for_team(self, team: str) -> "TeamLimits":
         """The limits that apply to ``team`` (its overrides over the section's values), ``None`` = unlimited."""
         o = self.per_team.get(team)
-        vals = {k: getattr(self, k) for k in ("max_queued_jobs", "submits_per_s", "burst", "max_schedules",
-                                              "log_bytes", "priority_classes", "max_time_limit_s")}
+        vals = {k: getattr(self, k) for k in ("max_queued_jobs", "max_queued_spec_bytes", "stored_spec_bytes",
+                                              "submits_per_s", "burst", "max_schedules", "log_bytes",
+                                              "priority_classes", "max_time_limit_s")}
         if o is not None:
             vals.update({k: getattr(o, k) for k in o.model_fields_set})
         rate = vals["submits_per_s"] or None
         burst = vals["burst"] or None
         if rate is not None and burst is None:
             burst = max(1, math.ceil(rate))
-        return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None, submits_per_s=rate,
+        return TeamLimits(max_queued_jobs=vals["max_queued_jobs"] or None,
+                          max_queued_spec_bytes=vals["max_queued_spec_bytes"] or None,
+                          stored_spec_bytes=vals["stored_spec_bytes"] or None, submits_per_s=rate,
                           burst=burst if rate is not None else None, max_schedules=vals["max_schedules"] or None,
                           log_bytes=vals["log_bytes"] or None,
                           priority_classes=tuple(vals["priority_classes"] or self.priority_classes),
@@ -470,6 +509,8 @@ class TeamLimits(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     max_queued_jobs: int | None = None
+    max_queued_spec_bytes: int | None = None
+    stored_spec_bytes: int | None = None
     submits_per_s: float | None = None
     burst: int | None = None
     max_schedules: int | None = None

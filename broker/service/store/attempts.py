@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import LargeBinary, Text, cast, delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from broker.service.store.core import JobStore
@@ -25,7 +25,7 @@ __all__ = ["job_row", "reload", "attempt_row", "add_attempt", "bump_with_event",
            "scheduler_attempts", "set_external_id",
            "mark_silent_nodes_lost", "lost_node_names", "due_schedules", "skip_schedule_fire", "pause_schedule",
            "advance_schedule",
-           "purge_finished"]
+           "purge_finished", "spec_bytes_expr", "team_stored_spec_bytes"]
 
 
 # ---------------------------------------------------------------------- attempts
@@ -182,19 +182,57 @@ def advance_schedule(s: Session, schedule_id: str, seen_next: datetime, next_fir
               .values(next_fire_at=next_fire_at, last_fire_at=last_fire_at))
 
 
-def purge_finished(s: Session, states: Iterable[str], cutoff: datetime, limit: int,
-                   live_instance_states: Iterable[str]) -> dict[str, int]:
-    """Inside ``s``: delete up to ``limit`` jobs in ``states`` finished before ``cutoff`` (UTC), oldest first,
-    with their events, logs, attempts and cloud-instance records (their state history goes with them:
-    ``ON DELETE CASCADE``). Jobs with a cloud instance in ``live_instance_states`` and rows locked by another
-    writer (``FOR UPDATE SKIP LOCKED``) are skipped. Returns the rows deleted per table: ``jobs``,
-    ``events``, ``logs``, ``attempts``, ``cloud_instances``."""
+def spec_bytes_expr(s: Session):
+    """SQL for the bytes of a job's stored JSON spec (:func:`broker.service.store.quota.spec_bytes`) in ``s``'s
+    dialect: PostgreSQL's ``octet_length(spec::text)``, SQLite's ``length(CAST(spec AS BLOB))``."""
+    if s.get_bind().dialect.name == "postgresql":
+        return func.octet_length(cast(Job.spec, Text))
+    return func.length(cast(Job.spec, LargeBinary))
+
+
+def team_stored_spec_bytes(s: Session) -> dict[str, int]:
+    """Inside ``s``: team -> bytes of the stored specs of all of its jobs, finished ones included
+    (``quotas.stored_spec_bytes``); teams holding none are left out. PostgreSQL: the ``team_usage.stored_spec_bytes``
+    counters (triggers, migration 0017; O(teams)); SQLite: a sum over ``jobs``."""
+    if s.get_bind().dialect.name == "postgresql":
+        rows = s.execute(text("SELECT team, stored_spec_bytes FROM team_usage WHERE stored_spec_bytes > 0")).all()
+    else:
+        rows = s.execute(select(Job.team, func.sum(spec_bytes_expr(s))).group_by(Job.team)).all()
+    return {t: int(b) for t, b in rows if b}
+
+
+def purge_finished(s: Session, states: Iterable[str], cutoff: datetime | None, limit: int,
+                   live_instance_states: Iterable[str], *, team: str | None = None,
+                   free_bytes: int | None = None) -> dict[str, int]:
+    """Inside ``s``: delete up to ``limit`` jobs in ``states`` finished before ``cutoff`` (UTC; ``None``: any time),
+    oldest first, with their events, logs, attempts and cloud-instance records (their state history goes with them:
+    ``ON DELETE CASCADE``); usage records (the ledger) are kept. Jobs with a cloud instance in
+    ``live_instance_states`` and rows locked by another writer (``FOR UPDATE SKIP LOCKED``) are skipped.
+    ``team``: only that team's jobs. ``free_bytes`` (``quotas.stored_spec_bytes``): only the oldest of them whose
+    specs (:func:`spec_bytes_expr`) add up to at least that many bytes (fewer if there are not so many), and the
+    result has their sum as ``spec_bytes``. Returns the rows deleted per table: ``jobs``, ``events``, ``logs``,
+    ``attempts``, ``cloud_instances``."""
     out = {"jobs": 0, "events": 0, "logs": 0, "attempts": 0, "cloud_instances": 0}
+    if free_bytes is not None:
+        out["spec_bytes"] = 0
     live_cloud = select(CloudInstance.job_id).where(CloudInstance.state.in_(list(live_instance_states)))
-    ids = s.execute(select(Job.id).where(
-        Job.state.in_(list(states)), Job.finished_at < cutoff,
-        Job.id.not_in(live_cloud)).order_by(Job.finished_at, Job.id).limit(int(limit))
-        .with_for_update(skip_locked=True)).scalars().all()
+    cols = [Job.id] if free_bytes is None else [Job.id, spec_bytes_expr(s)]
+    q = select(*cols).where(Job.state.in_(list(states)), Job.id.not_in(live_cloud))
+    if cutoff is not None:
+        q = q.where(Job.finished_at < cutoff)
+    if team is not None:
+        q = q.where(Job.team == team)
+    rows = s.execute(q.order_by(Job.finished_at, Job.id).limit(int(limit))
+                     .with_for_update(skip_locked=True)).all()
+    if free_bytes is None:
+        ids = [r[0] for r in rows]
+    else:
+        ids = []
+        for job_id, n in rows:
+            if out["spec_bytes"] >= free_bytes:
+                break
+            ids.append(job_id)
+            out["spec_bytes"] += int(n or 0)
     if not ids:
         return out
     for key, table in (("events", JobEvent), ("logs", JobLog), ("attempts", Attempt),

@@ -18,7 +18,8 @@ Exceptions::
     broker.service.store.quota.ScheduleCapExceeded  create_schedule over the team's quotas.max_schedules
      +-- broker.service.tokens.TokenError  token operations (unknown, expired, forbidden, bootstrap refused, ...)
     broker.states.InvalidTransition (ValueError)
-    broker.service.store.quota.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs
+    broker.service.store.quota.QuotaExceeded    submit/submit_many over the team's quotas.max_queued_jobs or
+                                                quotas.max_queued_spec_bytes (limit names which)
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import JSON, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import JSON, LargeBinary, cast, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule,
                                         utcnow)
-from broker.service.store.quota import ScheduleCapExceeded, quota_exceeded
+from broker.service.store.quota import ScheduleCapExceeded, queue_refusal
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 from broker.model import JobSpec, default_slack_s, short_repr
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
@@ -252,8 +253,20 @@ def _new_job_row(team: str, spec: JobSpec, idempotency_key: str | None, now: dat
     return row, spec
 
 
+def _over(quotas: tuple[int | None, int | None], held: tuple[int, int]) -> bool:
+    """Whether a team holding ``held`` = ``(unfinished jobs, spec bytes)`` is over ``quotas`` = ``(max_unfinished,
+    max_spec_bytes)`` (``None``/0 = unlimited)."""
+    return any(q and h > q for q, h in zip(quotas, held))
+
+
+def _tighter(a: int | None, b: int | None) -> int | None:
+    """The tighter of two limits, ``None``/0 = unlimited."""
+    return min(a, b) if a and b else (a or b or None)
+
+
 class SubmitItem(NamedTuple):
-    """One single submit for :meth:`JobStore.submit_group`: the arguments of :meth:`JobStore.submit`."""
+    """One single submit for :meth:`JobStore.submit_group`: the arguments of :meth:`JobStore.submit`
+    (``max_unfinished``: ``quotas.max_queued_jobs``; ``max_spec_bytes``: ``quotas.max_queued_spec_bytes``)."""
 
     team: str
     spec: JobSpec
@@ -263,6 +276,7 @@ class SubmitItem(NamedTuple):
     actor: Principal | None = None
     max_unfinished: int | None = None
     quota_retry_after_s: int = 30
+    max_spec_bytes: int | None = None
 
 
 class JobStore:
@@ -365,7 +379,7 @@ class JobStore:
     def submit(self, team: str, spec: JobSpec, *, idempotency_key: str | None = None,
                now: datetime | None = None, not_after: datetime | None = None,
                schedule_id: str | None = None, actor: Principal | None = None, max_unfinished: int | None = None,
-               quota_retry_after_s: int = 30) -> tuple[JobView, bool]:
+               quota_retry_after_s: int = 30, max_spec_bytes: int | None = None) -> tuple[JobView, bool]:
         """Store a new job in state ``submitted``; returns ``(job, created)``.
 
         With ``actor`` (the API's caller) a ``job.submit`` audit event is written in the same transaction.
@@ -375,7 +389,10 @@ class JobStore:
         ``spec.team`` is overwritten by ``team`` (the caller's identity decides).
         With ``max_unfinished`` (the team's ``quotas.max_queued_jobs``) the team's unfinished jobs are
         counted in the same transaction (:meth:`_unfinished_after_insert`) and a job over it raises
-        :class:`broker.service.store.quota.QuotaExceeded` (a replay of an existing job is still answered).
+        :class:`broker.service.store.quota.QuotaExceeded` (a replay of an existing job is still answered); so does
+        one that would take the bytes of the team's unfinished jobs' specs (:func:`~broker.service.store.quota.spec_bytes`)
+        over ``max_spec_bytes`` (the team's ``quotas.max_queued_spec_bytes``, ``limit`` naming it). Nothing of a
+        refused submit is stored.
         """
         now = now or utcnow()
         row, spec = _new_job_row(team, spec, idempotency_key, now, not_after, schedule_id)
@@ -383,9 +400,10 @@ class JobStore:
         # One transaction, no read before the insert: the unique (team, idempotency_key) constraint
         # detects a repeat (also a concurrent one), and the view is built from the row written.
         # With a quota the team's unfinished jobs are counted after the insert (the new one included).
+        quotas = (max_unfinished, max_spec_bytes)
         try:
             if self.engine.dialect.name == "postgresql":
-                held = self._submit_pg(row, max_unfinished, audit_event=None if actor is None else audit_row(
+                held = self._submit_pg(row, quotas, audit_event=None if actor is None else audit_row(
                     actor, "job.submit", job_id, {"team": team, "name": spec.name}, now))
             else:
                 with self.session() as s:
@@ -394,11 +412,13 @@ class JobStore:
                                                       to_state=JobState.submitted.value, version=1, reason="submitted"))
                     if actor is not None:
                         audit(s, actor, "job.submit", job_id, {"team": team, "name": spec.name}, now)
-                    held = self._unfinished_after_insert(s, team) if max_unfinished else 0
-                    if max_unfinished and held > max_unfinished:
-                        raise quota_exceeded(team, max_unfinished, held - 1, 1, quota_retry_after_s)
-            if max_unfinished and held > max_unfinished:  # PostgreSQL: rolled back
-                raise quota_exceeded(team, max_unfinished, held - 1, 1, quota_retry_after_s)
+                    held = self._unfinished_after_insert(s, team) if any(quotas) else (0, 0)
+                    refused = queue_refusal(team, *quotas, *held, [row], quota_retry_after_s)
+                    if refused is not None:
+                        raise refused
+            refused = queue_refusal(team, *quotas, *held, [row], quota_retry_after_s)
+            if refused is not None:  # PostgreSQL: rolled back
+                raise refused
         except IntegrityError:
             if idempotency_key is None:
                 raise
@@ -408,12 +428,14 @@ class JobStore:
             return found, False
         return _new_job_view(row, spec), True
 
-    def _submit_pg(self, row: dict, max_unfinished: int | None, audit_event: dict | None = None) -> int:
+    def _submit_pg(self, row: dict, quotas: tuple[int | None, int | None],
+                   audit_event: dict | None = None) -> tuple[int, int]:
         """PostgreSQL fast path of :meth:`submit` (the API's hot path): the job ``row`` and its ``submitted``
         event in one statement (:func:`_submit_sql`, a data-modifying CTE), then, with a quota, the team's
-        ``team_usage`` counter (see :meth:`_unfinished_after_insert`); straight on the driver's cursor
-        (SQLAlchemy's statement machinery was half of a submit's CPU). Returns the team's unfinished jobs
-        with the new one (0 without a quota); over ``max_unfinished`` the transaction is rolled back.
+        ``team_usage`` counters (see :meth:`_unfinished_after_insert`); straight on the driver's cursor
+        (SQLAlchemy's statement machinery was half of a submit's CPU). ``quotas``: ``(max_unfinished,
+        max_spec_bytes)``. Returns the team's ``(unfinished jobs, spec bytes)`` with the new one (``(0, 0)``
+        without a quota); over either quota the transaction is rolled back.
         Raises :class:`IntegrityError` for a duplicate key."""
         import psycopg
         from psycopg.rows import dict_row
@@ -428,12 +450,13 @@ class JobStore:
                         params.update({f"a_{c}": audit_event[c] for c in _AUDIT_COLS})
                         params["a_detail"] = Json(audit_event["detail"])
                     cur.execute(_submit_sql(tuple(row), audit_event is not None), params)
-                    held = 0
-                    if max_unfinished:
-                        cur.execute("SELECT unfinished FROM team_usage WHERE team = %s", (row["team"],))
+                    held = (0, 0)
+                    if any(quotas):
+                        cur.execute("SELECT unfinished, spec_bytes FROM team_usage WHERE team = %s", (row["team"],))
                         usage = cur.fetchone()
-                        held = int(usage["unfinished"]) if usage is not None else 0
-                if max_unfinished and held > max_unfinished:
+                        if usage is not None:
+                            held = (int(usage["unfinished"]), int(usage["spec_bytes"]))
+                if _over(quotas, held):
                     raw.rollback()
                 else:
                     raw.commit()
@@ -462,7 +485,7 @@ class JobStore:
         """:meth:`submit` with the arguments ``it`` holds."""
         return self.submit(it.team, it.spec, idempotency_key=it.idempotency_key, now=it.now, not_after=it.not_after,
                            actor=it.actor, max_unfinished=it.max_unfinished,
-                           quota_retry_after_s=it.quota_retry_after_s)
+                           quota_retry_after_s=it.quota_retry_after_s, max_spec_bytes=it.max_spec_bytes)
 
     def _submit_each(self, items: Sequence[SubmitItem]) -> list[tuple[JobView, bool] | Exception]:
         """:meth:`submit_item` per item, each error kept as that item's result."""
@@ -474,23 +497,26 @@ class JobStore:
                 out.append(e)
         return out
 
-    def _unfinished_after_insert(self, s: Session, team: str) -> int:
+    def _unfinished_after_insert(self, s: Session, team: str) -> tuple[int, int]:
         """Inside a submit transaction ``s`` that has just inserted jobs of ``team``: how many unfinished
-        jobs (:data:`broker.states.UNFINISHED_STATES`) the team holds, the new ones included.
+        jobs (:data:`broker.states.UNFINISHED_STATES`) the team holds and the bytes of their specs
+        (:func:`broker.service.store.quota.spec_bytes`), the new ones included: ``(jobs, bytes)``.
 
-        PostgreSQL: the ``team_usage`` counter kept by triggers on ``jobs`` (migration 0007; O(1)). The insert's
-        trigger updated the team's counter row, so this transaction holds its row lock until it commits:
+        PostgreSQL: the ``team_usage`` counters kept by triggers on ``jobs`` (migrations 0007 and 0017; O(1)). The
+        insert's trigger updated the team's counter row, so this transaction holds its row lock until it commits:
         the team's concurrent submits wait for it and then count on top of it (never over the quota);
-        other teams are not blocked. SQLite: a count (``BEGIN IMMEDIATE`` serialises every writer)."""
+        other teams are not blocked. SQLite: a count and a sum of ``length(CAST(spec AS BLOB))`` (``BEGIN
+        IMMEDIATE`` serialises every writer; a trial's store is small)."""
         if self.engine.dialect.name == "postgresql":
-            n = s.execute(text("SELECT unfinished FROM team_usage WHERE team = :t"), {"t": team}).scalar()
-            return int(n or 0)
-        return int(s.execute(select(func.count()).select_from(Job).where(
-            Job.team == team, Job.state.in_(_UNFINISHED))).scalar_one())
+            r = s.execute(text("SELECT unfinished, spec_bytes FROM team_usage WHERE team = :t"), {"t": team}).first()
+            return (0, 0) if r is None else (int(r[0]), int(r[1]))
+        n, b = s.execute(select(func.count(), func.coalesce(func.sum(func.length(cast(Job.spec, LargeBinary))), 0))
+                         .where(Job.team == team, Job.state.in_(_UNFINISHED))).one()
+        return int(n), int(b)
 
     def submit_many(self, team: str, items: Sequence[tuple[JobSpec, str | None, datetime | None]], *,
                     now: datetime | None = None, max_unfinished: int | None = None,
-                    quota_retry_after_s: int = 30, actor: Principal | None = None
+                    quota_retry_after_s: int = 30, actor: Principal | None = None, max_spec_bytes: int | None = None
                     ) -> list[tuple[JobView, bool] | IdempotencyConflict]:
         """Store many jobs of ``team`` in one transaction (the bulk submit); per item as :meth:`submit`.
 
@@ -499,6 +525,9 @@ class JobStore:
             now: aware submit instant of all of them (default: the current time).
             max_unfinished: the team's ``quotas.max_queued_jobs``: the new jobs all count; if they do not
                 all fit, none is stored and :class:`broker.service.store.quota.QuotaExceeded` is raised.
+            max_spec_bytes: the team's ``quotas.max_queued_spec_bytes``: likewise for the bytes of the specs of the
+                team's unfinished jobs and the new ones (:func:`broker.service.store.quota.spec_bytes`); a replay
+                adds nothing.
             actor: the API's caller: a ``job.submit`` audit event per new job, in the same transaction.
 
         Returns:
@@ -516,13 +545,14 @@ class JobStore:
             prepared.append((spec, key, not_after, spec_hash(spec)))
         for tries in range(3):
             try:
-                return self._submit_many(team, prepared, now, max_unfinished, quota_retry_after_s, actor)
+                return self._submit_many(team, prepared, now, (max_unfinished, max_spec_bytes), quota_retry_after_s,
+                                         actor)
             except IntegrityError:
                 if tries == 2:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _submit_many(self, team, prepared, now, max_unfinished, quota_retry_after_s, actor=None):
+    def _submit_many(self, team, prepared, now, quotas, quota_retry_after_s, actor=None):
         keys = sorted({k for _, k, _, _ in prepared if k is not None})
         out: list = [None] * len(prepared)
         with self.session() as s:
@@ -560,11 +590,11 @@ class JobStore:
                     self._bulk_insert(s, AuditEvent.__table__, [
                         audit_row(actor, "job.submit", r["id"], {"team": team, "name": r["name"]}, now)
                         for r in new_rows])
-                if max_unfinished:
-                    held = self._unfinished_after_insert(s, team)
-                    if held > max_unfinished:
-                        raise quota_exceeded(team, max_unfinished, held - len(new_rows), len(new_rows),
-                                             quota_retry_after_s)
+                if any(quotas):
+                    refused = queue_refusal(team, *quotas, *self._unfinished_after_insert(s, team), new_rows,
+                                            quota_retry_after_s)
+                    if refused is not None:
+                        raise refused
         return out
 
     def _bulk_insert(self, s: Session, table, rows: list[dict]) -> None:
@@ -1061,7 +1091,7 @@ class SubmitWriter:
         """Store many independent single submits (concurrent ``POST /v1/jobs``) in one transaction where that
         changes no answer: ``[(job, True)]`` per item, in order; ``None`` when nothing was stored and each
         item must be submitted alone (:meth:`JobStore.submit`) to get its own answer: SQLite, or the group
-        could not be stored as a whole (a used idempotency key, a team over its queued-jobs quota, a
+        could not be stored as a whole (a used idempotency key, a team over its queued-jobs or spec-bytes quota, a
         deadlock, a row lock not free within :data:`GROUP_LOCK_TIMEOUT_MS`, a value the database refuses).
 
         PostgreSQL: :meth:`_write`, two round trips and one commit for the group, where
@@ -1077,14 +1107,14 @@ class SubmitWriter:
             row, spec = _new_job_row(it.team, it.spec, it.idempotency_key, now, it.not_after, None)
             event = None if it.actor is None else audit_row(
                 it.actor, "job.submit", row["id"], {"team": it.team, "name": spec.name}, now)
-            prepared.append((row, spec, event, it.max_unfinished))
+            prepared.append((row, spec, event, (it.max_unfinished, it.max_spec_bytes)))
         if self._write([(row, event, quota) for row, _, event, quota in prepared]):
             return [(_new_job_view(row, spec), True) for row, spec, _, _ in prepared]
         return None
 
-    def _write(self, rows: list[tuple[dict, dict | None, int | None]]) -> bool:
-        """Store ``(job row, audit event or None, the team's max_unfinished or None)`` rows in one
-        transaction, each as :meth:`JobStore._submit_pg` would: the inserts and the quota check pipelined in
+    def _write(self, rows: list[tuple[dict, dict | None, tuple[int | None, int | None]]]) -> bool:
+        """Store ``(job row, audit event or None, the team's (max_unfinished, max_spec_bytes), None = unlimited)``
+        rows in one transaction, each as :meth:`JobStore._submit_pg` would: the inserts and the quota check pipelined in
         one round trip, the commit in a second. Returns ``False``, with nothing stored,
         when one of them might not be stored on its own: a unique key taken (an idempotency key or,
         rarely, a job id), a team over its quota after all of its rows, a deadlock, a row lock not free
@@ -1097,10 +1127,11 @@ class SubmitWriter:
         import psycopg
         from psycopg.types.json import Json
 
-        limits: dict[str, int] = {}
+        limits: dict[str, tuple[int | None, int | None]] = {}
         for row, _, quota in rows:
-            if quota:
-                limits[row["team"]] = min(quota, limits.get(row["team"], quota))
+            if any(quota):  # the tightest of the team's items, per quota
+                had = limits.get(row["team"], (None, None))
+                limits[row["team"]] = (_tighter(had[0], quota[0]), _tighter(had[1], quota[1]))
         shapes: dict[tuple[tuple[str, ...], bool], list[dict]] = {}
         for row, event, _ in sorted(rows, key=lambda r: r[0]["team"]):
             params = {**row, "spec": Json(row["spec"])}
@@ -1123,8 +1154,8 @@ class SubmitWriter:
                             for (cols, audited), params_list in shapes.items():
                                 cur.executemany(_submit_sql(cols, audited), params_list)
                             if limits:
-                                cur.execute("SELECT team, unfinished FROM team_usage WHERE team = ANY(%s)",
-                                            (list(limits),))
+                                cur.execute("SELECT team, unfinished, spec_bytes FROM team_usage "
+                                            "WHERE team = ANY(%s)", (list(limits),))
                         except psycopg.Error as e:
                             # leave the pipeline without an error in flight: its exit then raises the
                             # abort itself instead of logging "error ignored terminating Pipeline"
@@ -1132,8 +1163,8 @@ class SubmitWriter:
                     if failed is not None:
                         raise failed
                     if limits:
-                        held = {t: int(n) for t, n in cur.fetchall()}
-                        if any(held.get(t, 0) > m for t, m in limits.items()):
+                        held = {t: (int(n), int(b)) for t, n, b in cur.fetchall()}
+                        if any(_over(m, held.get(t, (0, 0))) for t, m in limits.items()):
                             raw.rollback()
                             return False
             except Exception:

@@ -144,6 +144,8 @@ class Job(Base):
         UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_idempotency_key"),
         Index("ix_jobs_state_priority_created", "state", "priority", "created_at"),
         Index("ix_jobs_team_state", "team", "state"),
+        #: the reconciler's stored-spec budget deletes a team's oldest finished jobs (migration 0017)
+        Index("ix_jobs_team_finished_at", "team", "finished_at"),
     )
 
 

@@ -59,7 +59,9 @@ def _count(store, team: str) -> int:
 def test_quota_settings_per_team_overrides_and_unlimited():
     q = QuotaSettings(max_queued_jobs=100, submits_per_s=5, burst=20,
                       per_team={"vision": {"submits_per_s": 0}, "nlp": {"max_queued_jobs": None, "burst": 50}})
-    caps = {"max_schedules": 100, "log_bytes": 2 ** 30, "max_time_limit_s": 604800.0}  # defaults: schedule cap, log budget, time-limit ceiling
+    caps = {"max_schedules": 100, "log_bytes": 2 ** 30, "max_time_limit_s": 604800.0,  # defaults: schedule cap, log
+            "max_queued_spec_bytes": 256 * 2 ** 20,  # budget, time-limit ceiling, spec-bytes budgets
+            "stored_spec_bytes": 2 ** 30}
     assert q.for_team("other") == TeamLimits(max_queued_jobs=100, submits_per_s=5.0, burst=20, **caps)
     assert q.for_team("vision") == TeamLimits(max_queued_jobs=100, submits_per_s=None, burst=None, **caps)
     assert q.for_team("nlp") == TeamLimits(max_queued_jobs=None, submits_per_s=5.0, burst=50, **caps)
