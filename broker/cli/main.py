@@ -34,6 +34,7 @@ from broker.cli.console import current_console, echo_json, fail, stderr
 from broker.model import PLAN_INTERVAL_S
 from broker.planner.core import POLICY_NAMES, PendingJob, PlannerContext
 from broker.planner.costs import score
+from broker.utc import iso_minutes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="fedbroker: hybrid-cloud, energy-aware federation broker for GPU training jobs.")
@@ -182,7 +183,7 @@ def simulate(
         _fail(f"--trace={trace!r}: no valid job (skipped: {tr.skipped})")
     _check_coverage(tr, scen)
     current_console().print(f"trace [bold]{trace}[/bold]: {len(tr.jobs):,} jobs from "
-                  f"{_iso(tr.jobs[0].submit_s)} to {_iso(tr.jobs[-1].submit_s)}"
+                  f"{iso_minutes(tr.jobs[0].submit_s)} to {iso_minutes(tr.jobs[-1].submit_s)}"
                   + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
     current_console().print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
                   f"cloud: {len(scen.offers):,} offers")
@@ -250,7 +251,7 @@ def simulate(
             current_console().print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
                           "price/carbon data; their energy cost and carbon are not counted (see missing_signal_hours)")
     meta = {"trace": trace, "jobs": len(tr.jobs), "jobs_limit": jobs, "trace_skipped": tr.skipped,
-            "start": _iso(tr.jobs[0].submit_s), "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"),
+            "start": iso_minutes(tr.jobs[0].submit_s), "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"),
             "seed": seed, "step_s": step, "market": market.strip().lower(), "no_cloud": no_cloud,
             "carbon_price_usd_per_t": carbon_price, "value_of_time_usd_per_gpu_hour": value_of_time,
             "slack_factor": slack_factor, "min_slack_h": min_slack_h, "policies": policies,
@@ -281,18 +282,14 @@ def _parse_prices(text: str) -> list[float]:
     return sorted(out)
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="minutes")
-
-
 def _check_coverage(tr, scen) -> None:
     """Fail early if the trace starts outside the bundled signal coverage."""
     sig = scen.signals
     c = sig.carbon(scen.pools[0].carbon_zone)
     t0, t1 = tr.jobs[0].submit_s, tr.jobs[-1].submit_s
     if t0 < c.start_s or t1 > c.end_s:
-        _fail(f"the trace spans {_iso(t0)}..{_iso(t1)} but the carbon data of zone {c.zone} covers "
-              f"{_iso(c.start_s)}..{_iso(c.end_s)}; pass a --start (e.g. {_iso(c.start_s)[:10]}) so that "
+        _fail(f"the trace spans {iso_minutes(t0)}..{iso_minutes(t1)} but the carbon data of zone {c.zone} covers "
+              f"{iso_minutes(c.start_s)}..{iso_minutes(c.end_s)}; pass a --start (e.g. {iso_minutes(c.start_s)[:10]}) so that "
               "the whole trace falls inside")
 
 
@@ -358,13 +355,13 @@ def offers(
     signals, source = scen.signals, "bundled 2023-24 history, as recorded"
     h0, h1 = history_bounds(scen.signals)
     if now < h0:
-        _fail(f"--start={_iso(now)}: outside the bundled price/carbon data (it starts at {_iso(h0)}; "
-              f"it holds {_iso(h0)}..{_iso(h1)})")
+        _fail(f"--start={iso_minutes(now)}: outside the bundled price/carbon data (it starts at {iso_minutes(h0)}; "
+              f"it holds {iso_minutes(h0)}..{iso_minutes(h1)})")
     if now >= h1:  # after the history (today): the live broker's series, the history shifted forward by whole weeks
         try:
             offset = live_replay_offset_s(h0, h1, now, max(config.horizon_s, hours * 3600.0))
         except ValueError:
-            _fail(f"--hours={hours:g}: longer than the bundled price/carbon data can replay ({_iso(h0)}..{_iso(h1)})")
+            _fail(f"--hours={hours:g}: longer than the bundled price/carbon data can replay ({iso_minutes(h0)}..{iso_minutes(h1)})")
         signals, source = ReplayedSignals(scen.signals, offset), replay_note(offset, "as the live broker prices it "
                                                                                      "without live sources")
     ctx = PlannerContext(config, scen.pools, scen.offers, signals, scen.gpus)
@@ -380,7 +377,7 @@ def offers(
         echo_json([{**option_json(r, nodes), "signals": source} for r in rows])
         return
     what = f"{hours:g} h on {gtypes and next(iter(gtypes))}" if gtypes else f"{hours:g} V100-hours"
-    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {what} from {_iso(now)}")
+    tab = Table(title=f"{nodes} x {count} {gpu or 'any GPU'}, {what} from {iso_minutes(now)}")
     for c in ("provider", "region", "zone", "instance", "gpu", "market", "$/hour", "runtime h", "total $", "kWh", "kgCO2e"):
         tab.add_column(c, justify="right" if c in ("$/hour", "runtime h", "total $", "kWh", "kgCO2e") else "left")
     for r in rows[:top]:
@@ -389,7 +386,7 @@ def offers(
                     f"{r.energy_kwh:.2f}", kg)
     current_console().print(tab)
     current_console().print(f"{len(rows)} options; on-prem $ include the amortised GPU-hour; cloud $ include expected spot rework.")
-    current_console().print(f"prices and carbon from {_iso(now)}: {source}", highlight=False)
+    current_console().print(f"prices and carbon from {iso_minutes(now)}: {source}", highlight=False)
     if any(r.carbon_estimated for r in rows[:top]):
         current_console().print(f"{ESTIMATE_MARK} carbon estimated: the region has no hourly grid data for the "
                                 "window (annual figure, or another year's hours).")

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
-
 import numpy as np
 
 from broker.planner.costs import load_emissions_kg, load_energy_kwh, load_tariff_usd
+from broker.utc import iso_z
 from pricing.series import HourlySeries
 
 __all__ = ["WindowChoice", "best_start", "PREFER", "MAX_CANDIDATES"]
@@ -64,10 +63,6 @@ def _finite(name: str, x: float) -> float:
     if not math.isfinite(v):
         raise ValueError(f"{name}={x!r}: must be finite")
     return v
-
-
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def candidate_starts(earliest_s: float, latest_start_s: float, slot_s: float) -> np.ndarray:
@@ -178,7 +173,7 @@ def best_start(
     horizon = ranked.end_s - runtime
     if latest > horizon:
         latest = max(earliest, horizon)
-        clamp_note = f"; window clamped to the {'price' if prefer == 'cheapest' else 'carbon'} series' end {_iso(ranked.end_s)}"
+        clamp_note = f"; window clamped to the {'price' if prefer == 'cheapest' else 'carbon'} series' end {iso_z(ranked.end_s)}"
     starts = candidate_starts(earliest, latest, slot)
     k = int(starts.size)
     carbon_kg = load_emissions_kg(kw, carbon.integrals(starts, runtime))
@@ -197,7 +192,7 @@ def best_start(
             candidates=k,
             reason=(
                 f"{what} data missing for all {k} candidate windows; "
-                f"starting at earliest_s {_iso(earliest)}{clamp_note}"
+                f"starting at earliest_s {iso_z(earliest)}{clamp_note}"
             ),
         )
     best = float(np.min(obj[ok]))
@@ -212,7 +207,7 @@ def best_start(
         carbon_kg=float(carbon_kg[i]),
         candidates=k,
         reason=(
-            f"{prefer} of {k} candidate starts{note}: {_iso(float(starts[i]))} "
+            f"{prefer} of {k} candidate starts{note}: {iso_z(float(starts[i]))} "
             f"at {float(obj[i]):.6g} {unit}{clamp_note}"
         ),
     )

@@ -38,6 +38,7 @@ from fastapi.responses import HTMLResponse
 from broker.service.api_usage import scope_period
 from broker.service.budgets import month_bounds
 from broker.service.store.tables import utcnow
+from broker.utc import iso_z_exact
 
 __all__ = ["register", "PAGE_HEADERS"]
 
@@ -57,10 +58,6 @@ def _asset(name: str) -> str:
     return resources.files("broker.service").joinpath("static", name).read_text(encoding="utf-8")
 
 
-def _iso(t: datetime) -> str:
-    return t.isoformat().replace("+00:00", "Z")
-
-
 def register(app: FastAPI) -> None:
     """Add ``/finance`` and its two assets to ``app`` (not in the OpenAPI schema: a page, not an API operation)."""
     page = _asset("finance.html")
@@ -72,7 +69,7 @@ def register(app: FastAPI) -> None:
         """The finance page for ``[from, to)`` (default: this month, UTC)."""
         month = month_bounds(utcnow())
         start, end = scope_period(start or month[0], end or month[1])
-        body = page.replace("{{from}}", html.escape(_iso(start))).replace("{{to}}", html.escape(_iso(end)))
+        body = page.replace("{{from}}", html.escape(iso_z_exact(start))).replace("{{to}}", html.escape(iso_z_exact(end)))
         return HTMLResponse(body, headers=PAGE_HEADERS)
 
     def serve(name: str):

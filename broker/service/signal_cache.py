@@ -58,6 +58,7 @@ from broker.service.limits import CLOCK_SLACK_S, TOKEN_BUCKET_LUA
 from broker.service.signal_settings import BUNDLED, CLOUD_SOURCES, KEY_ENVS, SignalsSettings
 from broker.service.store import signals as rows
 from broker.service.store.signals import CachedHour
+from broker.utc import iso_seconds
 from pricing.hygiene import CheckedSeries
 from pricing.sources import (HasForecast, HasHistory, HasLatest, RateLimited, SignalSource, SourceAuthError,
                              SourceError, SourceUnavailable)
@@ -284,7 +285,7 @@ class SignalCache:
                 continue
             until = self.backoff_until(name)
             if until is not None:
-                out.skipped[name] = f"backing off until {_iso(until)} (rate limited)"
+                out.skipped[name] = f"backing off until {iso_seconds(until)} (rate limited)"
                 continue
             try:
                 got = self._fetch(name, zone, h0)
@@ -368,7 +369,7 @@ class SignalCache:
             for name in CLOUD_SOURCES[provider]:
                 until = self.backoff_until(name)
                 if until is not None:
-                    res.skipped[name] = f"backing off until {_iso(until)} (rate limited)"
+                    res.skipped[name] = f"backing off until {iso_seconds(until)} (rate limited)"
                     continue
                 src = self.source(name, "")
                 try:
@@ -587,7 +588,7 @@ class SignalCache:
                     if have.size:
                         i = int(have[-1])
                         ent["last_value"] = float(h.values[i])
-                        ent["last_hour"] = _iso(h0 - 48 * 3600.0 + i * 3600.0)
+                        ent["last_hour"] = iso_seconds(h0 - 48 * 3600.0 + i * 3600.0)
                     self._fill_health(ent, fetched.get((zone, kind, name)), self.settings.stale_for(zone), now_s)
                     out.append(ent)
         cp = self.settings.cloud_prices
@@ -613,7 +614,7 @@ class SignalCache:
         if name in KEY_ENVS and not self.settings.api_key(name):
             ent["health"] = f"no API key ({self.settings.key_hint(name)})"
         elif until is not None:
-            ent["health"] = f"backing off until {_iso(until)}"
+            ent["health"] = f"backing off until {iso_seconds(until)}"
         elif ent["age_s"] is None:
             ent["health"] = "never fetched" + (f" ({ent['last_error']})" if ent["last_error"] else "")
         elif not is_fresh(now_s - ent["age_s"], now_s, stale):
@@ -641,6 +642,3 @@ class _Empty(SourceError):
 def _dt(t_s: float) -> datetime:
     return datetime.fromtimestamp(t_s, tz=timezone.utc)
 
-
-def _iso(t_s: float) -> str:
-    return _dt(t_s).isoformat(timespec="seconds")
