@@ -22,6 +22,8 @@ from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.text import Text
 
+from broker.utc import iso_z
+
 __all__ = ["console", "stderr", "current_console", "console_width", "cell", "PIPED_WIDTH", "fail", "echo_json", "show", "client", "call", "utc_text", "UrlOpt", "TokenOpt", "JsonOpt"]
 
 #: the width of output that goes to no terminal (a pipe, a file) when ``COLUMNS`` does not say: wide tables
@@ -134,4 +136,4 @@ def call(c, fn, *args, **kwargs):
 
 def utc_text(v: datetime | None) -> str:
     """``2026-12-01T16:22:20Z`` (UTC, whole seconds), or ``-`` for None."""
-    return v.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z") if v else "-"
+    return iso_z(v.astimezone(timezone.utc)) if v else "-"  # naive: local time, as datetime.astimezone reads it

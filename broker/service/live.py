@@ -41,6 +41,7 @@ import numpy as np
 from broker import DATA_DIR
 from broker.model import WEEK_S, CloudOffer, Pool, PoolNode
 from broker.planner.core import GpuTable, PlannerConfig, PlannerContext
+from broker.utc import iso_minutes
 from pricing.hygiene import CheckedSeries
 from pricing.sources import window_from_series
 from pricing.series import HourlySeries
@@ -153,8 +154,6 @@ def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list
     ``value`` (gCO2e/kWh or USD/MWh; ``None`` when missing), ``source`` (origin), ``estimated``, ``forecast``,
     ``age_s`` (seconds since fetched; ``None`` for replayed or filled hours). Raises
     :class:`pricing.errors.UnknownZoneError` for a zone the signals do not hold."""
-    from datetime import datetime, timezone
-
     h0 = math.floor(now_s / 3600.0) * 3600.0
     series = signals.carbon(zone) if kind == "carbon" else signals.price(zone)
     live = isinstance(signals, LiveSignals) and signals.network_sources(zone, kind)
@@ -165,7 +164,7 @@ def series_rows(signals, zone: str, kind: str, now_s: float, hours: int) -> list
     for k in range(hours):
         t = h0 + k * 3600.0
         v = float("nan") if series is None else series.value_at(t)
-        row = {"hour": datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="minutes"),
+        row = {"hour": iso_minutes(t),
                "value": None if math.isnan(v) else v, "source": REPLAY if series is not None else "",
                "estimated": series is not None, "forecast": False, "age_s": None}
         if live:

@@ -52,6 +52,7 @@ from typing import Any, Mapping
 import numpy as np
 from broker.sim.results import METRIC_KEYS, PolicyRun
 from broker.usage import CHARGEBACK_COLUMNS
+from broker.utc import iso_seconds
 
 __all__ = ["write_report", "chargeback_summary", "CHARGEBACK_TEXT", "comparison_table", "frontier_table",
            "markdown_table", "format_value", "to_jsonable",
@@ -587,7 +588,7 @@ JOB_CSV_COLUMNS: dict[str, str] = {
 
 
 def _utc(t: float) -> str:
-    return "" if math.isnan(t) else datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="seconds")
+    return "" if math.isnan(t) else iso_seconds(t)
 
 
 def write_job_csv(run: PolicyRun, path: Path) -> Path:

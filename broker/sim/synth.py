@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from broker.utc import iso_z
+
 #: (num_gpus, probability) of the ``gangs`` kind: 16 x 8, 8 x 8 and 2 x 8 GPU gangs.
 GANG_MIX: tuple[tuple[int, float], ...] = ((128, 0.60), (64, 0.25), (16, 0.15))
 #: (num_gpus, probability) of the ``short`` kind: single-node jobs.
@@ -146,8 +148,7 @@ def generate(kind_name: str, *, seed: int = 0, days: float | None = None, load: 
     t0 = start.timestamp()
     rows = []
     for i in range(m):
-        when = datetime.fromtimestamp(round(t0 + t[i]), tz=timezone.utc)
-        rows.append({"job_id": f"{kind_name}-{i}", "submit_time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        rows.append({"job_id": f"{kind_name}-{i}", "submit_time": iso_z(round(t0 + t[i])),
                      "duration_s": str(int(dur[i])), "num_gpus": str(int(gpus[i])), "team": TEAMS[teams[i]]})
     return rows
 
