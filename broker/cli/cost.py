@@ -32,6 +32,7 @@ from broker.cli.cloud import ConfigOpt, _database, _settings
 from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, client, current_console, echo_json, fail, stderr
 from broker.money import decimals_for, figure_text
 from broker.usage import SUMMARY_DIMENSIONS
+from broker.utc import parse_utc
 
 __all__ = ["cost_app", "register", "parse_day"]
 
@@ -42,10 +43,9 @@ def parse_day(text: str, option: str) -> datetime:
     """``YYYY-MM-DD`` or an ISO 8601 instant (UTC when no zone is given) -> aware UTC datetime; exit 2 naming
     ``option`` otherwise."""
     try:
-        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parse_utc(text, option, naive="utc")
     except ValueError:
         fail(f"{option}={text!r}: not a date (YYYY-MM-DD) or an ISO 8601 instant", code=2)
-    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
 @cost_app.command("reconcile")

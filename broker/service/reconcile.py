@@ -21,11 +21,12 @@ import csv
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Iterable, NamedTuple
 
 from broker.usage import UsageRecord
+from broker.utc import NaiveTimeError, parse_utc
 from pricing.fx import to_usd
 
 __all__ = ["CUR_COLUMNS", "ReconcileError", "BillLine", "read_cur_csv", "ResourceDiff", "CloudReconciliation",
@@ -53,12 +54,11 @@ class BillLine(NamedTuple):
 
 def _instant(text: str, where: str) -> datetime:
     try:
-        t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return parse_utc(text.strip(), where)
+    except NaiveTimeError:
+        raise ReconcileError(f"{where}: {text!r} has no time zone (the CUR writes UTC with 'Z')") from None
     except ValueError:
         raise ReconcileError(f"{where}: {text!r} is not an ISO 8601 instant") from None
-    if t.tzinfo is None:
-        raise ReconcileError(f"{where}: {text!r} has no time zone (the CUR writes UTC with 'Z')")
-    return t.astimezone(timezone.utc)
 
 
 def read_cur_csv(path: str | Path) -> list[BillLine]:
