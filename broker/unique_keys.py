@@ -1,22 +1,27 @@
 """Reading YAML and JSON with each key once per mapping: plain ``yaml.safe_load`` and ``json.loads`` keep the last of
-two equal keys silently (``gpus_per_node: 1`` then ``4`` made a 4-GPU job). The one home of that rule for job
-files, settings files, cluster files (:func:`load_yaml`, :func:`loads_strict`) and API bodies
-(:mod:`broker.service.jsonbody`).
+two equal keys silently (``gpus_per_node: 1`` then ``4`` made a 4-GPU job). :func:`read_document` is the one
+reader of a config document, for the cluster file (:func:`broker.cluster.load_cluster`), job files
+(``fedbroker submit``), the settings file (``FEDBROKER_CONFIG``), the signals ``secrets_file`` and API request
+bodies (:mod:`broker.service.jsonbody`); :func:`load_yaml` and :func:`loads_strict` are its two parsers.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["DuplicateKeyError", "UniqueKeyLoader", "load_yaml", "DuplicateJsonKey", "unique_json_object",
-           "loads_strict"]
+__all__ = ["read_document", "DUPLICATE_KEY_ERRORS", "DuplicateKeyError", "UniqueKeyLoader", "load_yaml",
+           "DuplicateJsonKey", "unique_json_object", "loads_strict"]
 
 
 class DuplicateKeyError(yaml.YAMLError):
     """A YAML mapping holds the same key twice (``path``: the keys of the mappings above it)."""
+
+    #: the document's path or name, set by :func:`read_document` (the message leaves it to the caller's prefix)
+    source: str | None = None
 
     def __init__(self, key: Any, first_line: int, second_line: int, path: tuple = ()):
         self.key, self.first_line, self.second_line, self.path = key, first_line, second_line, path
@@ -85,7 +90,10 @@ def load_yaml(text: str) -> Any:
 
 
 class DuplicateJsonKey(ValueError):
-    """A JSON object holds the same key twice (``key``: that key)."""
+    """A JSON object holds the same key twice (``key``: that key; no line: ``json`` does not say where)."""
+
+    #: the document's path or name, set by :func:`read_document` (the message leaves it to the caller's prefix)
+    source: str | None = None
 
     def __init__(self, key: str):
         self.key = key
@@ -108,3 +116,30 @@ def loads_strict(raw: bytes | str) -> Any:
     (bytes that are not UTF-8) or :class:`json.JSONDecodeError`."""
     text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     return json.loads(text, object_pairs_hook=unique_json_object)
+
+
+#: what :func:`read_document` raises for a key given twice: YAML (with both lines) or JSON
+DUPLICATE_KEY_ERRORS = (DuplicateKeyError, DuplicateJsonKey)
+
+
+def read_document(source: str | Path, text: str | bytes | None = None, *, as_json: bool | None = None) -> Any:
+    """The data of one YAML or JSON config document, each key once per mapping (object) at every depth.
+
+    ``source``: the document's path, read as UTF-8 when ``text`` is ``None``, else the name of ``text`` (bytes are
+    decoded as UTF-8). JSON when ``as_json``, YAML when it is ``False``; with ``None``, JSON for a ``source``
+    whose suffix is ``.json`` (any case), else YAML.
+
+    Raises (each caller words them, naming the file): :class:`OSError` (cannot read), :class:`UnicodeDecodeError`
+    (not UTF-8), :class:`DuplicateKeyError` (YAML: the key, the mapping it is in, both lines) or
+    :class:`DuplicateJsonKey` (the key), both with ``source`` set; else ``yaml.YAMLError`` or
+    :class:`json.JSONDecodeError` (``ValueError`` or ``RecursionError`` for JSON too big a number or too deep)."""
+    name = str(source)
+    if text is None:
+        text = Path(source).read_text(encoding="utf-8")
+    if as_json is None:
+        as_json = Path(name).suffix.lower() == ".json"
+    try:
+        return loads_strict(text) if as_json else load_yaml(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except DUPLICATE_KEY_ERRORS as e:
+        e.source = name
+        raise
