@@ -60,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker import DATA_DIR
 from broker.model import Pool, PoolNode, PriorityClass, short_repr
-from broker.unique_keys import DuplicateJsonKey, load_yaml, loads_strict
+from broker.unique_keys import DuplicateJsonKey, read_document
 from providers.registry import AGENT_KIND, POOL_KINDS, pool_settings
 
 __all__ = ["ClusterError", "NodeGroup", "load_cluster", "parse_cluster", "DEFAULT_CLUSTER_PATH"]
@@ -210,17 +210,11 @@ def load_cluster(path: str | Path | None = None) -> list[Pool]:
     """
     p = Path(path) if path is not None else DEFAULT_CLUSTER_PATH
     try:
-        text = p.read_text(encoding="utf-8")
+        data = read_document(p)  # a key given twice is refused (plain safe_load keeps the last silently)
     except (OSError, UnicodeDecodeError) as e:
         raise ClusterError(f"{p}: cannot read cluster file: {e}") from e
-    if p.suffix.lower() == ".json":
-        try:
-            data = loads_strict(text)
-        except (json.JSONDecodeError, DuplicateJsonKey) as e:
-            raise ClusterError(f"{p}: not valid JSON: {e}") from e
-        return parse_cluster(data, str(p))
-    try:
-        data = load_yaml(text)  # a key given twice is refused (plain safe_load keeps the last silently)
+    except (json.JSONDecodeError, DuplicateJsonKey) as e:
+        raise ClusterError(f"{p}: not valid JSON: {e}") from e
     except yaml.YAMLError as e:
         raise ClusterError(f"{p}: not valid YAML: {e}") from e
     return parse_cluster(data, str(p))

@@ -75,7 +75,7 @@ def load_job_file(path: Path):
 
     from broker.model import JobSpec
     from broker.service.jsonbody import MAX_BODY_BYTES
-    from broker.unique_keys import DuplicateJsonKey, DuplicateKeyError, load_yaml, unique_json_object
+    from broker.unique_keys import DUPLICATE_KEY_ERRORS, read_document
 
     try:
         with open(path, "rb") as f:  # at most what the API takes: /dev/zero once grew to 1.6 GB in 4 s
@@ -88,10 +88,8 @@ def load_job_file(path: Path):
     except UnicodeDecodeError as e:
         raise JobFileError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
     try:
-        data = json.loads(raw, object_pairs_hook=unique_json_object) if path.suffix.lower() == ".json" else load_yaml(raw)
-    except DuplicateJsonKey as e:
-        raise JobFileError(f"{path}: {e}") from None
-    except DuplicateKeyError as e:
+        data = read_document(path, raw)
+    except DUPLICATE_KEY_ERRORS as e:
         raise JobFileError(f"{path}: {e}") from None
     except json.JSONDecodeError as e:
         raise JobFileError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None

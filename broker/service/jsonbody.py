@@ -2,9 +2,9 @@
 
 Plain ``json.loads`` keeps the last of two equal keys (``{"gpus_per_node": 1, "gpus_per_node": 4}``
 made a 4-GPU job) and FastAPI answers a body that is not UTF-8 with a bare 400. This module is the one
-home of the rule for the API (:class:`StrictJsonBody`, an ASGI middleware) and the CLI's ``*.json`` job
-files (:func:`unique_json_object` as ``object_pairs_hook``); YAML files use
-:class:`broker.unique_keys.UniqueKeyLoader`.
+home of the rule for the API (:class:`StrictJsonBody`, an ASGI middleware), which reads each body with
+:func:`broker.unique_keys.read_document`, the reader of every config file too (cluster, job, settings and
+secrets files).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 
 from starlette.responses import JSONResponse
 
-from broker.unique_keys import DuplicateJsonKey, loads_strict, unique_json_object
+from broker.unique_keys import DuplicateJsonKey, loads_strict, read_document, unique_json_object
 
 __all__ = ["DuplicateJsonKey", "unique_json_object", "loads_strict", "utf8_error", "StrictJsonBody", "BodyLimit",
            "MAX_BODY_BYTES"]
@@ -105,7 +105,7 @@ class StrictJsonBody:
         body = b"".join(chunks)
         if body and _is_json(scope):
             try:
-                loads_strict(body)
+                read_document("body", body, as_json=True)
             except UnicodeDecodeError as e:
                 return await _error(f"body: {utf8_error(body, e)}", "utf8_invalid")(scope, receive, send)
             except DuplicateJsonKey as e:

@@ -28,7 +28,7 @@ from pydantic_settings import SettingsError as PydanticSettingsError
 from broker.job_uids import DEFAULT_UID_RANGE, check_uid_range
 from broker.model import PLAN_INTERVAL_S, PriorityClass
 from broker.planner.core import PlannerConfig
-from broker.unique_keys import DuplicateKeyError, UniqueKeyLoader, load_yaml
+from broker.unique_keys import DuplicateKeyError, UniqueKeyLoader, load_yaml, read_document  # re-exported
 from broker.service.redact import HIDDEN, hide_secret_values, is_secret_name, mask_userinfo
 from broker.service.signal_settings import SignalsSettings
 from providers.registry import PROVIDERS
@@ -746,7 +746,7 @@ class _YamlSource(PydanticBaseSettingsSource):
             return {}
         p = Path(path)
         try:
-            data = load_yaml(p.read_text()) or {}
+            data = read_document(p, p.read_text(), as_json=False) or {}  # YAML whatever its suffix, as always
         except OSError as e:
             raise SettingsError(f"FEDBROKER_CONFIG={path!r}: cannot read ({e.strerror or e})") from None
         except DuplicateKeyError as e:
