@@ -45,8 +45,8 @@ and spliced with average hours, on a scale that differs by a factor of ~2 on man
 planner that weighs marginal rates in every zone and fallback, which this broker does not have.
 
 API keys come from the environment variable (``sources.<name>.api_key_env``, default the source's own) or
-else from ``secrets_file`` (a YAML mapping ``source name -> key``); they are never part of the settings
-object, never logged and never put in an error or an explain record. Errors name the field and value
+else from ``secrets_file`` (a YAML mapping ``source name -> key``, each source once); they are never part of the
+settings object, never logged and never put in an error or an explain record. Errors name the field and value
 (:class:`ValueError`, turned into :class:`broker.service.settings.SettingsError` by ``load_settings``).
 """
 
@@ -59,6 +59,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from broker.unique_keys import DuplicateKeyError, read_document
 from pricing.carbon_sources import ELECTRICITYMAPS_KEY_ENV, GbCarbonIntensity, WattTime
 from pricing.cloud_price_sources import AWS_PRICE_LIST, AWS_SPOT, GCP_BILLING_CATALOG
 from pricing.price_sources import ENTSOE_KEY_ENV, Tariff, TariffError
@@ -283,13 +284,16 @@ class SignalsSettings(BaseModel):
 
 
 def _read_secrets(path: Path) -> dict[str, str]:
-    """``{source: key}`` from a YAML secrets file; ``ValueError`` naming the file and the offending entry's name."""
+    """``{source: key}`` from a YAML secrets file; ``ValueError`` naming the file and the offending entry's name
+    (a key given twice: its name and both lines, as in every config file; the last one used to win silently)."""
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_document(path, Path(path).read_text(), as_json=False) or {}
     except OSError as e:
         raise ValueError(f"secrets_file={str(path)!r}: cannot read ({e.strerror or e})") from None
+    except DuplicateKeyError as e:  # names the key and its lines, never a value
+        raise ValueError(f"secrets_file={str(path)!r}: {e}") from None
     except yaml.YAMLError:
         raise ValueError(f"secrets_file={str(path)!r}: not valid YAML") from None  # no excerpt: it may hold a key
     if not isinstance(data, dict):

@@ -113,6 +113,25 @@ def test_a_bad_secrets_file_is_named_but_never_quoted(tmp_path):
     assert "sk-very-secret" not in str(e.value)
 
 
+def test_a_secrets_file_with_a_key_twice_is_refused_naming_file_key_and_lines(tmp_path, monkeypatch):
+    """Like every other config file (the last one silently won before); never quoting a value."""
+    secrets = tmp_path / "keys.yaml"
+    secrets.write_text("electricitymaps: sk-first\nentsoe-day-ahead: e-key\nelectricitymaps: sk-second\n")
+    with pytest.raises(SettingsError) as e:
+        _load(tmp_path, f"signals:\n  secrets_file: {secrets}\n")
+    assert str(e.value) == (f"setting signals.secrets_file={str(secrets)!r}: key 'electricitymaps' appears twice "
+                            "(lines 1 and 3)")
+    assert "sk-" not in str(e.value) and "e-key" not in str(e.value)
+    # and when the file changes under a running broker: the key is looked up again, and refused the same way
+    secrets.write_text("electricitymaps: sk-first\n")
+    st = _load(tmp_path, f"signals:\n  secrets_file: {secrets}\n")
+    secrets.write_text("electricitymaps: sk-first\nelectricitymaps: sk-second\n")
+    monkeypatch.delenv("ELECTRICITYMAPS_API_KEY", raising=False)
+    with pytest.raises(ValueError) as e:
+        st.signals.api_key("electricitymaps")
+    assert str(e.value) == f"secrets_file={str(secrets)!r}: key 'electricitymaps' appears twice (lines 1 and 2)"
+
+
 def test_beat_refreshes_signals_only_when_a_zone_is_configured(tmp_path):
     from broker.service.celery_app import SIGNALS_TICK_S, make_celery
 
