@@ -103,25 +103,28 @@ def test_keys_from_environment_then_secrets_file_never_in_the_settings(tmp_path,
     assert st.signals.key_hint("electricitymaps") == f"$ELECTRICITYMAPS_API_KEY or {secrets}:electricitymaps"
 
 
-def test_a_bad_secrets_file_is_named_but_never_quoted(tmp_path):
+def _secrets_refused(tmp_path, text: str):
+    """The path of a secrets file holding ``text``, and the message of the settings naming it refused."""
     secrets = tmp_path / "keys.yaml"
-    secrets.write_text("electricitymap: sk-very-secret\n")
+    secrets.write_text(text)
     with pytest.raises(SettingsError) as e:
         _load(tmp_path, f"signals:\n  secrets_file: {secrets}\n")
-    assert str(e.value) == (f"setting signals.secrets_file={str(secrets)!r}: 'electricitymap' is not a source with "
-                            "a key (electricitymaps, entsoe-day-ahead)")
-    assert "sk-very-secret" not in str(e.value)
+    return secrets, str(e.value)
+
+
+def test_a_bad_secrets_file_is_named_but_never_quoted(tmp_path):
+    secrets, msg = _secrets_refused(tmp_path, "electricitymap: sk-very-secret\n")
+    assert msg == (f"setting signals.secrets_file={str(secrets)!r}: 'electricitymap' is not a source with "
+                   "a key (electricitymaps, entsoe-day-ahead)")
+    assert "sk-very-secret" not in msg
 
 
 def test_a_secrets_file_with_a_key_twice_is_refused_naming_file_key_and_lines(tmp_path, monkeypatch):
     """Like every other config file (the last one silently won before); never quoting a value."""
-    secrets = tmp_path / "keys.yaml"
-    secrets.write_text("electricitymaps: sk-first\nentsoe-day-ahead: e-key\nelectricitymaps: sk-second\n")
-    with pytest.raises(SettingsError) as e:
-        _load(tmp_path, f"signals:\n  secrets_file: {secrets}\n")
-    assert str(e.value) == (f"setting signals.secrets_file={str(secrets)!r}: key 'electricitymaps' appears twice "
-                            "(lines 1 and 3)")
-    assert "sk-" not in str(e.value) and "e-key" not in str(e.value)
+    secrets, msg = _secrets_refused(tmp_path, "electricitymaps: sk-first\nentsoe-day-ahead: e-key\n"
+                                              "electricitymaps: sk-second\n")
+    assert msg == f"setting signals.secrets_file={str(secrets)!r}: key 'electricitymaps' appears twice (lines 1 and 3)"
+    assert "sk-" not in msg and "e-key" not in msg
     # and when the file changes under a running broker: the key is looked up again, and refused the same way
     secrets.write_text("electricitymaps: sk-first\n")
     st = _load(tmp_path, f"signals:\n  secrets_file: {secrets}\n")
