@@ -138,11 +138,18 @@ FORMAT_CHAR_RANGES = ((0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C), (0x0
                       (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF), (0xFFF9, 0xFFFB), (0x110BD, 0x110BD),
                       (0x110CD, 0x110CD), (0x13430, 0x13438), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
                       (0xE0001, 0xE0001), (0xE0020, 0xE007F))
+#: characters outside ``Cf`` that break a line or show as nothing, as inclusive ranges: U+2028 LINE SEPARATOR and
+#: U+2029 PARAGRAPH SEPARATOR (``Zl``/``Zp``: a new line in a browser and in JSON readers), U+034F COMBINING
+#: GRAPHEME JOINER, U+115F-1160 and U+3164, U+FFA0 Hangul fillers, U+17B4-17B5 Khmer inherent vowels, U+180B-180D
+#: and U+180F Mongolian variation selectors (Unicode's ``Default_Ignorable_Code_Point`` less its ``Cf`` and the
+#: emoji variation selectors U+FE00-FE0F, which emoji names use). A hostile pass of 2026-12-04 named jobs with them.
+BLANK_CHAR_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180D), (0x180F, 0x180F),
+                     (0x2028, 0x2029), (0x3164, 0x3164), (0xFFA0, 0xFFA0))
 # the characters themselves (not \u escapes: Python's re, pydantic's Rust regex and an ECMAScript "u" regex
 # all read a literal astral character in a class; only Python and Rust read \U0001D173)
-_FORMAT_CLASS = "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in FORMAT_CHAR_RANGES)
+_FORMAT_CLASS = "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in FORMAT_CHAR_RANGES + BLANK_CHAR_RANGES)
 #: one line of text a terminal shows as it is (what :func:`one_line` and :func:`line_problem` check): no control
-#: character and no format character, as a JSON-schema pattern. Every one-line field a user gives and others
+#: character, no format character and none of :data:`BLANK_CHAR_RANGES`, as a JSON-schema pattern. Every one-line field a user gives and others
 #: see uses it: a job's ``name``, ``gpu_types`` and ``allowed_regions`` (also inside a schedule's spec), a
 #: token's ``label``, the bulk cancel's ``name`` filter. (Team, project, schedule and node names are ASCII:
 #: ``TEAM_RE``, ``SCHEDULE_NAME_RE``.)
@@ -163,6 +170,8 @@ def line_problem(v: str) -> str | None:
     ch = m.group()
     if CONTROL_CHAR_RE.match(ch):
         return f"contains the control character {ch!r}"
+    if any(a <= ord(ch) <= b for a, b in BLANK_CHAR_RANGES):
+        return f"contains the line-breaking or blank character U+{ord(ch):04X}"
     return f"contains the format character U+{ord(ch):04X}"
 
 

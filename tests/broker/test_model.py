@@ -127,13 +127,18 @@ def _msg(**spec) -> str:
     # control characters keep their message (the character's repr)
     ({"name": "a\x1b[2J"}, "name='a\\x1b[2J': contains the control character '\\x1b'"),
     ({"name": "a\u200bb\x07"}, "name='a\\u200bb\\x07': contains the format character U+200B"),  # the first one
+    # not Cf, but a new line or nothing on screen (second hostile pass of 2026-12-04)
+    ({"name": "one\u2028two"}, "name='one\\u2028two': contains the line-breaking or blank character U+2028"),
+    ({"name": "\u3164"}, "name=" + repr("\u3164") + ": contains the line-breaking or blank character U+3164"),
+    ({"name": "x\u115f"}, "name=" + repr("x\u115f") + ": contains the line-breaking or blank character U+115F"),
+    ({"name": "a\u034fb"}, "name=" + repr("a\u034fb") + ": contains the line-breaking or blank character U+034F"),
 ])
 def test_one_line_fields_refuse_format_characters_naming_field_value_and_code_point(spec, msg):
     assert _msg(**spec) == msg
 
 
 @pytest.mark.parametrize("name", ["Übung-日本", "résumé v2", "обучение", "训练任务 #3", "مهمة-١", "עבודה",
-                                  "🚀 llama-70b", "e\u0301", "tab-free  spaces"])
+                                  "🚀 llama-70b", "e\u0301", "tab-free  spaces", "\u2764\ufe0f train"])
 def test_ordinary_non_ascii_names_are_accepted(name):
     # right-to-left letters (Arabic, Hebrew) and combining marks are letters and marks, not format characters
     assert JobSpec(command=["true"], name=name, gpu_types=[name[:64]], allowed_regions=[name[:64]]).name == name
