@@ -220,10 +220,10 @@ class Client:
 
     # ------------------------------------------------------------------ transport
     def _request(self, method: str, path: str, *, params: Any = None, json: Any = None,
-                 headers: dict | None = None, once: bool = False) -> Any:
+                 headers: dict | None = None, once: bool = False, with_headers: bool = False) -> Any:
         """Send one request (with retries; ``once``: only connection errors are retried; 429 answers are
         waited out for up to ``max_rate_wait_s``) and return the decoded JSON body (``None`` for 204 or
-        an empty body); raise the typed error otherwise."""
+        an empty body; ``with_headers``: ``(body, response headers)``); raise the typed error otherwise."""
         waited = 0.0
         while True:
             r = self._send(method, path, params, json, headers, once)
@@ -242,9 +242,9 @@ class Client:
             waited += after
         if r.status_code < 400:
             if r.status_code == 204 or not r.content:
-                return None
+                return (None, r.headers) if with_headers else None
             try:
-                return r.json()
+                return (r.json(), r.headers) if with_headers else r.json()
             except ValueError:
                 raise UnexpectedAnswer(f"{method} {self.url}{path}: answered {r.status_code} with a body that is not "
                                        f"JSON ({_short_body(r)}): is this a fedbroker API?", r.status_code) from None
@@ -321,13 +321,23 @@ class Client:
 
     def list(self, team: str | None = None, state: str | Iterable[str] | None = None, limit: int = 100,
              offset: int = 0) -> list[JobView]:
-        """Jobs newest first, optionally of one ``team`` (admins) and in the given state(s)."""
-        params: list[tuple[str, Any]] = [("limit", limit), ("offset", offset)]
-        if team is not None:
-            params.append(("team", team))
-        if state is not None:
-            params += [("state", s) for s in ([state] if isinstance(state, str) else state)]
-        return _parse_list(JobView, self._request("GET", "/v1/jobs", params=params))
+        """Jobs newest first, optionally of one ``team`` (admins) and in the given state(s), at most ``limit``
+        (1-1000). A page the server cut at its ``api_list_max_bytes`` of specs (its ``X-Next-Offset`` header) is
+        followed by the next one, until ``limit`` jobs or the end."""
+        out: list[JobView] = []
+        while True:
+            params: list[tuple[str, Any]] = [("limit", limit - len(out)), ("offset", offset)]
+            if team is not None:
+                params.append(("team", team))
+            if state is not None:
+                params += [("state", s) for s in ([state] if isinstance(state, str) else state)]
+            data, headers = self._request("GET", "/v1/jobs", params=params, with_headers=True)
+            page = _parse_list(JobView, data)
+            out += page
+            nxt = headers.get("X-Next-Offset")
+            if not page or nxt is None or len(out) >= limit or not nxt.isdigit() or int(nxt) <= offset:
+                return out
+            offset = int(nxt)
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel a job (a running job gets ``cancel_requested``). Raises :class:`Conflict` if it already finished."""

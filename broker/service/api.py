@@ -630,18 +630,23 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                       json_schema_extra=_state_enum)] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                   offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0
-                  ) -> list[JobView]:
-        """Jobs newest first. A team token may only ask for its own team (403 otherwise)."""
+                  ) -> Response:
+        """Jobs newest first. A team token may only ask for its own team (403 otherwise). A page carries at most
+        ``api_list_max_bytes`` of stored specs (8 MiB): it may end before ``limit`` jobs, and then its
+        ``X-Next-Offset`` header gives the ``offset`` of the next page."""
         known = [s.value for s in JobState]
         for s in state or ():
             if s not in known:
                 raise _unprocessable("state", s, f"not a job state (one of {', '.join(known)})", where="query")
         team = readable_team(who, team, who.admin)
-        jobs = store.list_jobs(team=team, states=state or None, limit=limit, offset=offset)
-        if capacity_of is None:
-            return jobs
-        cap, now = capacity_of(), _utcnow()
-        return [with_warnings(j, cap, now) for j in jobs]
+        jobs, cut = store.list_jobs_page(team=team, states=state or None, limit=limit, offset=offset,
+                                         max_spec_bytes=settings.api_list_max_bytes)
+        if capacity_of is not None:
+            cap, now = capacity_of(), _utcnow()
+            jobs = [with_warnings(j, cap, now) for j in jobs]
+        body = "[" + ",".join(j.model_dump_json() for j in jobs) + "]"
+        return Response(body, media_type="application/json",
+                        headers={"X-Next-Offset": str(offset + len(jobs))} if cut else None)
 
     @app.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], responses=_ERRORS)
     def get_job(job: Job) -> JobView:

@@ -556,6 +556,11 @@ class BrokerSettings(BaseSettings):
             (one keep-alive connection per session) and the CLI are all ``127.0.0.1``, far below 64. Node agents
             behind one NAT address share it: keep it above twice their number. Default 64,
             lowered to ``api_max_connections`` when that is set below 64 and this is not given.
+        api_list_max_bytes: the most bytes of stored job specs one ``GET /v1/jobs`` page carries (:func:`broker.
+            service.store.quota.spec_bytes`, as stored); the page ends before the job that would pass it (at least
+            one job) and its ``X-Next-Offset`` header says where the next page starts. Default 8 MiB: a member's
+            1,000-job page of 2.75 MB specs (allowed by the spec budgets) was 342 MiB, held the API 8.6-11 s and
+            2 GB of memory, and two in parallel made a node's heartbeat 28.5 s stale.
         cluster: YAML file of on-prem pools (site, grid zones, PUE, $/GPU-h); node agents
             register the hosts. ``None`` = the bundled ``broker/data/local_cluster.yaml``.
         planner: the planner's settings (policy, carbon price, ...), see :class:`PlannerConfig`.
@@ -639,6 +644,7 @@ class BrokerSettings(BaseSettings):
     api_keyfile: Path | None = None
     api_max_connections: int = Field(1000, ge=1, le=100_000)
     api_max_connections_per_peer: int = Field(64, ge=0, le=100_000)
+    api_list_max_bytes: int = Field(8 * 1024 ** 2, ge=1, le=1024 ** 3)
     cluster: Path | None = None
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     cloud_providers: tuple[str, ...] = ()

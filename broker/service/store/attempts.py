@@ -18,7 +18,7 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy import LargeBinary, Text, cast, delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
-from broker.service.store.core import JobStore
+from broker.service.store.core import JobStore, spec_bytes_expr
 from broker.service.store.tables import Attempt, AuditEvent, CloudInstance, Job, JobEvent, JobLog, Node, Schedule
 
 __all__ = ["job_row", "reload", "attempt_row", "add_attempt", "bump_with_event", "onprem_work_rows", "jobs_in_states",
@@ -180,14 +180,6 @@ def advance_schedule(s: Session, schedule_id: str, seen_next: datetime, next_fir
     advance it once)."""
     s.execute(update(Schedule).where(Schedule.id == schedule_id, Schedule.next_fire_at == seen_next)
               .values(next_fire_at=next_fire_at, last_fire_at=last_fire_at))
-
-
-def spec_bytes_expr(s: Session):
-    """SQL for the bytes of a job's stored JSON spec (:func:`broker.service.store.quota.spec_bytes`) in ``s``'s
-    dialect: PostgreSQL's ``octet_length(spec::text)``, SQLite's ``length(CAST(spec AS BLOB))``."""
-    if s.get_bind().dialect.name == "postgresql":
-        return func.octet_length(cast(Job.spec, Text))
-    return func.length(cast(Job.spec, LargeBinary))
 
 
 def team_stored_spec_bytes(s: Session) -> dict[str, int]:

@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from pydantic import ValidationError
-from sqlalchemy import JSON, LargeBinary, cast, create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import JSON, LargeBinary, Text, cast, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.service.store.tables import (Attempt, AuditEvent, Base, Job, JobEvent, JobLog, Node, PlannerState, Schedule,
                                         utcnow)
-from broker.service.store.quota import ScheduleCapExceeded, queue_refusal
+from broker.service.store.quota import ScheduleCapExceeded, queue_refusal, spec_bytes
 from broker.service.store.tokens import Principal, audit, audit_row, hash_token
 from broker.model import JobSpec, default_slack_s, short_repr
 from broker.schemas import SCHEDULE_NAME_RE, AttemptView, JobEventView, JobView, NodeView, ScheduleView
@@ -125,6 +125,12 @@ _ABSOLUTE_FIELDS = {
 }
 
 
+#: the most bytes a schedule's stored spec holds (:func:`broker.service.store.quota.spec_bytes`): schedules' specs
+#: count against no spec budget (a team holds ``quotas.max_schedules`` of them: 100 x 64 KiB = 6.4 MiB, where 100
+#: specs of 2.75 MB each once were 275 MB in every ``GET /v1/schedules``)
+MAX_SCHEDULE_SPEC_BYTES = 64 * 1024
+
+
 def check_schedule(name: str, cron: str, timezone: str, spec: JobSpec) -> str:
     """Check a schedule's definition without storing it (used by :meth:`JobStore.create_schedule`,
     the API and the CLI, so all three reject the same things with the same words).
@@ -135,7 +141,8 @@ def check_schedule(name: str, cron: str, timezone: str, spec: JobSpec) -> str:
         timezone: IANA zone the cron is read in (:func:`broker.recurring.validate_timezone`).
         spec: the job every fire submits; ``deadline``, ``earliest_start`` (``not_before``)
             and ``not_after`` must be ``None`` (use ``slack_s``: each run's deadline is its
-            fire instant + ``estimated_duration_s`` + ``slack_s``).
+            fire instant + ``estimated_duration_s`` + ``slack_s``); at most :data:`MAX_SCHEDULE_SPEC_BYTES`
+            (64 KiB) stored.
 
     Returns:
         str: the cron expression normalised (whitespace collapsed, lower case, macros expanded).
@@ -162,6 +169,12 @@ def check_schedule(name: str, cron: str, timezone: str, spec: JobSpec) -> str:
         v = getattr(spec, field)
         if v is not None:
             errors.append((f"spec.{field}", v, f"spec.{field}={v.isoformat()!r}: {why}"))
+    size = spec_bytes(spec.model_dump(mode="json"))
+    if size > MAX_SCHEDULE_SPEC_BYTES:
+        errors.append(("spec.command", f"{len(spec.command)} arguments",
+                       f"spec.command: {len(spec.command)} arguments make the spec {size} bytes as stored; a "
+                       f"schedule's spec holds at most {MAX_SCHEDULE_SPEC_BYTES} (put a long command in a script in "
+                       f"the image)"))
     if errors:
         raise InvalidSchedule(errors)
     return normalised
@@ -277,6 +290,14 @@ class SubmitItem(NamedTuple):
     max_unfinished: int | None = None
     quota_retry_after_s: int = 30
     max_spec_bytes: int | None = None
+
+
+def spec_bytes_expr(s: Session):
+    """SQL for the bytes of a job's stored JSON spec (:func:`broker.service.store.quota.spec_bytes`) in ``s``'s
+    dialect: PostgreSQL's ``octet_length(spec::text)``, SQLite's ``length(CAST(spec AS BLOB))``."""
+    if s.get_bind().dialect.name == "postgresql":
+        return func.octet_length(cast(Job.spec, Text))
+    return func.length(cast(Job.spec, LargeBinary))
 
 
 class JobStore:
@@ -510,7 +531,7 @@ class JobStore:
         if self.engine.dialect.name == "postgresql":
             r = s.execute(text("SELECT unfinished, spec_bytes FROM team_usage WHERE team = :t"), {"t": team}).first()
             return (0, 0) if r is None else (int(r[0]), int(r[1]))
-        n, b = s.execute(select(func.count(), func.coalesce(func.sum(func.length(cast(Job.spec, LargeBinary))), 0))
+        n, b = s.execute(select(func.count(), func.coalesce(func.sum(spec_bytes_expr(s)), 0))
                          .where(Job.team == team, Job.state.in_(_UNFINISHED))).one()
         return int(n), int(b)
 
@@ -644,13 +665,37 @@ class JobStore:
     def list_jobs(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
                   offset: int = 0) -> list[JobView]:
         """Jobs newest first, filtered by ``team`` and ``states``; at most ``limit`` (1-1000)."""
-        q = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
-        if team is not None:
-            q = q.where(Job.team == team)
-        if states:
-            q = q.where(Job.state.in_([JobState(x).value for x in states]))
+        return self.list_jobs_page(team, states, limit, offset)[0]
+
+    def list_jobs_page(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
+                       offset: int = 0, max_spec_bytes: int | None = None) -> tuple[list[JobView], bool]:
+        """``(jobs, cut)``: :meth:`list_jobs`, and with ``max_spec_bytes`` the page also ends before the job whose
+        stored spec would bring the page's spec bytes (:func:`broker.service.store.quota.spec_bytes`, as stored)
+        past it, keeping at least one job; ``cut`` says it ended there (the next page starts at ``offset +
+        len(jobs)``). Only ids and sizes are read first, so a cut page never loads the specs it leaves out."""
+        def page(*cols):
+            q = select(*cols).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+            if team is not None:
+                q = q.where(Job.team == team)
+            if states:
+                q = q.where(Job.state.in_([JobState(x).value for x in states]))
+            return q
+
+        cut = False
         with self.session() as s:
-            return [_job_view(j) for j in s.execute(q).scalars()]
+            if max_spec_bytes is None:
+                return [_job_view(j) for j in s.execute(page(Job)).scalars()], False
+            ids, used = [], 0
+            for job_id, n in s.execute(page(Job.id, spec_bytes_expr(s))):
+                used += int(n or 0)
+                if ids and used > max_spec_bytes:
+                    cut = True
+                    break
+                ids.append(job_id)
+            if not ids:
+                return [], False
+            rows = {j.id: j for j in s.execute(select(Job).where(Job.id.in_(ids))).scalars()}
+            return [_job_view(rows[i]) for i in ids if i in rows], cut
 
     def events(self, job_id: str) -> list[JobEventView]:
         """The state history of a job, oldest first."""

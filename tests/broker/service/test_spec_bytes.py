@@ -406,3 +406,51 @@ def test_a_pass_deletes_the_oldest_finished_jobs_down_to_the_stored_budget(any_s
     with store.session() as s:  # the ledger keeps the deleted jobs' lines (finance)
         assert sorted(s.execute(select(UsageRow.job_id).where(UsageRow.team == team)).scalars()) == sorted(
             [done[0], done[2]])
+
+
+# ----------------------------------------------------------------------------- what one answer carries
+def test_a_jobs_page_ends_at_api_list_max_bytes_and_the_sdk_follows_it(pg_store):
+    """Hostile pass of 2026-12-04 (second): one member's ``GET /v1/jobs?limit=1000`` over ~390 jobs of 2.75 MB specs
+    was a 342 MiB answer that held the API 8.6-11 s and 2 GB. With a budget of 3 B + 1 bytes, a page of 5 jobs
+    of B bytes each (newest first) holds 3; ``X-Next-Offset`` says 3; the next page holds the last 2, with no header.
+    One job bigger than the budget is still served, alone."""
+    from broker.client import Client
+    from tests.broker.harness import ServerThread
+
+    team = new_team()
+    ids = [pg_store.submit(team, JobSpec(**SPEC))[0].id for _ in range(5)]
+    newest = ids[::-1]
+    st = BrokerSettings.model_construct(api_list_max_bytes=3 * B + 1)
+    with TestClient(create_app(pg_store, st)) as c:
+        h = auth(create_token(pg_store, team, "member", label="t").token)
+        r = c.get("/v1/jobs", params={"limit": 5}, headers=h)
+        assert r.status_code == 200 and [j["id"] for j in r.json()] == newest[:3]
+        assert r.headers["X-Next-Offset"] == "3"
+        r = c.get("/v1/jobs", params={"limit": 5, "offset": 3}, headers=h)
+        assert [j["id"] for j in r.json()] == newest[3:] and "X-Next-Offset" not in r.headers
+        r = c.get("/v1/jobs", params={"limit": 3}, headers=h)  # a full page not cut by bytes: no header
+        assert len(r.json()) == 3 and "X-Next-Offset" not in r.headers
+        huge = pg_store.submit(team, JobSpec(**big(10 * B)))[0].id
+        r = c.get("/v1/jobs", params={"limit": 5}, headers=h)
+        assert [j["id"] for j in r.json()] == [huge] and r.headers["X-Next-Offset"] == "1"
+    # the SDK's list follows the header up to its limit
+    with ServerThread(create_app(pg_store, st)) as srv:
+        sdk = Client(srv.url, token=h["Authorization"][7:])
+        assert [j.id for j in sdk.list(limit=6)] == [huge, *newest]
+        assert [j.id for j in sdk.list(limit=2)] == [huge, newest[0]]
+
+
+def test_a_schedule_spec_over_64_kib_is_refused_naming_the_field(pg_store):
+    team = new_team()
+    with TestClient(create_app(pg_store, BrokerSettings.model_construct())) as c:
+        h = auth(create_token(pg_store, team, "member", label="t").token)
+        body = {"name": "big", "cron": "@daily", "spec": big(64 * 1024)}
+        r = c.post("/v1/schedules", json=body, headers=h)
+        assert r.status_code == 422, r.text
+        # B + 65,536 + 4 bytes, less 4: the spec is checked as given, with the default team "default" (7 characters)
+        assert [(e["loc"], e["msg"]) for e in r.json()["detail"]] == [(["body", "spec", "command"], (
+            "spec.command: 2 arguments make the spec 66094 bytes as stored; a schedule's spec holds at most 65536 "
+            "(put a long command in a script in the image)"))]
+        assert pg_store.schedules(team) == []
+        ok = {"name": "fits", "cron": "@daily", "spec": big(60 * 1024)}
+        assert c.post("/v1/schedules", json=ok, headers=h).status_code == 201
