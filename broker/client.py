@@ -320,8 +320,9 @@ class Client:
         return _parse(JobView, self._request("GET", f"/v1/jobs/{_seg('job_id', job_id)}"))
 
     def list(self, team: str | None = None, state: str | Iterable[str] | None = None, limit: int = 100,
-             offset: int = 0) -> list[JobView]:
-        """Jobs newest first, optionally of one ``team`` (admins) and in the given state(s), at most ``limit``
+             offset: int = 0, name: str | None = None) -> list[JobView]:
+        """Jobs newest first, optionally of one ``team`` (admins), in the given state(s) and of exactly ``name``, at
+        most ``limit``
         (1-1000). A page the server cut at its ``api_list_max_bytes`` of specs (its ``X-Next-Offset`` header) is
         followed by the next one, until ``limit`` jobs or the end."""
         out: list[JobView] = []
@@ -331,6 +332,8 @@ class Client:
                 params.append(("team", team))
             if state is not None:
                 params += [("state", s) for s in ([state] if isinstance(state, str) else state)]
+            if name is not None:
+                params.append(("name", name))
             data, headers = self._request("GET", "/v1/jobs", params=params, with_headers=True)
             page = _parse_list(JobView, data)
             out += page

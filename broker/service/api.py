@@ -78,7 +78,7 @@ from pydantic import ValidationError
 
 from broker.log_marker import dropped_bytes
 from broker.service.jsonbody import MAX_BODY_BYTES, BodyLimit, StrictJsonBody, utf8_error
-from broker.model import INT32_MAX, JOB_ID_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec, short_repr
+from broker.model import INT32_MAX, JOB_ID_PATTERN, LINE_PATTERN, MAX_NODES, SCHEDULE_ID_PATTERN, TEAM_RE, JobSpec, short_repr
 from broker.service.node_api import node_router
 from broker.service.group_commit import GroupCommit
 from broker.service.feasibility import job_warnings, never_fits
@@ -629,7 +629,9 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                       description="Only these states (repeat the parameter)", max_length=len(JobState),
                       json_schema_extra=_state_enum)] = None,
                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                  offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0
+                  offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Jobs to skip (newest first)")] = 0,
+                  name: Annotated[str | None, Query(min_length=1, max_length=200, pattern=LINE_PATTERN,
+                                                    description="Only jobs of exactly this name")] = None,
                   ) -> Response:
         """Jobs newest first. A team token may only ask for its own team (403 otherwise). A page carries at most
         ``api_list_max_bytes`` of stored specs (8 MiB): it may end before ``limit`` jobs, and then its
@@ -640,7 +642,7 @@ def create_app(store: JobStore, settings: BrokerSettings | None = None,
                 raise _unprocessable("state", s, f"not a job state (one of {', '.join(known)})", where="query")
         team = readable_team(who, team, who.admin)
         jobs, cut = store.list_jobs_page(team=team, states=state or None, limit=limit, offset=offset,
-                                         max_spec_bytes=settings.api_list_max_bytes)
+                                         max_spec_bytes=settings.api_list_max_bytes, name=name)
         if capacity_of is not None:
             cap, now = capacity_of(), _utcnow()
             jobs = [with_warnings(j, cap, now) for j in jobs]

@@ -663,12 +663,13 @@ class JobStore:
             return _job_view(j)
 
     def list_jobs(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
-                  offset: int = 0) -> list[JobView]:
-        """Jobs newest first, filtered by ``team`` and ``states``; at most ``limit`` (1-1000)."""
-        return self.list_jobs_page(team, states, limit, offset)[0]
+                  offset: int = 0, name: str | None = None) -> list[JobView]:
+        """Jobs newest first, filtered by ``team``, ``states`` and exact ``name``; at most ``limit`` (1-1000)."""
+        return self.list_jobs_page(team, states, limit, offset, name=name)[0]
 
     def list_jobs_page(self, team: str | None = None, states: Sequence[str] | None = None, limit: int = 100,
-                       offset: int = 0, max_spec_bytes: int | None = None) -> tuple[list[JobView], bool]:
+                       offset: int = 0, max_spec_bytes: int | None = None,
+                       name: str | None = None) -> tuple[list[JobView], bool]:
         """``(jobs, cut)``: :meth:`list_jobs`, and with ``max_spec_bytes`` the page also ends before the job whose
         stored spec would bring the page's spec bytes (:func:`broker.service.store.quota.spec_bytes`, as stored)
         past it, keeping at least one job; ``cut`` says it ended there (the next page starts at ``offset +
@@ -679,6 +680,8 @@ class JobStore:
                 q = q.where(Job.team == team)
             if states:
                 q = q.where(Job.state.in_([JobState(x).value for x in states]))
+            if name is not None:
+                q = q.where(Job.name == name)
             return q
 
         cut = False

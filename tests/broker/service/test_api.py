@@ -590,3 +590,30 @@ def test_an_idempotency_key_with_control_characters_is_422(client, make_team, st
     r = client.post("/v1/jobs", json={"spec": {"command": ["true"]}, "idempotency_key": "a\u0000b"}, headers=h)
     assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "idempotency_key"]
     assert client.get("/v1/jobs", headers=h).json() == []
+
+
+def test_the_jobs_list_filters_by_exact_name(pg_store):
+    """The second hostile pass's new-user note: ``GET /v1/jobs?name=vjob`` ignored the name."""
+    import uuid
+
+    from broker.client import Client
+    from broker.service.api import create_app
+    from broker.service.settings import BrokerSettings
+    from broker.service.tokens import create_token
+    from tests.broker.harness import ServerThread
+    from tests.conftest import auth
+
+    spec = {"command": ["/bin/true"], "gpus_per_node": 1, "estimated_duration_s": 60}
+    team = "t" + uuid.uuid4().hex[:10]
+    a = pg_store.submit(team, JobSpec(**spec, name="vjob"))[0].id
+    pg_store.submit(team, JobSpec(**spec, name="vjob-2"))
+    pg_store.submit(team, JobSpec(**spec))
+    with ServerThread(create_app(pg_store, BrokerSettings.model_construct())) as srv:
+        h = auth(create_token(pg_store, team, "member", label="t").token)
+        sdk = Client(srv.url, token=h["Authorization"][7:])
+        assert [j.id for j in sdk.list(name="vjob")] == [a]
+        assert sdk.list(name="nope") == [] and len(sdk.list()) == 3
+        import requests
+
+        r = requests.get(f"{srv.url}/v1/jobs", params={"name": "a\u202eb"}, headers=h, timeout=10)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "name"]

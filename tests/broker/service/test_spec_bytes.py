@@ -454,3 +454,4 @@ def test_a_schedule_spec_over_64_kib_is_refused_naming_the_field(pg_store):
         assert pg_store.schedules(team) == []
         ok = {"name": "fits", "cron": "@daily", "spec": big(60 * 1024)}
         assert c.post("/v1/schedules", json=ok, headers=h).status_code == 201
+
