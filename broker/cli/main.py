@@ -503,6 +503,8 @@ from broker.cli.serve import register as _register_serve  # noqa: E402
 
 _register_serve(app)
 from broker.cli.jobs import register as _register_jobs; _register_jobs(app)
+from broker.cli.schedules import register as _register_schedules; _register_schedules(app)
+from broker.cli.tokens import register as _register_tokens; _register_tokens(app)
 from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
 from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
 from broker.cli.cost import register as _register_cost; _register_cost(app)
