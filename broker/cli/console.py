@@ -6,6 +6,7 @@ The width of everything printed is :func:`console_width` (``COLUMNS``, else the 
 Table cells that may be long (names, reasons) are :func:`cell`: one line, ellipsised at the column's width, so
 a row stays one line at any width. Tests may replace :data:`console`
 (``monkeypatch.setattr(broker.cli.console, "console", ...)``): a replaced console keeps its own width.
+:func:`direct_store` is the job store of the settings file, for the commands that talk to it directly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import json
 import os
 import shutil
 import sys
+from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -24,7 +27,7 @@ from rich.text import Text
 
 from broker.utc import iso_z
 
-__all__ = ["console", "stderr", "current_console", "console_width", "cell", "PIPED_WIDTH", "fail", "echo_json", "show", "client", "call", "utc_text", "UrlOpt", "TokenOpt", "JsonOpt"]
+__all__ = ["console", "stderr", "current_console", "console_width", "cell", "PIPED_WIDTH", "fail", "echo_json", "show", "client", "call", "utc_text", "direct_store", "UrlOpt", "TokenOpt", "JsonOpt"]
 
 #: the width of output that goes to no terminal (a pipe, a file) when ``COLUMNS`` does not say: wide tables
 #: stay whole lines for grep instead of wrapping at Rich's default 80
@@ -137,3 +140,33 @@ def call(c, fn, *args, **kwargs):
 def utc_text(v: datetime | None) -> str:
     """``2026-12-01T16:22:20Z`` (UTC, whole seconds), or ``-`` for None."""
     return iso_z(v.astimezone(timezone.utc)) if v else "-"  # naive: local time, as datetime.astimezone reads it
+
+
+@contextmanager
+def direct_store(config: Path | None):
+    """``(settings, store)`` of the settings file ``config`` (default ``$FEDBROKER_CONFIG``), the store
+    migrated, for the commands that talk to the job store directly (token bootstrap, node tokens). Exits 2
+    for a bad settings file, 1 when the store cannot be used (the message masks the database password);
+    the body's own ``typer.Exit`` passes through. The store's connections are closed afterwards."""
+    from broker.service.redact import mask_text, mask_url, settings_secrets
+    from broker.service.settings import SettingsError, load_settings
+    from broker.service.store.core import JobStore
+
+    try:
+        settings = load_settings(config)
+    except SettingsError as e:
+        fail(str(e), 2)
+    store = JobStore.from_settings(settings)
+    if store.created_file:
+        typer.echo(f"note: no job store at {mask_url(settings.effective_database_url)} yet; created a new, empty one "
+                   "(if you meant an existing one: check FEDBROKER_CONFIG and the directory you run in)", err=True)
+    try:
+        store.migrate()
+        yield settings, store
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as e:  # database unreachable, permissions ...
+        fail(mask_text(f"cannot use the job store at {mask_url(settings.effective_database_url)}: "
+                        f"{type(e).__name__}: {e}", settings_secrets(settings)))
+    finally:
+        store.engine.dispose()

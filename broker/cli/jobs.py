@@ -1,4 +1,4 @@
-"""``fedbroker`` commands for users of a live broker (they talk to its HTTP API through :class:`broker.Client`).
+"""``fedbroker`` job commands for users of a live broker (they talk to its HTTP API through :class:`broker.Client`).
 
 Commands::
 
@@ -10,26 +10,16 @@ Commands::
     fedbroker logs JOB_ID [--attempt N] [--rank R] [--tail N] [--follow] [--raw]
     fedbroker explain JOB_ID [--json]
     fedbroker nodes [list] [--json]               (broker.cli.nodes; also `nodes probe`)
-    fedbroker schedule create NAME JOB.yaml --cron "0 2 * * *" [--timezone Europe/London] [--json]
-    fedbroker schedule list [--team T] [--json]
-    fedbroker schedule pause SCHEDULE_ID [--json]
-    fedbroker schedule resume SCHEDULE_ID [--json]
-    fedbroker schedule delete SCHEDULE_ID
-    fedbroker tokens create --team T [--kind K | --admin] [--label L] [--ttl 30d] [--node N] [--json]
-    fedbroker tokens list [--team T] [--all] [--json]
-    fedbroker tokens revoke TOKEN_ID [--json]
-    fedbroker tokens rotate TOKEN_ID [--ttl 30d] [--json]
-    fedbroker audit [--since T] [--action A] [--limit N] [--json]     (admin tokens)
+    fedbroker schedule create|list|pause|resume|delete ...      (broker.cli.schedules)
+    fedbroker tokens create|list|revoke|rotate ...; fedbroker audit   (broker.cli.tokens)
 
-``tokens create`` without a token writes to the job store directly (settings' database): only the
-bootstrap on a fresh store (no admin token yet); with ``--token`` every token command uses the API.
+These are module-level functions, added to the root app by :func:`register`; the job file reader
+(:func:`load_job_file`) is shared with ``schedule create``.
 
 Each API command takes ``--url`` (``$FEDBROKER_API_URL``, else the settings' ``api_url``) and
 ``--token`` (``$FEDBROKER_TOKEN``). Exit status: 0 ok; 1 the broker refused the request or
 cannot be reached (message on stderr); 2 a bad job file or option (nothing submitted).
-``submit --wait`` exits 1 unless the job succeeded. ``schedule create`` checks the name,
-``--cron``, ``--timezone`` and the job file (no absolute ``deadline``/``not_before``/``not_after``:
-every run is relative to its fire instant, give ``slack_s``) before calling the broker.
+``submit --wait`` exits 1 unless the job succeeded.
 """
 
 from __future__ import annotations
@@ -38,7 +28,6 @@ import json
 import math
 import re
 import sys
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -51,17 +40,12 @@ from broker.cli.console import (JsonOpt, TokenOpt, UrlOpt, call, cell, client, c
                                 stderr, utc_text)
 from broker.model import wait_text
 
-__all__ = ["register", "load_job_file", "placement_text"]
-
-
+__all__ = ["register", "load_job_file", "JobFileError", "placement_text", "last_lines", "terminal_safe",
+           "submit", "status", "list_", "cancel", "logs", "explain"]
 
 
 class JobFileError(ValueError):
     """A job file that cannot be read, parsed or validated; the message names the file, field and value."""
-
-
-def _print_schedule_line(x) -> None:
-    current_console().print(escape(_schedule_line(x)), highlight=False)
 
 
 def load_job_file(path: Path):
@@ -261,444 +245,242 @@ def _jobs_table(jobs) -> Table:
     return tab
 
 
-def _print_schedules(scheds) -> None:
-    tab = Table(title=f"{len(scheds)} schedule(s)")
-    for col in ("id", "team", "name", "cron", "timezone", "state", "next run", "last run", "gpus"):
-        tab.add_column(col, overflow="fold")
-    for x in scheds:
-        tab.add_row(x.id, x.team, escape(x.name), escape(x.cron), x.timezone, "active" if x.enabled else "paused",
-                    utc_text(x.next_fire_at) if x.enabled else "-", utc_text(x.last_fire_at),
-                    f"{x.spec.nodes}x{x.spec.gpus_per_node}")
-    current_console().print(tab)
-    for x in scheds:  # a fire the reconciler skipped (the team's queued-jobs quota or priority entitlement)
-        if x.last_skip_reason:
-            current_console().print(f"{x.id} {escape(x.name)}: {escape(x.last_skip_reason)}")
-
-
-def _schedule_line(x) -> str:
-    state = f"next run {utc_text(x.next_fire_at)}" if x.enabled else "paused"
-    return f"{x.id} {x.name}: cron {x.cron!r} in {x.timezone}, {state}"
-
-
-def _schedule_action(method: str, schedule_id: str, url, token, as_json: bool) -> None:
-    """Call ``Client.<method>(schedule_id)`` and print the schedule (a line, or JSON)."""
+def submit(file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields."),
+           idempotency_key: Optional[str] = typer.Option(None, help="Repeat a submit safely: same key, same job."),
+           wait: bool = typer.Option(False, "--wait", help="Wait until the job finishes (exit 1 unless it succeeded)."),
+           timeout: float = typer.Option(86400.0, help="With --wait: give up after this many seconds."),
+           url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """Submit the job described by FILE."""
+    try:
+        spec = load_job_file(file)
+    except JobFileError as e:
+        fail(str(e), 2)
+    if wait and not (math.isfinite(timeout) and timeout > 0):
+        fail(f"--timeout={timeout}: must be a finite number > 0", 2)
     c = client(url, token)
-    x = call(c, getattr(c, method), schedule_id)
-    show(x, as_json, _print_schedule_line)
-
-
-def register(app: typer.Typer) -> None:
-    """Add the job commands (submit, status, list, cancel, logs, explain, schedule, tokens, audit) to ``app``
-    (``nodes`` is in :mod:`broker.cli.nodes`)."""
-
-    @app.command()
-    def submit(file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields."),
-               idempotency_key: Optional[str] = typer.Option(None, help="Repeat a submit safely: same key, same job."),
-               wait: bool = typer.Option(False, "--wait", help="Wait until the job finishes (exit 1 unless it succeeded)."),
-               timeout: float = typer.Option(86400.0, help="With --wait: give up after this many seconds."),
-               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Submit the job described by FILE."""
-        try:
-            spec = load_job_file(file)
-        except JobFileError as e:
-            fail(str(e), 2)
-        if wait and not (math.isfinite(timeout) and timeout > 0):
-            fail(f"--timeout={timeout}: must be a finite number > 0", 2)
-        c = client(url, token)
-        job = call(c, c.submit, spec, idempotency_key=idempotency_key)
-        if not wait:
-            if as_json:
-                echo_json(job)
-            else:
-                current_console().print(f"{job.id} {job.state} (team {job.team}, deadline {utc_text(job.deadline)})", highlight=False)
-                for w in job.warnings:
-                    stderr.print(escape(f"warning: {w}"), highlight=False)
-            return
-        if not as_json:
-            current_console().print(f"{job.id} submitted; waiting (each change of state is printed as it "
-                                    "happens) ...", highlight=False)
+    job = call(c, c.submit, spec, idempotency_key=idempotency_key)
+    if not wait:
+        if as_json:
+            echo_json(job)
+        else:
+            current_console().print(f"{job.id} {job.state} (team {job.team}, deadline {utc_text(job.deadline)})", highlight=False)
             for w in job.warnings:
                 stderr.print(escape(f"warning: {w}"), highlight=False)
-        from broker.client import WaitTimeout
+        return
+    if not as_json:
+        current_console().print(f"{job.id} submitted; waiting (each change of state is printed as it "
+                                "happens) ...", highlight=False)
+        for w in job.warnings:
+            stderr.print(escape(f"warning: {w}"), highlight=False)
+    from broker.client import WaitTimeout
 
-        try:
-            job = call(c, c.wait, job.id, timeout=timeout, on_change=None if as_json else _history_printer(c))
-        except WaitTimeout as e:
-            job = e.job
-            stderr.print(f"{job.id}: still {job.state} after {timeout:g} s")
-        show(job, as_json, _print_job)
-        if job.state != "succeeded":
-            raise typer.Exit(1)
+    try:
+        job = call(c, c.wait, job.id, timeout=timeout, on_change=None if as_json else _history_printer(c))
+    except WaitTimeout as e:
+        job = e.job
+        stderr.print(f"{job.id}: still {job.state} after {timeout:g} s")
+    show(job, as_json, _print_job)
+    if job.state != "succeeded":
+        raise typer.Exit(1)
 
-    @app.command()
-    def status(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
-               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Show a job's state, reason, placement and times."""
-        c = client(url, token)
-        job = call(c, c.get, job_id)
-        show(job, as_json, _print_job)
 
-    @app.command("list")
-    def list_(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
-              state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
-              limit: int = typer.Option(50, help="At most this many jobs (1-1000), newest first."),
-              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """List jobs, newest first."""
-        from broker.states import JobState
+def status(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+           url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """Show a job's state, reason, placement and times."""
+    c = client(url, token)
+    job = call(c, c.get, job_id)
+    show(job, as_json, _print_job)
 
-        known = [s.value for s in JobState]
-        for s in state or ():
-            if s not in known:
-                fail(f"--state={s!r}: not a job state (one of {', '.join(known)})", 2)
-        if not 1 <= limit <= 1000:
-            fail(f"--limit={limit}: must be between 1 and 1000", 2)
-        c = client(url, token)
-        # one job past the limit says whether the list was cut (the API serves at most 1000 a page)
-        jobs = call(c, c.list, team=team, state=state or None, limit=min(limit + 1, 1000))
-        more = len(jobs) > limit or (limit == 1000 and len(jobs) == 1000 and bool(
-            call(c, c.list, team=team, state=state or None, limit=1, offset=1000)))
-        jobs = jobs[:limit]
-        if as_json:
-            echo_json(jobs)
-            return
-        current_console().print(_jobs_table(jobs))
-        if more:
-            current_console().print(f"showing the newest {limit} jobs; more match (--limit up to 1000, --state, --team)",
+
+def list_(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
+          state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
+          limit: int = typer.Option(50, help="At most this many jobs (1-1000), newest first."),
+          url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """List jobs, newest first."""
+    from broker.states import JobState
+
+    known = [s.value for s in JobState]
+    for s in state or ():
+        if s not in known:
+            fail(f"--state={s!r}: not a job state (one of {', '.join(known)})", 2)
+    if not 1 <= limit <= 1000:
+        fail(f"--limit={limit}: must be between 1 and 1000", 2)
+    c = client(url, token)
+    # one job past the limit says whether the list was cut (the API serves at most 1000 a page)
+    jobs = call(c, c.list, team=team, state=state or None, limit=min(limit + 1, 1000))
+    more = len(jobs) > limit or (limit == 1000 and len(jobs) == 1000 and bool(
+        call(c, c.list, team=team, state=state or None, limit=1, offset=1000)))
+    jobs = jobs[:limit]
+    if as_json:
+        echo_json(jobs)
+        return
+    current_console().print(_jobs_table(jobs))
+    if more:
+        current_console().print(f"showing the newest {limit} jobs; more match (--limit up to 1000, --state, --team)",
                                 highlight=False)
 
-    @app.command()
-    def cancel(job_id: Optional[str] = typer.Argument(None, help="job-0123456789abcdef (or --all/--state/--name)"),
-               all_: bool = typer.Option(False, "--all", help="Every unfinished job of the team."),
-               state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
-               name: Optional[str] = typer.Option(None, "--name", help="Only jobs of exactly this name."),
-               team: Optional[str] = typer.Option(None, help="With --all/--state/--name: the team (default: yours; "
-                                                           "an admin token must name one)."),
-               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Cancel a job, or with --all / --state / --name (AND-ed) many jobs of one team in one request (a running
-        job is stopped by its node agent or its pool's scheduler; a cloud job's instances are terminated by the
-        broker)."""
-        bulk = all_ or bool(state) or name is not None
-        if job_id is not None and (bulk or team is not None):
-            fail(f"JOB_ID={job_id!r} with --all/--state/--name/--team: give a job id or a filter, not both", 2)
-        if job_id is None and not bulk:
-            fail("give a JOB_ID, or --all, --state or --name to cancel many jobs", 2)
-        c = client(url, token)
-        if job_id is not None:
-            job = call(c, c.cancel, job_id)
-            if as_json:
-                echo_json(job)
-            elif job.state == "cancelled":
-                current_console().print(f"{job.id} cancelled", highlight=False)
-            else:
-                current_console().print(f"{job.id} {job.state}: {_cancel_requested_text(job.placement)}",
-                                        highlight=False)
-            return
-        from broker.states import TERMINAL_STATES, JobState
 
-        known = [s.value for s in JobState]
-        unfinished = [s.value for s in JobState if s not in TERMINAL_STATES]
-        for s in state or ():
-            if s not in unfinished:
-                why = f"a {s} job cannot be cancelled" if s in known else f"not a job state (one of {', '.join(known)})"
-                fail(f"--state={s!r}: {why}; the unfinished states are {', '.join(unfinished)}", 2)
-        res = call(c, c.cancel_many, all=all_, state=state or None, name=name, team=team)
+def cancel(job_id: Optional[str] = typer.Argument(None, help="job-0123456789abcdef (or --all/--state/--name)"),
+           all_: bool = typer.Option(False, "--all", help="Every unfinished job of the team."),
+           state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
+           name: Optional[str] = typer.Option(None, "--name", help="Only jobs of exactly this name."),
+           team: Optional[str] = typer.Option(None, help="With --all/--state/--name: the team (default: yours; "
+                                                       "an admin token must name one)."),
+           url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """Cancel a job, or with --all / --state / --name (AND-ed) many jobs of one team in one request (a running
+    job is stopped by its node agent or its pool's scheduler; a cloud job's instances are terminated by the
+    broker)."""
+    bulk = all_ or bool(state) or name is not None
+    if job_id is not None and (bulk or team is not None):
+        fail(f"JOB_ID={job_id!r} with --all/--state/--name/--team: give a job id or a filter, not both", 2)
+    if job_id is None and not bulk:
+        fail("give a JOB_ID, or --all, --state or --name to cancel many jobs", 2)
+    c = client(url, token)
+    if job_id is not None:
+        job = call(c, c.cancel, job_id)
         if as_json:
-            echo_json(res)
-            return
-        con = current_console()
-        con.print(f"team {res.team}: {len(res.cancelled)} job(s) cancelled, {len(res.cancel_requested)} running "
-                  f"job(s) asked to stop", highlight=False)
-        if res.more:
-            con.print("more jobs matched than one request changes: run the same command again", highlight=False)
-
-    @app.command()
-    def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
-             attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
-             rank: int = typer.Option(0, help="Node rank of a multi-node job."),
-             tail: Optional[int] = typer.Option(None, "--tail", help="Only the last N lines (with --follow: then "
-                                                "what follows)."),
-             follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what the job writes until it "
-                                         "ends (Ctrl-C stops following; the job runs on)."),
-             raw: bool = typer.Option(False, "--raw", help="Print the log byte for byte, terminal control "
-                                      "sequences included (only for logs you trust)."),
-             url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-        """Print the captured stdout+stderr of a job's attempt. Control characters other than newline and tab
-        are shown escaped (``\\x1b``), and a carriage return starts a new line, unless ``--raw``: a job's
-        output is whatever it printed, and an escape sequence would drive the reader's terminal."""
-        if attempt is not None and attempt < 1:
-            fail(f"--attempt={attempt}: must be >= 1", 2)
-        if rank < 0:
-            fail(f"--rank={rank}: must be >= 0", 2)
-        if tail is not None and tail < 0:
-            fail(f"--tail={tail}: must be >= 0", 2)
-        c = client(url, token)
-
-        def out(text: str) -> None:
-            sys.stdout.write(text if raw else terminal_safe(text))  # typer.echo strips ANSI only off a terminal
-            sys.stdout.flush()
-
-        if follow:
-            _follow_logs(c, job_id, attempt, rank, tail, out)
-            return
-        view = call(c, c.logs_view, job_id, attempt, rank)
-        text = last_lines(view.text, tail) if tail is not None else view.text
-        if text and not text.endswith("\n"):
-            text += "\n"
-        out(text)
-        if view.attempt == 0:
-            stderr.print(f"{job_id}: no attempt yet (no logs)")
-        elif view.truncated:
-            stderr.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
-        elif not view.text:
-            stderr.print(f"{job_id}: {_no_log_text(c, job_id, view)}")
-
-    @app.command()
-    def explain(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
-                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Why the job is where it is: the chosen option and its alternatives ($, kWh, kgCO2e, wait), then the history."""
-        c = client(url, token)
-        ex = call(c, c.explain, job_id)
-        if as_json:
-            echo_json(ex)
-            return
-        con = current_console()
-        j = ex.job
-        con.print(f"{j.id} ({j.team}) is [bold]{j.state}[/bold]: {escape(j.reason or '-')}", highlight=False)
-        d = ex.decision
-        if not d and j.state == "submitted":
-            con.print("no planner decision yet (the planner has not taken this job in)")
-        elif not d:
-            con.print("no planner record for this job (the reason above is the latest word on it)", highlight=False)
+            echo_json(job)
+        elif job.state == "cancelled":
+            current_console().print(f"{job.id} cancelled", highlight=False)
         else:
-            con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
-                      highlight=False)
-            if d.get("not_before") is not None:
-                con.print(f"not before: {utc_text(datetime.fromtimestamp(d['not_before'], tz=timezone.utc))}", highlight=False)
-            tab = Table(title="options (chosen first)")
-            for col in ("", "target", "$", "kWh", "kgCO2e", "wait", "start", "note"):
-                tab.add_column(col, justify="right" if col in ("$", "kWh", "kgCO2e", "wait") else "left")
-            opts = ([("chosen", d["option"])] if d.get("option") else []) + [("alt", o) for o in d.get("alternatives") or []]
-            for tag, o in opts:
-                start = o.get("start_s")
-                tab.add_row(tag, escape(str(o.get("target"))), _money(o.get("dollars_usd")),
-                            _num(o.get("energy_kwh"), ",.2f"), _num(o.get("carbon_kg"), ",.3f"), _wait(o.get("wait_s")),
-                            utc_text(datetime.fromtimestamp(start, tz=timezone.utc)) if start is not None else "-",
-                            escape(o.get("note") or ("" if o.get("feasible", True) else "infeasible")))
-            if opts:
-                con.print(tab)
-            for sig in d.get("signals") or []:  # where the grid signals came from (broker/service/live.py)
-                flag = "[bold]FALLBACK[/bold] " if sig.get("fallback") else ""
-                con.print(f"signals: {flag}{escape(str(sig.get('note', '')))}", highlight=False)
-        if len(ex.decisions) > 1 or (ex.decisions and not d):  # the latest of each kind, newest first
-            con.print("latest decision of each kind:")
-            for x in ex.decisions:
-                start = x.get("start_s")
-                where = f" on {x['target']}" if x.get("target") else ""
-                when = (f" from {utc_text(datetime.fromtimestamp(start, tz=timezone.utc))}"
-                        if isinstance(start, (int, float)) and math.isfinite(start) else "")
-                try:
-                    at = utc_text(datetime.fromisoformat(x["at"]))
-                except (KeyError, TypeError, ValueError):
-                    at = "-"
-                con.print(escape(f"  {at} {x.get('kind')}{where}{when}: {x.get('reason') or '-'}"), highlight=False)
-        hist = Table(title="history")
-        for col in ("at", "from", "to", "reason"):
-            hist.add_column(col)
-        for e in ex.events:
-            hist.add_row(utc_text(e.at), e.from_state or "-", e.to_state, escape(e.reason))
-        con.print(hist)
-        if ex.attempts:
-            at = Table(title="attempts")
-            for col in ("#", "where", "gpus", "started", "ended", "exit", "outcome", "reason"):
-                at.add_column(col)
-            for a in ex.attempts:
-                where = a.pool if a.kind == "onprem" else a.offer_id
-                at.add_row(str(a.number), f"{a.kind} {where or ''}".strip(), f"{a.gpus} {a.gpu_type or ''}".strip(),
-                           utc_text(a.started_at), utc_text(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
-                           a.outcome or "-", escape(a.reason))
-            con.print(at)
-            tried = [(a.number, f) for a in ex.attempts for f in a.failover]
-            if tried:
-                ft = Table(title="cloud failover (each option tried, in order)")
-                for col in ("#", "at", "option", "rank", "result"):
-                    ft.add_column(col)
-                for num, f in tried:
-                    result = "created" if not f.get("error") else f"{f['error']}: {f.get('message', '')}"
-                    rank = f.get("rank")
-                    ft.add_row(str(num), escape(str(f.get("at", ""))[:19]), escape(str(f.get("option"))),
-                               "-" if rank is None else escape(str(rank)), escape(result))
-                con.print(ft)
+            current_console().print(f"{job.id} {job.state}: {_cancel_requested_text(job.placement)}",
+                                    highlight=False)
+        return
+    from broker.states import TERMINAL_STATES, JobState
 
-    schedule = typer.Typer(no_args_is_help=True,
-                           help="Recurring runs: submit a job at every fire of a cron expression.")
-    app.add_typer(schedule, name="schedule")
+    known = [s.value for s in JobState]
+    unfinished = [s.value for s in JobState if s not in TERMINAL_STATES]
+    for s in state or ():
+        if s not in unfinished:
+            why = f"a {s} job cannot be cancelled" if s in known else f"not a job state (one of {', '.join(known)})"
+            fail(f"--state={s!r}: {why}; the unfinished states are {', '.join(unfinished)}", 2)
+    res = call(c, c.cancel_many, all=all_, state=state or None, name=name, team=team)
+    if as_json:
+        echo_json(res)
+        return
+    con = current_console()
+    con.print(f"team {res.team}: {len(res.cancelled)} job(s) cancelled, {len(res.cancel_requested)} running "
+              f"job(s) asked to stop", highlight=False)
+    if res.more:
+        con.print("more jobs matched than one request changes: run the same command again", highlight=False)
 
-    @schedule.command("create")
-    def schedule_create(name: str = typer.Argument(..., help="Unique within your team: letters, digits, '.', '_', '-'."),
-                        file: Path = typer.Argument(..., help="Job spec: YAML (or JSON) mapping of JobSpec fields, "
-                                                              "without deadline/not_before/not_after (use slack_s)."),
-                        cron: str = typer.Option(..., "--cron", help='5-field cron, e.g. "0 2 * * *" (02:00 daily), '
-                                                                     'or @daily/@hourly/...'),
-                        tz: str = typer.Option("UTC", "--timezone", help="IANA time zone the cron is read in."),
-                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Create a schedule: submit the job in FILE at every fire of --cron (local time of --timezone)."""
-        from broker.service.store.core import InvalidSchedule, check_schedule
 
-        try:
-            spec = load_job_file(file)
-        except JobFileError as e:
-            fail(str(e), 2)
-        try:
-            check_schedule(name, cron, tz, spec)
-        except InvalidSchedule as e:
-            opts = {"name": "NAME", "cron": "--cron", "timezone": "--timezone"}
-            parts = [f"{file}: {msg.removeprefix('spec.')}" if field.startswith("spec.")
-                     else f"{opts[field]}{msg[len(field):]}" if field in opts else msg
-                     for field, _, msg in e.errors]
-            fail("; ".join(parts), 2)
-        c = client(url, token)
-        x = call(c, c.create_schedule, name, cron, spec, timezone=tz)
-        show(x, as_json, _print_schedule_line)
+def logs(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+         attempt: Optional[int] = typer.Option(None, help="Attempt number (default: the latest)."),
+         rank: int = typer.Option(0, help="Node rank of a multi-node job."),
+         tail: Optional[int] = typer.Option(None, "--tail", help="Only the last N lines (with --follow: then "
+                                            "what follows)."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what the job writes until it "
+                                     "ends (Ctrl-C stops following; the job runs on)."),
+         raw: bool = typer.Option(False, "--raw", help="Print the log byte for byte, terminal control "
+                                  "sequences included (only for logs you trust)."),
+         url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
+    """Print the captured stdout+stderr of a job's attempt. Control characters other than newline and tab
+    are shown escaped (``\\x1b``), and a carriage return starts a new line, unless ``--raw``: a job's
+    output is whatever it printed, and an escape sequence would drive the reader's terminal."""
+    if attempt is not None and attempt < 1:
+        fail(f"--attempt={attempt}: must be >= 1", 2)
+    if rank < 0:
+        fail(f"--rank={rank}: must be >= 0", 2)
+    if tail is not None and tail < 0:
+        fail(f"--tail={tail}: must be >= 0", 2)
+    c = client(url, token)
 
-    @schedule.command("list")
-    def schedule_list(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
-                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """List schedules: cron, time zone, active/paused, next and last run."""
-        c = client(url, token)
-        xs = call(c, c.schedules, team)
-        show(xs, as_json, _print_schedules)
+    def out(text: str) -> None:
+        sys.stdout.write(text if raw else terminal_safe(text))  # typer.echo strips ANSI only off a terminal
+        sys.stdout.flush()
 
-    @schedule.command("pause")
-    def schedule_pause(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
-                       url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Pause a schedule: it creates no jobs until resumed."""
-        _schedule_action("pause_schedule", schedule_id, url, token, as_json)
+    if follow:
+        _follow_logs(c, job_id, attempt, rank, tail, out)
+        return
+    view = call(c, c.logs_view, job_id, attempt, rank)
+    text = last_lines(view.text, tail) if tail is not None else view.text
+    if text and not text.endswith("\n"):
+        text += "\n"
+    out(text)
+    if view.attempt == 0:
+        stderr.print(f"{job_id}: no attempt yet (no logs)")
+    elif view.truncated:
+        stderr.print(f"{job_id}: log of attempt {view.attempt} reached the size cap and was truncated")
+    elif not view.text:
+        stderr.print(f"{job_id}: {_no_log_text(c, job_id, view)}")
 
-    @schedule.command("resume")
-    def schedule_resume(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
-                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Resume a paused schedule from its next fire (fires missed while paused are skipped)."""
-        _schedule_action("resume_schedule", schedule_id, url, token, as_json)
 
-    @schedule.command("delete")
-    def schedule_delete(schedule_id: str = typer.Argument(..., help="sch-0123456789abcdef"),
-                        url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt) -> None:
-        """Delete a schedule (the jobs it already created stay)."""
-        c = client(url, token)
-        call(c, c.delete_schedule, schedule_id)
-        current_console().print(f"{schedule_id} deleted", highlight=False)
-
-    tokens = typer.Typer(no_args_is_help=True, help="API tokens: kinds, lifetimes, list, revoke, rotate "
-                                                    "(over the API with --token; without one, only the bootstrap).")
-    app.add_typer(tokens, name="tokens")
-
-    @tokens.command("create")
-    def tokens_create(team: str = typer.Option(..., help="The team the token acts for."),
-                      kind: str = typer.Option("member", "--kind",
-                                               help="member | team-admin | read-only | node | admin | finance."),
-                      admin: bool = typer.Option(False, "--admin", help="Same as --kind admin (sees every team)."),
-                      label: str = typer.Option("", help="A note stored with the token."),
-                      ttl: Optional[str] = typer.Option(None, "--ttl", help="Lifetime: 30d, 12h, 90m or seconds "
-                                                                           "(default: settings' token_ttl_days)."),
-                      node: Optional[str] = typer.Option(None, "--node", help="The node of a node token."),
-                      config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG)."),
-                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Create an API token and print its secret (once: only its hash is stored).
-
-        With --token (or FEDBROKER_TOKEN) it asks the API: an admin token creates any kind for any team, a
-        team-admin token member and read-only tokens of its own team. Without a token it writes to the job
-        store directly, which works only while the store has no admin token (a fresh install: the bootstrap);
-        afterwards use an admin token."""
-        from broker.service.tokens import TOKEN_KINDS, InvalidTokenRequest, parse_ttl
-
-        if admin:
-            if kind not in ("member", "admin"):
-                fail(f"--admin with --kind={kind!r}: give one of them", 2)
-            kind = "admin"
-        if kind not in TOKEN_KINDS:
-            fail(f"--kind={kind!r}: one of {', '.join(TOKEN_KINDS)}", 2)
-        try:
-            ttl_s = parse_ttl(ttl) if ttl is not None else None
-        except InvalidTokenRequest as e:
-            fail(str(e).replace("ttl=", "--ttl=", 1), 2)
-        if token:
-            c = client(url, token)
-            made = call(c, c.create_token, team=team, kind=kind, label=label,
-                         ttl_s=int(ttl_s) if ttl_s is not None else None, node=node)
-        else:
-            made = _bootstrap_token(config, team, kind, label, ttl_s, node)
-        _print_created(made, as_json)
-
-    @tokens.command("list")
-    def tokens_list(team: Optional[str] = typer.Option(None, help="Only this team (admins)."),
-                    include_revoked: bool = typer.Option(False, "--all", help="Also revoked tokens."),
-                    url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """List tokens (never their secrets): an admin token sees every team's, a team-admin token its own team's."""
-        c = client(url, token)
-        rows = call(c, c.tokens, team=team, include_revoked=include_revoked)
-
-        def human(rows) -> None:
-            tab = Table(show_edge=False)
-            for col in ("id", "team", "kind", "label", "created", "expires", "last used", "state"):
-                tab.add_column(col)
-            for t in rows:
-                state = "revoked" if t.revoked else "expired" if t.expired else "active"
-                tab.add_row(t.id, escape(t.team), t.kind + (f" ({escape(t.node)})" if t.node else ""), escape(t.label),
-                            utc_text(t.created_at), utc_text(t.expires_at), utc_text(t.last_used_at), state)
-            current_console().print(tab)
-
-        show(rows, as_json, human)
-
-    @tokens.command("revoke")
-    def tokens_revoke(token_id: str = typer.Argument(..., help="tok-0123456789abcdef"),
-                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Revoke a token: it answers 401 from now on."""
-        c = client(url, token)
-        t = call(c, c.revoke_token, token_id)
-        show(t, as_json, lambda t: current_console().print(f"{t.id} revoked ({t.kind} of {t.team})", highlight=False))
-
-    @tokens.command("rotate")
-    def tokens_rotate(token_id: str = typer.Argument(..., help="tok-0123456789abcdef"),
-                      ttl: Optional[str] = typer.Option(None, "--ttl", help="Lifetime of the new secret "
-                                                                           "(default: settings' token_ttl_days)."),
-                      url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """Replace a token by a new one (same kind, team and label, new expiry) and revoke the old one;
-        prints the new secret (once)."""
-        from broker.service.tokens import InvalidTokenRequest, parse_ttl
-
-        try:
-            ttl_s = parse_ttl(ttl) if ttl is not None else None
-        except InvalidTokenRequest as e:
-            fail(str(e).replace("ttl=", "--ttl=", 1), 2)
-        c = client(url, token)
-        _print_created(call(c, c.rotate_token, token_id, ttl_s=int(ttl_s) if ttl_s is not None else None), as_json)
-
-    @app.command("audit")
-    def audit(since: Optional[str] = typer.Option(None, help="Only events at or after this instant (ISO 8601; "
-                                                             "UTC if no offset)."),
-              action: Optional[str] = typer.Option(None, help="Only this action, e.g. token.revoke, job.cancel."),
-              limit: int = typer.Option(100, min=1, max=1000),
-              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
-        """The broker's audit log, newest first (needs an admin token): token operations, submits, cancels
-        and schedule changes, each with the acting token."""
-        when = None
-        if since is not None:
+def explain(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
+            url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """Why the job is where it is: the chosen option and its alternatives ($, kWh, kgCO2e, wait), then the history."""
+    c = client(url, token)
+    ex = call(c, c.explain, job_id)
+    if as_json:
+        echo_json(ex)
+        return
+    con = current_console()
+    j = ex.job
+    con.print(f"{j.id} ({j.team}) is [bold]{j.state}[/bold]: {escape(j.reason or '-')}", highlight=False)
+    d = ex.decision
+    if not d and j.state == "submitted":
+        con.print("no planner decision yet (the planner has not taken this job in)")
+    elif not d:
+        con.print("no planner record for this job (the reason above is the latest word on it)", highlight=False)
+    else:
+        con.print(f"decision: [bold]{d.get('kind')}[/bold]" + (f" - {escape(d['reason'])}" if d.get("reason") else ""),
+                  highlight=False)
+        if d.get("not_before") is not None:
+            con.print(f"not before: {utc_text(datetime.fromtimestamp(d['not_before'], tz=timezone.utc))}", highlight=False)
+        tab = Table(title="options (chosen first)")
+        for col in ("", "target", "$", "kWh", "kgCO2e", "wait", "start", "note"):
+            tab.add_column(col, justify="right" if col in ("$", "kWh", "kgCO2e", "wait") else "left")
+        opts = ([("chosen", d["option"])] if d.get("option") else []) + [("alt", o) for o in d.get("alternatives") or []]
+        for tag, o in opts:
+            start = o.get("start_s")
+            tab.add_row(tag, escape(str(o.get("target"))), _money(o.get("dollars_usd")),
+                        _num(o.get("energy_kwh"), ",.2f"), _num(o.get("carbon_kg"), ",.3f"), _wait(o.get("wait_s")),
+                        utc_text(datetime.fromtimestamp(start, tz=timezone.utc)) if start is not None else "-",
+                        escape(o.get("note") or ("" if o.get("feasible", True) else "infeasible")))
+        if opts:
+            con.print(tab)
+        for sig in d.get("signals") or []:  # where the grid signals came from (broker/service/live.py)
+            flag = "[bold]FALLBACK[/bold] " if sig.get("fallback") else ""
+            con.print(f"signals: {flag}{escape(str(sig.get('note', '')))}", highlight=False)
+    if len(ex.decisions) > 1 or (ex.decisions and not d):  # the latest of each kind, newest first
+        con.print("latest decision of each kind:")
+        for x in ex.decisions:
+            start = x.get("start_s")
+            where = f" on {x['target']}" if x.get("target") else ""
+            when = (f" from {utc_text(datetime.fromtimestamp(start, tz=timezone.utc))}"
+                    if isinstance(start, (int, float)) and math.isfinite(start) else "")
             try:
-                when = datetime.fromisoformat(since.replace("Z", "+00:00"))
-            except ValueError:
-                fail(f"--since={since!r}: not an ISO 8601 instant (e.g. 2026-12-01T12:00:00Z)", 2)
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=timezone.utc)
-        c = client(url, token)
-        rows = call(c, c.audit, since=when, action=action, limit=limit)
-
-        def human(rows) -> None:
-            for e in rows:
-                actor = f"{e.actor_kind}:{e.actor_team or '-'}:{e.actor_token_id or '-'}"
-                current_console().print(escape(f"{utc_text(e.at)}  {e.action:<16} {e.target:<22} by {actor}  "
-                                        f"{json.dumps(e.detail, sort_keys=True)}"), highlight=False)
-
-        show(rows, as_json, human)
+                at = utc_text(datetime.fromisoformat(x["at"]))
+            except (KeyError, TypeError, ValueError):
+                at = "-"
+            con.print(escape(f"  {at} {x.get('kind')}{where}{when}: {x.get('reason') or '-'}"), highlight=False)
+    hist = Table(title="history")
+    for col in ("at", "from", "to", "reason"):
+        hist.add_column(col)
+    for e in ex.events:
+        hist.add_row(utc_text(e.at), e.from_state or "-", e.to_state, escape(e.reason))
+    con.print(hist)
+    if ex.attempts:
+        at = Table(title="attempts")
+        for col in ("#", "where", "gpus", "started", "ended", "exit", "outcome", "reason"):
+            at.add_column(col)
+        for a in ex.attempts:
+            where = a.pool if a.kind == "onprem" else a.offer_id
+            at.add_row(str(a.number), f"{a.kind} {where or ''}".strip(), f"{a.gpus} {a.gpu_type or ''}".strip(),
+                       utc_text(a.started_at), utc_text(a.ended_at), "-" if a.exit_code is None else str(a.exit_code),
+                       a.outcome or "-", escape(a.reason))
+        con.print(at)
+        tried = [(a.number, f) for a in ex.attempts for f in a.failover]
+        if tried:
+            ft = Table(title="cloud failover (each option tried, in order)")
+            for col in ("#", "at", "option", "rank", "result"):
+                ft.add_column(col)
+            for num, f in tried:
+                result = "created" if not f.get("error") else f"{f['error']}: {f.get('message', '')}"
+                rank = f.get("rank")
+                ft.add_row(str(num), escape(str(f.get("at", ""))[:19]), escape(str(f.get("option"))),
+                           "-" if rank is None else escape(str(rank)), escape(result))
+            con.print(ft)
 
 
 #: seconds between two polls of ``logs --follow`` (two small requests each: the job, then the new text)
@@ -768,58 +550,13 @@ def terminal_safe(text: str) -> str:
     return _LOG_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
-@contextmanager
-def direct_store(config: Path | None):
-    """``(settings, store)`` of the settings file ``config`` (default ``$FEDBROKER_CONFIG``), the store
-    migrated, for the commands that talk to the job store directly (token bootstrap, node tokens). Exits 2
-    for a bad settings file, 1 when the store cannot be used (the message masks the database password);
-    the body's own ``typer.Exit`` passes through. The store's connections are closed afterwards."""
-    from broker.service.redact import mask_text, mask_url, settings_secrets
-    from broker.service.settings import SettingsError, load_settings
-    from broker.service.store.core import JobStore
-
-    try:
-        settings = load_settings(config)
-    except SettingsError as e:
-        fail(str(e), 2)
-    store = JobStore.from_settings(settings)
-    if store.created_file:
-        typer.echo(f"note: no job store at {mask_url(settings.effective_database_url)} yet; created a new, empty one "
-                   "(if you meant an existing one: check FEDBROKER_CONFIG and the directory you run in)", err=True)
-    try:
-        store.migrate()
-        yield settings, store
-    except (typer.Exit, typer.Abort):
-        raise
-    except Exception as e:  # database unreachable, permissions ...
-        fail(mask_text(f"cannot use the job store at {mask_url(settings.effective_database_url)}: "
-                        f"{type(e).__name__}: {e}", settings_secrets(settings)))
-    finally:
-        store.engine.dispose()
-
-
-def _bootstrap_token(config: Path | None, team: str, kind: str, label: str, ttl_s: float | None, node: str | None):
-    """Mint a token directly in the job store (:func:`broker.service.tokens.bootstrap`); exit 1 when refused, 2 for a bad
-    field or settings file."""
-    from broker.service.tokens import BootstrapRefused, InvalidTokenRequest, bootstrap
-
-    with direct_store(config) as (settings, store):
-        try:
-            return bootstrap(store, team, kind, label=label, node=node,
-                             ttl=ttl_s if ttl_s is not None else settings.token_ttl_days * 86400.0)
-        except InvalidTokenRequest as e:
-            fail(str(e), 2)
-        except BootstrapRefused as e:
-            fail(str(e), 1)
-
-
-def _print_created(made, as_json: bool) -> None:
-    """Print a just-created token: its secret alone on stdout (or the JSON), what it is on stderr."""
-    if as_json:
-        echo_json(made)
-        return
-    typer.echo(made.token)
-    what = f"{made.kind} token {made.id} for team {made.team!r}" + (f" (node {made.node})" if made.node else "")
-    stderr.print(escape(f"{what}, expires {utc_text(made.expires_at)}"
-                      + (f", replaces {made.rotated_from} (now revoked)" if made.rotated_from else "")
-                      + ": store it now, it is not shown again"), highlight=False)
+def register(app: typer.Typer) -> None:
+    """Add the job commands (submit, status, list, cancel, logs, explain) to ``app`` (``schedule`` is in
+    :mod:`broker.cli.schedules`, ``tokens`` and ``audit`` in :mod:`broker.cli.tokens`, ``nodes`` in
+    :mod:`broker.cli.nodes`)."""
+    app.command()(submit)
+    app.command()(status)
+    app.command("list")(list_)
+    app.command()(cancel)
+    app.command()(logs)
+    app.command()(explain)

@@ -134,59 +134,16 @@ def simulate(
     --workers processes (each loads the inputs again: up to ~0.5 GB each on the whole Philly trace).
     """
     from broker.planner.core import PlannerConfig
-    from broker.model import Market
-    from broker.sim.bound import CLI_BLOCK_H, FrontierPoint, ratios_to_bound
-    from broker.sim.report import chargeback_summary, comparison_table, frontier_table, write_job_csv, write_report
-    from broker.sim.scenario import load_scenario
-    from broker.sim.sweep import RunSpec, Task, frontier_entries, run_tasks, usage_file, uses_carbon_price
-    from broker.sim.traces import TraceError, load_generic_csv, load_philly
+    from broker.sim.bound import CLI_BLOCK_H
+    from broker.sim.report import write_job_csv, write_report
+    from broker.sim.sweep import RunSpec, Task, run_tasks, usage_file, uses_carbon_price
 
-    policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
-    bad = [p for p in policies if p not in POLICY_NAMES]
-    if not policies or bad:
-        _fail(f"--policy={policy!r}: unknown {bad or 'empty'}; choose from {', '.join(POLICY_NAMES)}")
-    if jobs is not None and jobs < 1:
-        _fail(f"--jobs={jobs}: must be >= 1")
-    if workers < 1:
-        _fail(f"--workers={workers}: must be >= 1")
-    prices = _parse_prices(sweep_carbon_price) if sweep_carbon_price is not None else []
-    from pricing.forecast import SIM_FORECASTS
-    forecast = forecast.strip().lower()
-    if forecast not in SIM_FORECASTS:
-        _fail(f"--forecast={forecast!r}: choose from {', '.join(SIM_FORECASTS)}")
-    for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
-                   ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
-        _check_number(opt, v)
-    _check_number("--step", step, strict=True)
-    markets = {"any": None, "spot": Market.spot, "on_demand": Market.on_demand}
-    if market.strip().lower() not in markets:
-        _fail(f"--market={market!r}: choose from {', '.join(markets)}")
-    offer_market = markets[market.strip().lower()]
+    policies, prices, forecast, offer_market = _simulate_options(
+        policy, jobs, workers, sweep_carbon_price, forecast, carbon_price, value_of_time, slack_factor, min_slack_h,
+        step, market)
     start_dt = _parse_time(start, "--start") if start else None
     _prepare_out(out)
-    try:
-        scen = load_scenario(cluster, signals_dir=signals)
-    except (ValueError, OSError) as e:
-        _fail(str(e))
-    if scen.user_signals is not None:
-        current_console().print(f"signals from {signals}:\n  " + "\n  ".join(scen.user_signals.summary()))
-    site_tz = scen.pools[0].timezone
-    kw = dict(start=start_dt, limit=jobs, slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0)
-    try:
-        if trace == "philly":
-            tr = load_philly(site_tz=site_tz, **kw)
-        else:
-            tr = load_generic_csv(Path(trace), **kw)
-    except (TraceError, OSError) as e:
-        _fail(str(e))
-    if not tr.jobs:
-        _fail(f"--trace={trace!r}: no valid job (skipped: {tr.skipped})")
-    _check_coverage(tr, scen)
-    current_console().print(f"trace [bold]{trace}[/bold]: {len(tr.jobs):,} jobs from "
-                  f"{iso_minutes(tr.jobs[0].submit_s)} to {iso_minutes(tr.jobs[-1].submit_s)}"
-                  + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
-    current_console().print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
-                  f"cloud: {len(scen.offers):,} offers")
+    scen, tr = _simulate_inputs(trace, cluster, signals, start_dt, jobs, slack_factor, min_slack_h)
     pc = PlannerConfig(carbon_price_usd_per_tonne=carbon_price, value_of_time_usd_per_gpu_hour=value_of_time,
                        cloud_enabled=not no_cloud)
     spec = RunSpec(trace=trace, cluster=str(cluster) if cluster else None, start=start_dt, limit=jobs,
@@ -217,6 +174,97 @@ def simulate(
 
     got = dict(zip(tasks, run_tasks(tasks, spec, workers, tr, scen, on_done=done)))
     runs = {p: got[Task("run", carbon_price, p, full=True)] for p in policies}
+    bound_doc, frontier = _bound_and_frontier(got, tasks, runs, policies, sens, prices, carbon_price, bound, pc)
+    _print_runs(runs, frontier)
+    meta = {"trace": trace, "jobs": len(tr.jobs), "jobs_limit": jobs, "trace_skipped": tr.skipped,
+            "start": iso_minutes(tr.jobs[0].submit_s), "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"),
+            "seed": seed, "step_s": step, "market": market.strip().lower(), "no_cloud": no_cloud,
+            "carbon_price_usd_per_t": carbon_price, "value_of_time_usd_per_gpu_hour": value_of_time,
+            "slack_factor": slack_factor, "min_slack_h": min_slack_h, "policies": policies,
+            "sweep_carbon_price_usd_per_t": prices or None, "bound": bound,
+            "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
+            "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
+            "signals": str(signals) if signals else "bundled", "forecast": forecast,
+            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    js, html = write_report(runs, out, meta, bound_doc, frontier)
+    csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
+    usage = [out / usage_file(name) for name in runs]  # written by the process that ran each policy
+    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
+                            f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]\n"
+                            f"usage:   [bold]{', '.join(str(c) for c in usage)}[/bold]")
+
+
+def _simulate_options(policy: str, jobs: Optional[int], workers: int, sweep_carbon_price: Optional[str],
+                      forecast: str, carbon_price: float, value_of_time: float, slack_factor: float,
+                      min_slack_h: float, step: float, market: str):
+    """``simulate``'s options checked, in this order (exit 2 naming the first bad one): ``(policies, carbon
+    prices of the sweep, forecast, offer market)``."""
+    from broker.model import Market
+    from pricing.forecast import SIM_FORECASTS
+
+    policies = list(dict.fromkeys(p.strip().lower() for p in policy.split(",") if p.strip()))
+    bad = [p for p in policies if p not in POLICY_NAMES]
+    if not policies or bad:
+        _fail(f"--policy={policy!r}: unknown {bad or 'empty'}; choose from {', '.join(POLICY_NAMES)}")
+    if jobs is not None and jobs < 1:
+        _fail(f"--jobs={jobs}: must be >= 1")
+    if workers < 1:
+        _fail(f"--workers={workers}: must be >= 1")
+    prices = _parse_prices(sweep_carbon_price) if sweep_carbon_price is not None else []
+    forecast = forecast.strip().lower()
+    if forecast not in SIM_FORECASTS:
+        _fail(f"--forecast={forecast!r}: choose from {', '.join(SIM_FORECASTS)}")
+    for opt, v in (("--carbon-price", carbon_price), ("--value-of-time", value_of_time),
+                   ("--slack-factor", slack_factor), ("--min-slack-h", min_slack_h)):
+        _check_number(opt, v)
+    _check_number("--step", step, strict=True)
+    markets = {"any": None, "spot": Market.spot, "on_demand": Market.on_demand}
+    if market.strip().lower() not in markets:
+        _fail(f"--market={market!r}: choose from {', '.join(markets)}")
+    return policies, prices, forecast, markets[market.strip().lower()]
+
+
+def _simulate_inputs(trace: str, cluster: Optional[Path], signals: Optional[Path], start_dt: Optional[datetime],
+                     jobs: Optional[int], slack_factor: float, min_slack_h: float):
+    """``simulate``'s ``(scenario, trace)``, each announced in a line (exit 2 for a file that cannot be read,
+    an empty trace or one outside the signal data)."""
+    from broker.sim.scenario import load_scenario
+    from broker.sim.traces import TraceError, load_generic_csv, load_philly
+
+    try:
+        scen = load_scenario(cluster, signals_dir=signals)
+    except (ValueError, OSError) as e:
+        _fail(str(e))
+    if scen.user_signals is not None:
+        current_console().print(f"signals from {signals}:\n  " + "\n  ".join(scen.user_signals.summary()))
+    site_tz = scen.pools[0].timezone
+    kw = dict(start=start_dt, limit=jobs, slack_factor=slack_factor, min_slack_s=min_slack_h * 3600.0)
+    try:
+        if trace == "philly":
+            tr = load_philly(site_tz=site_tz, **kw)
+        else:
+            tr = load_generic_csv(Path(trace), **kw)
+    except (TraceError, OSError) as e:
+        _fail(str(e))
+    if not tr.jobs:
+        _fail(f"--trace={trace!r}: no valid job (skipped: {tr.skipped})")
+    _check_coverage(tr, scen)
+    current_console().print(f"trace [bold]{trace}[/bold]: {len(tr.jobs):,} jobs from "
+                  f"{iso_minutes(tr.jobs[0].submit_s)} to {iso_minutes(tr.jobs[-1].submit_s)}"
+                  + (f", {tr.total_skipped:,} rows skipped {dict(tr.skipped)}" if tr.total_skipped else ""))
+    current_console().print(f"on-prem: {', '.join(f'{p.name} ({p.total_gpus} GPUs, {p.carbon_zone})' for p in scen.pools)}; "
+                  f"cloud: {len(scen.offers):,} offers")
+    return scen, tr
+
+
+def _bound_and_frontier(got: dict, tasks: list, runs: dict, policies: list[str], sens: list[str],
+                        prices: list[float], carbon_price: float, bound: bool, pc):
+    """``simulate``'s ``(bound document, frontier)`` from the finished tasks ``got``: with ``--bound`` the LP
+    bound (printed; each run's metrics get their ratios to it) or a warning when it has no optimum; with
+    ``--sweep-carbon-price`` the frontier entries. Either is None when not asked for (or no bound)."""
+    from broker.sim.bound import FrontierPoint, ratios_to_bound
+    from broker.sim.sweep import Task, frontier_entries
+
     bound_doc = lb = None
     points: dict[float, FrontierPoint] = {}
     if bound:
@@ -240,6 +288,14 @@ def simulate(
         by_price = {p: {cp: (runs[p].metrics if p not in sens or cp == carbon_price
                              else got[Task("run", cp, p)]) for cp in prices} for p in policies}
         frontier = frontier_entries(prices, by_price, points or None, pc)
+    return bound_doc, frontier
+
+
+def _print_runs(runs: dict, frontier) -> None:
+    """``simulate``'s summary: the comparison table, the frontier table, each policy's chargeback and a warning
+    for job-hours outside the signal data."""
+    from broker.sim.report import chargeback_summary, comparison_table, frontier_table
+
     current_console().print(comparison_table(runs))
     if frontier:
         current_console().print(frontier_table(frontier))
@@ -250,22 +306,6 @@ def simulate(
         if miss:
             current_console().print(f"[yellow]warning:[/yellow] {name}: {miss:,.0f} job-hours ran outside the bundled "
                           "price/carbon data; their energy cost and carbon are not counted (see missing_signal_hours)")
-    meta = {"trace": trace, "jobs": len(tr.jobs), "jobs_limit": jobs, "trace_skipped": tr.skipped,
-            "start": iso_minutes(tr.jobs[0].submit_s), "shift_s": tr.shift_s, "cluster": str(cluster or "bundled default"),
-            "seed": seed, "step_s": step, "market": market.strip().lower(), "no_cloud": no_cloud,
-            "carbon_price_usd_per_t": carbon_price, "value_of_time_usd_per_gpu_hour": value_of_time,
-            "slack_factor": slack_factor, "min_slack_h": min_slack_h, "policies": policies,
-            "sweep_carbon_price_usd_per_t": prices or None, "bound": bound,
-            "pools": [p.model_dump() for p in scen.pools], "offers": len(scen.offers),
-            "offers_skipped": scen.offers_skipped, "planner": pc.model_dump(),
-            "signals": str(signals) if signals else "bundled", "forecast": forecast,
-            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    js, html = write_report(runs, out, meta, bound_doc, frontier)
-    csvs = [write_job_csv(r, out / f"jobs-{name}.csv") for name, r in runs.items()]
-    usage = [out / usage_file(name) for name in runs]  # written by the process that ran each policy
-    current_console().print(f"results: [bold]{js}[/bold]\nreport:  [bold]{html}[/bold]\n"
-                            f"per job: [bold]{', '.join(str(c) for c in csvs)}[/bold]\n"
-                            f"usage:   [bold]{', '.join(str(c) for c in usage)}[/bold]")
 
 
 def _parse_prices(text: str) -> list[float]:
@@ -503,6 +543,8 @@ from broker.cli.serve import register as _register_serve  # noqa: E402
 
 _register_serve(app)
 from broker.cli.jobs import register as _register_jobs; _register_jobs(app)
+from broker.cli.schedules import register as _register_schedules; _register_schedules(app)
+from broker.cli.tokens import register as _register_tokens; _register_tokens(app)
 from broker.cli.nodes import register as _register_nodes; _register_nodes(app)
 from broker.cli.cloud import register as _register_cloud; _register_cloud(app)
 from broker.cli.cost import register as _register_cost; _register_cost(app)

@@ -24,7 +24,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.console import JsonOpt, TokenOpt, UrlOpt, call, cell, client, current_console, echo_json, fail, utc_text
+from broker.cli.console import (JsonOpt, TokenOpt, UrlOpt, call, cell, client, current_console, direct_store, echo_json,
+                                fail, utc_text)
 
 
 __all__ = ["register", "nodes_app", "healthy_text"]
@@ -164,7 +165,6 @@ def node_token(node: str = typer.Argument(..., help="The node (host) name the to
     """Mint a node token for HOST's agent and print it once (only its hash is stored). Talks to the
     job store directly (run it where the broker's settings are, never on the agent host); the agent
     takes it as ``FEDBROKER_NODE_TOKEN`` or ``--token-file`` (mode 0600)."""
-    from broker.cli.jobs import direct_store
     from broker.service.tokens import InvalidTokenRequest, create_node_token
 
     with direct_store(config) as (_, store):

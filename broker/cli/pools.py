@@ -20,7 +20,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from broker.cli.console import JsonOpt, current_console, echo_json, fail
+from broker.cli.console import JsonOpt, current_console, direct_store, echo_json, fail
 
 __all__ = ["register", "pools"]
 
@@ -32,7 +32,6 @@ def _gpus(d: dict) -> str:
 def pools(config: Optional[Path] = typer.Option(None, help="Settings YAML (default: $FEDBROKER_CONFIG)."),
           as_json: bool = JsonOpt) -> None:
     """List the pools of the cluster file: kind, health, free GPUs by type."""
-    from broker.cli.jobs import direct_store
     from broker.cluster import ClusterError, load_cluster
     from broker.service.live import LIVE_CLUSTER_PATH
     from broker.service.schedulers import pools_status
