@@ -4,7 +4,7 @@ Commands::
 
     fedbroker submit JOB.yaml [--idempotency-key K] [--wait [--timeout S]] [--json]
     fedbroker status JOB_ID [--json]
-    fedbroker list [--team T] [--state S]... [--limit N] [--json]
+    fedbroker list [--team T] [--state S]... [--name N] [--limit N] [--json]
     fedbroker cancel JOB_ID [--json]
     fedbroker cancel --all | --state S... | --name N [--team T] [--json]   (one request: POST /v1/jobs:cancel)
     fedbroker logs JOB_ID [--attempt N] [--rank R] [--tail N] [--follow] [--raw]
@@ -295,6 +295,7 @@ def status(job_id: str = typer.Argument(..., help="job-0123456789abcdef"),
 def list_(team: Optional[str] = typer.Option(None, help="Only this team (default: yours; admins: all)."),
           state: Optional[list[str]] = typer.Option(None, "--state", help="Only jobs in this state (repeatable)."),
           limit: int = typer.Option(50, help="At most this many jobs (1-1000), newest first."),
+          name: Optional[str] = typer.Option(None, "--name", help="Only jobs of exactly this name."),
           url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt, as_json: bool = JsonOpt) -> None:
     """List jobs, newest first."""
     from broker.states import JobState
@@ -307,16 +308,17 @@ def list_(team: Optional[str] = typer.Option(None, help="Only this team (default
         fail(f"--limit={limit}: must be between 1 and 1000", 2)
     c = client(url, token)
     # one job past the limit says whether the list was cut (the API serves at most 1000 a page)
-    jobs = call(c, c.list, team=team, state=state or None, limit=min(limit + 1, 1000))
+    jobs = call(c, c.list, team=team, state=state or None, limit=min(limit + 1, 1000), name=name)
     more = len(jobs) > limit or (limit == 1000 and len(jobs) == 1000 and bool(
-        call(c, c.list, team=team, state=state or None, limit=1, offset=1000)))
+        call(c, c.list, team=team, state=state or None, limit=1, offset=1000, name=name)))
     jobs = jobs[:limit]
     if as_json:
         echo_json(jobs)
         return
     current_console().print(_jobs_table(jobs))
     if more:
-        current_console().print(f"showing the newest {limit} jobs; more match (--limit up to 1000, --state, --team)",
+        current_console().print(f"showing the newest {limit} jobs; more match (--limit up to 1000, --state, --name, "
+                                f"--team)",
                                 highlight=False)
 
 

@@ -109,11 +109,14 @@ def test_list_says_when_it_was_cut_at_the_limit(run, store):
     ids = [store.submit(run.team, JobSpec(name=f"j{i}", command=["true"]))[0].id for i in range(3)]
     cut = run("list", "--limit", "2")
     assert cut.exit_code == 0, cut.output
-    assert cut.stdout.splitlines()[-1] == "showing the newest 2 jobs; more match (--limit up to 1000, --state, --team)"
+    assert cut.stdout.splitlines()[-1] == ("showing the newest 2 jobs; more match (--limit up to 1000, --state, --name, "
+                                           "--team)")
     assert ids[0] not in cut.stdout and ids[2] in cut.stdout and ids[1] in cut.stdout
     whole = run("list", "--limit", "3")
     assert "more match" not in whole.stdout and all(i in whole.stdout for i in ids)
     assert len(__import__("json").loads(run("list", "--limit", "2", "--json").stdout)) == 2
+    named = run("list", "--name", "j1")
+    assert ids[1] in named.stdout and ids[0] not in named.stdout and ids[2] not in named.stdout
 
 
 def test_explain_fits_80_columns(run, store):
