@@ -25,6 +25,9 @@ in the transactions this module opens.
    A waiting job whose expected start has passed is due for review at once, so its expected start is
    worked out again every cycle until it starts; a running job past its estimate holds its GPUs until its
    time limit at the latest (:func:`providers.base.pool_time_limit_s`, what the agent enforces), not "in 1 s".
+   A team's ``quotas.max_running_gpus``: walking the waiting jobs in planning order, a job whose GPUs would bring
+   its team's active jobs' GPUs plus those of its jobs admitted so far this cycle over the cap is left out of the
+   snapshot for this cycle, with the reason written (once, when it changes) in step 6.
 3. **Plan**: :func:`broker.planner.registry.plan`, the same pure function the simulator runs.
 4. **Apply** in one transaction that first advances the planner fence from the
    version read in step 2 (:meth:`JobStore.advance_fence`); if another cycle
@@ -133,6 +136,14 @@ class CycleResult:
 
 def _ts(dt: datetime | None) -> float | None:
     return None if dt is None else dt.timestamp()
+
+
+def _job_gpus(spec: dict | None) -> int:
+    """The GPUs a job's ``spec`` holds once placed (``gpus_per_node x nodes``); 0 for a spec without them."""
+    try:
+        return int((spec or {}).get("gpus_per_node") or 0) * int((spec or {}).get("nodes") or 1)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _dt(s: float) -> datetime:
@@ -611,7 +622,10 @@ class PlanningCycle:
         # GPUs held by active attempts, per node: set of GPU indices
         used: dict[str, set[int]] = defaultdict(set)
         running: list[RunningJob] = []
+        held_gpus: dict[str, int] = defaultdict(int)  # team -> GPUs its active jobs hold (quotas.max_running_gpus)
+        admitted_gpus: dict[str, int] = defaultdict(int)  # team -> GPUs of its jobs admitted to this cycle's plan
         for j in planning_rows.active_job_rows(s):
+            held_gpus[j.team] += _job_gpus(j.spec)
             try:
                 self._running_job(j, now_s, ctx, pools, pool_index, node_pos, used, running)
             except Exception as e:  # a job holding GPUs is not failed for this (logged once); the others go on
@@ -628,6 +642,8 @@ class PlanningCycle:
         jobs: dict[str, Job] = {}
         self._tag_only = tag_only = set()
         self._fields = fields_of = {}
+        self._gpu_capped = gpu_capped = []  # (job, fields, reason): left out of this cycle (quotas.max_running_gpus)
+        gpu_caps: dict[str, int | None] = {}
         for _, j, view, f in waiting:
             if isinstance(view, Exception):  # a stored spec the planner cannot read fails this job only
                 self._bad.append((j, "planning", view))
@@ -641,6 +657,17 @@ class PlanningCycle:
             if committed is not None and f.expected_start_s is not None and f.expected_start_s < now_s:
                 pj.review_s = 0.0  # its expected start has passed (the jobs ahead outran their estimates): again now
             jid = pj.job_id
+            cap = gpu_caps[pj.team] if pj.team in gpu_caps else gpu_caps.setdefault(pj.team, self._gpu_cap(pj.team))
+            if cap is not None:  # in planning order: admitted jobs count against the cap for the ones after them
+                need = pj.gpus_per_node * pj.nodes
+                have, ahead = held_gpus[pj.team], admitted_gpus[pj.team]
+                if have + ahead + need > cap:
+                    gpu_capped.append((j, f, f"waiting: team {pj.team!r} holds {have} of its "
+                                              f"quotas.max_running_gpus {cap} GPUs (this job needs {need}"
+                                              + (f"; {ahead} more are planned for its jobs ahead of it)" if ahead
+                                                 else ")")))
+                    continue
+                admitted_gpus[pj.team] = ahead + need
             if tag:
                 tag_only.add(jid)
             jobs[jid] = j
@@ -748,6 +775,21 @@ class PlanningCycle:
         out = {pool_index[v.name]: (v.backlog_gpus, v.backlog_gpu_s) for v in views.values()
                if v.name in pool_index and (v.backlog_gpus or v.backlog_gpu_s)}
         return out or None
+
+    def _gpu_cap(self, team: str) -> int | None:
+        """``team``'s ``quotas.max_running_gpus`` (``None``: unlimited, or no quotas section)."""
+        quotas = getattr(self.settings, "quotas", None)
+        return quotas.for_team(team).max_running_gpus if quotas is not None else None
+
+    def _explain_gpu_capped(self, j: Job, f: _Fields, why: str, notes: list) -> None:
+        """A waiting job left out of this cycle by its team's ``quotas.max_running_gpus``: note why (for
+        :meth:`_write_notes`) when the reason changes, and drop its pool commitment, so that once admitted again
+        it is planned afresh (and its reason rewritten) instead of waiting out a review time."""
+        if f.reason == why and f.committed_pool is None:
+            return
+        rec = with_earlier({"kind": "undecided", "reason": why, "option": None, "alternatives": []}, j.decision,
+                           _dt(self._now_s))
+        notes.append((j, {"reason": why, "decision": rec, "committed_pool": None, "review_at": None}))
 
     def _entitled(self, team: str, priority: int) -> int:
         """``priority`` (a stored :attr:`broker.model.PriorityClass.rank`) capped at ``team``'s highest entitled class
@@ -871,6 +913,8 @@ class PlanningCycle:
                     self._explain_undecided(j, notes, f, whys)
             except Exception as e:
                 self._fail_in(s, j, "apply", e, now)
+        for j, f, why in getattr(self, "_gpu_capped", ()):  # left out by quotas.max_running_gpus: say so
+            self._explain_gpu_capped(j, f, why, notes)
         return dispatched
 
     def _apply_one(self, s, now: datetime, d, j: Job, ctx, nodes_by_pool, used, kinds, dispatched: list,

@@ -379,6 +379,7 @@ class TeamQuota(BaseModel):
     log_bytes: int | None = Field(None, ge=0)
     priority_classes: tuple[PriorityClass, ...] | None = Field(None, min_length=1)
     max_time_limit_s: float | None = Field(None, ge=0, le=366 * 86400.0)
+    max_running_gpus: int | None = Field(None, ge=0)
 
 
 class FinanceSettings(BaseModel):
@@ -443,6 +444,12 @@ class QuotaSettings(BaseModel):
             300 s``, :func:`providers.base.pool_time_limit_s`) is longer answers 422 naming the field, and a
             schedule's fire is skipped. Default 7 days (604,800 s): a member's 31,000,000 s limit once held a node
             for a year and told the team waiting behind it "expected start in 8611 h".
+        max_running_gpus: GPUs a team's jobs may hold at once (Slurm's ``GrpTRES=gres/gpu``, a Kueue nominal
+            quota): the GPUs (``gpus_per_node x nodes``) of its provisioning, starting and running jobs, cloud ones
+            included. The planning cycle leaves a waiting job out of a cycle's plan while placing it would bring its
+            team over the cap (:mod:`broker.service.cycle`), and says so in its reason; it is planned again once
+            the team's jobs release GPUs. Default ``null`` (unlimited): 4 jobs of one member, each estimated at 60 s
+            with a 7-day ``time_limit_s``, once held every GPU of a site for up to 7 days.
         per_team: ``team -> TeamQuota`` overrides.
 
     The rate limit needs Redis: while Redis is unreachable submits are let through (fail open) with a
@@ -462,6 +469,7 @@ class QuotaSettings(BaseModel):
     log_bytes: int | None = Field(1024 ** 3, ge=0)
     priority_classes: tuple[PriorityClass, ...] = Field((PriorityClass.low, PriorityClass.normal), min_length=1)
     max_time_limit_s: float | None = Field(7 * 86400.0, ge=0, le=366 * 86400.0)
+    max_running_gpus: int | None = Field(None, ge=0)
     per_team: dict[str, TeamQuota] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -487,7 +495,7 @@ class QuotaSettings(BaseModel):
         o = self.per_team.get(team)
         vals = {k: getattr(self, k) for k in ("max_queued_jobs", "max_queued_spec_bytes", "stored_spec_bytes",
                                               "submits_per_s", "burst", "max_schedules", "log_bytes",
-                                              "priority_classes", "max_time_limit_s")}
+                                              "priority_classes", "max_time_limit_s", "max_running_gpus")}
         if o is not None:
             vals.update({k: getattr(o, k) for k in o.model_fields_set})
         rate = vals["submits_per_s"] or None
@@ -500,7 +508,8 @@ class QuotaSettings(BaseModel):
                           burst=burst if rate is not None else None, max_schedules=vals["max_schedules"] or None,
                           log_bytes=vals["log_bytes"] or None,
                           priority_classes=tuple(vals["priority_classes"] or self.priority_classes),
-                          max_time_limit_s=vals["max_time_limit_s"] or None)
+                          max_time_limit_s=vals["max_time_limit_s"] or None,
+                          max_running_gpus=vals["max_running_gpus"] or None)
 
 
 class TeamLimits(BaseModel):
@@ -517,6 +526,7 @@ class TeamLimits(BaseModel):
     log_bytes: int | None = None
     priority_classes: tuple[PriorityClass, ...] = (PriorityClass.low, PriorityClass.normal)
     max_time_limit_s: float | None = None
+    max_running_gpus: int | None = None
 
     @property
     def max_priority_rank(self) -> int:

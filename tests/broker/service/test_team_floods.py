@@ -373,3 +373,63 @@ def test_schedule_fire_after_the_ceiling_was_lowered_is_skipped(pg_store):
     assert pg_store.get_schedule(sid).last_skip_reason == (
         f"fire at 2026-12-04T03:01:00+00:00 skipped: spec.time_limit_s=86400.0: longer than team {team!r} may ask "
         f"for: at most 3600 s (quotas.max_time_limit_s)")
+
+
+# ----------------------------------------------------------------------------- 6. GPUs held at once
+def _gpu_cap_case(pg_store, st, evil, other):
+    """One fresh 8-GPU node; evil's two 4-GPU jobs then other's 4-GPU job, each estimated at 60 s with a 7-day
+    limit (the finding). Returns ``(cycle, node, [evil a, evil b, other c])``."""
+    from broker.service.live import LiveEnvironment
+
+    node = "n" + uuid.uuid4().hex[:8]
+    pg_store.heartbeat(node, "local", "V100", 8, 16.0, list(range(8)), "agent-" + node)
+    spec = JobSpec(**{**RUN, "gpus_per_node": 4, "time_limit_s": 604_800})
+    ids = [pg_store.submit(t, spec)[0].id for t in (evil, evil, other)]
+    return PlanningCycle(pg_store, LiveEnvironment(st.planner), st, dispatch=lambda j, a: None), node, ids
+
+
+def _free(pg_store, node, ids):
+    for j in ids:
+        pg_store.request_cancel(j)
+    with pg_store.session() as s:
+        s.execute(update(Node).where(Node.name == node).values(state="lost"))
+
+
+def test_a_team_at_max_running_gpus_waits_with_the_reason_and_starts_once_its_gpus_free(pg_store):
+    from broker.service.store.tables import Job as JobRow
+    from broker.service.store.tables import utcnow
+
+    evil, other = new_team(), new_team()
+    st = settings(per_team={evil: TeamQuota(max_running_gpus=4)})
+    assert st.quotas.for_team(evil).max_running_gpus == 4 and st.quotas.for_team(other).max_running_gpus is None
+    cycle, node, (a, b, c) = _gpu_cap_case(pg_store, st, evil, other)
+    cycle.run()
+    assert [pg_store.get(j).state for j in (a, b, c)] == ["starting", "queued", "starting"]
+    assert pg_store.get(b).reason == (f"waiting: team {evil!r} holds 0 of its quotas.max_running_gpus 4 GPUs "
+                                      f"(this job needs 4; 4 more are planned for its jobs ahead of it)")
+    cycle.run()  # a now holds its 4 GPUs (starting counts: its attempt has not started yet)
+    want = f"waiting: team {evil!r} holds 4 of its quotas.max_running_gpus 4 GPUs (this job needs 4)"
+    jb = pg_store.get(b)
+    assert (jb.state, jb.reason) == ("queued", want)
+    assert pg_store.decision(b)["kind"] == "undecided" and pg_store.decision(b)["reason"] == want
+    events = len(pg_store.events(b))
+    cycle.run()  # the same reason is not written again
+    assert (pg_store.get(b).version, len(pg_store.events(b))) == (jb.version, events)
+    with pg_store.session() as s:  # a ends
+        row = s.get(JobRow, a)
+        row.state, row.finished_at = "succeeded", utcnow()
+    cycle.run()
+    assert pg_store.get(b).state == "starting"
+    _free(pg_store, node, (b, c))
+
+
+def test_max_running_gpus_default_none_changes_nothing(pg_store):
+    assert BrokerSettings().quotas.max_running_gpus is None
+    assert BrokerSettings().quotas.for_team("anyone").max_running_gpus is None
+    evil, other = new_team(), new_team()
+    st = settings(per_team={other: TeamQuota(max_running_gpus=0)})  # 0: unlimited, as the other quotas
+    cycle, node, (a, b, c) = _gpu_cap_case(pg_store, st, evil, other)
+    cycle.run()
+    assert [pg_store.get(j).state for j in (a, b)] == ["starting", "starting"]
+    assert pg_store.get(c).reason.startswith("waiting for 4 GPU(s) in pool local")
+    _free(pg_store, node, (a, b, c))
